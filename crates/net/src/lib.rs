@@ -1,0 +1,1 @@
+//! softrdma net layer.

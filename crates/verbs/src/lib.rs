@@ -1,0 +1,1 @@
+//! softrdma verbs layer.
