@@ -1,0 +1,658 @@
+//! The vocabulary of verbs: flags, states, work requests, work completions, attributes.
+//! Numeric values follow `<infiniband/verbs.h>` so the C face can convert by value.
+
+use bitflags::bitflags;
+
+/// Handle of a protection domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PdId(pub u32);
+/// Handle of a completion queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CqId(pub u32);
+/// Handle of a completion channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChannelId(pub u32);
+/// Handle of a shared receive queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SrqId(pub u32);
+/// Handle of an address handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AhId(pub u32);
+/// Handle of a memory window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MwId(pub u32);
+/// Handle of a device-memory allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DmId(pub u32);
+/// A QP is named by its 24-bit number.
+pub type Qpn = u32;
+
+bitflags! {
+    /// Memory access rights (`IBV_ACCESS_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct Access: u32 {
+        /// Local writes by the device (receives, READ responses, atomic results).
+        const LOCAL_WRITE = 1;
+        /// Remote RDMA WRITE.
+        const REMOTE_WRITE = 1 << 1;
+        /// Remote RDMA READ.
+        const REMOTE_READ = 1 << 2;
+        /// Remote atomics.
+        const REMOTE_ATOMIC = 1 << 3;
+        /// Memory windows may be bound to the region.
+        const MW_BIND = 1 << 4;
+        /// Addresses are offsets from 0 rather than virtual addresses.
+        const ZERO_BASED = 1 << 5;
+    }
+}
+
+bitflags! {
+    /// Send work request flags (`IBV_SEND_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// Wait for all prior READs and atomics to complete before starting.
+        const FENCE = 1;
+        /// Generate a completion.
+        const SIGNALED = 1 << 1;
+        /// Set the solicited-event bit.
+        const SOLICITED = 1 << 2;
+        /// Copy the payload at post time; the SGEs' lkeys are not checked.
+        const INLINE = 1 << 3;
+    }
+}
+
+bitflags! {
+    /// Work completion flags (`IBV_WC_*` flags).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct WcFlags: u32 {
+        /// A 40-byte GRH precedes the data (UD).
+        const GRH = 1;
+        /// `imm_data` is valid.
+        const WITH_IMM = 1 << 1;
+        /// IP checksum verified.
+        const IP_CSUM_OK = 1 << 2;
+        /// `imm_data` holds the invalidated rkey.
+        const WITH_INV = 1 << 3;
+    }
+}
+
+bitflags! {
+    /// Which fields of [`QpAttr`] a modify applies (`IBV_QP_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct QpAttrMask: u32 {
+        /// `qp_state`.
+        const STATE = 1;
+        /// `cur_qp_state`.
+        const CUR_STATE = 1 << 1;
+        /// `en_sqd_async_notify`.
+        const EN_SQD_ASYNC_NOTIFY = 1 << 2;
+        /// `qp_access_flags`.
+        const ACCESS_FLAGS = 1 << 3;
+        /// `pkey_index`.
+        const PKEY_INDEX = 1 << 4;
+        /// `port_num`.
+        const PORT = 1 << 5;
+        /// `qkey`.
+        const QKEY = 1 << 6;
+        /// `ah_attr`.
+        const AV = 1 << 7;
+        /// `path_mtu`.
+        const PATH_MTU = 1 << 8;
+        /// `timeout`.
+        const TIMEOUT = 1 << 9;
+        /// `retry_cnt`.
+        const RETRY_CNT = 1 << 10;
+        /// `rnr_retry`.
+        const RNR_RETRY = 1 << 11;
+        /// `rq_psn`.
+        const RQ_PSN = 1 << 12;
+        /// `max_rd_atomic`.
+        const MAX_QP_RD_ATOMIC = 1 << 13;
+        /// `alt_ah_attr` and friends.
+        const ALT_PATH = 1 << 14;
+        /// `min_rnr_timer`.
+        const MIN_RNR_TIMER = 1 << 15;
+        /// `sq_psn`.
+        const SQ_PSN = 1 << 16;
+        /// `max_dest_rd_atomic`.
+        const MAX_DEST_RD_ATOMIC = 1 << 17;
+        /// `path_mig_state`.
+        const PATH_MIG_STATE = 1 << 18;
+        /// `cap`.
+        const CAP = 1 << 19;
+        /// `dest_qp_num`.
+        const DEST_QPN = 1 << 20;
+    }
+}
+
+/// Queue pair transport type (`IBV_QPT_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc = 2,
+    /// Unreliable connected.
+    Uc = 3,
+    /// Unreliable datagram.
+    Ud = 4,
+}
+
+/// Queue pair state (`IBV_QPS_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum QpState {
+    /// Just created or reset.
+    #[default]
+    Reset = 0,
+    /// Initialised: may post receives.
+    Init = 1,
+    /// Ready to receive.
+    Rtr = 2,
+    /// Ready to send.
+    Rts = 3,
+    /// Send queue drained.
+    Sqd = 4,
+    /// Send queue error (UC/UD).
+    Sqe = 5,
+    /// Error: everything flushes.
+    Err = 6,
+}
+
+/// Path MTU (`IBV_MTU_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(u32)]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256 = 1,
+    /// 512 bytes.
+    Mtu512 = 2,
+    /// 1024 bytes.
+    #[default]
+    Mtu1024 = 3,
+    /// 2048 bytes.
+    Mtu2048 = 4,
+    /// 4096 bytes.
+    Mtu4096 = 5,
+}
+
+impl Mtu {
+    /// Bytes of payload per packet.
+    pub fn bytes(self) -> usize {
+        128 << (self as u32)
+    }
+    /// From the `IBV_MTU_*` value.
+    pub fn from_raw(v: u32) -> Option<Mtu> {
+        Some(match v {
+            1 => Mtu::Mtu256,
+            2 => Mtu::Mtu512,
+            3 => Mtu::Mtu1024,
+            4 => Mtu::Mtu2048,
+            5 => Mtu::Mtu4096,
+            _ => return None,
+        })
+    }
+}
+
+/// A 128-bit global identifier; for RoCEv2 an IPv6 address or an IPv4-mapped one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// The IPv4-mapped GID `::ffff:a.b.c.d`.
+    pub fn from_ipv4(ip: std::net::Ipv4Addr) -> Gid {
+        Gid(ip.to_ipv6_mapped().octets())
+    }
+    /// The GID as an IP address (IPv4 if it is IPv4-mapped).
+    pub fn to_ip(self) -> std::net::IpAddr {
+        let v6 = std::net::Ipv6Addr::from(self.0);
+        match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => std::net::IpAddr::V6(v6),
+        }
+    }
+    /// The GID of an IP address.
+    pub fn from_ip(ip: std::net::IpAddr) -> Gid {
+        match ip {
+            std::net::IpAddr::V4(v4) => Gid::from_ipv4(v4),
+            std::net::IpAddr::V6(v6) => Gid(v6.octets()),
+        }
+    }
+}
+
+/// Global routing part of an address vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GlobalRoute {
+    /// Destination GID.
+    pub dgid: Gid,
+    /// IPv6 flow label.
+    pub flow_label: u32,
+    /// Index of the source GID in our GID table.
+    pub sgid_index: u8,
+    /// Hop limit / TTL.
+    pub hop_limit: u8,
+    /// Traffic class: goes into the IP DSCP/ECN byte.
+    pub traffic_class: u8,
+}
+
+/// An address vector (`ibv_ah_attr`). RoCE requires `is_global`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AhAttr {
+    /// Global route (required on RoCE).
+    pub grh: GlobalRoute,
+    /// Destination LID (unused on RoCE).
+    pub dlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Source path bits.
+    pub src_path_bits: u8,
+    /// Static rate.
+    pub static_rate: u8,
+    /// Whether `grh` is valid.
+    pub is_global: bool,
+    /// Local port number (1).
+    pub port_num: u8,
+}
+
+/// Queue sizes (`ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCap {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send WR.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive WR.
+    pub max_recv_sge: u32,
+    /// Bytes that may be posted inline.
+    pub max_inline_data: u32,
+}
+
+/// What a QP is created with (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInitAttr {
+    /// Transport type.
+    pub qp_type: QpType,
+    /// Protection domain.
+    pub pd: PdId,
+    /// CQ for send completions.
+    pub send_cq: CqId,
+    /// CQ for receive completions.
+    pub recv_cq: CqId,
+    /// Receives come from this SRQ instead of the QP's own queue.
+    pub srq: Option<SrqId>,
+    /// Requested sizes; the created QP reports the actual ones.
+    pub cap: QpCap,
+    /// Every send WR is signaled.
+    pub sq_sig_all: bool,
+}
+
+/// QP attributes (`ibv_qp_attr`); which ones apply is given by a [`QpAttrMask`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpAttr {
+    /// Target state.
+    pub qp_state: QpState,
+    /// Assumed current state.
+    pub cur_qp_state: QpState,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// Expected PSN of the next incoming request.
+    pub rq_psn: u32,
+    /// PSN of the next outgoing request.
+    pub sq_psn: u32,
+    /// Remote QP number (RC/UC).
+    pub dest_qp_num: u32,
+    /// Remote access rights granted by this QP.
+    pub qp_access_flags: Access,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Primary path.
+    pub ah_attr: AhAttr,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Async event when the SQ has drained.
+    pub en_sqd_async_notify: bool,
+    /// Whether the SQ is draining (query only).
+    pub sq_draining: bool,
+    /// Outstanding READ/atomic requests this QP may issue.
+    pub max_rd_atomic: u8,
+    /// Outstanding READ/atomic requests this QP accepts.
+    pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer code (5 bits) this QP advertises.
+    pub min_rnr_timer: u8,
+    /// Port number.
+    pub port_num: u8,
+    /// Local ACK timeout code: 4.096 µs × 2^timeout, 0 = infinite.
+    pub timeout: u8,
+    /// Retries on timeout or sequence NAK (0..=7).
+    pub retry_cnt: u8,
+    /// Retries on RNR NAK (0..=7; 7 = infinite).
+    pub rnr_retry: u8,
+}
+
+/// One scatter/gather element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// Address in the MR's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the MR.
+    pub lkey: u32,
+}
+
+/// Destination of a UD send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// Address handle.
+    pub ah: AhId,
+    /// Remote QP number.
+    pub remote_qpn: u32,
+    /// Remote Q_Key (if the high bit is set, the QP's own Q_Key is used).
+    pub remote_qkey: u32,
+}
+
+/// Binding of a memory window (`ibv_mw_bind_info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBind {
+    /// The window.
+    pub mw: MwId,
+    /// New rkey for a type-2 window (its low 8 bits are the key the consumer chose).
+    pub rkey: u32,
+    /// Region the window sits in (by lkey).
+    pub mr_lkey: u32,
+    /// Start address.
+    pub addr: u64,
+    /// Length.
+    pub length: u64,
+    /// Remote rights the window grants.
+    pub access: Access,
+}
+
+/// The operation of a send work request, with its operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND.
+    Send,
+    /// SEND with immediate data.
+    SendWithImm {
+        /// Immediate data (host order; big-endian on the wire).
+        imm: u32,
+    },
+    /// SEND that invalidates a remote rkey.
+    SendWithInv {
+        /// Rkey to invalidate at the responder.
+        invalidate_rkey: u32,
+    },
+    /// RDMA WRITE.
+    Write {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// RDMA WRITE with immediate data (consumes a receive WR).
+    WriteWithImm {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ.
+    Read {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// 64-bit compare and swap.
+    CompareSwap {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Compare value.
+        compare: u64,
+        /// Swap value.
+        swap: u64,
+    },
+    /// 64-bit fetch and add.
+    FetchAdd {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value to add.
+        add: u64,
+    },
+    /// Invalidate a local key.
+    LocalInv {
+        /// The key.
+        rkey: u32,
+    },
+    /// Bind a type-2 memory window.
+    BindMw(MwBind),
+}
+
+/// `IBV_WR_*` opcode numbers.
+impl SendOp {
+    /// The `ibv_wr_opcode` value.
+    pub fn raw_opcode(&self) -> u32 {
+        match self {
+            SendOp::Write { .. } => 0,
+            SendOp::WriteWithImm { .. } => 1,
+            SendOp::Send => 2,
+            SendOp::SendWithImm { .. } => 3,
+            SendOp::Read { .. } => 4,
+            SendOp::CompareSwap { .. } => 5,
+            SendOp::FetchAdd { .. } => 6,
+            SendOp::LocalInv { .. } => 7,
+            SendOp::BindMw(_) => 8,
+            SendOp::SendWithInv { .. } => 9,
+        }
+    }
+    /// The completion opcode this WR completes with.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
+            SendOp::BindMw(_) => WcOpcode::BindMw,
+        }
+    }
+}
+
+/// A send work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// Consumer cookie, returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// Flags.
+    pub flags: SendFlags,
+    /// Local buffers (gather for sends/writes, scatter for READ and atomics' result).
+    pub sg_list: Vec<Sge>,
+    /// UD destination.
+    pub ud: Option<UdDest>,
+}
+
+/// A receive work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Consumer cookie.
+    pub wr_id: u64,
+    /// Scatter list.
+    pub sg_list: Vec<Sge>,
+}
+
+/// Completion status (`IBV_WC_*` status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum WcStatus {
+    /// Success.
+    #[default]
+    Success = 0,
+    /// Local length error: a message did not fit the receive buffer, or SGEs exceed limits.
+    LocLenErr = 1,
+    /// Local QP operation error.
+    LocQpOpErr = 2,
+    /// Local EEC operation error.
+    LocEecOpErr = 3,
+    /// Local protection error: bad lkey, bounds or access.
+    LocProtErr = 4,
+    /// Flushed because the QP is in the error state.
+    WrFlushErr = 5,
+    /// Memory window bind error.
+    MwBindErr = 6,
+    /// Bad response.
+    BadRespErr = 7,
+    /// Local access error.
+    LocAccessErr = 8,
+    /// Remote invalid request.
+    RemInvReqErr = 9,
+    /// Remote access error.
+    RemAccessErr = 10,
+    /// Remote operation error.
+    RemOpErr = 11,
+    /// Transport retry counter exceeded.
+    RetryExcErr = 12,
+    /// RNR retry counter exceeded.
+    RnrRetryExcErr = 13,
+    /// Local RDD violation.
+    LocRddViolErr = 14,
+    /// Remote invalid RD request.
+    RemInvRdReqErr = 15,
+    /// Remote aborted.
+    RemAbortErr = 16,
+    /// Invalid EEC number.
+    InvEecnErr = 17,
+    /// Invalid EEC state.
+    InvEecStateErr = 18,
+    /// Fatal error.
+    FatalErr = 19,
+    /// Response timeout.
+    RespTimeoutErr = 20,
+    /// General error.
+    GeneralErr = 21,
+}
+
+impl WcStatus {
+    /// The text `ibv_wc_status_str` gives.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocEecOpErr => "local EE context operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
+            WcStatus::BadRespErr => "bad response error",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+            WcStatus::LocRddViolErr => "local RDD violation error",
+            WcStatus::RemInvRdReqErr => "remote invalid RD request",
+            WcStatus::RemAbortErr => "operation aborted",
+            WcStatus::InvEecnErr => "invalid EE context number",
+            WcStatus::InvEecStateErr => "invalid EE context state",
+            WcStatus::FatalErr => "fatal error",
+            WcStatus::RespTimeoutErr => "response timeout error",
+            WcStatus::GeneralErr => "general error",
+        }
+    }
+}
+
+/// Completion opcode (`IBV_WC_*` opcode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum WcOpcode {
+    /// SEND (any variant).
+    #[default]
+    Send = 0,
+    /// RDMA WRITE.
+    RdmaWrite = 1,
+    /// RDMA READ.
+    RdmaRead = 2,
+    /// Compare and swap.
+    CompSwap = 3,
+    /// Fetch and add.
+    FetchAdd = 4,
+    /// Memory window bind.
+    BindMw = 5,
+    /// Local invalidate.
+    LocalInv = 6,
+    /// A received SEND.
+    Recv = 128,
+    /// A received RDMA WRITE with immediate.
+    RecvRdmaWithImm = 129,
+}
+
+/// A work completion with every field of `ibv_wc`, plus the `ibv_cq_ex` timestamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkCompletion {
+    /// The WR's cookie.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode (valid on success; on error it may be the WR's).
+    pub opcode: WcOpcode,
+    /// Vendor syndrome: for errors, a softrdma-specific detail code.
+    pub vendor_err: u32,
+    /// Bytes received (receive side) or transferred.
+    pub byte_len: u32,
+    /// Immediate data (host order) or the invalidated rkey.
+    pub imm_data: u32,
+    /// Local QP number.
+    pub qp_num: u32,
+    /// Remote QP number (UD).
+    pub src_qp: u32,
+    /// Flags.
+    pub wc_flags: WcFlags,
+    /// P_Key index (UD).
+    pub pkey_index: u16,
+    /// Source LID (0 on RoCE).
+    pub slid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Destination LID path bits.
+    pub dlid_path_bits: u8,
+    /// Completion timestamp in device clock nanoseconds, if the CQ asked for it.
+    pub timestamp: Option<u64>,
+}
+
+/// Asynchronous events (`IBV_EVENT_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AsyncEvent {
+    /// A CQ overflowed: completions were lost, the CQ is in error.
+    CqErr(CqId),
+    /// A QP hit a fatal error.
+    QpFatal(Qpn),
+    /// Invalid request on a QP.
+    QpReqErr(Qpn),
+    /// Access violation on a QP.
+    QpAccessErr(Qpn),
+    /// Communication established (first packet in RTR).
+    CommEst(Qpn),
+    /// The send queue drained (SQD).
+    SqDrained(Qpn),
+    /// Last WQE reached on a QP attached to an SRQ.
+    QpLastWqeReached(Qpn),
+    /// An SRQ fell below its limit.
+    SrqLimitReached(SrqId),
+    /// Port became active.
+    PortActive(u8),
+    /// The device failed.
+    DeviceFatal,
+}
