@@ -1,0 +1,17 @@
+#!/bin/sh
+# Installs the external validators used by crates/wire/tests/external.rs:
+# tshark (Wireshark's dissector) and scapy (scapy.contrib.roce).
+# Idempotent and non-interactive; for Debian 12 as root.
+set -eu
+export DEBIAN_FRONTEND=noninteractive
+if ! command -v tshark >/dev/null 2>&1 || ! command -v python3 >/dev/null 2>&1; then
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+    apt-get update
+    apt-get install -y --no-install-recommends tshark python3 python3-pip
+fi
+if ! python3 -c 'import scapy.contrib.roce' >/dev/null 2>&1; then
+    # Debian 12 marks the system python as externally managed (PEP 668).
+    python3 -m pip install scapy || python3 -m pip install --break-system-packages scapy
+fi
+tshark --version | head -n 1
+python3 -c 'import scapy; print("scapy", scapy.__version__)'
