@@ -7,6 +7,10 @@
 
 mod context;
 mod error;
+mod qp_table;
+mod rng;
+#[cfg(test)]
+mod tests;
 mod types;
 
 pub use context::*;
