@@ -15,3 +15,6 @@ if ! python3 -c 'import scapy.contrib.roce' >/dev/null 2>&1; then
 fi
 tshark --version | head -n 1
 python3 -c 'import scapy; print("scapy", scapy.__version__)'
+# Optional, for the fuzz target in fuzz/ (not needed by the tests):
+#   cargo install cargo-fuzz --locked
+#   cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run parse_packet -- -max_total_time=30

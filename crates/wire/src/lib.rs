@@ -7,6 +7,31 @@
 //!
 //! Header order on the wire (IBTA 9.2, Linux `rxe_opcode.c`):
 //! `BTH, [DETH], [RETH], [AtomicETH], [AETH], [AtomicAckETH], [ImmDt], [IETH], payload, pad, ICRC`.
+//!
+//! ```
+//! use softrdma_wire::{icrc, Addrs, Bth, Headers, Opcode, Reth};
+//!
+//! let addrs = Addrs::new("10.0.0.1:49152".parse().unwrap(), "10.0.0.2:4791".parse().unwrap());
+//! let mut h = Headers::new(Bth::new(Opcode::RC_RDMA_WRITE_ONLY, 0x11, 100));
+//! h.bth.ack_req = true;
+//! h.reth = Some(Reth { va: 0x1000, rkey: 0x42, dma_len: 5 });
+//! let mut buf = [0u8; 64];
+//! let n = h.emit(b"hello", &mut buf).unwrap();
+//! icrc::seal(&addrs, &mut buf[..n]);
+//!
+//! assert!(icrc::verify(&addrs, &buf[..n]));
+//! let (parsed, payload) = Headers::parse(&buf[..n]).unwrap();
+//! assert_eq!(payload, b"hello");
+//! assert_eq!(parsed.reth, h.reth);
+//! assert_eq!(parsed.bth.pad, 3);
+//! ```
+//!
+//! ICRC and the IPv4 ID: the ICRC covers the IPv4 identification field.
+//! [`icrc::compute`] assumes ID 0 with DF set, which is what a Linux UDP socket
+//! with `IP_PMTUDISC_DO` sends. Linux rxe itself sends varying IDs, so a packet
+//! from rxe received through a UDP socket (where the IP header is not visible)
+//! cannot be checked with [`icrc::verify`]; with the real IP header (raw socket,
+//! capture) use [`icrc::verify_frame`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
