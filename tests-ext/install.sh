@@ -10,7 +10,12 @@ if ! command -v tshark >/dev/null 2>&1 || ! command -v python3 >/dev/null 2>&1; 
     apt-get install -y --no-install-recommends tshark python3 python3-pip
 fi
 if ! python3 -c 'import scapy.contrib.roce' >/dev/null 2>&1; then
-    # Debian 12 marks the system python as externally managed (PEP 668).
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        apt-get update
+        apt-get install -y --no-install-recommends python3-pip
+    fi
+    # pip's scapy (>= 2.5.0 has IPv6 ICRC in scapy.contrib.roce); Debian 12 marks
+    # the system python as externally managed (PEP 668).
     python3 -m pip install scapy || python3 -m pip install --break-system-packages scapy
 fi
 tshark --version | head -n 1
