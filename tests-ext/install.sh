@@ -14,7 +14,7 @@ if ! python3 -c 'import scapy.contrib.roce' >/dev/null 2>&1; then
         apt-get update
         apt-get install -y --no-install-recommends python3-pip
     fi
-    # pip's scapy (>= 2.5.0 has IPv6 ICRC in scapy.contrib.roce); Debian 12 marks
+    # scapy from pip (tested with 2.8.0, whose scapy.contrib.roce computes IPv4 and IPv6 ICRCs); Debian 12 marks
     # the system python as externally managed (PEP 668).
     python3 -m pip install scapy || python3 -m pip install --break-system-packages scapy
 fi
