@@ -812,7 +812,8 @@ impl Context {
     /// valid, same PD (type-2 windows: bound to this QP), the access right, bounds.
     ///
     /// As in rxe, a zero-length request checks no key and yields an empty span. Atomics
-    /// (`need` containing REMOTE_ATOMIC) also need an 8-byte aligned address: Misaligned.
+    /// (`need` containing REMOTE_ATOMIC) also need an 8-byte aligned address, both `va` and
+    /// the host address it maps to: Misaligned otherwise.
     /// The QP's own `qp_access_flags` are the transport's to check.
     pub fn remote_span(
         &self,
