@@ -4,7 +4,19 @@
 
 #![warn(missing_docs)]
 
+mod completer;
+mod qp;
+mod requester;
+mod responder;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
+
+use qp::{QpCtx, ReqState, RespState, SendWqe, UdTarget};
+use softrdma_wire::{self as wire, Addrs, Headers};
+use verbs::{QpState, QpType, SendFlags, SendOp, WcStatus};
 
 pub use softrdma_verbs as verbs;
 
@@ -68,11 +80,64 @@ pub struct Transmit {
     pub data: Vec<u8>,
 }
 
+/// Everything the protocol handlers share besides the QP they work on: split from the QP
+/// table so a handler can hold `&mut QpCtx` and `&mut Env` at once.
+pub(crate) struct Env {
+    pub addr: SocketAddr,
+    pub ctx: verbs::Context,
+    pub out: VecDeque<Transmit>,
+    pub stats: Stats,
+    /// QPs with a coalesced ACK waiting (sent when the outbox runs dry).
+    pub ack_queue: VecDeque<verbs::Qpn>,
+    /// Reused payload buffer (one MTU).
+    pub scratch: Vec<u8>,
+}
+
+impl Env {
+    /// Build, seal and queue one packet from QP `src_qpn` to `dst`. Emission only fails
+    /// on an internal inconsistency; such a packet is counted as dropped, never sent.
+    pub fn send(&mut self, src_qpn: u32, dst: SocketAddr, tos: u8, h: &Headers, payload: &[u8]) {
+        let len = h.packet_len(payload.len());
+        let mut data = vec![0u8; len];
+        match h.emit(payload, &mut data) {
+            Ok(n) => data.truncate(n),
+            Err(_) => {
+                self.stats.dropped += 1;
+                return;
+            }
+        }
+        let src = SocketAddr::new(self.addr.ip(), wire::udp_src_port(src_qpn));
+        wire::icrc::seal(&Addrs::new(src, dst), &mut data);
+        self.stats.tx_packets += 1;
+        self.stats.tx_bytes += data.len() as u64;
+        self.out.push_back(Transmit {
+            src,
+            dst,
+            tos,
+            data,
+        });
+    }
+
+    /// Queue a completion. A CQ overflow is the verbs layer's business (CQ error event).
+    pub fn complete(
+        &mut self,
+        cq: verbs::CqId,
+        wc: verbs::WorkCompletion,
+        solicited: bool,
+        now: u64,
+    ) {
+        let _ = self.ctx.push_completion(cq, wc, solicited, now);
+    }
+}
+
 /// One RDMA device's engine: verbs objects plus RC/UC/UD protocol state. Sans-IO.
+///
+/// Deliberate difference from Linux rxe: `retry_cnt` 7 is a count of 7 retries, not
+/// "retry forever", so a dead peer always ends in `RETRY_EXC_ERR`. `rnr_retry` 7 is
+/// infinite, as the IBTA says.
 pub struct Rnic {
-    addr: SocketAddr,
-    ctx: verbs::Context,
-    stats: Stats,
+    env: Env,
+    qps: BTreeMap<verbs::Qpn, QpCtx>,
 }
 
 impl Rnic {
@@ -81,35 +146,79 @@ impl Rnic {
     pub fn new(addr: SocketAddr, seed: u64) -> Rnic {
         let ctx = verbs::Context::new(vec![verbs::Gid::from_ip(addr.ip())], seed);
         Rnic {
-            addr,
-            ctx,
-            stats: Stats::default(),
+            env: Env {
+                addr,
+                ctx,
+                out: VecDeque::new(),
+                stats: Stats::default(),
+                ack_queue: VecDeque::new(),
+                scratch: Vec::new(),
+            },
+            qps: BTreeMap::new(),
         }
     }
     /// Our address.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.env.addr
     }
     /// The verbs objects (PDs, MRs, CQs, SRQs, AHs, MWs, DM are created through it).
     pub fn ctx(&self) -> &verbs::Context {
-        &self.ctx
+        &self.env.ctx
     }
     /// The verbs objects, mutably.
     pub fn ctx_mut(&mut self) -> &mut verbs::Context {
-        &mut self.ctx
+        &mut self.env.ctx
     }
+
     /// Create a QP (in RESET).
     pub fn create_qp(&mut self, init: verbs::QpInitAttr) -> verbs::Result<verbs::Qpn> {
-        todo!("{init:?}")
+        let qpn = self.env.ctx.create_qp(init)?;
+        let Some(q) = self.env.ctx.qp(qpn) else {
+            return Err(verbs::Error::inval("QP vanished after creation"));
+        };
+        let ctx = QpCtx {
+            qpn,
+            qp_type: q.init.qp_type,
+            state: q.state,
+            attr: q.attr,
+            pd: q.init.pd,
+            send_cq: q.init.send_cq,
+            recv_cq: q.init.recv_cq,
+            has_srq: q.init.srq.is_some(),
+            sq_sig_all: q.init.sq_sig_all,
+            max_send_wr: q.init.cap.max_send_wr,
+            peer: None,
+            sq: VecDeque::new(),
+            req: ReqState::default(),
+            resp: RespState::default(),
+        };
+        self.qps.insert(qpn, ctx);
+        Ok(qpn)
     }
-    /// Destroy a QP.
+
+    /// Destroy a QP. Queued WRs vanish without completions, as `ibv_destroy_qp` does.
     pub fn destroy_qp(&mut self, qpn: verbs::Qpn) -> verbs::Result<()> {
-        todo!("{qpn}")
+        self.env.ctx.destroy_qp(qpn)?;
+        self.qps.remove(&qpn);
+        Ok(())
     }
-    /// Current attributes of a QP.
+
+    /// Current attributes of a QP (state, and `sq_draining` while SQD still has WRs in flight).
     pub fn query_qp(&self, qpn: verbs::Qpn) -> verbs::Result<verbs::QpAttr> {
-        todo!("{qpn}")
+        let q = self
+            .env
+            .ctx
+            .qp(qpn)
+            .ok_or(verbs::Error::new(verbs::Errno::ENOENT, "no such QP"))?;
+        let mut attr = q.attr;
+        attr.qp_state = q.state;
+        attr.cur_qp_state = q.state;
+        if let Some(t) = self.qps.get(&qpn) {
+            attr.sq_draining = t.state == QpState::Sqd && t.sq.iter().any(|w| w.started && !w.done);
+        }
+        Ok(attr)
     }
+
     /// verbs modify plus protocol side effects (RTR: expected PSN, RTS: send PSN, ERR: flush
     /// everything, RESET: clear).
     pub fn modify_qp(
@@ -119,51 +228,316 @@ impl Rnic {
         attr: &verbs::QpAttr,
         mask: verbs::QpAttrMask,
     ) -> verbs::Result<()> {
-        todo!("{now} {qpn} {attr:?} {mask:?}")
+        use verbs::QpAttrMask as M;
+        let (old, new) = self.env.ctx.modify_qp(qpn, attr, mask)?;
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return Ok(());
+        };
+        if let Some(q) = self.env.ctx.qp(qpn) {
+            qp.attr = q.attr;
+        }
+        qp.state = new;
+        qp.peer = match qp.qp_type {
+            QpType::Ud => None,
+            _ => Some(SocketAddr::new(
+                qp.attr.ah_attr.grh.dgid.to_ip(),
+                self.env.addr.port(),
+            )),
+        };
+        if new == QpState::Reset {
+            qp.sq.clear();
+            qp.req = ReqState::default();
+            qp.resp = RespState::default();
+            return Ok(());
+        }
+        if new == QpState::Err {
+            if old != QpState::Err {
+                completer::flush(qp, &mut self.env, now);
+            }
+            return Ok(());
+        }
+        if mask.contains(M::RQ_PSN) {
+            qp.resp.epsn = qp.attr.rq_psn & wire::psn::MASK;
+            qp.resp.nak_sent = false;
+        }
+        if mask.contains(M::SQ_PSN) && !qp.sq.iter().any(|w| w.started) {
+            qp.req.next_psn = qp.attr.sq_psn & wire::psn::MASK;
+            qp.req.high_psn = qp.req.next_psn;
+        }
+        if mask.contains(M::RETRY_CNT) || (new == QpState::Rts && old == QpState::Rtr) {
+            qp.req.retry_left = qp.attr.retry_cnt;
+        }
+        if mask.contains(M::RNR_RETRY) || (new == QpState::Rts && old == QpState::Rtr) {
+            qp.req.rnr_left = qp.attr.rnr_retry;
+        }
+        if new == QpState::Sqd && old != QpState::Sqd {
+            qp.req.sqd_notified = false;
+            completer::check_drained(qp, &mut self.env);
+        }
+        if new == QpState::Rts {
+            requester::run(qp, &mut self.env, now);
+        }
+        Ok(())
     }
-    /// Post a send WR and run the requester.
+
+    /// Validate (`verbs::Context::check_send_wr`), ENOMEM when the SQ holds `max_send_wr`
+    /// WRs, copy INLINE data now, queue, and run the requester (which may produce packets
+    /// at once). In ERR the WR is accepted and flushed with `WR_FLUSH_ERR`.
+    ///
+    /// INLINE: the payload is read through the SGE's lkey when that names a registered
+    /// region covering it; otherwise the SGE address is taken as a process address, as
+    /// libibverbs does — the faces must only pass addresses of live buffers then.
     pub fn post_send(&mut self, now: u64, qpn: verbs::Qpn, wr: verbs::SendWr) -> verbs::Result<()> {
-        todo!("{now} {qpn} {wr:?}")
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return Err(verbs::Error::new(verbs::Errno::ENOENT, "no such QP"));
+        };
+        if qp.state == QpState::Err {
+            let wc = verbs::WorkCompletion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: wr.op.wc_opcode(),
+                qp_num: qpn,
+                ..Default::default()
+            };
+            self.env.complete(qp.send_cq, wc, false, now);
+            return Ok(());
+        }
+        self.env.ctx.check_send_wr(qpn, &wr)?;
+        if qp.sq.len() >= qp.max_send_wr as usize {
+            return Err(verbs::Error::new(verbs::Errno::ENOMEM, "send queue full"));
+        }
+        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        if len > u64::from(u32::MAX >> 1) {
+            return Err(verbs::Error::inval("message longer than 2^31 bytes"));
+        }
+        let len = len as usize;
+        let inline =
+            if wr.flags.contains(SendFlags::INLINE) && !matches!(wr.op, SendOp::Read { .. }) {
+                Some(copy_inline(&self.env.ctx, qp.pd, &wr.sg_list, len)?)
+            } else {
+                None
+            };
+        let ud = if qp.qp_type == QpType::Ud {
+            let Some(d) = wr.ud else {
+                return Err(verbs::Error::inval("UD send without a destination"));
+            };
+            let (_, ah) = self.env.ctx.ah(d.ah)?;
+            let mtu = self
+                .env
+                .ctx
+                .port_attr(1)
+                .map(|p| p.active_mtu.bytes())
+                .unwrap_or(1024);
+            if len > mtu {
+                return Err(verbs::Error::inval("UD message larger than the path MTU"));
+            }
+            let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
+                qp.attr.qkey
+            } else {
+                d.remote_qkey
+            };
+            Some(UdTarget {
+                dst: SocketAddr::new(ah.grh.dgid.to_ip(), self.env.addr.port()),
+                tos: ah.grh.traffic_class,
+                qpn: d.remote_qpn & wire::psn::MASK,
+                qkey,
+            })
+        } else {
+            None
+        };
+        qp.sq.push_back(SendWqe::new(wr, inline, len, ud));
+        requester::run(qp, &mut self.env, now);
+        Ok(())
     }
+
     /// Post a receive WR (flushed at once in ERR).
     pub fn post_recv(&mut self, now: u64, qpn: verbs::Qpn, wr: verbs::RecvWr) -> verbs::Result<()> {
-        todo!("{now} {qpn} {wr:?}")
+        self.env.ctx.post_recv(qpn, wr)?;
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            if qp.state == QpState::Err {
+                completer::flush_rq(qp, &mut self.env, now);
+            }
+        }
+        Ok(())
     }
+
     /// Post a receive WR to an SRQ.
     pub fn post_srq_recv(
         &mut self,
-        now: u64,
+        _now: u64,
         srq: verbs::SrqId,
         wr: verbs::RecvWr,
     ) -> verbs::Result<()> {
-        todo!("{now} {srq:?} {wr:?}")
+        self.env.ctx.post_srq_recv(srq, wr)
     }
-    /// A UDP datagram arrived from `src` to `dst` (our address).
+
+    /// A UDP datagram arrived from `src` to `dst` (our address). Checks the ICRC (bad:
+    /// counted, dropped), parses (malformed: counted, dropped) and dispatches to the
+    /// responder (requests) or the completer (responses) of the destination QP.
     pub fn handle_datagram(&mut self, now: u64, src: SocketAddr, dst: SocketAddr, data: &[u8]) {
-        todo!("{now} {src} {dst} {}", data.len())
+        let env = &mut self.env;
+        env.stats.rx_packets += 1;
+        env.stats.rx_bytes += data.len() as u64;
+        if data.len() < wire::BTH_LEN + wire::ICRC_LEN {
+            env.stats.malformed += 1;
+            return;
+        }
+        let addrs = Addrs::new(src, dst);
+        if !wire::icrc::verify(&addrs, data) {
+            env.stats.icrc_errors += 1;
+            return;
+        }
+        let Ok((h, payload)) = Headers::parse(data) else {
+            env.stats.malformed += 1;
+            return;
+        };
+        let Some(info) = h.bth.opcode.info() else {
+            env.stats.malformed += 1;
+            return;
+        };
+        // Full or limited member of the default partition: the only one we have.
+        if h.bth.pkey & 0x7FFF != wire::DEFAULT_PKEY & 0x7FFF {
+            env.stats.dropped += 1;
+            return;
+        }
+        let Some(qp) = self.qps.get_mut(&h.bth.dest_qp) else {
+            env.stats.dropped += 1;
+            return;
+        };
+        let service_ok = matches!(
+            (info.service, qp.qp_type),
+            (wire::ServiceType::Rc, QpType::Rc)
+                | (wire::ServiceType::Uc, QpType::Uc)
+                | (wire::ServiceType::Ud, QpType::Ud)
+        );
+        let state_ok = if info.is_request {
+            matches!(
+                qp.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            )
+        } else {
+            matches!(qp.state, QpState::Rts | QpState::Sqd)
+        };
+        // RC/UC accept packets only from the connected peer's address, as rxe does.
+        let peer_ok = match qp.peer {
+            Some(p) => same_ip(p.ip(), src.ip()),
+            None => true,
+        };
+        if !service_ok || !state_ok || !peer_ok {
+            env.stats.dropped += 1;
+            return;
+        }
+        if qp.state == QpState::Rtr && !qp.resp.comm_est {
+            qp.resp.comm_est = true;
+            env.ctx.push_event(verbs::AsyncEvent::CommEst(qp.qpn));
+        }
+        if info.is_request {
+            responder::handle_request(qp, env, now, &addrs, &h, payload, data.len());
+        } else {
+            completer::handle_response(qp, env, now, &h, payload);
+        }
     }
-    /// Next datagram to put on the wire.
-    pub fn poll_transmit(&mut self, now: u64) -> Option<Transmit> {
-        todo!("{now}")
+
+    /// Next datagram to put on the wire. Coalesced ACKs go out once the outbox is empty,
+    /// so a burst of requests handled before polling gets one ACK.
+    pub fn poll_transmit(&mut self, _now: u64) -> Option<Transmit> {
+        if let Some(t) = self.env.out.pop_front() {
+            return Some(t);
+        }
+        let mut budget = self.env.ack_queue.len();
+        while budget > 0 {
+            budget -= 1;
+            let Some(qpn) = self.env.ack_queue.pop_front() else {
+                break;
+            };
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                responder::flush_ack(qp, &mut self.env);
+                if let Some(t) = self.env.out.pop_front() {
+                    return Some(t);
+                }
+            }
+        }
+        None
     }
-    /// Earliest timer deadline, if any.
+
+    /// Earliest timer deadline (retransmission, RNR wait), if any.
     pub fn poll_timeout(&self) -> Option<u64> {
-        todo!()
+        self.qps
+            .values()
+            .flat_map(|q| [q.req.rto, q.req.rnr_until])
+            .flatten()
+            .min()
     }
-    /// Fire the timers due at `now`.
+
+    /// Fire the timers due at `now`: an RNR wait ends (resend), a local ACK timeout fires
+    /// (go back to the oldest unacknowledged packet, or RETRY_EXC_ERR when out of retries).
     pub fn handle_timeout(&mut self, now: u64) {
-        todo!("{now}")
+        for qp in self.qps.values_mut() {
+            completer::on_timers(qp, &mut self.env, now);
+        }
     }
+
     /// Poll completions.
     pub fn poll_cq(
         &mut self,
         cq: verbs::CqId,
         out: &mut [verbs::WorkCompletion],
     ) -> verbs::Result<usize> {
-        self.ctx.poll_cq(cq, out)
+        self.env.ctx.poll_cq(cq, out)
     }
+
     /// Counters.
     pub fn stats(&self) -> &Stats {
-        &self.stats
+        &self.env.stats
     }
+}
+
+/// IP equality treating IPv4 and its IPv4-mapped IPv6 form as the same address.
+pub(crate) fn same_ip(a: std::net::IpAddr, b: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    let norm = |ip: IpAddr| match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    };
+    norm(a) == norm(b)
+}
+
+/// Copy an INLINE payload at post time (see [`Rnic::post_send`]).
+fn copy_inline(
+    ctx: &verbs::Context,
+    pd: verbs::PdId,
+    sg_list: &[verbs::Sge],
+    len: usize,
+) -> verbs::Result<Vec<u8>> {
+    let max_inline = ctx.device_attr().max_inline_data as usize;
+    if len > max_inline.max(1024) {
+        return Err(verbs::Error::inval("inline data too long"));
+    }
+    let mut out = vec![0u8; len];
+    let mut at = 0usize;
+    for sge in sg_list {
+        let n = sge.length as usize;
+        let Some(dst) = out.get_mut(at..at + n) else {
+            return Err(verbs::Error::inval("inline SGE list inconsistent"));
+        };
+        let one = [*sge];
+        if ctx.gather(pd, &one, 0, dst).is_err() && n > 0 {
+            if sge.addr == 0 {
+                return Err(verbs::Error::new(
+                    verbs::Errno::EFAULT,
+                    "inline SGE at address 0",
+                ));
+            }
+            // SAFETY: libibverbs semantics: for IBV_SEND_INLINE the SGE address is a process
+            // address the caller guarantees readable for `length` bytes during the post call
+            // (the C ABI passes the application's pointer through unchanged).
+            let src = unsafe { std::slice::from_raw_parts(sge.addr as usize as *const u8, n) };
+            dst.copy_from_slice(src);
+        }
+        at += n;
+    }
+    Ok(out)
 }

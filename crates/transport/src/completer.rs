@@ -1,0 +1,472 @@
+//! Completer: processes ACKs, NAKs, READ responses and atomic ACKs; completes WQEs in
+//! posting order; runs the retransmission and RNR timers; moves the QP to ERR and
+//! flushes on errors.
+
+use softrdma_wire::{psn, Headers, NakCode, OpKind, Position, Syndrome};
+
+use crate::qp::{rnr_timer_ns, QpCtx, ReqState, SendWqe};
+use crate::requester;
+use crate::verbs::{AsyncEvent, QpState, SendFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::Env;
+
+/// The send completion of a WQE.
+fn send_wc(qp: &QpCtx, w: &SendWqe, status: WcStatus) -> WorkCompletion {
+    let byte_len = if status != WcStatus::Success {
+        0
+    } else if w.is_atomic() {
+        8
+    } else {
+        w.len as u32
+    };
+    WorkCompletion {
+        wr_id: w.wr.wr_id,
+        status,
+        opcode: w.wr.op.wc_opcode(),
+        byte_len,
+        qp_num: qp.qpn,
+        ..Default::default()
+    }
+}
+
+fn mark_done(req: &mut ReqState, w: &mut SendWqe) {
+    w.done = true;
+    if w.in_rd_window {
+        w.in_rd_window = false;
+        req.rd_atomic = req.rd_atomic.saturating_sub(1);
+    }
+}
+
+/// Pop finished WQEs from the front of the SQ and report them, in posting order.
+/// Successful ones only when signaled (or sq_sig_all); errors always.
+pub(crate) fn complete_front(qp: &mut QpCtx, env: &mut Env, now: u64) {
+    let mut budget = qp.sq.len();
+    while budget > 0 {
+        budget -= 1;
+        match qp.sq.front() {
+            Some(w) if w.done => {}
+            _ => break,
+        }
+        let Some(mut w) = qp.sq.pop_front() else {
+            break;
+        };
+        qp.req.cur = qp.req.cur.saturating_sub(1);
+        mark_done(&mut qp.req, &mut w);
+        let status = w.status.unwrap_or(WcStatus::Success);
+        if status != WcStatus::Success {
+            // Errors are completed by `fail`, which also flushes; reaching here means a
+            // WQE carries an error but the QP is not yet failed.
+            qp.sq.push_front(w);
+            qp.req.cur += 1;
+            fail(qp, env, now, None);
+            return;
+        }
+        if qp.sq_sig_all || w.wr.flags.contains(SendFlags::SIGNALED) {
+            let wc = send_wc(qp, &w, status);
+            env.complete(qp.send_cq, wc, false, now);
+        }
+    }
+    check_drained(qp, env);
+}
+
+/// In SQD, tell the consumer once the SQ has nothing in flight.
+pub(crate) fn check_drained(qp: &mut QpCtx, env: &mut Env) {
+    if qp.state == QpState::Sqd
+        && !qp.req.sqd_notified
+        && !qp.sq.iter().any(|w| w.started && !w.done)
+    {
+        qp.req.sqd_notified = true;
+        if qp.attr.en_sqd_async_notify {
+            env.ctx.push_event(AsyncEvent::SqDrained(qp.qpn));
+        }
+    }
+}
+
+/// The QP fails: the first unfinished WQE gets `status` (if given), the QP goes to ERR
+/// and everything outstanding and posted is flushed.
+pub(crate) fn fail(qp: &mut QpCtx, env: &mut Env, now: u64, status: Option<WcStatus>) {
+    if let Some(s) = status {
+        if let Some(w) = qp.sq.iter_mut().find(|w| !w.done || w.status.is_some()) {
+            w.status = Some(s);
+        }
+    }
+    env.ctx.set_qp_error(qp.qpn);
+    qp.state = QpState::Err;
+    flush(qp, env, now);
+}
+
+/// Flush a QP in ERR: every SQ WQE completes (its own error status, else WR_FLUSH_ERR),
+/// then the receive side (own RQ, and a receive WQE held for a message in progress; an
+/// SRQ keeps its WQEs).
+pub(crate) fn flush(qp: &mut QpCtx, env: &mut Env, now: u64) {
+    qp.state = QpState::Err;
+    let sq = std::mem::take(&mut qp.sq);
+    for w in &sq {
+        let status = w.status.unwrap_or(WcStatus::WrFlushErr);
+        let wc = send_wc(qp, w, status);
+        env.complete(qp.send_cq, wc, false, now);
+    }
+    let next_psn = qp.req.next_psn;
+    let high = qp.req.high_psn;
+    qp.req = ReqState {
+        next_psn,
+        high_psn: high,
+        ..Default::default()
+    };
+    if let Some(r) = qp.resp.recv.take() {
+        let wc = WorkCompletion {
+            wr_id: r.wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            qp_num: qp.qpn,
+            ..Default::default()
+        };
+        env.complete(qp.recv_cq, wc, false, now);
+    }
+    qp.resp.in_msg = None;
+    qp.resp.ack = None;
+    flush_rq(qp, env, now);
+    if qp.has_srq {
+        env.ctx.push_event(AsyncEvent::QpLastWqeReached(qp.qpn));
+    }
+}
+
+/// Flush the QP's own receive queue with WR_FLUSH_ERR.
+pub(crate) fn flush_rq(qp: &mut QpCtx, env: &mut Env, now: u64) {
+    if qp.has_srq {
+        return;
+    }
+    let rq = match env.ctx.qp_mut(qp.qpn) {
+        Some(q) => std::mem::take(&mut q.rq),
+        None => return,
+    };
+    for r in rq {
+        let wc = WorkCompletion {
+            wr_id: r.wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            qp_num: qp.qpn,
+            ..Default::default()
+        };
+        env.complete(qp.recv_cq, wc, false, now);
+    }
+}
+
+/// Go back N: resend from the oldest unacknowledged packet (same PSNs, same segmentation).
+pub(crate) fn rewind(qp: &mut QpCtx) {
+    let mtu = qp.mtu();
+    qp.req.cur = 0;
+    qp.req.offset = 0;
+    qp.req.rd_atomic = 0;
+    qp.req.noack_pkts = 0;
+    qp.req.rto = None;
+    for w in qp.sq.iter_mut() {
+        w.in_rd_window = false;
+        if !w.done {
+            w.sent_all = false;
+        }
+    }
+    if let Some(w) = qp.sq.front() {
+        if w.started && !w.done && !w.is_rd_atomic() && !w.is_local() {
+            qp.req.offset = (w.acked_pkts as usize).saturating_mul(mtu).min(w.len);
+        }
+    }
+}
+
+/// Whether any WQE has packets in flight.
+fn outstanding(qp: &QpCtx) -> bool {
+    qp.sq.iter().any(|w| w.started && !w.done)
+}
+
+/// What an acknowledgement up to a PSN found.
+enum Acked {
+    /// Whether anything new was acknowledged.
+    Ok(bool),
+    /// It covers a READ/atomic whose response never came: those were lost.
+    LostResponse,
+}
+
+/// Apply an acknowledgement of every request packet before `p` (and `p` itself when
+/// `inclusive`): SEND/WRITE WQEs it covers are done; a partly covered one records the
+/// packets that arrived.
+fn ack_upto(qp: &mut QpCtx, p: u32, inclusive: bool) -> Acked {
+    let mut progress = false;
+    let req = &mut qp.req;
+    for w in qp.sq.iter_mut() {
+        if w.done {
+            continue;
+        }
+        if !w.started || w.is_local() {
+            break;
+        }
+        let covered = if inclusive {
+            psn::le(w.last_psn, p)
+        } else {
+            psn::lt(w.last_psn, p)
+        };
+        if w.is_rd_atomic() {
+            if covered {
+                return Acked::LostResponse;
+            }
+            break;
+        }
+        if covered {
+            mark_done(req, w);
+            progress = true;
+            continue;
+        }
+        let d = psn::diff(p, w.first_psn) + i32::from(inclusive);
+        if d > 0 && (d as u32) > w.acked_pkts {
+            w.acked_pkts = (d as u32).min(w.npkts);
+            progress = true;
+        }
+        break;
+    }
+    Acked::Ok(progress)
+}
+
+/// Count a transport retry; false (and the QP failed with RETRY_EXC_ERR) when none are left.
+fn use_retry(qp: &mut QpCtx, env: &mut Env, now: u64) -> bool {
+    if qp.req.retry_left == 0 {
+        fail(qp, env, now, Some(WcStatus::RetryExcErr));
+        return false;
+    }
+    qp.req.retry_left -= 1;
+    true
+}
+
+/// A response (ACK, NAK, READ response, atomic ACK) for an RC QP.
+pub(crate) fn handle_response(
+    qp: &mut QpCtx,
+    env: &mut Env,
+    now: u64,
+    h: &Headers,
+    payload: &[u8],
+) {
+    let Some(info) = h.bth.opcode.info() else {
+        env.stats.malformed += 1;
+        return;
+    };
+    let p = h.bth.psn;
+    // A response to a PSN we never sent is stale or forged.
+    if !psn::lt(p, qp.req.next_psn) || !outstanding(qp) {
+        env.stats.duplicates += 1;
+        return;
+    }
+    let mut progress = false;
+    match info.kind {
+        OpKind::Acknowledge => {
+            let Some(aeth) = h.aeth else {
+                env.stats.malformed += 1;
+                return;
+            };
+            match aeth.syndrome {
+                Syndrome::Ack { .. } => match ack_upto(qp, p, true) {
+                    Acked::Ok(pr) => progress = pr,
+                    Acked::LostResponse => {
+                        if use_retry(qp, env, now) {
+                            rewind(qp);
+                        } else {
+                            return;
+                        }
+                    }
+                },
+                Syndrome::RnrNak { timer } => {
+                    env.stats.rnr_naks_rcvd += 1;
+                    if let Acked::Ok(true) = ack_upto(qp, p, false) {
+                        // Progress before the NAK'd packet renews the transport retries.
+                        qp.req.retry_left = qp.attr.retry_cnt;
+                    }
+                    complete_front(qp, env, now);
+                    if qp.state == QpState::Err {
+                        return;
+                    }
+                    if qp.attr.rnr_retry != 7 {
+                        if qp.req.rnr_left == 0 {
+                            fail(qp, env, now, Some(WcStatus::RnrRetryExcErr));
+                            return;
+                        }
+                        qp.req.rnr_left -= 1;
+                    }
+                    rewind(qp);
+                    qp.req.rnr_until = Some(now.saturating_add(rnr_timer_ns(timer)));
+                    return;
+                }
+                Syndrome::Nak(code) => {
+                    match code {
+                        NakCode::PsnSequenceError => env.stats.naks_rcvd_seq += 1,
+                        NakCode::InvalidRequest | NakCode::InvalidRdRequest => {
+                            env.stats.naks_rcvd_inv += 1
+                        }
+                        NakCode::RemoteAccessError => env.stats.naks_rcvd_access += 1,
+                        NakCode::RemoteOperationalError => env.stats.naks_rcvd_op += 1,
+                    }
+                    let lost = matches!(ack_upto(qp, p, false), Acked::LostResponse);
+                    complete_front(qp, env, now);
+                    if qp.state == QpState::Err {
+                        return;
+                    }
+                    let status = match code {
+                        NakCode::PsnSequenceError => None,
+                        NakCode::InvalidRequest => Some(WcStatus::RemInvReqErr),
+                        NakCode::RemoteAccessError => Some(WcStatus::RemAccessErr),
+                        NakCode::RemoteOperationalError => Some(WcStatus::RemOpErr),
+                        NakCode::InvalidRdRequest => Some(WcStatus::RemInvRdReqErr),
+                    };
+                    match status {
+                        Some(s) if !lost => {
+                            fail(qp, env, now, Some(s));
+                            return;
+                        }
+                        _ => {
+                            if !use_retry(qp, env, now) {
+                                return;
+                            }
+                            rewind(qp);
+                        }
+                    }
+                }
+            }
+        }
+        OpKind::ReadResponse => {
+            match ack_upto(qp, p, false) {
+                Acked::Ok(pr) => progress = pr,
+                Acked::LostResponse => {
+                    if use_retry(qp, env, now) {
+                        rewind(qp);
+                    }
+                    return after(qp, env, now, false);
+                }
+            }
+            progress |= read_response(qp, env, now, h, info.position, payload);
+            if qp.state == QpState::Err {
+                return;
+            }
+        }
+        OpKind::AtomicAcknowledge => {
+            match ack_upto(qp, p, false) {
+                Acked::Ok(pr) => progress = pr,
+                Acked::LostResponse => {
+                    if use_retry(qp, env, now) {
+                        rewind(qp);
+                    }
+                    return after(qp, env, now, false);
+                }
+            }
+            let mtu_ok = h.atomic_ack.is_some();
+            if let (true, Some(orig)) = (mtu_ok, h.atomic_ack.map(|a| a.orig)) {
+                let pd = qp.pd;
+                if let Some(w) = qp.sq.iter_mut().find(|w| !w.done) {
+                    if w.started && w.is_atomic() && w.first_psn == p {
+                        match env.ctx.scatter(pd, &w.wr.sg_list, 0, &orig.to_ne_bytes()) {
+                            Ok(()) => {
+                                mark_done(&mut qp.req, w);
+                                progress = true;
+                            }
+                            Err(s) => {
+                                w.status = Some(s);
+                                fail(qp, env, now, None);
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        _ => {
+            env.stats.dropped += 1;
+            return;
+        }
+    }
+    after(qp, env, now, progress);
+}
+
+/// After a response: complete what finished, re-arm the timer, keep sending.
+fn after(qp: &mut QpCtx, env: &mut Env, now: u64, progress: bool) {
+    complete_front(qp, env, now);
+    if qp.state == QpState::Err {
+        return;
+    }
+    if progress {
+        qp.req.retry_left = qp.attr.retry_cnt;
+        qp.req.rnr_left = qp.attr.rnr_retry;
+        qp.req.rto = None;
+    }
+    if !outstanding(qp) {
+        qp.req.rto = None;
+    } else if qp.req.rto.is_none() {
+        qp.req.rto = qp.ack_timeout().map(|t| now.saturating_add(t));
+    }
+    requester::run(qp, env, now);
+}
+
+/// One READ response packet: must be the next one the oldest READ expects. Returns progress.
+fn read_response(
+    qp: &mut QpCtx,
+    env: &mut Env,
+    now: u64,
+    h: &Headers,
+    position: Position,
+    payload: &[u8],
+) -> bool {
+    let mtu = qp.mtu();
+    let pd = qp.pd;
+    let p = h.bth.psn;
+    let Some(w) = qp.sq.iter_mut().find(|w| !w.done) else {
+        return false;
+    };
+    if !w.started || !matches!(w.wr.op, crate::verbs::SendOp::Read { .. }) {
+        return false;
+    }
+    let k = w.acked_pkts;
+    if k >= w.npkts || p != psn::add(w.first_psn, k) {
+        // Not the next response expected: a duplicate, or one after a loss (the timer
+        // or the next response past the gap recovers).
+        env.stats.duplicates += 1;
+        return false;
+    }
+    let want = match (w.npkts, k) {
+        (1, _) => Position::Only,
+        (_, 0) => Position::First,
+        (n, k) if k + 1 == n => Position::Last,
+        _ => Position::Middle,
+    };
+    let offset = (k as usize).saturating_mul(mtu);
+    let want_len = w.len.saturating_sub(offset).min(mtu);
+    if want != position || payload.len() != want_len {
+        env.stats.malformed += 1;
+        return false;
+    }
+    if !payload.is_empty() {
+        if let Err(s) = env.ctx.scatter(pd, &w.wr.sg_list, offset, payload) {
+            w.status = Some(s);
+            fail(qp, env, now, None);
+            return false;
+        }
+    }
+    w.acked_pkts = k + 1;
+    if w.acked_pkts >= w.npkts {
+        mark_done(&mut qp.req, w);
+    }
+    true
+}
+
+/// Fire due timers of one QP.
+pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Env, now: u64) {
+    if qp.req.rnr_until.is_some_and(|t| t <= now) {
+        qp.req.rnr_until = None;
+        if matches!(qp.state, QpState::Rts | QpState::Sqd) {
+            requester::run(qp, env, now);
+        }
+    }
+    if qp.req.rto.is_some_and(|t| t <= now) {
+        qp.req.rto = None;
+        if !matches!(qp.state, QpState::Rts | QpState::Sqd) || !outstanding(qp) {
+            return;
+        }
+        env.stats.timeouts += 1;
+        if use_retry(qp, env, now) {
+            rewind(qp);
+            requester::run(qp, env, now);
+        }
+    }
+}

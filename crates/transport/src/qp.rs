@@ -1,0 +1,222 @@
+//! Per-QP protocol state: the send queue of WQEs with their PSN ranges, the requester's
+//! position and window, the completer's timers and retry counters, and the responder's
+//! expected PSN, MSN, message in progress and READ/atomic resources.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+
+use crate::verbs::{QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, WcStatus};
+
+/// Packets sent without AckReq before the requester asks for an ACK anyway (rxe's
+/// RXE_MAX_PKT_PER_ACK), so that long messages get acknowledged as they go.
+pub(crate) const MAX_PKT_PER_ACK: u32 = 64;
+
+/// Atomic results remembered for duplicate detection, at least (more if
+/// max_dest_rd_atomic is larger).
+pub(crate) const ATOMIC_REPLAY_MIN: usize = 16;
+
+/// Where a UD WQE goes (resolved from its AH at post time, so later AH changes don't
+/// affect queued WRs, as on hardware).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UdTarget {
+    pub dst: SocketAddr,
+    pub tos: u8,
+    pub qpn: u32,
+    pub qkey: u32,
+}
+
+/// One send work queue element and its protocol progress.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub wr: SendWr,
+    /// INLINE payload copied at post time.
+    pub inline: Option<Vec<u8>>,
+    /// Message length in bytes.
+    pub len: usize,
+    /// Whether PSNs have been assigned (first transmission started).
+    pub started: bool,
+    pub first_psn: u32,
+    pub last_psn: u32,
+    /// Packets in the message (READ: response packets, which use request PSN space).
+    pub npkts: u32,
+    /// Every packet has been handed to the wire (since the last rewind).
+    pub sent_all: bool,
+    /// Packets known to have arrived (ACKed SEND/WRITE packets, received READ responses).
+    pub acked_pkts: u32,
+    /// Ready to complete (UC/UD sent, local op executed, RC acknowledged).
+    pub done: bool,
+    /// Completion status when not success.
+    pub status: Option<WcStatus>,
+    /// Counted in the requester's outstanding READ/atomic window.
+    pub in_rd_window: bool,
+    pub ud: Option<UdTarget>,
+}
+
+impl SendWqe {
+    pub fn new(wr: SendWr, inline: Option<Vec<u8>>, len: usize, ud: Option<UdTarget>) -> Self {
+        SendWqe {
+            wr,
+            inline,
+            len,
+            started: false,
+            first_psn: 0,
+            last_psn: 0,
+            npkts: 0,
+            sent_all: false,
+            acked_pkts: 0,
+            done: false,
+            status: None,
+            in_rd_window: false,
+            ud,
+        }
+    }
+    /// READ or atomic: the responses, not ACKs, complete it.
+    pub fn is_rd_atomic(&self) -> bool {
+        matches!(
+            self.wr.op,
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+    pub fn is_atomic(&self) -> bool {
+        matches!(
+            self.wr.op,
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+    pub fn is_local(&self) -> bool {
+        matches!(self.wr.op, SendOp::LocalInv { .. } | SendOp::BindMw(_))
+    }
+}
+
+/// Requester and completer state.
+#[derive(Debug, Default)]
+pub(crate) struct ReqState {
+    /// Index in the SQ of the WQE being transmitted.
+    pub cur: usize,
+    /// Byte offset within that WQE of the next packet.
+    pub offset: usize,
+    /// PSN the next new WQE starts at.
+    pub next_psn: u32,
+    /// One past the highest PSN ever sent (to count retransmissions).
+    pub high_psn: u32,
+    /// READ/atomic requests in flight.
+    pub rd_atomic: u32,
+    /// Packets since the last AckReq.
+    pub noack_pkts: u32,
+    /// Transport retries left (timeouts, sequence NAKs).
+    pub retry_left: u8,
+    /// RNR retries left (7 = infinite).
+    pub rnr_left: u8,
+    /// Local ACK timeout deadline.
+    pub rto: Option<u64>,
+    /// Waiting after an RNR NAK until then.
+    pub rnr_until: Option<u64>,
+    /// SQ drained event already given for the current SQD period.
+    pub sqd_notified: bool,
+}
+
+/// A READ or atomic the responder executed, kept for duplicate requests.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Resource {
+    Read { first_psn: u32, last_psn: u32 },
+    Atomic { psn: u32, orig: u64 },
+}
+
+/// A multi-packet message in progress at the responder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InMsg {
+    Send,
+    Write { va: u64, rkey: u32, len: u32 },
+}
+
+/// Responder state.
+#[derive(Debug, Default)]
+pub(crate) struct RespState {
+    /// Expected PSN.
+    pub epsn: u32,
+    /// Messages completed (24 bits).
+    pub msn: u32,
+    /// Message in progress (after a FIRST, before its LAST).
+    pub in_msg: Option<InMsg>,
+    /// Bytes of the message in progress received so far.
+    pub offset: usize,
+    /// Receive WQE taken for the message in progress.
+    pub recv: Option<RecvWr>,
+    /// A sequence-error NAK was sent; no more until the expected PSN arrives (IBTA: one NAK
+    /// per sequence error).
+    pub nak_sent: bool,
+    /// READ resources (ring of max_dest_rd_atomic).
+    pub reads: VecDeque<Resource>,
+    /// Atomic replay cache, keyed by PSN.
+    pub atomics: VecDeque<Resource>,
+    /// Coalesced ACK to send: (psn, msn).
+    pub ack: Option<(u32, u32)>,
+    /// CommEst given.
+    pub comm_est: bool,
+}
+
+/// A QP's transport side.
+#[derive(Debug)]
+pub(crate) struct QpCtx {
+    pub qpn: u32,
+    pub qp_type: QpType,
+    /// Cached from the verbs QP after each modify / error.
+    pub state: QpState,
+    pub attr: QpAttr,
+    pub pd: crate::verbs::PdId,
+    pub send_cq: crate::verbs::CqId,
+    pub recv_cq: crate::verbs::CqId,
+    pub has_srq: bool,
+    pub sq_sig_all: bool,
+    pub max_send_wr: u32,
+    /// Peer of an RC/UC QP (dgid IP, our UDP port number).
+    pub peer: Option<SocketAddr>,
+    pub sq: VecDeque<SendWqe>,
+    pub req: ReqState,
+    pub resp: RespState,
+}
+
+impl QpCtx {
+    /// Payload bytes per packet.
+    pub fn mtu(&self) -> usize {
+        self.attr.path_mtu.bytes()
+    }
+    /// Local ACK timeout in ns; None = wait forever (timeout 0).
+    pub fn ack_timeout(&self) -> Option<u64> {
+        ack_timeout_ns(self.attr.timeout)
+    }
+}
+
+/// IBTA local ACK timeout: 4.096 µs × 2^timeout; 0 means infinite.
+pub(crate) fn ack_timeout_ns(code: u8) -> Option<u64> {
+    match code {
+        0 => None,
+        c => Some(4096u64 << u32::from(c.min(31))),
+    }
+}
+
+/// IBTA RNR NAK timer table (9.7.5.2.8), code → nanoseconds. Code 0 is the longest.
+pub(crate) fn rnr_timer_ns(code: u8) -> u64 {
+    const US: [u64; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    US[usize::from(code & 0x1F)] * 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timers() {
+        assert_eq!(ack_timeout_ns(0), None);
+        assert_eq!(ack_timeout_ns(1), Some(8192));
+        assert_eq!(ack_timeout_ns(14), Some(4096 << 14));
+        assert_eq!(rnr_timer_ns(0), 655_360_000);
+        assert_eq!(rnr_timer_ns(1), 10_000);
+        assert_eq!(rnr_timer_ns(31), 491_520_000);
+        assert_eq!(rnr_timer_ns(12), 640_000);
+    }
+}

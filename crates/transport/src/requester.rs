@@ -1,0 +1,374 @@
+//! Requester: turns send WQEs into request packets — PSN assignment, MTU segmentation,
+//! the outstanding READ/atomic window, fences, and in-order execution of local
+//! operations (LOCAL_INV, BIND_MW).
+
+use softrdma_wire::{psn, AtomicEth, Bth, Deth, Headers, Opcode, Reth};
+
+use crate::completer;
+use crate::qp::{QpCtx, MAX_PKT_PER_ACK};
+use crate::verbs::{QpState, QpType, SendFlags, SendOp, WcStatus};
+use crate::Env;
+
+/// Position of packet `idx` among `n`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pos {
+    First,
+    Middle,
+    Last,
+    Only,
+}
+
+fn pos(idx: u32, n: u32) -> Pos {
+    match (idx, n) {
+        (_, 0 | 1) => Pos::Only,
+        (0, _) => Pos::First,
+        (i, n) if i + 1 >= n => Pos::Last,
+        _ => Pos::Middle,
+    }
+}
+
+/// The opcode of a SEND / WRITE data packet. None for an op the service cannot carry
+/// (check_send_wr rejects those at post).
+fn data_opcode(t: QpType, op: &SendOp, p: Pos) -> Option<Opcode> {
+    use Pos::*;
+    let rc = match (op, p) {
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, First) => 0x00,
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, Middle) => 0x01,
+        (SendOp::Send, Last) => 0x02,
+        (SendOp::SendWithImm { .. }, Last) => 0x03,
+        (SendOp::Send, Only) => 0x04,
+        (SendOp::SendWithImm { .. }, Only) => 0x05,
+        (SendOp::SendWithInv { .. }, Last) => 0x16,
+        (SendOp::SendWithInv { .. }, Only) => 0x17,
+        (SendOp::Write { .. } | SendOp::WriteWithImm { .. }, First) => 0x06,
+        (SendOp::Write { .. } | SendOp::WriteWithImm { .. }, Middle) => 0x07,
+        (SendOp::Write { .. }, Last) => 0x08,
+        (SendOp::WriteWithImm { .. }, Last) => 0x09,
+        (SendOp::Write { .. }, Only) => 0x0A,
+        (SendOp::WriteWithImm { .. }, Only) => 0x0B,
+        _ => return None,
+    };
+    match t {
+        QpType::Rc => Some(Opcode(rc)),
+        QpType::Uc if rc <= 0x0B => Some(Opcode(rc + 0x20)),
+        QpType::Ud => match (op, p) {
+            (SendOp::Send, Only) => Some(Opcode::UD_SEND_ONLY),
+            (SendOp::SendWithImm { .. }, Only) => Some(Opcode::UD_SEND_ONLY_IMM),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn npkts(len: usize, mtu: usize) -> u32 {
+    (len.div_ceil(mtu.max(1))).max(1) as u32
+}
+
+/// Run the requester: send as much of the SQ as the rules allow. Every iteration either
+/// sends a packet, executes a local op, or advances past a WQE, and the budget bounds it.
+pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
+    let mut budget: usize = 1 << 22;
+    let mut in_wqe = qp.req.offset > 0;
+    let mut sent_any = false;
+    while budget > 0 {
+        budget -= 1;
+        if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.req.rnr_until.is_some() {
+            break;
+        }
+        let cur = qp.req.cur;
+        let mtu = if qp.qp_type == QpType::Ud {
+            usize::MAX >> 1
+        } else {
+            qp.mtu()
+        };
+        let max_rd = u32::from(qp.attr.max_rd_atomic.max(1));
+        let rd_atomic = qp.req.rd_atomic;
+        let Some(w) = qp.sq.get_mut(cur) else {
+            break;
+        };
+        if w.done {
+            // A local op executed, or a WQE acknowledged, before a rewind: skip it.
+            qp.req.cur += 1;
+            qp.req.offset = 0;
+            in_wqe = false;
+            continue;
+        }
+        if !in_wqe {
+            if qp.state == QpState::Sqd && !w.started {
+                break;
+            }
+            if w.wr.flags.contains(SendFlags::FENCE) && rd_atomic > 0 {
+                break;
+            }
+            if w.is_rd_atomic() && rd_atomic >= max_rd {
+                break;
+            }
+        }
+        match w.wr.op {
+            SendOp::LocalInv { rkey } => {
+                let r = env.ctx.invalidate_rkey(qp.pd, rkey);
+                w.done = true;
+                w.started = true;
+                qp.req.cur += 1;
+                if let Err(s) = r {
+                    w.status = Some(s);
+                    completer::fail(qp, env, now, None);
+                    return;
+                }
+                continue;
+            }
+            SendOp::BindMw(ref b) => {
+                let r = env.ctx.bind_mw(qp.pd, qp.qpn, b);
+                w.done = true;
+                w.started = true;
+                qp.req.cur += 1;
+                if let Err(s) = r {
+                    w.status = Some(s);
+                    completer::fail(qp, env, now, None);
+                    return;
+                }
+                continue;
+            }
+            _ => {}
+        }
+        if !w.started {
+            w.started = true;
+            w.first_psn = qp.req.next_psn;
+            w.npkts = if w.is_atomic() { 1 } else { npkts(w.len, mtu) };
+            w.last_psn = psn::add(w.first_psn, w.npkts - 1);
+            qp.req.next_psn = psn::add(w.last_psn, 1);
+        }
+        let dst_tos = match (&w.ud, qp.peer) {
+            (Some(u), _) => Some((u.dst, u.tos, u.qpn)),
+            (None, Some(p)) => Some((p, qp.attr.ah_attr.grh.traffic_class, qp.attr.dest_qp_num)),
+            (None, None) => None,
+        };
+        let Some((dst, tos, dqpn)) = dst_tos else {
+            w.status = Some(WcStatus::LocQpOpErr);
+            completer::fail(qp, env, now, None);
+            return;
+        };
+        let is_rc = qp.qp_type == QpType::Rc;
+        let (pkt_psn, end_psn);
+        match w.wr.op {
+            SendOp::Read { remote_addr, rkey } => {
+                let k = w.acked_pkts.min(w.npkts.saturating_sub(1));
+                let skip = (k as usize).saturating_mul(mtu).min(w.len);
+                pkt_psn = psn::add(w.first_psn, k);
+                end_psn = w.last_psn;
+                let mut bth = Bth::new(Opcode::RC_RDMA_READ_REQUEST, dqpn, pkt_psn);
+                bth.ack_req = true;
+                let mut h = Headers::new(bth);
+                h.reth = Some(Reth {
+                    va: remote_addr.wrapping_add(skip as u64),
+                    rkey,
+                    dma_len: (w.len - skip) as u32,
+                });
+                env.send(qp.qpn, dst, tos, &h, &[]);
+                w.sent_all = true;
+                w.in_rd_window = true;
+                qp.req.rd_atomic += 1;
+                qp.req.cur += 1;
+                qp.req.offset = 0;
+                in_wqe = false;
+            }
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                pkt_psn = w.first_psn;
+                end_psn = pkt_psn;
+                let mut bth = Bth::new(Opcode::RC_COMPARE_SWAP, dqpn, pkt_psn);
+                bth.ack_req = true;
+                let mut h = Headers::new(bth);
+                h.atomic_eth = Some(AtomicEth {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+                env.send(qp.qpn, dst, tos, &h, &[]);
+                w.sent_all = true;
+                w.in_rd_window = true;
+                qp.req.rd_atomic += 1;
+                qp.req.cur += 1;
+                qp.req.offset = 0;
+                in_wqe = false;
+            }
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                pkt_psn = w.first_psn;
+                end_psn = pkt_psn;
+                let mut bth = Bth::new(Opcode::RC_FETCH_ADD, dqpn, pkt_psn);
+                bth.ack_req = true;
+                let mut h = Headers::new(bth);
+                h.atomic_eth = Some(AtomicEth {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+                env.send(qp.qpn, dst, tos, &h, &[]);
+                w.sent_all = true;
+                w.in_rd_window = true;
+                qp.req.rd_atomic += 1;
+                qp.req.cur += 1;
+                qp.req.offset = 0;
+                in_wqe = false;
+            }
+            _ => {
+                // SEND / WRITE data packet at the current offset.
+                let offset = qp.req.offset.min(w.len);
+                let idx = (offset / mtu.max(1)) as u32;
+                let plen = (w.len - offset).min(mtu);
+                let p = pos(idx, w.npkts);
+                let Some(opcode) = data_opcode(qp.qp_type, &w.wr.op, p) else {
+                    w.status = Some(WcStatus::LocQpOpErr);
+                    completer::fail(qp, env, now, None);
+                    return;
+                };
+                pkt_psn = psn::add(w.first_psn, idx);
+                end_psn = pkt_psn;
+                let mut payload = std::mem::take(&mut env.scratch);
+                payload.clear();
+                payload.resize(plen, 0);
+                let got = match &w.inline {
+                    Some(data) => match data.get(offset..offset + plen) {
+                        Some(s) => {
+                            payload.copy_from_slice(s);
+                            Ok(())
+                        }
+                        None => Err(WcStatus::LocLenErr),
+                    },
+                    None if plen == 0 => Ok(()),
+                    None => env.ctx.gather(qp.pd, &w.wr.sg_list, offset, &mut payload),
+                };
+                if let Err(s) = got {
+                    env.scratch = payload;
+                    w.status = Some(s);
+                    completer::fail(qp, env, now, None);
+                    return;
+                }
+                let last = matches!(p, Pos::Last | Pos::Only);
+                let mut bth = Bth::new(opcode, dqpn, pkt_psn);
+                bth.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED);
+                if is_rc {
+                    qp.req.noack_pkts += 1;
+                    bth.ack_req = last || qp.req.noack_pkts >= MAX_PKT_PER_ACK;
+                    if bth.ack_req {
+                        qp.req.noack_pkts = 0;
+                    }
+                }
+                let mut h = Headers::new(bth);
+                if let Some(u) = &w.ud {
+                    h.deth = Some(Deth {
+                        qkey: u.qkey,
+                        src_qp: qp.qpn,
+                    });
+                }
+                if matches!(p, Pos::First | Pos::Only) {
+                    if let SendOp::Write { remote_addr, rkey }
+                    | SendOp::WriteWithImm {
+                        remote_addr, rkey, ..
+                    } = w.wr.op
+                    {
+                        h.reth = Some(Reth {
+                            va: remote_addr,
+                            rkey,
+                            dma_len: w.len as u32,
+                        });
+                    }
+                }
+                if last {
+                    match w.wr.op {
+                        SendOp::SendWithImm { imm } | SendOp::WriteWithImm { imm, .. } => {
+                            h.imm = Some(imm)
+                        }
+                        SendOp::SendWithInv { invalidate_rkey } => h.ieth = Some(invalidate_rkey),
+                        _ => {}
+                    }
+                }
+                env.send(qp.qpn, dst, tos, &h, &payload);
+                env.scratch = payload;
+                qp.req.offset = offset + plen;
+                in_wqe = true;
+                if last {
+                    w.sent_all = true;
+                    if !is_rc {
+                        w.done = true;
+                    }
+                    qp.req.cur += 1;
+                    qp.req.offset = 0;
+                    in_wqe = false;
+                }
+            }
+        }
+        // Count packets below the highest PSN ever sent as retransmissions.
+        if psn::lt(pkt_psn, qp.req.high_psn) {
+            env.stats.retransmits += 1;
+        }
+        if psn::ge(end_psn, qp.req.high_psn) {
+            qp.req.high_psn = psn::add(end_psn, 1);
+        }
+        sent_any = true;
+        if is_rc && qp.req.rto.is_none() {
+            qp.req.rto = qp.ack_timeout().map(|t| now.saturating_add(t));
+        }
+    }
+    if qp.qp_type != QpType::Rc || sent_any {
+        completer::complete_front(qp, env, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_and_opcodes() {
+        assert!(pos(0, 1) == Pos::Only);
+        assert!(pos(0, 3) == Pos::First);
+        assert!(pos(1, 3) == Pos::Middle);
+        assert!(pos(2, 3) == Pos::Last);
+        assert_eq!(npkts(0, 256), 1);
+        assert_eq!(npkts(256, 256), 1);
+        assert_eq!(npkts(257, 256), 2);
+        assert_eq!(
+            data_opcode(QpType::Uc, &SendOp::Send, Pos::Only),
+            Some(Opcode::UC_SEND_ONLY)
+        );
+        assert_eq!(
+            data_opcode(
+                QpType::Rc,
+                &SendOp::SendWithInv { invalidate_rkey: 1 },
+                Pos::Last
+            ),
+            Some(Opcode::RC_SEND_LAST_INV)
+        );
+        assert_eq!(
+            data_opcode(
+                QpType::Uc,
+                &SendOp::SendWithInv { invalidate_rkey: 1 },
+                Pos::Last
+            ),
+            None
+        );
+        assert_eq!(
+            data_opcode(
+                QpType::Rc,
+                &SendOp::WriteWithImm {
+                    remote_addr: 0,
+                    rkey: 0,
+                    imm: 0
+                },
+                Pos::Only
+            ),
+            Some(Opcode::RC_RDMA_WRITE_ONLY_IMM)
+        );
+    }
+}
