@@ -69,7 +69,6 @@ fn npkts(len: usize, mtu: usize) -> u32 {
 pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
     let mut budget: usize = 1 << 22;
     let mut in_wqe = qp.req.offset > 0;
-    let mut sent_any = false;
     while budget > 0 {
         budget -= 1;
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.req.rnr_until.is_some() {
@@ -315,14 +314,12 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
         if psn::ge(end_psn, qp.req.high_psn) {
             qp.req.high_psn = psn::add(end_psn, 1);
         }
-        sent_any = true;
         if is_rc && qp.req.rto.is_none() {
             qp.req.rto = qp.ack_timeout().map(|t| now.saturating_add(t));
         }
     }
-    if qp.qp_type != QpType::Rc || sent_any {
-        completer::complete_front(qp, env, now);
-    }
+    // UC/UD sends and local ops finish without a response: report them now.
+    completer::complete_front(qp, env, now);
 }
 
 #[cfg(test)]

@@ -263,9 +263,11 @@ fn rc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
         );
         return;
     }
+    // A QP not enabled for the operation: remote access error, as hardware reports it
+    // (rxe answers invalid request here).
     let need = kind_access(info.kind);
     if !need.is_empty() && !qp.attr.qp_access_flags.contains(need) {
-        fatal_nak(qp, env, now, NakCode::InvalidRequest, p, None);
+        fatal_nak(qp, env, now, NakCode::RemoteAccessError, p, None);
         return;
     }
     if !length_ok(info.position, payload.len(), qp.mtu(), info.has_payload) {
