@@ -16,7 +16,7 @@ if ! python3 -c 'import scapy.contrib.roce' >/dev/null 2>&1; then
     fi
     # scapy from pip (tested with 2.8.0, whose scapy.contrib.roce computes IPv4 and IPv6 ICRCs); Debian 12 marks
     # the system python as externally managed (PEP 668).
-    python3 -m pip install scapy || python3 -m pip install --break-system-packages scapy
+    python3 -m pip install "scapy==2.8.0" || python3 -m pip install --break-system-packages "scapy==2.8.0"
 fi
 tshark --version | head -n 1
 python3 -c 'import scapy; print("scapy", scapy.__version__)'
