@@ -234,6 +234,23 @@ fn use_retry(qp: &mut QpCtx, env: &mut Env, now: u64) -> bool {
     true
 }
 
+/// Go back N because a response showed a loss (sequence NAK, or an ACK past a READ or
+/// atomic that got no response). Once such a retry started, further evidence of the same
+/// loss (the ACKs and NAKs already on their way) is ignored until progress is made, as
+/// rxe does with `started_retry`; otherwise one loss would burn several retries. False if
+/// the QP failed for lack of retries.
+fn retry_from_response(qp: &mut QpCtx, env: &mut Env, now: u64) -> bool {
+    if qp.req.retrying {
+        return true;
+    }
+    if !use_retry(qp, env, now) {
+        return false;
+    }
+    rewind(qp);
+    qp.req.retrying = true;
+    true
+}
+
 /// A response (ACK, NAK, READ response, atomic ACK) for an RC QP.
 pub(crate) fn handle_response(
     qp: &mut QpCtx,
@@ -263,9 +280,7 @@ pub(crate) fn handle_response(
                 Syndrome::Ack { .. } => match ack_upto(qp, p, true) {
                     Acked::Ok(pr) => progress = pr,
                     Acked::LostResponse => {
-                        if use_retry(qp, env, now) {
-                            rewind(qp);
-                        } else {
+                        if !retry_from_response(qp, env, now) {
                             return;
                         }
                     }
@@ -318,10 +333,9 @@ pub(crate) fn handle_response(
                             return;
                         }
                         _ => {
-                            if !use_retry(qp, env, now) {
+                            if !retry_from_response(qp, env, now) {
                                 return;
                             }
-                            rewind(qp);
                         }
                     }
                 }
@@ -331,10 +345,10 @@ pub(crate) fn handle_response(
             match ack_upto(qp, p, false) {
                 Acked::Ok(pr) => progress = pr,
                 Acked::LostResponse => {
-                    if use_retry(qp, env, now) {
-                        rewind(qp);
+                    if retry_from_response(qp, env, now) {
+                        after(qp, env, now, false);
                     }
-                    return after(qp, env, now, false);
+                    return;
                 }
             }
             progress |= read_response(qp, env, now, h, info.position, payload);
@@ -346,10 +360,10 @@ pub(crate) fn handle_response(
             match ack_upto(qp, p, false) {
                 Acked::Ok(pr) => progress = pr,
                 Acked::LostResponse => {
-                    if use_retry(qp, env, now) {
-                        rewind(qp);
+                    if retry_from_response(qp, env, now) {
+                        after(qp, env, now, false);
                     }
-                    return after(qp, env, now, false);
+                    return;
                 }
             }
             let mtu_ok = h.atomic_ack.is_some();
@@ -387,6 +401,7 @@ fn after(qp: &mut QpCtx, env: &mut Env, now: u64, progress: bool) {
         return;
     }
     if progress {
+        qp.req.retrying = false;
         qp.req.retry_left = qp.attr.retry_cnt;
         qp.req.rnr_left = qp.attr.rnr_retry;
         qp.req.rto = None;
@@ -424,15 +439,19 @@ fn read_response(
         env.stats.duplicates += 1;
         return false;
     }
-    let want = match (w.npkts, k) {
-        (1, _) => Position::Only,
+    // Responses to the original request count positions from its first packet; those to
+    // a request resent after a partial response count from where that request started.
+    let pos_in = |i: u32, n: u32| match (n, i) {
+        (0 | 1, _) => Position::Only,
         (_, 0) => Position::First,
-        (n, k) if k + 1 == n => Position::Last,
+        (n, i) if i + 1 >= n => Position::Last,
         _ => Position::Middle,
     };
+    let r = w.read_req_k.min(k);
+    let pos_ok = position == pos_in(k, w.npkts) || position == pos_in(k - r, w.npkts - r);
     let offset = (k as usize).saturating_mul(mtu);
     let want_len = w.len.saturating_sub(offset).min(mtu);
-    if want != position || payload.len() != want_len {
+    if !pos_ok || payload.len() != want_len {
         env.stats.malformed += 1;
         return false;
     }
@@ -466,6 +485,7 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Env, now: u64) {
         env.stats.timeouts += 1;
         if use_retry(qp, env, now) {
             rewind(qp);
+            qp.req.retrying = true;
             requester::run(qp, env, now);
         }
     }

@@ -11,6 +11,10 @@ use crate::verbs::{QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, WcStatus};
 /// RXE_MAX_PKT_PER_ACK), so that long messages get acknowledged as they go.
 pub(crate) const MAX_PKT_PER_ACK: u32 = 64;
 
+/// Request PSNs in flight at most (unacknowledged), so a huge message is paced by the
+/// ACKs rather than queued whole, and PSN comparisons stay far inside the 2^23 window.
+pub(crate) const MAX_INFLIGHT_PSNS: i32 = 2048;
+
 /// Atomic results remembered for duplicate detection, at least (more if
 /// max_dest_rd_atomic is larger).
 pub(crate) const ATOMIC_REPLAY_MIN: usize = 16;
@@ -47,6 +51,8 @@ pub(crate) struct SendWqe {
     pub done: bool,
     /// Completion status when not success.
     pub status: Option<WcStatus>,
+    /// READ: response packet index the last request sent asked from.
+    pub read_req_k: u32,
     /// Counted in the requester's outstanding READ/atomic window.
     pub in_rd_window: bool,
     pub ud: Option<UdTarget>,
@@ -64,6 +70,7 @@ impl SendWqe {
             npkts: 0,
             sent_all: false,
             acked_pkts: 0,
+            read_req_k: 0,
             done: false,
             status: None,
             in_rd_window: false,
@@ -111,6 +118,8 @@ pub(crate) struct ReqState {
     pub rto: Option<u64>,
     /// Waiting after an RNR NAK until then.
     pub rnr_until: Option<u64>,
+    /// A go-back-N started by a response is under way (cleared by progress).
+    pub retrying: bool,
     /// SQ drained event already given for the current SQD period.
     pub sqd_notified: bool,
 }

@@ -5,7 +5,7 @@
 use softrdma_wire::{psn, AtomicEth, Bth, Deth, Headers, Opcode, Reth};
 
 use crate::completer;
-use crate::qp::{QpCtx, MAX_PKT_PER_ACK};
+use crate::qp::{QpCtx, MAX_INFLIGHT_PSNS, MAX_PKT_PER_ACK};
 use crate::verbs::{QpState, QpType, SendFlags, SendOp, WcStatus};
 use crate::Env;
 
@@ -64,6 +64,12 @@ fn npkts(len: usize, mtu: usize) -> u32 {
     (len.div_ceil(mtu.max(1))).max(1) as u32
 }
 
+/// PSN of the oldest request packet not known to have arrived.
+fn oldest_unacked(qp: &QpCtx) -> Option<u32> {
+    let w = qp.sq.iter().find(|w| !w.done)?;
+    w.started.then(|| psn::add(w.first_psn, w.acked_pkts))
+}
+
 /// Run the requester: send as much of the SQ as the rules allow. Every iteration either
 /// sends a packet, executes a local op, or advances past a WQE, and the budget bounds it.
 pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
@@ -82,9 +88,24 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
         };
         let max_rd = u32::from(qp.attr.max_rd_atomic.max(1));
         let rd_atomic = qp.req.rd_atomic;
+        let base = oldest_unacked(qp);
         let Some(w) = qp.sq.get_mut(cur) else {
             break;
         };
+        // RC pacing: stop while the PSN about to go out is too far past the oldest
+        // unacknowledged one; ACK progress runs the requester again.
+        if qp.qp_type == QpType::Rc && !w.done && !w.is_local() {
+            if let Some(base) = base {
+                let next = if w.started {
+                    psn::add(w.first_psn, (qp.req.offset / mtu.max(1)) as u32)
+                } else {
+                    qp.req.next_psn
+                };
+                if psn::diff(next, base) >= MAX_INFLIGHT_PSNS {
+                    break;
+                }
+            }
+        }
         if w.done {
             // A local op executed, or a WQE acknowledged, before a rewind: skip it.
             qp.req.cur += 1;
@@ -152,6 +173,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
         match w.wr.op {
             SendOp::Read { remote_addr, rkey } => {
                 let k = w.acked_pkts.min(w.npkts.saturating_sub(1));
+                w.read_req_k = k;
                 let skip = (k as usize).saturating_mul(mtu).min(w.len);
                 pkt_psn = psn::add(w.first_psn, k);
                 end_psn = w.last_psn;
