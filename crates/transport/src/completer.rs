@@ -315,7 +315,15 @@ pub(crate) fn handle_response(
                         NakCode::RemoteAccessError => env.stats.naks_rcvd_access += 1,
                         NakCode::RemoteOperationalError => env.stats.naks_rcvd_op += 1,
                     }
-                    let lost = matches!(ack_upto(qp, p, false), Acked::LostResponse);
+                    let acked = ack_upto(qp, p, false);
+                    let lost = matches!(acked, Acked::LostResponse);
+                    if let Acked::Ok(true) = acked {
+                        // The NAK acknowledges everything before it: progress, so this is
+                        // a new loss that deserves its own go-back-N and fresh retries.
+                        qp.req.retrying = false;
+                        qp.req.retry_left = qp.attr.retry_cnt;
+                        qp.req.rnr_left = qp.attr.rnr_retry;
+                    }
                     complete_front(qp, env, now);
                     if qp.state == QpState::Err {
                         return;
