@@ -1,0 +1,195 @@
+//! Which devices exist: `SOFTRDMA_ADDR`, the configuration file, or one automatic device.
+//!
+//! - `SOFTRDMA_ADDR=IP[:PORT]` names the address of the default device `softrdma0`.
+//! - The configuration file (`$SOFTRDMA_CONFIG`, else `/etc/softrdma.conf`) has lines
+//!   `NAME IP[:PORT]`; `#` starts a comment; blank lines are ignored.
+//! - With neither, there is one device `softrdma0` that takes the first free 127.0.0.x
+//!   on port 4791 when opened.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use crate::ROCE_PORT;
+
+/// Name of the default device.
+pub const DEFAULT_NAME: &str = "softrdma0";
+/// Configuration file read when `SOFTRDMA_CONFIG` is not set.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/softrdma.conf";
+
+/// Where a device lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceAddr {
+    /// A fixed address from the configuration.
+    Fixed(SocketAddr),
+    /// The first free 127.0.0.x on this port, chosen when the device opens.
+    AutoLoopback(u16),
+}
+
+/// One configured device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceEntry {
+    /// Device name (`softrdma0`, …).
+    pub name: String,
+    /// Its address.
+    pub addr: DeviceAddr,
+}
+
+/// A configuration problem, with the place it was found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{origin}: {msg}")]
+pub struct ConfigError {
+    /// File and line, or the variable name.
+    pub origin: String,
+    /// What is wrong.
+    pub msg: String,
+}
+
+/// Parse `IP` or `IP:PORT` (IPv6 with a port as `[IP]:PORT`); the port defaults to 4791.
+pub fn parse_addr(s: &str) -> Option<SocketAddr> {
+    let s = s.trim();
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Some(sa);
+    }
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(SocketAddr::new(ip, ROCE_PORT));
+    }
+    // `[v6]` without a port.
+    let inner = s.strip_prefix('[')?.strip_suffix(']')?;
+    inner
+        .parse::<IpAddr>()
+        .ok()
+        .map(|ip| SocketAddr::new(ip, ROCE_PORT))
+}
+
+/// Parse the text of a configuration file; `origin` names it in errors.
+pub fn parse_config(text: &str, origin: &str) -> Result<Vec<DeviceEntry>, ConfigError> {
+    let mut out: Vec<DeviceEntry> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let err = |msg: &str| ConfigError {
+            origin: format!("{origin}:{}", i + 1),
+            msg: msg.to_string(),
+        };
+        let mut words = line.split_whitespace();
+        let (Some(name), Some(addr), None) = (words.next(), words.next(), words.next()) else {
+            return Err(err("expected `NAME IP[:PORT]`"));
+        };
+        let addr = parse_addr(addr).ok_or_else(|| err("bad address (IP or IP:PORT)"))?;
+        if out.iter().any(|e| e.name == name) {
+            return Err(err("device named twice"));
+        }
+        out.push(DeviceEntry {
+            name: name.to_string(),
+            addr: DeviceAddr::Fixed(addr),
+        });
+    }
+    Ok(out)
+}
+
+/// The configuration file in effect: `$SOFTRDMA_CONFIG` (must exist) or the default path
+/// (may be absent).
+fn config_file() -> (PathBuf, bool) {
+    match std::env::var_os("SOFTRDMA_CONFIG") {
+        Some(p) if !p.is_empty() => (PathBuf::from(p), true),
+        _ => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+    }
+}
+
+fn read_config(path: &Path, required: bool) -> Result<Vec<DeviceEntry>, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse_config(&text, &path.display().to_string()),
+        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(ConfigError {
+            origin: path.display().to_string(),
+            msg: e.to_string(),
+        }),
+    }
+}
+
+/// The devices the environment and configuration file define, the default one first.
+///
+/// `SOFTRDMA_ADDR` sets `softrdma0`'s address (replacing a file entry of that name); with
+/// no configuration at all there is one automatic loopback device.
+pub fn devices() -> Result<Vec<DeviceEntry>, ConfigError> {
+    let (path, required) = config_file();
+    let mut list = read_config(&path, required)?;
+    if let Some(v) = std::env::var_os("SOFTRDMA_ADDR").filter(|v| !v.is_empty()) {
+        let v = v.to_string_lossy();
+        let addr = parse_addr(&v).ok_or_else(|| ConfigError {
+            origin: "SOFTRDMA_ADDR".into(),
+            msg: format!("bad address {v:?} (IP or IP:PORT)"),
+        })?;
+        list.retain(|e| e.name != DEFAULT_NAME);
+        list.insert(
+            0,
+            DeviceEntry {
+                name: DEFAULT_NAME.into(),
+                addr: DeviceAddr::Fixed(addr),
+            },
+        );
+    }
+    if list.is_empty() {
+        list.push(DeviceEntry {
+            name: DEFAULT_NAME.into(),
+            addr: DeviceAddr::AutoLoopback(ROCE_PORT),
+        });
+    }
+    Ok(list)
+}
+
+/// The address an automatic loopback device would take now (first 127.0.0.x whose port
+/// is free), found by binding and releasing; 127.0.0.1 if none is free.
+pub fn probe_auto_loopback(port: u16) -> SocketAddr {
+    for x in 1..=254u8 {
+        let a = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, x)), port);
+        if std::net::UdpSocket::bind(a).is_ok() {
+            return a;
+        }
+    }
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        assert_eq!(
+            parse_addr("10.0.0.1"),
+            Some("10.0.0.1:4791".parse().unwrap())
+        );
+        assert_eq!(
+            parse_addr("10.0.0.1:5000"),
+            Some("10.0.0.1:5000".parse().unwrap())
+        );
+        assert_eq!(parse_addr("::1"), Some("[::1]:4791".parse().unwrap()));
+        assert_eq!(parse_addr("[::1]"), Some("[::1]:4791".parse().unwrap()));
+        assert_eq!(parse_addr("[::1]:7"), Some("[::1]:7".parse().unwrap()));
+        assert_eq!(parse_addr("nonsense"), None);
+        assert_eq!(parse_addr("1.2.3.4:99999"), None);
+    }
+
+    #[test]
+    fn file() {
+        let text = "# devices\n\nrdma0 10.0.0.1   # first\n  rdma1 [fe80::1]:4791\n";
+        let l = parse_config(text, "t").unwrap();
+        assert_eq!(l.len(), 2);
+        assert_eq!(l[0].name, "rdma0");
+        assert_eq!(
+            l[0].addr,
+            DeviceAddr::Fixed("10.0.0.1:4791".parse().unwrap())
+        );
+        assert_eq!(
+            l[1].addr,
+            DeviceAddr::Fixed("[fe80::1]:4791".parse().unwrap())
+        );
+        let e = parse_config("a 1.2.3.4\nb\n", "f").unwrap_err();
+        assert_eq!(e.origin, "f:2");
+        assert!(parse_config("a 1.2.3.4\na 1.2.3.5\n", "f").is_err());
+        assert!(parse_config("a 1.2.3.4 extra\n", "f").is_err());
+    }
+}

@@ -1,0 +1,234 @@
+//! Devices: listing, opening, queries, async events.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softrdma_device as dev;
+use softrdma_transport::verbs::{self, AsyncEvent, DeviceAttr, Gid, PortAttr};
+use softrdma_transport::Rnic;
+
+use crate::cq::{ChanInner, CompletionChannel, CompletionQueue, CqInner};
+use crate::mr::{DeviceMemory, DmInner, PdInner, ProtectionDomain};
+use crate::{Error, Result};
+
+pub use dev::{DeviceAddr, DeviceConfig, DeviceStats, LinkStats};
+
+/// A configured device, as listed by [`devices`] without opening it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device name.
+    pub name: String,
+    /// Its address. For an automatic loopback device, the address it would take now.
+    pub addr: SocketAddr,
+    /// Whether the address is chosen automatically when the device opens.
+    pub auto: bool,
+    /// GID index 0.
+    pub gid: Gid,
+}
+
+/// The configured devices, the default one first (see the README for `SOFTRDMA_ADDR`,
+/// `SOFTRDMA_CONFIG` and `/etc/softrdma.conf`).
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    Ok(dev::devices()?
+        .into_iter()
+        .map(|e| {
+            let (addr, auto) = match e.addr {
+                DeviceAddr::Fixed(a) => (a, false),
+                DeviceAddr::AutoLoopback(p) => (dev::config::probe_auto_loopback(p), true),
+            };
+            DeviceInfo {
+                name: e.name,
+                addr,
+                auto,
+                gid: Gid::from_ip(addr.ip()),
+            }
+        })
+        .collect())
+}
+
+pub(crate) struct DevInner {
+    pub(crate) dev: dev::Device,
+}
+
+/// An open RDMA device: one UDP endpoint with its own protocol engine and progress thread.
+/// Cheap to clone (shared); every object made from it keeps it open.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DevInner>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.name())
+            .field("addr", &self.addr())
+            .finish()
+    }
+}
+
+impl Device {
+    /// Open the default device (the first one [`devices`] lists).
+    pub fn open_default() -> Result<Device> {
+        let list = dev::devices()?;
+        let e = list
+            .first()
+            .ok_or_else(|| Error::new(libc::ENODEV, "no device configured"))?;
+        Device::open_with(&DeviceConfig::from_entry(e))
+    }
+
+    /// Open a configured device by name.
+    pub fn open(name: &str) -> Result<Device> {
+        let list = dev::devices()?;
+        let e = list
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| Error::new(libc::ENODEV, format!("no device named {name:?}")))?;
+        Device::open_with(&DeviceConfig::from_entry(e))
+    }
+
+    /// Open a device from an explicit configuration.
+    pub fn open_with(cfg: &DeviceConfig) -> Result<Device> {
+        let d = dev::Device::open(cfg).map_err(|e| {
+            Error::new(
+                e.raw_os_error().unwrap_or(libc::EIO),
+                format!("opening {}: {e}", cfg.name),
+            )
+        })?;
+        Ok(Device {
+            inner: Arc::new(DevInner { dev: d }),
+        })
+    }
+
+    /// Run `f` on the engine; see [`softrdma_device::Device::with`].
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>) -> Result<R> {
+        self.inner.dev.with(f).map_err(Error::from)
+    }
+
+    /// Device name.
+    pub fn name(&self) -> &str {
+        self.inner.dev.name()
+    }
+    /// The UDP address the device is bound to.
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.dev.addr()
+    }
+    /// GID index 0 (the IPv4-mapped form of the address, or the IPv6 address).
+    pub fn gid(&self) -> Gid {
+        self.inner.dev.gid()
+    }
+    /// Device attributes (`ibv_query_device`).
+    pub fn query_device(&self) -> DeviceAttr {
+        self.inner.dev.with(|r, _| r.ctx().device_attr().clone())
+    }
+    /// Port attributes (`ibv_query_port`); port 1 only.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        self.with(|r, _| r.ctx().port_attr(port))
+    }
+    /// GID at `index` (`ibv_query_gid`).
+    pub fn query_gid(&self, index: u8) -> Result<Gid> {
+        self.with(|r, _| r.ctx().gid(index))
+    }
+    /// Engine and runtime counters.
+    pub fn stats(&self) -> DeviceStats {
+        self.inner.dev.stats()
+    }
+
+    /// Allocate a protection domain.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        let id = self.with(|r, _| r.ctx_mut().alloc_pd())?;
+        Ok(ProtectionDomain {
+            inner: Arc::new(PdInner {
+                dev: self.clone(),
+                id,
+            }),
+        })
+    }
+
+    /// Create a completion channel (its fd is readable while CQ events are pending).
+    pub fn create_channel(&self) -> Result<CompletionChannel> {
+        let id = self.with(|r, _| r.ctx_mut().create_channel())?;
+        let fd = match self.inner.dev.add_channel_fd(id) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = self.with(|r, _| r.ctx_mut().destroy_channel(id));
+                return Err(e.into());
+            }
+        };
+        Ok(CompletionChannel {
+            inner: Arc::new(ChanInner {
+                dev: self.clone(),
+                id,
+                fd,
+            }),
+        })
+    }
+
+    /// Create a completion queue of at least `cqe` entries, optionally reporting events
+    /// to `channel`.
+    pub fn create_cq(
+        &self,
+        cqe: u32,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<CompletionQueue> {
+        let ch = channel.map(|c| c.inner.id);
+        let (id, cap) = self.with(|r, _| r.ctx_mut().create_cq(cqe, ch, false))?;
+        Ok(CompletionQueue {
+            inner: Arc::new(CqInner {
+                dev: self.clone(),
+                id,
+                cap,
+                _chan: channel.map(|c| Arc::clone(&c.inner)),
+            }),
+        })
+    }
+
+    /// Allocate `len` bytes of device memory (`ibv_alloc_dm`).
+    pub fn alloc_dm(&self, len: usize) -> Result<DeviceMemory> {
+        let id = self.with(|r, _| r.ctx_mut().alloc_dm(len))?;
+        Ok(DeviceMemory {
+            inner: Arc::new(DmInner {
+                dev: self.clone(),
+                id,
+                len,
+            }),
+        })
+    }
+
+    /// The async-event fd: readable while async events are pending.
+    pub fn async_event_fd(&self) -> RawFd {
+        self.inner.dev.async_event_fd()
+    }
+    /// The next async event, if one is pending.
+    pub fn next_async_event(&self) -> Option<AsyncEvent> {
+        self.inner.dev.next_async_event()
+    }
+    /// Wait for the next async event; `None` waits forever. ETIMEDOUT on timeout.
+    pub fn wait_async_event(&self, timeout: Option<Duration>) -> Result<AsyncEvent> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(ev) = self.next_async_event() {
+                return Ok(ev);
+            }
+            let left = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Err(Error::timed_out("no async event"));
+                    }
+                    Some(d - now)
+                }
+                None => None,
+            };
+            crate::cq::poll_fd(self.async_event_fd(), left)?;
+        }
+    }
+}
+
+impl AsRawFd for Device {
+    /// The async-event fd.
+    fn as_raw_fd(&self) -> RawFd {
+        self.async_event_fd()
+    }
+}

@@ -1,0 +1,50 @@
+//! softrdma: RDMA verbs over RoCEv2 in user space — the Rust API.
+//!
+//! Every process is its own NIC: a [`Device`] is one UDP endpoint (port 4791) with its own
+//! protocol engine and progress thread. The objects follow the verbs model:
+//!
+//! ```no_run
+//! use softrdma::{wr, Access, Device, QpInit, QpType};
+//! # fn main() -> softrdma::Result<()> {
+//! let dev = Device::open_default()?;
+//! let pd = dev.alloc_pd()?;
+//! let cq = dev.create_cq(64, None)?;
+//! let mr = pd.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+//! let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
+//! // exchange qp.local(psn) and mr.remote() with the peer, then:
+//! # let peer = qp.local(0);
+//! qp.connect(&peer, 0, Access::REMOTE_WRITE)?;
+//! qp.post_send(wr::send(1, [mr.sge(0..64)]))?;
+//! let wc = cq.wait(std::time::Duration::from_secs(5))?;
+//! # Ok(()) }
+//! ```
+//!
+//! Memory is DMA-like: a registered region is written by the device at any time. Safe
+//! registration ([`ProtectionDomain::register`]) owns its buffer and exposes it only by
+//! copying and atomics; [`ProtectionDomain::register_raw`] is `unsafe` with a written
+//! contract. Objects keep their parents alive (a QP its PD and CQs, an MR its PD, …) and
+//! free their verbs object on drop.
+
+#![warn(missing_docs)]
+
+mod cq;
+mod device;
+mod error;
+mod mr;
+mod qp;
+pub mod wr;
+
+pub use cq::{CompletionChannel, CompletionQueue, PollIter};
+pub use device::{devices, Device, DeviceAddr, DeviceConfig, DeviceInfo, DeviceStats, LinkStats};
+pub use error::{Error, Result};
+pub use mr::{
+    ah_attr, AddressHandle, DeviceMemory, MemoryRegion, MemoryWindow, MrBuffer, ProtectionDomain,
+    RemoteMemory,
+};
+pub use qp::{PathOptions, QpInit, QueuePair, RemoteQp, SharedReceiveQueue, DEFAULT_QKEY};
+pub use softrdma_transport::verbs;
+pub use softrdma_transport::verbs::{
+    Access, AhAttr, AsyncEvent, CqId, DeviceAttr, Gid, GlobalRoute, Mtu, MwBind, PortAttr, QpAttr,
+    QpAttrMask, QpCap, QpState, QpType, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
+    WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};

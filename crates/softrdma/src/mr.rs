@@ -1,0 +1,578 @@
+//! Protection domains and what lives in them: memory regions, memory windows, address
+//! handles; device memory.
+
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use softrdma_transport::verbs::{
+    self, Access, AhAttr, AhId, DmId, Gid, GlobalRoute, MrInfo, MwId, PdId, Sge, UdDest,
+};
+
+use crate::cq::CompletionQueue;
+use crate::qp::{QpInit, QueuePair, SharedReceiveQueue};
+use crate::{Device, Error, Result};
+
+pub(crate) struct PdInner {
+    pub(crate) dev: Device,
+    pub(crate) id: PdId,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        // Children hold an Arc of this PD, so none is left when this runs.
+        let id = self.id;
+        let _ = self.dev.with(|r, _| r.ctx_mut().dealloc_pd(id));
+    }
+}
+
+/// A protection domain. Cheap to clone (shared); objects made in it keep it alive.
+#[derive(Clone)]
+pub struct ProtectionDomain {
+    pub(crate) inner: Arc<PdInner>,
+}
+
+/// The memory a safe registration owns: a vector, a length of zeroed bytes, or a copy.
+#[derive(Debug)]
+pub struct MrBuffer(Box<[u8]>);
+
+impl From<Vec<u8>> for MrBuffer {
+    fn from(v: Vec<u8>) -> MrBuffer {
+        MrBuffer(v.into_boxed_slice())
+    }
+}
+impl From<Box<[u8]>> for MrBuffer {
+    fn from(b: Box<[u8]>) -> MrBuffer {
+        MrBuffer(b)
+    }
+}
+impl From<usize> for MrBuffer {
+    /// `len` zeroed bytes.
+    fn from(len: usize) -> MrBuffer {
+        MrBuffer(vec![0u8; len].into_boxed_slice())
+    }
+}
+impl From<&[u8]> for MrBuffer {
+    fn from(s: &[u8]) -> MrBuffer {
+        MrBuffer(s.into())
+    }
+}
+
+impl ProtectionDomain {
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.inner.dev
+    }
+    /// The verbs handle.
+    pub fn id(&self) -> PdId {
+        self.inner.id
+    }
+
+    /// Register memory the region owns (a `Vec<u8>`, a `Box<[u8]>`, a byte count of zeroed
+    /// memory, or a copied slice). Its contents are reachable only by copying
+    /// ([`MemoryRegion::read`], [`MemoryRegion::write`]) and atomics, so the device may write
+    /// it at any time without aliasing a Rust reference.
+    pub fn register(&self, buf: impl Into<MrBuffer>, access: Access) -> Result<MemoryRegion> {
+        let MrBuffer(b) = buf.into();
+        let len = b.len();
+        let raw: *mut [u8] = Box::into_raw(b);
+        let ptr = raw.cast::<u8>();
+        let pd = self.inner.id;
+        // SAFETY: `raw` is a live heap allocation of `len` bytes that the returned region
+        // owns and frees only after deregistering it (see `Drop for MemoryRegion`); from now
+        // on it is reached only through the device under the engine lock, never through a
+        // Rust reference.
+        let r = self
+            .inner
+            .dev
+            .with(|rn, _| unsafe { rn.ctx_mut().reg_mr(pd, ptr, len, ptr as u64, access) });
+        match r {
+            Ok(info) => Ok(MemoryRegion {
+                pd: Arc::clone(&self.inner),
+                info,
+                access,
+                backing: Backing::Owned(raw),
+            }),
+            Err(e) => {
+                // SAFETY: registration failed, so the device never saw `raw`; it came from
+                // `Box::into_raw` above and is released exactly once, here.
+                drop(unsafe { Box::from_raw(raw) });
+                Err(e)
+            }
+        }
+    }
+
+    /// Register memory the caller owns (`ibv_reg_mr`), addressed by its host address.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid for reads and writes until the returned region is
+    /// dropped. The device reads and writes that memory at any time while it is registered,
+    /// from another thread: the caller must not hold Rust references (`&`/`&mut`) to any
+    /// part of it that a peer or a posted operation may write meanwhile, and must accept
+    /// that its own plain accesses race with the device's (as with DMA on a real NIC).
+    pub unsafe fn register_raw(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let pd = self.inner.id;
+        // SAFETY: the caller's contract above is exactly `reg_mr`'s.
+        let info = self
+            .inner
+            .dev
+            .with(|rn, _| unsafe { rn.ctx_mut().reg_mr(pd, ptr, len, ptr as u64, access) })?;
+        Ok(MemoryRegion {
+            pd: Arc::clone(&self.inner),
+            info,
+            access,
+            backing: Backing::Raw,
+        })
+    }
+
+    /// Register `len` bytes of device memory at `offset` (`ibv_reg_dm_mr`; zero-based).
+    pub fn register_dm(
+        &self,
+        dm: &DeviceMemory,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let (pd, id) = (self.inner.id, dm.inner.id);
+        let info = self
+            .inner
+            .dev
+            .with(|rn, _| rn.ctx_mut().reg_dm_mr(pd, id, offset, len, access))?;
+        Ok(MemoryRegion {
+            pd: Arc::clone(&self.inner),
+            info,
+            access,
+            backing: Backing::Dm(Arc::clone(&dm.inner)),
+        })
+    }
+
+    /// Create a queue pair (in RESET).
+    pub fn create_qp(&self, init: &QpInit<'_>) -> Result<QueuePair> {
+        QueuePair::create(self, init)
+    }
+
+    /// Create a shared receive queue.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
+        SharedReceiveQueue::create(self, max_wr, max_sge)
+    }
+
+    /// Create an address handle.
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
+        let pd = self.inner.id;
+        let id = self
+            .inner
+            .dev
+            .with(|r, _| r.ctx_mut().create_ah(pd, attr))?;
+        Ok(AddressHandle {
+            pd: Arc::clone(&self.inner),
+            id,
+            attr: *attr,
+        })
+    }
+
+    /// Create an address handle to `gid` with default routing (hop limit 64, traffic
+    /// class 0, source GID index 0).
+    pub fn create_ah_to(&self, gid: Gid) -> Result<AddressHandle> {
+        self.create_ah(&ah_attr(gid, 0))
+    }
+
+    /// Allocate a memory window of type 1 or 2.
+    pub fn alloc_mw(&self, mw_type: u8) -> Result<MemoryWindow> {
+        let pd = self.inner.id;
+        let id = self
+            .inner
+            .dev
+            .with(|r, _| r.ctx_mut().alloc_mw(pd, mw_type))?;
+        Ok(MemoryWindow {
+            pd: Arc::clone(&self.inner),
+            id,
+        })
+    }
+
+    /// A CQ on this PD's device (a shortcut for `pd.device().create_cq(cqe, None)`).
+    pub fn create_cq(&self, cqe: u32) -> Result<CompletionQueue> {
+        self.inner.dev.create_cq(cqe, None)
+    }
+}
+
+/// An address vector to `gid` on port 1 with the given traffic class (IP DSCP/ECN byte)
+/// and hop limit 64.
+pub fn ah_attr(gid: Gid, traffic_class: u8) -> AhAttr {
+    AhAttr {
+        grh: GlobalRoute {
+            dgid: gid,
+            flow_label: 0,
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class,
+        },
+        is_global: true,
+        port_num: 1,
+        ..Default::default()
+    }
+}
+
+enum Backing {
+    /// Heap memory from `Box::into_raw`, freed after deregistration.
+    Owned(*mut [u8]),
+    /// The caller's memory (`register_raw`): nothing to free.
+    Raw,
+    /// Device memory, kept allocated while registered.
+    Dm(#[allow(dead_code)] Arc<DmInner>),
+}
+
+/// A registered memory region. The device reads and writes it asynchronously (as a NIC
+/// does by DMA); the API reaches its contents only by copying under the device's engine
+/// lock, so no Rust reference ever aliases a device write.
+pub struct MemoryRegion {
+    pd: Arc<PdInner>,
+    info: MrInfo,
+    access: Access,
+    backing: Backing,
+}
+
+// SAFETY: the raw pointers in `Backing` are owned (Owned) or promised valid by the caller
+// of `register_raw` for any thread (its contract); every access to the memory through this
+// type happens under the device's engine mutex, so moving the handle between threads or
+// sharing it cannot create unsynchronized access.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: as for Send: `&MemoryRegion` only permits copies and atomics under the engine lock.
+unsafe impl Sync for MemoryRegion {}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.info.addr))
+            .field("len", &self.info.length)
+            .field("lkey", &format_args!("{:#x}", self.info.lkey))
+            .field("rkey", &format_args!("{:#x}", self.info.rkey))
+            .finish()
+    }
+}
+
+/// Where a peer's memory is: what an RDMA WRITE, READ or atomic needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RemoteMemory {
+    /// First address.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl RemoteMemory {
+    /// Wire form for exchanging over a side channel: addr, rkey, len, big-endian (20 bytes).
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut b = [0u8; 20];
+        b[..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_be_bytes());
+        b[12..].copy_from_slice(&self.len.to_be_bytes());
+        b
+    }
+    /// Parse [`RemoteMemory::to_bytes`].
+    pub fn from_bytes(b: &[u8; 20]) -> RemoteMemory {
+        let mut a = [0u8; 8];
+        let mut k = [0u8; 4];
+        let mut l = [0u8; 8];
+        a.copy_from_slice(&b[..8]);
+        k.copy_from_slice(&b[8..12]);
+        l.copy_from_slice(&b[12..]);
+        RemoteMemory {
+            addr: u64::from_be_bytes(a),
+            rkey: u32::from_be_bytes(k),
+            len: u64::from_be_bytes(l),
+        }
+    }
+    /// The address `offset` bytes in.
+    pub fn at(&self, offset: u64) -> u64 {
+        self.addr.wrapping_add(offset)
+    }
+}
+
+fn range_of(r: impl RangeBounds<usize>, len: usize) -> (usize, usize) {
+    let start = match r.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match r.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    (start, end.saturating_sub(start))
+}
+
+impl MemoryRegion {
+    /// First address of the region (its host address; 0 for device memory).
+    pub fn addr(&self) -> u64 {
+        self.info.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.info.length as usize
+    }
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.info.length == 0
+    }
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.info.lkey
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.info.rkey
+    }
+    /// Access rights it was registered with.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// The PD it belongs to.
+    pub fn pd_id(&self) -> PdId {
+        self.pd.id
+    }
+    /// A scatter/gather element over `range` (byte offsets into the region). Out-of-range
+    /// elements are not rejected here: the device fails the work request with a local
+    /// protection error, as a NIC does.
+    pub fn sge(&self, range: impl RangeBounds<usize>) -> Sge {
+        let (start, n) = range_of(range, self.len());
+        Sge {
+            addr: self.info.addr.wrapping_add(start as u64),
+            length: u32::try_from(n).unwrap_or(u32::MAX),
+            lkey: self.info.lkey,
+        }
+    }
+    /// What a peer needs to access the region remotely.
+    pub fn remote(&self) -> RemoteMemory {
+        RemoteMemory {
+            addr: self.info.addr,
+            rkey: self.info.rkey,
+            len: self.info.length,
+        }
+    }
+
+    /// Run `f` with a checked span of `n` bytes at `offset`, under the engine lock.
+    fn span<R>(
+        &self,
+        offset: usize,
+        n: usize,
+        f: impl FnOnce(&verbs::MemSpan<'_>) -> Option<R>,
+    ) -> Result<R> {
+        match offset.checked_add(n) {
+            Some(end) if end <= self.len() => {}
+            _ => return Err(Error::new(libc::EFAULT, "out of the region's bounds")),
+        }
+        let pd = self.pd.id;
+        let sge = Sge {
+            addr: self.info.addr.wrapping_add(offset as u64),
+            length: u32::try_from(n).map_err(|_| Error::invalid("access longer than 4 GiB"))?,
+            lkey: self.info.lkey,
+        };
+        self.pd
+            .dev
+            .inner
+            .dev
+            .with(|r, _| match r.ctx().local_span(pd, &sge, Access::empty()) {
+                Ok(span) => f(&span).ok_or(Error::invalid("misaligned or out of bounds")),
+                Err(_) => Err(Error::new(libc::EFAULT, "region not accessible")),
+            })
+    }
+
+    /// Copy `out.len()` bytes out from `offset`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.span(offset, out.len(), |s| s.read(0, out).then_some(()))
+    }
+    /// Copy `data` in at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.span(offset, data.len(), |s| s.write(0, data).then_some(()))
+    }
+    /// A copy of `len` bytes at `offset`.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+    /// Atomically read the native-endian u64 at `offset` (8-byte aligned address).
+    pub fn read_u64(&self, offset: usize) -> Result<u64> {
+        self.span(offset, 8, |s| s.fetch_add(0, 0))
+    }
+    /// Atomically store a native-endian u64 at `offset` (8-byte aligned address).
+    pub fn write_u64(&self, offset: usize, v: u64) -> Result<()> {
+        self.span(offset, 8, |s| {
+            let mut cur = s.fetch_add(0, 0)?;
+            loop {
+                let was = s.compare_swap(0, cur, v)?;
+                if was == cur {
+                    return Some(());
+                }
+                cur = was;
+            }
+        })
+    }
+    /// Atomic fetch-and-add on the u64 at `offset`, as a remote FETCH_AND_ADD would do it;
+    /// returns the old value.
+    pub fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64> {
+        self.span(offset, 8, |s| s.fetch_add(0, add))
+    }
+    /// Atomic compare-and-swap on the u64 at `offset`; returns the old value.
+    pub fn compare_swap_u64(&self, offset: usize, compare: u64, swap: u64) -> Result<u64> {
+        self.span(offset, 8, |s| s.compare_swap(0, compare, swap))
+    }
+
+    /// Deregister and return the buffer (a copy of it for raw and device memory).
+    pub fn into_vec(self) -> Result<Vec<u8>> {
+        if let Backing::Owned(_) = self.backing {
+            let mut me = std::mem::ManuallyDrop::new(self);
+            match me.deregister() {
+                Ok(()) => {
+                    if let Backing::Owned(raw) = me.backing {
+                        // SAFETY: deregistered, so the device no longer touches `raw`; it came
+                        // from `Box::into_raw` in `register` and is reclaimed exactly once:
+                        // `me` is ManuallyDrop and its other fields are dropped below.
+                        let b = unsafe { Box::from_raw(raw) };
+                        // SAFETY: each field is dropped once; `me` is never used again.
+                        unsafe { std::ptr::drop_in_place(&mut me.pd) };
+                        return Ok(b.into_vec());
+                    }
+                    Err(Error::invalid("unreachable backing"))
+                }
+                Err(e) => {
+                    // Still registered: keep the buffer alive forever (leak) rather than free
+                    // memory the device may still write.
+                    // SAFETY: drop only the PD handle; the buffer is deliberately leaked.
+                    unsafe { std::ptr::drop_in_place(&mut me.pd) };
+                    Err(e)
+                }
+            }
+        } else {
+            self.to_vec(0, self.len())
+        }
+    }
+
+    fn deregister(&mut self) -> Result<()> {
+        let lkey = self.info.lkey;
+        self.pd.dev.with(|r, _| r.ctx_mut().dereg_mr(lkey))
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let ok = self.deregister().is_ok();
+        if let Backing::Owned(raw) = self.backing {
+            if ok {
+                // SAFETY: deregistered under the engine lock, so no device access to `raw`
+                // can follow; it came from `Box::into_raw` in `register` and is freed once.
+                drop(unsafe { Box::from_raw(raw) });
+            }
+            // If deregistration failed (a memory window still bound) the buffer is leaked:
+            // freeing memory the device may still write would be unsound.
+        }
+    }
+}
+
+/// A memory window (`ibv_alloc_mw`). Bind it with a `SendOp::BindMw` work request.
+pub struct MemoryWindow {
+    pd: Arc<PdInner>,
+    id: MwId,
+}
+
+impl MemoryWindow {
+    /// The verbs handle (for `MwBind::mw`).
+    pub fn id(&self) -> MwId {
+        self.id
+    }
+    /// Its current rkey.
+    pub fn rkey(&self) -> Result<u32> {
+        let id = self.id;
+        self.pd.dev.with(|r, _| r.ctx().mw_rkey(id))
+    }
+}
+
+impl Drop for MemoryWindow {
+    fn drop(&mut self) {
+        let id = self.id;
+        let _ = self.pd.dev.with(|r, _| r.ctx_mut().dealloc_mw(id));
+    }
+}
+
+/// An address handle: where UD sends go.
+pub struct AddressHandle {
+    pd: Arc<PdInner>,
+    id: AhId,
+    attr: AhAttr,
+}
+
+impl AddressHandle {
+    /// The verbs handle.
+    pub fn id(&self) -> AhId {
+        self.id
+    }
+    /// Its address vector.
+    pub fn attr(&self) -> &AhAttr {
+        &self.attr
+    }
+    /// A UD destination through this handle.
+    pub fn dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
+        UdDest {
+            ah: self.id,
+            remote_qpn,
+            remote_qkey,
+        }
+    }
+}
+
+impl Drop for AddressHandle {
+    fn drop(&mut self) {
+        let id = self.id;
+        let _ = self.pd.dev.with(|r, _| r.ctx_mut().destroy_ah(id));
+    }
+}
+
+pub(crate) struct DmInner {
+    pub(crate) dev: Device,
+    pub(crate) id: DmId,
+    pub(crate) len: usize,
+}
+
+impl Drop for DmInner {
+    fn drop(&mut self) {
+        let id = self.id;
+        let _ = self.dev.with(|r, _| r.ctx_mut().free_dm(id));
+    }
+}
+
+/// Device memory (`ibv_alloc_dm`): memory owned by the device, reached by copying.
+pub struct DeviceMemory {
+    pub(crate) inner: Arc<DmInner>,
+}
+
+impl DeviceMemory {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+    /// Whether empty (never: zero-length allocations are refused).
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+    /// Copy `data` in at `offset`.
+    pub fn copy_to(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let id = self.inner.id;
+        self.inner
+            .dev
+            .with(|r, _| r.ctx_mut().dm_copy_to(id, offset, data))
+    }
+    /// Copy out from `offset`.
+    pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let id = self.inner.id;
+        self.inner
+            .dev
+            .with(|r, _| r.ctx().dm_copy_from(id, offset, out))
+    }
+}

@@ -1,0 +1,427 @@
+//! Queue pairs, their connection helpers, and shared receive queues.
+
+use std::sync::Arc;
+
+use softrdma_transport::verbs::{
+    Access, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr,
+    SendFlags, SendWr, SrqId,
+};
+
+use crate::cq::{CompletionQueue, CqInner};
+use crate::mr::{ah_attr, PdInner, ProtectionDomain};
+use crate::{Error, Result};
+
+/// The default Q_Key of the UD helpers.
+pub const DEFAULT_QKEY: u32 = 0x1111_1111;
+
+/// What a queue pair is created with.
+#[derive(Clone, Copy)]
+pub struct QpInit<'a> {
+    /// Transport type.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: &'a CompletionQueue,
+    /// CQ for receive completions.
+    pub recv_cq: &'a CompletionQueue,
+    /// Take receives from this SRQ.
+    pub srq: Option<&'a SharedReceiveQueue>,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Signal every send WR.
+    pub sq_sig_all: bool,
+}
+
+impl<'a> QpInit<'a> {
+    /// A QP of `qp_type` with one CQ for both queues, 64-deep queues, 4 SGEs, 64 bytes inline.
+    pub fn new(qp_type: QpType, cq: &'a CompletionQueue) -> QpInit<'a> {
+        QpInit {
+            qp_type,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 64,
+            },
+            sq_sig_all: false,
+        }
+    }
+}
+
+/// What one side tells the other to connect a QP: GID, QP number and first PSN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RemoteQp {
+    /// The peer's GID (index 0 of its device).
+    pub gid: Gid,
+    /// The peer's QP number.
+    pub qpn: u32,
+    /// The first PSN the peer sends with (our receive side expects it).
+    pub psn: u32,
+}
+
+impl RemoteQp {
+    /// Wire form for exchanging over a side channel: GID, QPN, PSN big-endian (24 bytes).
+    pub fn to_bytes(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        b[..16].copy_from_slice(&self.gid.0);
+        b[16..20].copy_from_slice(&self.qpn.to_be_bytes());
+        b[20..].copy_from_slice(&self.psn.to_be_bytes());
+        b
+    }
+    /// Parse [`RemoteQp::to_bytes`].
+    pub fn from_bytes(b: &[u8; 24]) -> RemoteQp {
+        let mut g = [0u8; 16];
+        g.copy_from_slice(&b[..16]);
+        let mut q = [0u8; 4];
+        q.copy_from_slice(&b[16..20]);
+        let mut p = [0u8; 4];
+        p.copy_from_slice(&b[20..]);
+        RemoteQp {
+            gid: Gid(g),
+            qpn: u32::from_be_bytes(q),
+            psn: u32::from_be_bytes(p),
+        }
+    }
+}
+
+/// Path and retry parameters of the connection helpers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathOptions {
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// IP DSCP/ECN byte of the packets.
+    pub traffic_class: u8,
+    /// Hop limit / TTL.
+    pub hop_limit: u8,
+    /// Local ACK timeout code (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    /// Retries on timeout or sequence NAK.
+    pub retry_cnt: u8,
+    /// Retries on RNR NAK (7 = infinite).
+    pub rnr_retry: u8,
+    /// RNR NAK timer code we advertise.
+    pub min_rnr_timer: u8,
+    /// Outstanding READ/atomic we issue.
+    pub max_rd_atomic: u8,
+    /// Outstanding READ/atomic we accept.
+    pub max_dest_rd_atomic: u8,
+}
+
+impl Default for PathOptions {
+    fn default() -> PathOptions {
+        PathOptions {
+            mtu: Mtu::Mtu1024,
+            traffic_class: 0,
+            hop_limit: 64,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+        }
+    }
+}
+
+/// A queue pair. Dropping it destroys it; posted WRs vanish without completions.
+pub struct QueuePair {
+    pd: Arc<PdInner>,
+    _send_cq: Arc<CqInner>,
+    _recv_cq: Arc<CqInner>,
+    _srq: Option<Arc<SrqInner>>,
+    qpn: Qpn,
+    qp_type: QpType,
+    cap: QpCap,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qpn", &self.qpn)
+            .field("qp_type", &self.qp_type)
+            .finish()
+    }
+}
+
+impl QueuePair {
+    pub(crate) fn create(pd: &ProtectionDomain, init: &QpInit<'_>) -> Result<QueuePair> {
+        let dev = &pd.inner.dev;
+        for cq in [init.send_cq, init.recv_cq] {
+            if !Arc::ptr_eq(&cq.inner.dev.inner, &dev.inner) {
+                return Err(Error::invalid("CQ of another device"));
+            }
+        }
+        if let Some(s) = init.srq {
+            if !Arc::ptr_eq(&s.pd.dev.inner, &dev.inner) {
+                return Err(Error::invalid("SRQ of another device"));
+            }
+        }
+        let attr = QpInitAttr {
+            qp_type: init.qp_type,
+            pd: pd.inner.id,
+            send_cq: init.send_cq.inner.id,
+            recv_cq: init.recv_cq.inner.id,
+            srq: init.srq.map(|s| s.id),
+            cap: init.cap,
+            sq_sig_all: init.sq_sig_all,
+        };
+        let (qpn, cap) = dev.with(|r, _| {
+            let qpn = r.create_qp(attr)?;
+            let cap = r.ctx().qp(qpn).map(|q| q.init.cap).unwrap_or(attr.cap);
+            Ok((qpn, cap))
+        })?;
+        Ok(QueuePair {
+            pd: Arc::clone(&pd.inner),
+            _send_cq: Arc::clone(&init.send_cq.inner),
+            _recv_cq: Arc::clone(&init.recv_cq.inner),
+            _srq: init.srq.map(|s| Arc::clone(&s.inner_arc())),
+            qpn,
+            qp_type: init.qp_type,
+            cap,
+        })
+    }
+
+    /// QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.qpn
+    }
+    /// Transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+    /// Actual queue sizes.
+    pub fn cap(&self) -> QpCap {
+        self.cap
+    }
+    /// What the peer needs to connect to this QP, given the PSN we will send with.
+    pub fn local(&self, psn: u32) -> RemoteQp {
+        RemoteQp {
+            gid: self.pd.dev.gid(),
+            qpn: self.qpn,
+            psn,
+        }
+    }
+
+    /// Post a send work request. The requester runs now, in this thread.
+    ///
+    /// With `SendFlags::INLINE`, every SGE must lie in a region registered in this QP's PD
+    /// (the payload is copied at once): the safe API never reads arbitrary addresses.
+    pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        let (qpn, pd) = (self.qpn, self.pd.id);
+        self.pd.dev.with(|r, now| {
+            if wr.flags.contains(SendFlags::INLINE)
+                && wr
+                    .sg_list
+                    .iter()
+                    .any(|s| r.ctx().local_span(pd, s, Access::empty()).is_err())
+            {
+                return Err(softrdma_transport::verbs::Error::new(
+                    softrdma_transport::verbs::Errno::EFAULT,
+                    "inline SGE outside the PD's registered memory",
+                ));
+            }
+            r.post_send(now, qpn, wr)
+        })
+    }
+    /// Post several send work requests in order; stops at the first error.
+    pub fn post_send_all(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<()> {
+        for wr in wrs {
+            self.post_send(wr)?;
+        }
+        Ok(())
+    }
+    /// Post a receive work request.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let qpn = self.qpn;
+        self.pd.dev.with(|r, now| r.post_recv(now, qpn, wr))
+    }
+    /// Modify attributes (`ibv_modify_qp`).
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let qpn = self.qpn;
+        self.pd.dev.with(|r, now| r.modify_qp(now, qpn, attr, mask))
+    }
+    /// Current attributes (`ibv_query_qp`).
+    pub fn query(&self) -> Result<QpAttr> {
+        let qpn = self.qpn;
+        self.pd.dev.with(|r, _| r.query_qp(qpn))
+    }
+    /// Current state.
+    pub fn state(&self) -> Result<QpState> {
+        Ok(self.query()?.qp_state)
+    }
+
+    /// RESET → INIT granting `access` to the peer (RC/UC), or with `qkey` (UD; `access` unused).
+    pub fn to_init(&self, access: Access) -> Result<()> {
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            pkey_index: 0,
+            qp_access_flags: access,
+            qkey: DEFAULT_QKEY,
+            ..Default::default()
+        };
+        let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+        match self.qp_type {
+            QpType::Ud => mask |= QpAttrMask::QKEY,
+            _ => mask |= QpAttrMask::ACCESS_FLAGS,
+        }
+        a.cur_qp_state = QpState::Reset;
+        self.modify(&a, mask)
+    }
+    /// INIT → RTR towards `remote` with default path options.
+    pub fn to_rtr(&self, remote: &RemoteQp) -> Result<()> {
+        self.to_rtr_with(remote, &PathOptions::default())
+    }
+    /// INIT → RTR towards `remote` (for UD `remote` is ignored).
+    pub fn to_rtr_with(&self, remote: &RemoteQp, o: &PathOptions) -> Result<()> {
+        let mut a = QpAttr {
+            qp_state: QpState::Rtr,
+            ..Default::default()
+        };
+        let mut mask = QpAttrMask::STATE;
+        if self.qp_type != QpType::Ud {
+            a.path_mtu = o.mtu;
+            a.dest_qp_num = remote.qpn;
+            a.rq_psn = remote.psn;
+            a.ah_attr = ah_attr(remote.gid, o.traffic_class);
+            a.ah_attr.grh.hop_limit = o.hop_limit;
+            mask |=
+                QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
+            if self.qp_type == QpType::Rc {
+                a.max_dest_rd_atomic = o.max_dest_rd_atomic;
+                a.min_rnr_timer = o.min_rnr_timer;
+                mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+            }
+        }
+        self.modify(&a, mask)
+    }
+    /// RTR → RTS sending from `psn` with default options.
+    pub fn to_rts(&self, psn: u32) -> Result<()> {
+        self.to_rts_with(psn, &PathOptions::default())
+    }
+    /// RTR → RTS sending from `psn`.
+    pub fn to_rts_with(&self, psn: u32, o: &PathOptions) -> Result<()> {
+        let a = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: psn,
+            timeout: o.timeout,
+            retry_cnt: o.retry_cnt,
+            rnr_retry: o.rnr_retry,
+            max_rd_atomic: o.max_rd_atomic,
+            ..Default::default()
+        };
+        let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+        if self.qp_type == QpType::Rc {
+            mask |= QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC;
+        }
+        self.modify(&a, mask)
+    }
+    /// RESET → INIT → RTR → RTS to `remote`, sending from `local_psn`, granting `access`.
+    pub fn connect(&self, remote: &RemoteQp, local_psn: u32, access: Access) -> Result<()> {
+        self.connect_with(remote, local_psn, access, &PathOptions::default())
+    }
+    /// [`QueuePair::connect`] with path options.
+    pub fn connect_with(
+        &self,
+        remote: &RemoteQp,
+        local_psn: u32,
+        access: Access,
+        o: &PathOptions,
+    ) -> Result<()> {
+        self.to_init(access)?;
+        self.to_rtr_with(remote, o)?;
+        self.to_rts_with(local_psn, o)
+    }
+    /// Move to ERR: every outstanding WR completes with a flush error.
+    pub fn to_error(&self) -> Result<()> {
+        let a = QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        };
+        self.modify(&a, QpAttrMask::STATE)
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let qpn = self.qpn;
+        let _ = self.pd.dev.with(|r, _| r.destroy_qp(qpn));
+    }
+}
+
+pub(crate) struct SrqInner {
+    pd: Arc<PdInner>,
+    id: SrqId,
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        let id = self.id;
+        let _ = self.pd.dev.with(|r, _| r.ctx_mut().destroy_srq(id));
+    }
+}
+
+/// A shared receive queue. Cheap to clone (shared); QPs using it keep it alive.
+#[derive(Clone)]
+pub struct SharedReceiveQueue {
+    inner: Arc<SrqInner>,
+    pd: Arc<PdInner>,
+    id: SrqId,
+}
+
+impl SharedReceiveQueue {
+    pub(crate) fn create(pd: &ProtectionDomain, max_wr: u32, max_sge: u32) -> Result<Self> {
+        let p = pd.inner.id;
+        let id = pd
+            .inner
+            .dev
+            .with(|r, _| r.ctx_mut().create_srq(p, max_wr, max_sge, 0))?;
+        Ok(SharedReceiveQueue {
+            inner: Arc::new(SrqInner {
+                pd: Arc::clone(&pd.inner),
+                id,
+            }),
+            pd: Arc::clone(&pd.inner),
+            id,
+        })
+    }
+    fn inner_arc(&self) -> Arc<SrqInner> {
+        Arc::clone(&self.inner)
+    }
+    /// The verbs handle.
+    pub fn id(&self) -> SrqId {
+        self.id
+    }
+    /// Post a receive work request.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let id = self.id;
+        self.pd.dev.with(|r, now| r.post_srq_recv(now, id, wr))
+    }
+    /// Grow `max_wr` and/or arm the limit event (`ibv_modify_srq`).
+    pub fn modify(&self, max_wr: Option<u32>, limit: Option<u32>) -> Result<()> {
+        let id = self.id;
+        self.pd
+            .dev
+            .with(|r, _| r.ctx_mut().modify_srq(id, max_wr, limit))
+    }
+    /// (max_wr, max_sge, limit).
+    pub fn query(&self) -> Result<(u32, u32, u32)> {
+        let id = self.id;
+        self.pd.dev.with(|r, _| r.ctx().query_srq(id))
+    }
+    /// Receive WRs currently posted.
+    pub fn len(&self) -> Result<usize> {
+        let id = self.id;
+        self.pd.dev.with(|r, _| r.ctx().srq_len(id))
+    }
+    /// Whether no receive WR is posted.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+}
