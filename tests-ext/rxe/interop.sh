@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# tests-ext/rxe/interop.sh: softrdma <-> Linux Soft-RoCE (rdma_rxe) interop checks.
+#
+# Builds the rxe VM (../shared/rxe-vm/build, idempotent), boots it, and runs
+# rdma-core's ibv_rc_pingpong in the guest against `softrdma pingpong` on the host
+# (inside the VM's network namespace, device address 10.47.91.1:4791), both roles,
+# for each message size. A check passes when both sides exit 0. Prints the guest's
+# rxe counters after each check, then "N passed, M failed"; exits 1 on any failure.
+# Needs root (VM, netns). Every step is bounded by `timeout`.
+#
+#   sudo tests-ext/rxe/interop.sh
+#   sudo HOST_PEER_CMD=tests-ext/rxe/py-pingpong tests-ext/rxe/interop.sh   # python peer
+#
+# Env:
+#   SOFTRDMA_BIN   softrdma binary (default: <repo>/target/release/softrdma)
+#   HOST_PEER_CMD  host command taking ibv_rc_pingpong's options instead of
+#                  "$SOFTRDMA_BIN pingpong" (word-split), e.g. tests-ext/rxe/py-pingpong
+#   SOFTRDMA_ADDR  host device address (default and required value 10.47.91.1:4791)
+#   SIZES          message sizes (default "64 1024 4096 10000"; guest active MTU is 1024)
+#   ITERS          ping-pong iterations per check (default 20)
+#   STEP_TIMEOUT   seconds per ping-pong side (default 60)
+#   ONLY           run only checks whose name matches this extended regex
+#   CAPTURE=1      also capture every check on tap0 with tshark (pcapng in OUT)
+#   OUT            artifacts directory (default /tmp/softrdma-rxe-interop)
+#   RXE_VM_DIR     rxe-vm scripts (default <repo>/../shared/rxe-vm)
+#   RXE_VM_NAME    VM instance / netns name (default softrdma-interop; any stale
+#                  instance of that name is stopped first)
+#   KEEP_VM=1      leave the VM running at the end (stop: RXE_VM_NAME=... run stop)
+#   SKIP_BUILD=1   do not run rxe-vm/build
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+RXE_VM_DIR=${RXE_VM_DIR:-$(cd "$REPO/.." && pwd)/shared/rxe-vm}
+RUN="$RXE_VM_DIR/run"
+export RXE_VM_DIR
+export RXE_VM_NAME=${RXE_VM_NAME:-softrdma-interop}
+# fixed by the rxe-vm network layout; the host side must use the tap0 address
+export RXE_VM_HOST_IP=10.47.91.1 RXE_VM_GUEST_IP=10.47.91.2
+export SOFTRDMA_ADDR=${SOFTRDMA_ADDR:-10.47.91.1:4791}
+SOFTRDMA_BIN=${SOFTRDMA_BIN:-$REPO/target/release/softrdma}
+SIZES=${SIZES:-64 1024 4096 10000}
+ITERS=${ITERS:-20}
+STEP_TIMEOUT=${STEP_TIMEOUT:-60}
+OUT=${OUT:-/tmp/softrdma-rxe-interop}
+GUEST_IP=$RXE_VM_GUEST_IP
+PORT=18515 # ibv_rc_pingpong's TCP port
+
+pass=0 fail=0
+log() { printf '[interop %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+result() {
+  if [ "$2" = 0 ]; then echo "PASS: $1"; pass=$((pass + 1)); else echo "FAIL: $1 ($3)"; fail=$((fail + 1)); fi
+}
+finish() {
+  echo "artifacts: $OUT"
+  echo "$pass passed, $fail failed"
+  [ "$fail" = 0 ] && [ "$pass" -gt 0 ]
+  exit $?
+}
+
+if [ -n "${HOST_PEER_CMD:-}" ]; then
+  read -r -a HOST_CMD <<< "$HOST_PEER_CMD"
+else
+  HOST_CMD=("$SOFTRDMA_BIN" pingpong)
+  if [ ! -x "$SOFTRDMA_BIN" ]; then
+    # fail fast: otherwise every check waits out its guest timeout
+    echo "FAIL: softrdma binary $SOFTRDMA_BIN not found (cargo build --release -p softrdma, or set SOFTRDMA_BIN)"
+    fail=1; finish
+  fi
+fi
+case $SOFTRDMA_ADDR in
+  10.47.91.1:*) ;;
+  *) echo "FAIL: SOFTRDMA_ADDR=$SOFTRDMA_ADDR: the host side must be 10.47.91.1 (tap0 in the netns)"; fail=1; finish ;;
+esac
+
+rm -rf "$OUT"; mkdir -p "$OUT"
+log "host command: ${HOST_CMD[*]}; SOFTRDMA_ADDR=$SOFTRDMA_ADDR; sizes $SIZES; $ITERS iterations"
+
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  timeout 900 "$RXE_VM_DIR/build" > "$OUT/build.log" 2>&1 \
+    || { tail -n 30 "$OUT/build.log"; echo "FAIL: rxe-vm build (log $OUT/build.log)"; fail=1; finish; }
+fi
+
+# idempotent: a stale instance of this name (an interrupted run) is replaced
+timeout 60 "$RUN" stop > /dev/null 2>&1
+if [ "${KEEP_VM:-0}" != 1 ]; then trap 'timeout 60 "$RUN" stop >/dev/null 2>&1' EXIT; fi
+timeout 300 "$RUN" start > "$OUT/start.log" 2>&1 \
+  || { cat "$OUT/start.log"; echo "FAIL: VM start (log $OUT/start.log)"; fail=1; finish; }
+cat "$OUT/start.log"
+
+# the running VM's network namespace ($RUN ns) -- used directly for short probes
+ns() { timeout "${T:-20}" "$RUN" ns -- "$@"; }
+
+# wait (up to $1 s) until something in the namespace listens on TCP $PORT; give up
+# early if the host process $2 has exited
+host_listening() {
+  local end=$(($(date +%s) + $1))
+  while [ "$(date +%s)" -lt "$end" ] && kill -0 "$2" 2> /dev/null; do
+    ns ss -Hltn "sport = :$PORT" 2> /dev/null | grep -q . && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# wait (up to $1 s) until the guest listens on TCP $PORT (one guest job polling
+# /proc/net/tcp: a test connect would be taken as the ping-pong client)
+guest_listening() {
+  timeout $(($1 + 30)) "$RUN" exec -t "$(($1 + 5))" -- "
+    for i in \$(seq $(($1 * 10))); do
+      awk '\$2 ~ /:$(printf %04X $PORT)\$/ && \$4 == \"0A\" {f=1} END {exit !f}' /proc/net/tcp && exit 0
+      sleep 0.1
+    done; exit 1" > /dev/null 2>&1
+}
+
+capture_start() {
+  cap=""
+  [ "${CAPTURE:-0}" = 1 ] && command -v tshark > /dev/null || return 0
+  "$RUN" ns -- timeout $((STEP_TIMEOUT * 2 + 60)) tshark -q -i tap0 -f 'udp port 4791' -w "$OUT/$1.pcapng" > "$OUT/$1.tshark.log" 2>&1 &
+  cap=$!
+  for _ in $(seq 50); do grep -q Capturing "$OUT/$1.tshark.log" 2> /dev/null && break; sleep 0.1; done
+}
+capture_stop() {
+  [ -n "$cap" ] || return 0
+  sleep 0.3; kill -INT "$cap" 2> /dev/null; wait "$cap" 2> /dev/null; cap=""
+}
+
+stats() {
+  echo "-- rxe0 counters after $1:"
+  timeout 40 "$RUN" exec -t 20 -- 'rdma statistic show link rxe0/1' 2>&1 | sed 's/^/   /'
+}
+
+# guest ibv_rc_pingpong server, host client
+check_guest_server() {
+  local size=$1 name="guest-server-s$1" g h
+  capture_start "$name"
+  local id
+  # the pid file lets us end the guest server at once if the host side fails
+  id=$(timeout 30 "$RUN" exec --bg -t "$STEP_TIMEOUT" -- \
+    "ibv_rc_pingpong -g \$RXE_GID_INDEX -s $size -n $ITERS & p=\$!; echo \$p > /tmp/$name.pid; wait \$p")
+  if [ -z "$id" ]; then capture_stop; result "$name" 1 "could not submit guest job"; return; fi
+  guest_listening 20 || log "$name: guest server not seen listening; trying anyway"
+  timeout "$STEP_TIMEOUT" "$RUN" ns -- env SOFTRDMA_ADDR="$SOFTRDMA_ADDR" PY_PEER_PCAP="${PY_PEER_PCAP:-}" \
+    "${HOST_CMD[@]}" -g 0 -s "$size" -n "$ITERS" "$GUEST_IP" > "$OUT/$name.host.txt" 2>&1
+  h=$?
+  if [ "$h" != 0 ]; then
+    timeout 30 "$RUN" exec -t 10 -- "kill \$(cat /tmp/$name.pid) 2>/dev/null" > /dev/null 2>&1
+  fi
+  timeout $((STEP_TIMEOUT + 30)) "$RUN" wait "$id" > "$OUT/$name.guest.txt" 2>&1
+  g=$?
+  capture_stop
+  report "$name" "$g" "$h"
+}
+
+# host server, guest ibv_rc_pingpong client
+check_host_server() {
+  local size=$1 name="host-server-s$1" g h hp
+  capture_start "$name"
+  timeout "$STEP_TIMEOUT" "$RUN" ns -- env SOFTRDMA_ADDR="$SOFTRDMA_ADDR" PY_PEER_PCAP="${PY_PEER_PCAP:-}" \
+    "${HOST_CMD[@]}" -s "$size" -n "$ITERS" > "$OUT/$name.host.txt" 2>&1 &
+  hp=$!
+  if host_listening 20 "$hp"; then
+    timeout $((STEP_TIMEOUT + 30)) "$RUN" exec -t "$STEP_TIMEOUT" -- \
+      "ibv_rc_pingpong -g \$RXE_GID_INDEX -s $size -n $ITERS \$HOST_IP" > "$OUT/$name.guest.txt" 2>&1
+    g=$?
+  else
+    echo "host server never listened on TCP $PORT" > "$OUT/$name.guest.txt"
+    g=125
+  fi
+  wait "$hp"; h=$?
+  capture_stop
+  report "$name" "$g" "$h"
+}
+
+report() {
+  local name=$1 g=$2 h=$3 size=${1##*-s}
+  echo "== $name  (guest rc=$g, host rc=$h)"
+  if [ "$g" = 0 ] && [ "$h" = 0 ]; then
+    grep -hE 'iters in|bytes in' "$OUT/$name.guest.txt" | sed 's/^/   guest: /'
+  else
+    echo "-- guest output:"; tail -n 20 "$OUT/$name.guest.txt" | sed 's/^/   /'
+    echo "-- host output:"; tail -n 20 "$OUT/$name.host.txt" | sed 's/^/   /'
+  fi
+  stats "$name"
+  result "$name: ibv_rc_pingpong <-> host, -s $size -n $ITERS" $((g | h)) "guest rc=$g, host rc=$h"
+}
+
+for size in $SIZES; do
+  for check in guest_server host_server; do
+    name="${check/_/-}-s$size"
+    if [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then continue; fi
+    "check_$check" "$size"
+  done
+done
+
+timeout 20 "$RUN" console > "$OUT/console.log" 2>&1
+finish
