@@ -21,8 +21,6 @@
 
 pub mod config;
 mod sys;
-#[allow(dead_code)]
-mod udp_standin;
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -35,10 +33,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use softrdma_net::udp;
+pub use softrdma_net::udp::Stats as DriverStats;
 use softrdma_transport::verbs::{AsyncEvent, ChannelId, Gid};
 pub use softrdma_transport::{verbs, Rnic, Stats as EngineStats, Transmit};
 use softrdma_wire::{frame, icrc, pcap::PcapWriter, Addrs};
-use udp_standin as udp;
 
 pub use config::{devices, DeviceAddr, DeviceEntry};
 pub use sys::EventFd;
@@ -49,8 +48,11 @@ pub const ROCE_PORT: u16 = 4791;
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// Datagrams per receive batch.
 const RX_BATCH: usize = 32;
-/// Receive buffer size per datagram (room for GRO-coalesced runs).
-const RX_BUF: usize = 65536;
+/// Receive buffer size per datagram: a 4096-byte MTU packet with all its headers, with room
+/// to spare (GRO stays off: its 64 KiB slots cost more memory than they save here).
+const RX_BUF: usize = 9216;
+/// Times a full socket send buffer is retried before the rest of a burst is dropped.
+const TX_FULL_RETRIES: u32 = 64;
 
 /// How to open a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +128,8 @@ pub struct DeviceStats {
     pub engine: EngineStats,
     /// The runtime's counters.
     pub link: LinkStats,
+    /// The UDP driver's counters.
+    pub driver: DriverStats,
 }
 
 struct Chan {
@@ -249,11 +253,24 @@ impl Core {
             })
             .collect();
         let mut at = 0;
+        let mut full = 0;
         while at < out.len() {
             self.stats.tx_batches += 1;
             match self.link.send_batch(&out[at..]) {
-                Ok(0) | Err(_) => {
-                    // A datagram the socket refuses is lost like one the network drops.
+                Ok(0) if full < TX_FULL_RETRIES => {
+                    // Socket buffer full: the kernel drains it within microseconds.
+                    full += 1;
+                    std::thread::yield_now();
+                }
+                Ok(0) => {
+                    // Still full: lose the rest as a congested network would; the
+                    // transport's retransmissions recover.
+                    self.stats.tx_dropped += (out.len() - at) as u64;
+                    break;
+                }
+                Err(_) => {
+                    // This datagram is refused (too big, bad address): lost like one the
+                    // network drops.
                     self.stats.tx_dropped += 1;
                     at += 1;
                 }
@@ -294,7 +311,7 @@ impl Device {
             DeviceAddr::Fixed(a) => udp::Driver::bind(a)?,
             DeviceAddr::AutoLoopback(port) => udp::bind_first_free_loopback(port)?,
         };
-        let addr = link.local_addr()?;
+        let addr = link.local_addr();
         let pcap = match &cfg.pcap {
             Some(p) => Some(PcapWriter::new(BufWriter::new(File::create(p)?))?),
             None => None,
@@ -408,6 +425,7 @@ impl Device {
         DeviceStats {
             engine: core.rnic.stats().clone(),
             link: core.stats.clone(),
+            driver: core.link.stats(),
         }
     }
 }
@@ -437,8 +455,6 @@ fn progress(sh: &Shared) {
             let core = &mut *core;
             let n = match core.link.recv_batch(&mut batch) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
                 Err(_) => {
                     core.stats.rx_errors += 1;
                     0

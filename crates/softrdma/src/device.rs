@@ -13,7 +13,7 @@ use crate::cq::{ChanInner, CompletionChannel, CompletionQueue, CqInner};
 use crate::mr::{DeviceMemory, DmInner, PdInner, ProtectionDomain};
 use crate::{Error, Result};
 
-pub use dev::{DeviceAddr, DeviceConfig, DeviceStats, LinkStats};
+pub use dev::{DeviceAddr, DeviceConfig, DeviceStats, DriverStats, LinkStats};
 
 /// A configured device, as listed by [`devices`] without opening it.
 #[derive(Debug, Clone, PartialEq, Eq)]

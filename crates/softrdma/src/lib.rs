@@ -35,7 +35,9 @@ mod qp;
 pub mod wr;
 
 pub use cq::{CompletionChannel, CompletionQueue, PollIter};
-pub use device::{devices, Device, DeviceAddr, DeviceConfig, DeviceInfo, DeviceStats, LinkStats};
+pub use device::{
+    devices, Device, DeviceAddr, DeviceConfig, DeviceInfo, DeviceStats, DriverStats, LinkStats,
+};
 pub use error::{Error, Result};
 pub use mr::{
     ah_attr, AddressHandle, DeviceMemory, MemoryRegion, MemoryWindow, MrBuffer, ProtectionDomain,

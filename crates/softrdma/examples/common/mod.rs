@@ -1,0 +1,167 @@
+//! Helpers shared by the examples: the TCP side channel and the self-test launcher.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Send `data` and receive as many bytes from the peer (both sides send first, which is
+/// fine: the messages are far smaller than the socket buffers).
+pub fn exchange(s: &mut TcpStream, data: &[u8]) -> std::io::Result<Vec<u8>> {
+    s.write_all(data)?;
+    let mut buf = vec![0u8; data.len()];
+    s.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+/// One-byte barrier over the side channel.
+pub fn sync(s: &mut TcpStream) -> std::io::Result<()> {
+    exchange(s, b"s").map(|_| ())
+}
+
+/// Listen on `port` (0: any) on all addresses, print `listening on PORT` so a launcher can
+/// find it, and return the listener.
+pub fn listen(port: u16) -> std::io::Result<TcpListener> {
+    let l = TcpListener::bind(("0.0.0.0", port))?;
+    println!("listening on {}", l.local_addr()?.port());
+    std::io::stdout().flush()?;
+    Ok(l)
+}
+
+/// Connect to `host:port`, retrying for a few seconds while the server starts.
+pub fn connect(host: &str, port: u16) -> std::io::Result<TcpStream> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpStream::connect((host, port)) {
+            Ok(s) => {
+                s.set_read_timeout(Some(Duration::from_secs(30)))?;
+                return Ok(s);
+            }
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// The value after `--name` in the arguments.
+pub fn arg_value(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+/// The first argument that is not an option (nor an option's value).
+pub fn positional(args: &[String], valued: &[&str]) -> Option<String> {
+    let mut skip = false;
+    for a in args {
+        if skip {
+            skip = false;
+            continue;
+        }
+        if valued.contains(&a.as_str()) {
+            skip = true;
+            continue;
+        }
+        if !a.starts_with("--") {
+            return Some(a.clone());
+        }
+    }
+    None
+}
+
+/// Self-test: run this example as a server (`--port 0`), read the port it listens on,
+/// then run `clients` copies as clients (each with `client_args`) against it; every
+/// process must exit 0 within `timeout`.
+pub fn self_test(
+    server_args: &[&str],
+    client_args: &[&str],
+    clients: usize,
+    timeout: Duration,
+) -> bool {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("self-test: {e}");
+            return false;
+        }
+    };
+    let mut server = match Command::new(&exe)
+        .args(server_args)
+        .args(["--port", "0"])
+        .stdout(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("self-test: spawn server: {e}");
+            return false;
+        }
+    };
+    let mut out = BufReader::new(server.stdout.take().expect("piped stdout"));
+    let mut port = None;
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap_or(0) > 0 {
+        print!("[server] {line}");
+        if let Some(p) = line.trim().strip_prefix("listening on ") {
+            port = p.parse::<u16>().ok();
+            break;
+        }
+        line.clear();
+    }
+    let Some(port) = port else {
+        eprintln!("self-test: the server did not say its port");
+        let _ = server.kill();
+        return false;
+    };
+    // Keep echoing the server's output.
+    let echo = std::thread::spawn(move || {
+        let mut line = String::new();
+        while out.read_line(&mut line).unwrap_or(0) > 0 {
+            print!("[server] {line}");
+            line.clear();
+        }
+    });
+    let port_s = port.to_string();
+    let mut kids: Vec<(String, Child)> = Vec::new();
+    for i in 0..clients {
+        match Command::new(&exe)
+            .arg("127.0.0.1")
+            .args(client_args)
+            .args(["--port", &port_s])
+            .spawn()
+        {
+            Ok(c) => kids.push((format!("client {i}"), c)),
+            Err(e) => eprintln!("self-test: spawn client: {e}"),
+        }
+    }
+    kids.push(("server".into(), server));
+    let ok_spawned = kids.len() == clients + 1;
+    let deadline = Instant::now() + timeout;
+    let mut ok = ok_spawned;
+    for (name, mut c) in kids {
+        loop {
+            match c.try_wait() {
+                Ok(Some(st)) => {
+                    if !st.success() {
+                        eprintln!("self-test: {name} failed: {st}");
+                        ok = false;
+                    }
+                    break;
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    eprintln!("self-test: {name} timed out");
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    ok = false;
+                    break;
+                }
+            }
+        }
+    }
+    let _ = echo.join();
+    ok
+}
