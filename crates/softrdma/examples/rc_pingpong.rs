@@ -1,0 +1,127 @@
+//! RC ping-pong with a latency figure (like rdma-core's `ibv_rc_pingpong`).
+//!
+//! ```text
+//! server:  cargo run --release --example rc_pingpong
+//! client:  cargo run --release --example rc_pingpong -- SERVER_IP [--iters N] [--size BYTES]
+//! both on loopback, checked:  cargo run --example rc_pingpong -- --self-test
+//! ```
+//! The QP number, GID and PSN are exchanged over TCP port 18515. For the lowest latency
+//! set `SOFTRDMA_BUSY_POLL=1` (the progress thread then never sleeps).
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use softrdma::{wr, Access, Device, QpInit, QpType, RemoteQp, WcOpcode, WcStatus};
+
+const PORT: u16 = 18515;
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize) -> Res<()> {
+    let dev = Device::open_default()?;
+    let pd = dev.alloc_pd()?;
+    let cq = dev.create_cq(64, None)?;
+    let mr = pd.register(2 * size.max(1), Access::LOCAL_WRITE)?;
+    let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
+    let psn = std::process::id() & 0xFF_FFFF;
+    let peer = common::exchange(tcp, &qp.local(psn).to_bytes())?;
+    let mut b = [0u8; 24];
+    b.copy_from_slice(&peer);
+    let remote = RemoteQp::from_bytes(&b);
+    qp.to_init(Access::empty())?;
+    // Receive into the second half, send from the first.
+    let recv = || qp.post_recv(wr::recv(2, [mr.sge(size..2 * size)]));
+    recv()?;
+    qp.to_rtr(&remote)?;
+    qp.to_rts(psn)?;
+    common::sync(tcp)?;
+    println!(
+        "{} at {}: QPN {:#x} <-> peer QPN {:#x} at {}",
+        dev.name(),
+        dev.addr(),
+        qp.qpn(),
+        remote.qpn,
+        remote.gid.to_ip()
+    );
+    let timeout = Duration::from_secs(10);
+    let start = Instant::now();
+    for i in 0..iters {
+        if !server {
+            mr.write(0, &i.to_le_bytes()[..size.min(8)])?;
+            qp.post_send(wr::send(1, [mr.sge(0..size)]))?;
+        }
+        // Wait for the peer's message (and our own send's completion).
+        let mut got_recv = false;
+        let mut sends = 0;
+        while !got_recv || (!server && sends == 0) {
+            let wc = cq.wait(timeout)?;
+            if wc.status != WcStatus::Success {
+                return Err(format!("iteration {i}: {}", wc.status.as_str()).into());
+            }
+            match wc.opcode {
+                WcOpcode::Recv => got_recv = true,
+                _ => sends += 1,
+            }
+        }
+        recv()?;
+        if server {
+            qp.post_send(wr::send(1, [mr.sge(0..size)]))?;
+            let wc = cq.wait(timeout)?;
+            if wc.status != WcStatus::Success {
+                return Err(format!("iteration {i}: {}", wc.status.as_str()).into());
+            }
+        }
+    }
+    let el = start.elapsed();
+    if !server {
+        let rtt = el.as_secs_f64() / iters.max(1) as f64;
+        println!(
+            "{iters} iterations of {size} bytes in {:.3} s: round trip {:.2} us, latency (half) {:.2} us",
+            el.as_secs_f64(),
+            rtt * 1e6,
+            rtt * 0.5e6
+        );
+    }
+    common::sync(tcp)?;
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--self-test") {
+        let ok = common::self_test(
+            &["--iters", "200"],
+            &["--iters", "200"],
+            1,
+            Duration::from_secs(60),
+        );
+        println!("self-test {}", if ok { "passed" } else { "FAILED" });
+        std::process::exit(if ok { 0 } else { 1 });
+    }
+    let get = |n: &str, d: u64| {
+        common::arg_value(&args, n)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let port = get("--port", PORT as u64) as u16;
+    let iters = get("--iters", 1000);
+    let size = get("--size", 64) as usize;
+    let r = match common::positional(&args, &["--port", "--iters", "--size"]) {
+        None => common::listen(port)
+            .and_then(|l| l.accept())
+            .map_err(|e| e.into())
+            .and_then(|(mut s, _)| {
+                s.set_read_timeout(Some(Duration::from_secs(30)))?;
+                run(true, &mut s, iters, size)
+            }),
+        Some(host) => common::connect(&host, port)
+            .map_err(|e| e.into())
+            .and_then(|mut s| run(false, &mut s, iters, size)),
+    };
+    if let Err(e) = r {
+        eprintln!("rc_pingpong: {e}");
+        std::process::exit(1);
+    }
+}
