@@ -189,16 +189,35 @@ fn connect(s: &mut Side, peer_qpn: u32, peer: u8, mtu: Mtu, sq_psn: u32, rq_psn:
 struct Pair {
     a: Side,
     b: Side,
-    /// Reused datagram buffers of one batch.
-    batch: Batch,
+    /// Datagram slots a → b and b → a.
+    ab: Batch,
+    ba: Batch,
+    vec_api: bool,
     /// Data packets (requester → responder direction and READ responses) moved.
     pkts_ab: u64,
     pkts_ba: u64,
 }
 
-/// Where one batch of datagrams lives between the two engines.
+/// Where one batch of datagrams lives between the two engines: a fixed set of slot
+/// buffers per direction (a driver's sendmmsg slots), filled by `poll_transmit_into`.
+/// With `ENGINE_BENCH_API=vec` the allocating `poll_transmit` is used instead.
 struct Batch {
-    items: Vec<(SocketAddr, SocketAddr, Vec<u8>)>,
+    slots: Vec<(SocketAddr, SocketAddr, Vec<u8>)>,
+    n: usize,
+}
+
+impl Batch {
+    fn new() -> Batch {
+        let none = addr(0);
+        Batch {
+            slots: (0..BATCH).map(|_| (none, none, Vec::new())).collect(),
+            n: 0,
+        }
+    }
+}
+
+fn use_vec_api() -> bool {
+    std::env::var("ENGINE_BENCH_API").is_ok_and(|v| v == "vec")
 }
 
 impl Pair {
@@ -211,9 +230,9 @@ impl Pair {
         Pair {
             a,
             b,
-            batch: Batch {
-                items: Vec::with_capacity(BATCH),
-            },
+            ab: Batch::new(),
+            ba: Batch::new(),
+            vec_api: use_vec_api(),
             pkts_ab: 0,
             pkts_ba: 0,
         }
@@ -221,34 +240,48 @@ impl Pair {
 
     /// Move up to BATCH datagrams a → b, then b → a. Returns how many moved.
     fn step(&mut self) -> usize {
-        let n1 = xfer(&mut self.a, &mut self.b, &mut self.batch);
-        let n2 = xfer(&mut self.b, &mut self.a, &mut self.batch);
+        let n1 = xfer(&mut self.a, &mut self.b, &mut self.ab, self.vec_api);
+        let n2 = xfer(&mut self.b, &mut self.a, &mut self.ba, self.vec_api);
         self.pkts_ab += n1 as u64;
         self.pkts_ba += n2 as u64;
         n1 + n2
     }
 }
 
-fn xfer(from: &mut Side, to: &mut Side, batch: &mut Batch) -> usize {
+fn xfer(from: &mut Side, to: &mut Side, batch: &mut Batch, vec_api: bool) -> usize {
     let t0 = Instant::now();
-    while batch.items.len() < BATCH {
-        match from.nic.poll_transmit(0) {
-            Some(t) => batch.items.push((t.src, t.dst, t.data)),
-            None => break,
+    batch.n = 0;
+    while batch.n < BATCH {
+        let slot = &mut batch.slots[batch.n];
+        if vec_api {
+            match from.nic.poll_transmit(0) {
+                Some(t) => *slot = (t.src, t.dst, t.data),
+                None => break,
+            }
+        } else {
+            match from.nic.poll_transmit_into(0, &mut slot.2) {
+                Some(m) => (slot.0, slot.1) = (m.src, m.dst),
+                None => break,
+            }
         }
+        batch.n += 1;
     }
-    let n = batch.items.len();
+    let n = batch.n;
     if n == 0 {
         from.busy += t0.elapsed();
         return 0;
     }
     let t1 = Instant::now();
-    for (src, dst, data) in &batch.items {
+    for (src, dst, data) in &batch.slots[..n] {
         to.nic.handle_datagram(0, *src, *dst, data);
     }
     let t2 = Instant::now();
-    // Freeing the sent buffers is the sender's business.
-    batch.items.clear();
+    if vec_api {
+        // Freeing the sent buffers is the sender's business.
+        for slot in &mut batch.slots[..n] {
+            drop(std::mem::take(&mut slot.2));
+        }
+    }
     let t3 = Instant::now();
     from.busy += (t1 - t0) + (t3 - t2);
     to.busy += t2 - t1;

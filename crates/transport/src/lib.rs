@@ -80,6 +80,24 @@ pub struct Transmit {
     pub data: Vec<u8>,
 }
 
+/// Addressing of a datagram handed out by [`Rnic::poll_transmit_into`] (the payload went
+/// into the caller's buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransmitMeta {
+    /// Our address (source IP and UDP source port).
+    pub src: SocketAddr,
+    /// Destination IP and UDP port.
+    pub dst: SocketAddr,
+    /// IP TOS / traffic class byte.
+    pub tos: u8,
+}
+
+/// Packets up to this size are built in "small" buffers, larger ones in "large" buffers,
+/// so that recycling an ACK buffer never shrinks a buffer that will carry data again.
+const SMALL_PKT: usize = 256;
+/// Free buffers kept per size class (at most; the rest are freed).
+const POOL_MAX: usize = 4096;
+
 /// Everything the protocol handlers share besides the QP they work on: split from the QP
 /// table so a handler can hold `&mut QpCtx` and `&mut Env` at once.
 pub(crate) struct Env {
@@ -89,23 +107,50 @@ pub(crate) struct Env {
     pub stats: Stats,
     /// QPs with a coalesced ACK waiting (sent when the outbox runs dry).
     pub ack_queue: VecDeque<verbs::Qpn>,
-    /// Reused payload buffer (one MTU).
-    pub scratch: Vec<u8>,
+    /// Free packet buffers up to [`SMALL_PKT`] bytes of capacity.
+    pub pool_small: Vec<Vec<u8>>,
+    /// Free packet buffers of more capacity.
+    pub pool_large: Vec<Vec<u8>>,
 }
 
 impl Env {
     /// Build, seal and queue one packet from QP `src_qpn` to `dst`. Emission only fails
     /// on an internal inconsistency; such a packet is counted as dropped, never sent.
     pub fn send(&mut self, src_qpn: u32, dst: SocketAddr, tos: u8, h: &Headers, payload: &[u8]) {
-        let len = h.packet_len(payload.len());
-        let mut data = vec![0u8; len];
-        match h.emit(payload, &mut data) {
-            Ok(n) => data.truncate(n),
+        let _ = self.send_with(src_qpn, dst, tos, h, payload.len(), |_, b| {
+            b.copy_from_slice(payload);
+            Ok::<(), ()>(())
+        });
+    }
+
+    /// Build, seal and queue one packet with `plen` bytes of payload that `fill` writes
+    /// straight into the packet buffer (given the verbs context, to read registered memory).
+    /// An error from `fill` sends nothing and is returned; an emission failure (internal
+    /// inconsistency) is counted as dropped.
+    pub fn send_with<E>(
+        &mut self,
+        src_qpn: u32,
+        dst: SocketAddr,
+        tos: u8,
+        h: &Headers,
+        plen: usize,
+        fill: impl FnOnce(&verbs::Context, &mut [u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let total = h.packet_len(plen);
+        let mut data = self.take_buf(total);
+        let at = match h.emit_header(plen, &mut data) {
+            Ok(n) => n,
             Err(_) => {
                 self.stats.dropped += 1;
-                return;
+                self.recycle(data);
+                return Ok(());
             }
+        };
+        if let Err(e) = fill(&self.ctx, &mut data[at..at + plen]) {
+            self.recycle(data);
+            return Err(e);
         }
+        data[at + plen..].fill(0); // pad and ICRC
         let src = SocketAddr::new(self.addr.ip(), wire::udp_src_port(src_qpn));
         wire::icrc::seal(&Addrs::new(src, dst), &mut data);
         self.stats.tx_packets += 1;
@@ -116,6 +161,32 @@ impl Env {
             tos,
             data,
         });
+        Ok(())
+    }
+
+    /// A buffer of exactly `len` bytes (contents unspecified), from the pool when it can.
+    fn take_buf(&mut self, len: usize) -> Vec<u8> {
+        let (pool, cap) = if len <= SMALL_PKT {
+            (&mut self.pool_small, SMALL_PKT)
+        } else {
+            (&mut self.pool_large, len)
+        };
+        let mut b = pool.pop().unwrap_or_else(|| Vec::with_capacity(cap));
+        // Recycled buffers keep their length, so this writes only past the old length.
+        b.resize(len, 0);
+        b
+    }
+
+    /// Keep a buffer for reuse.
+    pub fn recycle(&mut self, b: Vec<u8>) {
+        let pool = match b.capacity() {
+            0 => return,
+            c if c <= SMALL_PKT => &mut self.pool_small,
+            _ => &mut self.pool_large,
+        };
+        if pool.len() < POOL_MAX {
+            pool.push(b);
+        }
     }
 
     /// Queue a completion. A CQ overflow is the verbs layer's business (CQ error event).
@@ -152,7 +223,8 @@ impl Rnic {
                 out: VecDeque::new(),
                 stats: Stats::default(),
                 ack_queue: VecDeque::new(),
-                scratch: Vec::new(),
+                pool_small: Vec::new(),
+                pool_large: Vec::new(),
             },
             qps: BTreeMap::new(),
         }
@@ -458,6 +530,27 @@ impl Rnic {
             }
         }
         None
+    }
+
+    /// [`Rnic::poll_transmit`] without allocation: the next datagram's UDP payload replaces
+    /// the contents of `buf` (whose old allocation the engine keeps to build later packets
+    /// in), and its addressing is returned. A driver that keeps passing the same buffers
+    /// (for example one per sendmmsg slot) makes the engine's packet path allocation-free.
+    pub fn poll_transmit_into(&mut self, now: u64, buf: &mut Vec<u8>) -> Option<TransmitMeta> {
+        let mut t = self.poll_transmit(now)?;
+        std::mem::swap(buf, &mut t.data);
+        self.env.recycle(t.data);
+        Some(TransmitMeta {
+            src: t.src,
+            dst: t.dst,
+            tos: t.tos,
+        })
+    }
+
+    /// Give a datagram buffer (for example a sent [`Transmit::data`]) back to the engine,
+    /// which builds later packets in it instead of allocating.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        self.env.recycle(buf);
     }
 
     /// Earliest timer deadline (retransmission, RNR wait), if any.

@@ -255,26 +255,6 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
                 };
                 pkt_psn = psn::add(w.first_psn, idx);
                 end_psn = pkt_psn;
-                let mut payload = std::mem::take(&mut env.scratch);
-                payload.clear();
-                payload.resize(plen, 0);
-                let got = match &w.inline {
-                    Some(data) => match data.get(offset..offset + plen) {
-                        Some(s) => {
-                            payload.copy_from_slice(s);
-                            Ok(())
-                        }
-                        None => Err(WcStatus::LocLenErr),
-                    },
-                    None if plen == 0 => Ok(()),
-                    None => env.ctx.gather(qp.pd, &w.wr.sg_list, offset, &mut payload),
-                };
-                if let Err(s) = got {
-                    env.scratch = payload;
-                    w.status = Some(s);
-                    completer::fail(qp, env, now, None);
-                    return;
-                }
                 let last = matches!(p, Pos::Last | Pos::Only);
                 let mut bth = Bth::new(opcode, dqpn, pkt_psn);
                 bth.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED);
@@ -314,8 +294,23 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
                         _ => {}
                     }
                 }
-                env.send(qp.qpn, dst, tos, &h, &payload);
-                env.scratch = payload;
+                let pd = qp.pd;
+                let sent = env.send_with(qp.qpn, dst, tos, &h, plen, |ctx, slot| match &w.inline {
+                    Some(data) => match data.get(offset..offset + plen) {
+                        Some(s) => {
+                            slot.copy_from_slice(s);
+                            Ok(())
+                        }
+                        None => Err(WcStatus::LocLenErr),
+                    },
+                    None if plen == 0 => Ok(()),
+                    None => ctx.gather(pd, &w.wr.sg_list, offset, slot),
+                });
+                if let Err(s) = sent {
+                    w.status = Some(s);
+                    completer::fail(qp, env, now, None);
+                    return;
+                }
                 qp.req.offset = offset + plen;
                 in_wqe = true;
                 if last {

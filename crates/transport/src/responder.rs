@@ -142,30 +142,9 @@ fn read_responses(qp: &QpCtx, env: &mut Env, first: u32, va: u64, rkey: u32, len
     let mtu = qp.mtu();
     let n = (len.div_ceil(mtu)).max(1) as u32;
     let tos = qp.attr.ah_attr.grh.traffic_class;
-    let mut buf = std::mem::take(&mut env.scratch);
-    let mut ok = true;
     for i in 0..n {
         let off = (i as usize) * mtu;
         let plen = len.saturating_sub(off).min(mtu);
-        buf.clear();
-        buf.resize(plen, 0);
-        if plen > 0 {
-            let span = env.ctx.remote_span(
-                qp.pd,
-                qp.qpn,
-                rkey,
-                va.wrapping_add(off as u64),
-                plen,
-                Access::REMOTE_READ,
-            );
-            match span {
-                Ok(s) if s.read(0, &mut buf) => {}
-                _ => {
-                    ok = false;
-                    break;
-                }
-            }
-        }
         let opcode = read_resp_opcode(i, n);
         let mut h = Headers::new(Bth::new(opcode, qp.attr.dest_qp_num, psn::add(first, i)));
         if opcode != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE {
@@ -176,10 +155,29 @@ fn read_responses(qp: &QpCtx, env: &mut Env, first: u32, va: u64, rkey: u32, len
                 msn: qp.resp.msn,
             });
         }
-        env.send(qp.qpn, dst, tos, &h, &buf);
+        let (pd, qpn) = (qp.pd, qp.qpn);
+        let sent = env.send_with(qpn, dst, tos, &h, plen, |ctx, buf| {
+            if plen == 0 {
+                return Ok(());
+            }
+            let span = ctx.remote_span(
+                pd,
+                qpn,
+                rkey,
+                va.wrapping_add(off as u64),
+                plen,
+                Access::REMOTE_READ,
+            );
+            match span {
+                Ok(s) if s.read(0, buf) => Ok(()),
+                _ => Err(()),
+            }
+        });
+        if sent.is_err() {
+            return false;
+        }
     }
-    env.scratch = buf;
-    ok
+    true
 }
 
 fn send_atomic_ack(qp: &QpCtx, env: &mut Env, p: u32, orig: u64) {

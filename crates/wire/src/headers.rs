@@ -518,20 +518,36 @@ impl Headers {
     /// multiple of 4, [`Error::Truncated`] if `buf` is too small. Nothing is written on error.
     /// Seal the result with [`crate::icrc::seal`].
     pub fn emit(&self, payload: &[u8], buf: &mut [u8]) -> Result<usize> {
+        let at = self.emit_header(payload.len(), buf)?;
+        let total = self.packet_len(payload.len());
+        buf[at..at + payload.len()].copy_from_slice(payload);
+        buf[at + payload.len()..total].fill(0); // pad and ICRC
+        Ok(total)
+    }
+
+    /// Emit only the headers of a packet that will carry `payload_len` bytes of payload
+    /// (the BTH pad count computed from it); returns the header length. The caller then
+    /// writes the payload at that offset, zeroes the pad and ICRC bytes up to
+    /// [`Headers::packet_len`] and seals: what [`Headers::emit`] does, without needing
+    /// the payload in a separate buffer first.
+    ///
+    /// Same checks and errors as [`Headers::emit`]; `buf` must hold the whole packet
+    /// ([`Error::Truncated`] otherwise). Nothing is written on error.
+    pub fn emit_header(&self, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
         self.check_matches_opcode()?;
         let info = self
             .bth
             .opcode
             .info()
             .ok_or(Error::UnknownOpcode(self.bth.opcode.0))?;
-        if !info.has_payload && !payload.is_empty() {
+        if !info.has_payload && payload_len != 0 {
             return Err(Error::BadLength);
         }
-        let pad = pad_len(payload.len());
+        let pad = pad_len(payload_len);
         if pad != 0 && matches!(info.position, Position::First | Position::Middle) {
             return Err(Error::BadPad);
         }
-        let total = self.packet_len(payload.len());
+        let total = self.packet_len(payload_len);
         if buf.len() < total {
             return Err(Error::Truncated);
         }
@@ -568,10 +584,7 @@ impl Headers {
             put32(buf, at, i);
             at += IETH_LEN;
         }
-        buf[at..at + payload.len()].copy_from_slice(payload);
-        at += payload.len();
-        buf[at..].fill(0); // pad and ICRC
-        Ok(total)
+        Ok(at)
     }
 }
 
@@ -737,6 +750,30 @@ mod tests {
         let payload: Vec<u8> = (0..payload_len as u8).collect();
         assert_eq!(h.emit(&payload, &mut buf), Ok(buf.len()));
         (h, buf)
+    }
+
+    #[test]
+    fn emit_header_then_payload_equals_emit() {
+        let mut h = Headers::new(Bth::new(Opcode::RC_RDMA_WRITE_ONLY_IMM, 7, 9));
+        h.reth = Some(Reth {
+            va: 0x1000,
+            rkey: 0x42,
+            dma_len: 6,
+        });
+        h.imm = Some(0xDEAD_BEEF);
+        let payload = [1u8, 2, 3, 4, 5, 6];
+        let mut a = vec![0x55u8; h.packet_len(payload.len())];
+        assert_eq!(h.emit(&payload, &mut a), Ok(a.len()));
+        let mut b = vec![0x55u8; a.len()];
+        let at = h.emit_header(payload.len(), &mut b).unwrap();
+        assert_eq!(at, h.header_len());
+        b[at..at + payload.len()].copy_from_slice(&payload);
+        b[at + payload.len()..].fill(0);
+        assert_eq!(a, b);
+        assert_eq!(
+            h.emit_header(payload.len(), &mut b[..a.len() - 1]),
+            Err(Error::Truncated)
+        );
     }
 
     #[test]
