@@ -12,7 +12,7 @@
 //! uses other IP IDs (Linux rxe itself picks varying IDs) can only be checked
 //! with the real IP header: see [`compute_frame`].
 
-use crate::frame::{self, IpHeaderParams};
+use crate::frame;
 use crate::{Addrs, Error, IpPair, Result, BTH_LEN, ICRC_LEN};
 use crc32fast::Hasher;
 
@@ -53,32 +53,59 @@ fn mask_ip(ip: &mut [u8]) {
 /// ICRC of a packet travelling between `addrs` (IPv4 ID 0 with DF, as a Linux UDP
 /// socket with `IP_PMTUDISC_DO` sends). `udp_payload` includes the 4 trailing ICRC
 /// bytes, which are ignored (a payload shorter than 4 bytes is hashed as is).
+///
+/// One pass: the masked IP, UDP and BTH headers are laid out in a small stack buffer
+/// hashed with one update, then the hasher continues over the rest of the packet.
 pub fn compute(addrs: &Addrs, udp_payload: &[u8]) -> u32 {
-    let params = IpHeaderParams {
-        tos: 0,
-        ttl: 0,
-        ip_id: 0,
-        udp_payload_len: udp_payload.len(),
-    };
-    let mut h = Hasher::new();
-    h.update(&[0xFF; 8]);
+    let len = udp_payload.len();
+    let body = &udp_payload[..len.saturating_sub(ICRC_LEN)];
+    // 8 x 0xFF, IP header (20 or 40), UDP header (8), BTH (12).
+    let mut pre = [0xFFu8; 8 + 40 + 8 + BTH_LEN];
+    let mut at = 8;
     match addrs.ip_pair() {
         IpPair::V4(s, d) => {
-            let mut ip = frame::ipv4_header(s, d, &params);
-            mask_ip(&mut ip);
-            h.update(&ip);
+            // As frame::ipv4_header builds it (ID 0, DF), then TOS, TTL and
+            // checksum masked to ones.
+            let ip = &mut pre[at..at + 20];
+            ip[0] = 0x45;
+            ip[1] = 0xFF; // TOS
+            ip[2..4].copy_from_slice(&((20 + 8 + len) as u16).to_be_bytes());
+            ip[4..6].copy_from_slice(&[0, 0]); // ID
+            ip[6..8].copy_from_slice(&[0x40, 0]); // DF
+            ip[8] = 0xFF; // TTL
+            ip[9] = 17; // UDP
+            ip[10..12].copy_from_slice(&[0xFF, 0xFF]); // checksum
+            ip[12..16].copy_from_slice(&s.octets());
+            ip[16..20].copy_from_slice(&d.octets());
+            at += 20;
         }
         IpPair::V6(s, d) => {
-            let mut ip = frame::ipv6_header(s, d, &params);
-            mask_ip(&mut ip);
-            h.update(&ip);
+            // Traffic class, flow label and hop limit masked to ones.
+            let ip = &mut pre[at..at + 40];
+            ip[0] = 0x6F;
+            ip[1..4].copy_from_slice(&[0xFF, 0xFF, 0xFF]);
+            ip[4..6].copy_from_slice(&((8 + len) as u16).to_be_bytes());
+            ip[6] = 17;
+            ip[7] = 0xFF;
+            ip[8..24].copy_from_slice(&s.octets());
+            ip[24..40].copy_from_slice(&d.octets());
+            at += 40;
         }
     }
-    hash_rest(
-        &mut h,
-        &frame::udp_header(addrs, udp_payload.len()),
-        udp_payload,
-    );
+    let udp = frame::udp_header(addrs, len);
+    pre[at..at + 6].copy_from_slice(&udp[..6]);
+    pre[at + 6] = 0xFF; // UDP checksum
+    pre[at + 7] = 0xFF;
+    at += 8;
+    let head = body.len().min(BTH_LEN);
+    pre[at..at + head].copy_from_slice(&body[..head]);
+    if body.len() > 4 {
+        pre[at + 4] = 0xFF; // FECN, BECN, reserved
+    }
+    at += head;
+    let mut h = Hasher::new();
+    h.update(&pre[..at]);
+    h.update(&body[head..]);
     h.finalize()
 }
 
