@@ -3,6 +3,7 @@
 //! Signatures here are the contract the transport layer codes against.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,6 +125,42 @@ pub struct MrInfo {
     /// Length.
     pub length: u64,
 }
+
+/// Object tables are keyed by small integers (ids, key indices, QP numbers) that the
+/// packet path looks up several times per packet. SipHash's flood resistance buys
+/// nothing here (a peer can look keys up but never insert them), so a multiply-rotate
+/// hash (FxHash's) is used instead.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u16(&mut self, v: u16) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A table keyed by small integers (see [`IdHasher`]).
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// How a CQ is armed for its next event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -422,19 +459,19 @@ pub struct Context {
     pkeys: Vec<u16>,
     rng: SplitMix64,
     next_id: u32,
-    pds: HashMap<PdId, ()>,
+    pds: IdMap<PdId, ()>,
     /// MRs by key index (key >> 8).
-    mrs: HashMap<u32, MrObj>,
-    mws: HashMap<MwId, MwObj>,
+    mrs: IdMap<u32, MrObj>,
+    mws: IdMap<MwId, MwObj>,
     /// Windows by rkey index (key >> 8); shares the index space with `mrs`.
-    mw_index: HashMap<u32, MwId>,
-    dms: HashMap<DmId, DmObj>,
+    mw_index: IdMap<u32, MwId>,
+    dms: IdMap<DmId, DmObj>,
     dm_total: u64,
-    cqs: HashMap<CqId, CqObj>,
-    channels: HashMap<ChannelId, ChannelObj>,
-    srqs: HashMap<SrqId, SrqObj>,
-    qps: HashMap<Qpn, Qp>,
-    ahs: HashMap<AhId, (PdId, AhAttr)>,
+    cqs: IdMap<CqId, CqObj>,
+    channels: IdMap<ChannelId, ChannelObj>,
+    srqs: IdMap<SrqId, SrqObj>,
+    qps: IdMap<Qpn, Qp>,
+    ahs: IdMap<AhId, (PdId, AhAttr)>,
     events: VecDeque<AsyncEvent>,
 }
 
@@ -517,17 +554,17 @@ impl Context {
             pkeys,
             rng: SplitMix64::new(seed),
             next_id: 1,
-            pds: HashMap::new(),
-            mrs: HashMap::new(),
-            mws: HashMap::new(),
-            mw_index: HashMap::new(),
-            dms: HashMap::new(),
+            pds: IdMap::default(),
+            mrs: IdMap::default(),
+            mws: IdMap::default(),
+            mw_index: IdMap::default(),
+            dms: IdMap::default(),
             dm_total: 0,
-            cqs: HashMap::new(),
-            channels: HashMap::new(),
-            srqs: HashMap::new(),
-            qps: HashMap::new(),
-            ahs: HashMap::new(),
+            cqs: IdMap::default(),
+            channels: IdMap::default(),
+            srqs: IdMap::default(),
+            qps: IdMap::default(),
+            ahs: IdMap::default(),
             events: VecDeque::new(),
         }
     }
