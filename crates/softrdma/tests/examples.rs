@@ -43,7 +43,10 @@ fn self_test(name: &str) {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert!(status.success(), "example {name} --self-test failed: {status}");
+    assert!(
+        status.success(),
+        "example {name} --self-test failed: {status}"
+    );
 }
 
 #[test]
