@@ -1,0 +1,1096 @@
+//! `softrdma perf`: perftest-like bandwidth and latency benchmarks over one RC QP.
+//!
+//! The side channel (TCP, port 18516 by default) is ours, one text line each way:
+//!
+//! ```text
+//! client: softrdma-perf 1 <test> sizes=<n,n,…> iters=<n> qpn=<hex> psn=<hex> gid=<32 hex> addr=<hex> rkey=<hex> len=<n> mtu=<n>
+//! server: softrdma-perf 1 ok qpn=<hex> psn=<hex> gid=<32 hex> addr=<hex> rkey=<hex> len=<n>
+//!         (or: softrdma-perf 1 error <message>)
+//! …the test runs…
+//! client: done
+//! server: bye
+//! ```
+//!
+//! Each side registers one buffer of 2×M bytes (M: the largest size, at least 64): the
+//! first half receives (the peer WRITEs, SENDs and atomics land there), the second half is
+//! what this side sends from. The server "just serves": for WRITE, READ and atomics it
+//! posts nothing and waits for "done"; for SEND bandwidth it keeps receives posted; for
+//! SEND latency it echoes every message; for WRITE latency it answers each write with one
+//! of its own once it sees the last byte change.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use softrdma::{
+    wr, Access, CompletionQueue, Device, MemoryRegion, PathOptions, QpCap, QpInit, QpType,
+    QueuePair, RemoteMemory, RemoteQp, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+
+use crate::exch::{gid_to_wire, wire_to_gid};
+use crate::json::Json;
+use crate::util::{self, Poller};
+use crate::{stats, CmdResult, PerfArgs, PerfTest};
+
+const MAGIC: &str = "softrdma-perf 1";
+const MAX_SIZE: u32 = 8 << 20;
+const SQ_DEPTH: u32 = 512;
+const RQ_DEPTH: u32 = 512;
+
+/// What a session runs: a benchmark, or the demo's round trips.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Test {
+    Perf(PerfTest),
+    Demo,
+}
+
+impl Test {
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::Demo => "demo",
+            Test::Perf(t) => match t {
+                PerfTest::WriteBw => "write-bw",
+                PerfTest::ReadBw => "read-bw",
+                PerfTest::SendBw => "send-bw",
+                PerfTest::AtomicBw => "atomic-bw",
+                PerfTest::WriteLat => "write-lat",
+                PerfTest::ReadLat => "read-lat",
+                PerfTest::SendLat => "send-lat",
+                PerfTest::AtomicLat => "atomic-lat",
+            },
+        }
+    }
+    fn parse(s: &str) -> Option<Test> {
+        use PerfTest::*;
+        Some(match s {
+            "demo" => Test::Demo,
+            "write-bw" => Test::Perf(WriteBw),
+            "read-bw" => Test::Perf(ReadBw),
+            "send-bw" => Test::Perf(SendBw),
+            "atomic-bw" => Test::Perf(AtomicBw),
+            "write-lat" => Test::Perf(WriteLat),
+            "read-lat" => Test::Perf(ReadLat),
+            "send-lat" => Test::Perf(SendLat),
+            "atomic-lat" => Test::Perf(AtomicLat),
+            _ => return None,
+        })
+    }
+    /// The receive side consumes receive WRs.
+    fn uses_recv(self) -> bool {
+        matches!(
+            self,
+            Test::Demo | Test::Perf(PerfTest::SendBw) | Test::Perf(PerfTest::SendLat)
+        )
+    }
+    fn is_lat(self) -> bool {
+        matches!(
+            self,
+            Test::Perf(PerfTest::WriteLat)
+                | Test::Perf(PerfTest::ReadLat)
+                | Test::Perf(PerfTest::SendLat)
+                | Test::Perf(PerfTest::AtomicLat)
+        )
+    }
+    fn is_atomic(self) -> bool {
+        matches!(
+            self,
+            Test::Perf(PerfTest::AtomicBw) | Test::Perf(PerfTest::AtomicLat)
+        )
+    }
+    fn title(self) -> &'static str {
+        match self {
+            Test::Demo => "Demo",
+            Test::Perf(t) => match t {
+                PerfTest::WriteBw => "RDMA_Write BW Test",
+                PerfTest::ReadBw => "RDMA_Read BW Test",
+                PerfTest::SendBw => "Send BW Test",
+                PerfTest::AtomicBw => "Atomic FETCH_AND_ADD BW Test",
+                PerfTest::WriteLat => "RDMA_Write Latency Test",
+                PerfTest::ReadLat => "RDMA_Read Latency Test",
+                PerfTest::SendLat => "Send Latency Test",
+                PerfTest::AtomicLat => "Atomic FETCH_AND_ADD Latency Test",
+            },
+        }
+    }
+}
+
+/// One side's resources: buffer, CQ, QP.
+pub struct Side {
+    pub qp: QueuePair,
+    pub cq: CompletionQueue,
+    pub mr: MemoryRegion,
+    /// Half the buffer: the receive area is `0..half`, the send area `half..2*half`.
+    pub half: usize,
+    pub psn: u32,
+}
+
+impl Side {
+    pub fn new(dev: &Device, max_size: u32) -> CmdResult<Side> {
+        let half = (max_size.max(64) as usize).next_multiple_of(64);
+        let pd = dev
+            .alloc_pd()
+            .map_err(|e| format!("couldn't allocate PD: {e}"))?;
+        let mr = pd
+            .register(
+                2 * half,
+                Access::LOCAL_WRITE
+                    | Access::REMOTE_WRITE
+                    | Access::REMOTE_READ
+                    | Access::REMOTE_ATOMIC,
+            )
+            .map_err(|e| format!("couldn't register {} bytes: {e}", 2 * half))?;
+        let cq = dev
+            .create_cq(SQ_DEPTH + RQ_DEPTH, None)
+            .map_err(|e| format!("couldn't create CQ: {e}"))?;
+        let mut init = QpInit::new(QpType::Rc, &cq);
+        init.cap = QpCap {
+            max_send_wr: SQ_DEPTH,
+            max_recv_wr: RQ_DEPTH,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        };
+        let qp = pd
+            .create_qp(&init)
+            .map_err(|e| format!("couldn't create QP: {e}"))?;
+        // INIT now, so receives can be posted before the peer is known.
+        qp.to_init(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC)
+            .map_err(|e| format!("failed to modify QP to INIT: {e}"))?;
+        Ok(Side {
+            qp,
+            cq,
+            mr,
+            half,
+            psn: util::random_psn(),
+        })
+    }
+    fn local(&self) -> Peer {
+        Peer {
+            qp: self.qp.local(self.psn),
+            mem: RemoteMemory {
+                addr: self.mr.addr(),
+                rkey: self.mr.rkey(),
+                len: self.half as u64,
+            },
+        }
+    }
+    fn post_recvs(&self, n: u32) -> CmdResult {
+        for _ in 0..n {
+            self.qp
+                .post_recv(wr::recv(0, [self.mr.sge(0..self.half)]))
+                .map_err(|e| format!("couldn't post receive: {e}"))?;
+        }
+        Ok(())
+    }
+    fn connect(&self, peer: &Peer, mtu: softrdma::Mtu) -> CmdResult {
+        let o = PathOptions {
+            mtu,
+            ..Default::default()
+        };
+        self.qp
+            .to_rtr_with(&peer.qp, &o)
+            .and_then(|()| self.qp.to_rts_with(self.psn, &o))
+            .map_err(|e| format!("couldn't connect the QP: {e}"))
+    }
+    fn send_sge(&self, size: usize) -> softrdma::Sge {
+        self.mr.sge(self.half..self.half + size)
+    }
+    fn read_byte(&self, at: usize) -> CmdResult<u8> {
+        let mut b = [0u8];
+        self.mr
+            .read(at, &mut b)
+            .map_err(|e| format!("reading the buffer: {e}"))?;
+        Ok(b[0])
+    }
+}
+
+/// What one side tells the other.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    pub qp: RemoteQp,
+    pub mem: RemoteMemory,
+}
+
+fn peer_fields(p: &Peer) -> String {
+    format!(
+        "qpn={:x} psn={:x} gid={} addr={:x} rkey={:x} len={}",
+        p.qp.qpn,
+        p.qp.psn,
+        gid_to_wire(&p.qp.gid),
+        p.mem.addr,
+        p.mem.rkey,
+        p.mem.len
+    )
+}
+
+fn field<'a>(words: &[&'a str], key: &str) -> CmdResult<&'a str> {
+    words
+        .iter()
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .ok_or_else(|| format!("peer's message lacks {key}"))
+}
+
+fn hex(words: &[&str], key: &str) -> CmdResult<u64> {
+    u64::from_str_radix(field(words, key)?, 16).map_err(|_| format!("peer's {key} is not hex"))
+}
+
+fn parse_peer(words: &[&str]) -> CmdResult<Peer> {
+    let gid = wire_to_gid(field(words, "gid")?).ok_or("peer's gid is malformed")?;
+    Ok(Peer {
+        qp: RemoteQp {
+            gid,
+            qpn: hex(words, "qpn")? as u32,
+            psn: hex(words, "psn")? as u32,
+        },
+        mem: RemoteMemory {
+            addr: hex(words, "addr")?,
+            rkey: hex(words, "rkey")? as u32,
+            len: field(words, "len")?
+                .parse()
+                .map_err(|_| "peer's len is not a number")?,
+        },
+    })
+}
+
+fn read_line(r: &mut BufReader<TcpStream>, what: &str) -> CmdResult<String> {
+    let mut line = String::new();
+    let n = r
+        .by_ref()
+        .take(4096)
+        .read_line(&mut line)
+        .map_err(|e| format!("couldn't read {what}: {e}"))?;
+    if n == 0 {
+        return Err(format!("couldn't read {what}: peer closed the connection"));
+    }
+    Ok(line.trim_end().to_string())
+}
+
+fn print_addr(label: &str, p: &Peer) {
+    println!(
+        " {label} QPN 0x{:06x} PSN 0x{:06x} RKey 0x{:08x} VAddr 0x{:016x} GID {}",
+        p.qp.qpn,
+        p.qp.psn,
+        p.mem.rkey,
+        p.mem.addr,
+        std::net::Ipv6Addr::from(p.qp.gid.0)
+    );
+}
+
+fn now_line() -> &'static str {
+    "---------------------------------------------------------------------------------------"
+}
+
+// ---------------------------------------------------------------------------------------
+// Server
+
+/// What a served session was.
+pub struct Served {
+    pub test: Test,
+    pub peer: SocketAddr,
+    pub local: Peer,
+    pub remote: Peer,
+}
+
+/// Serve one client on `stream` with device `dev`.
+pub fn serve_session(
+    dev: &Device,
+    stream: TcpStream,
+    peer_addr: SocketAddr,
+    timeout: Duration,
+) -> CmdResult<Served> {
+    let mut w = stream
+        .try_clone()
+        .map_err(|e| format!("side channel: {e}"))?;
+    let mut r = BufReader::new(stream);
+    let line = read_line(&mut r, "the client's request")?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let reject = |w: &mut TcpStream, msg: String| -> CmdResult<Served> {
+        let _ = writeln!(w, "{MAGIC} error {msg}");
+        Err(msg)
+    };
+    if words.len() < 3 || format!("{} {}", words[0], words[1]) != MAGIC {
+        return reject(&mut w, "not a softrdma perf client".into());
+    }
+    let Some(test) = Test::parse(words[2]) else {
+        return reject(&mut w, format!("unknown test {:?}", words[2]));
+    };
+    let sizes: Vec<u32> = match field(&words, "sizes").map(|s| {
+        s.split(',')
+            .map(|x| x.parse::<u32>())
+            .collect::<Result<Vec<_>, _>>()
+    }) {
+        Ok(Ok(v)) if !v.is_empty() && v.iter().all(|&s| (1..=MAX_SIZE).contains(&s)) => v,
+        _ => return reject(&mut w, "bad sizes".into()),
+    };
+    let iters: u32 = match field(&words, "iters").map(|s| s.parse()) {
+        Ok(Ok(n)) if n > 0 => n,
+        _ => return reject(&mut w, "bad iters".into()),
+    };
+    let mtu = match field(&words, "mtu")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .map(util::mtu_of)
+    {
+        Some(Ok(m)) => m,
+        _ => return reject(&mut w, "bad mtu".into()),
+    };
+    let remote = match parse_peer(&words) {
+        Ok(p) => p,
+        Err(e) => return reject(&mut w, e),
+    };
+    let max = sizes.iter().copied().max().unwrap_or(64);
+    let side = match Side::new(dev, max) {
+        Ok(s) => s,
+        Err(e) => return reject(&mut w, e),
+    };
+    if test.uses_recv() {
+        if let Err(e) = side.post_recvs(RQ_DEPTH) {
+            return reject(&mut w, e);
+        }
+    }
+    if let Err(e) = side.connect(&remote, mtu) {
+        return reject(&mut w, e);
+    }
+    let local = side.local();
+    writeln!(w, "{MAGIC} ok {}", peer_fields(&local))
+        .map_err(|e| format!("couldn't answer the client: {e}"))?;
+
+    match test {
+        Test::Perf(PerfTest::SendBw) => serve_recv(&side, &mut r, false)?,
+        Test::Perf(PerfTest::SendLat) | Test::Demo => serve_recv(&side, &mut r, true)?,
+        Test::Perf(PerfTest::WriteLat) => {
+            serve_write_lat(&side, &remote, &sizes, iters, timeout)?;
+            wait_done(&mut r)?;
+        }
+        _ => wait_done(&mut r)?,
+    }
+    let _ = writeln!(w, "bye");
+    Ok(Served {
+        test,
+        peer: peer_addr,
+        local,
+        remote,
+    })
+}
+
+fn wait_done(r: &mut BufReader<TcpStream>) -> CmdResult {
+    // The run may be long: no timeout; a vanished client closes the connection.
+    let _ = r.get_ref().set_read_timeout(None);
+    let l = read_line(r, "the client's \"done\"")?;
+    if l != "done" {
+        return Err(format!("unexpected message from the client: {l:?}"));
+    }
+    Ok(())
+}
+
+/// Poll the side channel for "done" without blocking.
+fn done_arrived(r: &mut BufReader<TcpStream>) -> CmdResult<bool> {
+    let s = r.get_ref();
+    s.set_nonblocking(true)
+        .map_err(|e| format!("side channel: {e}"))?;
+    let mut line = String::new();
+    let res = r.read_line(&mut line);
+    let _ = r.get_ref().set_nonblocking(false);
+    match res {
+        Ok(0) => Err("the client closed the connection before \"done\"".into()),
+        Ok(_) if line.trim_end() == "done" => Ok(true),
+        Ok(_) => Err(format!("unexpected message from the client: {line:?}")),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+        Err(e) => Err(format!("side channel: {e}")),
+    }
+}
+
+/// SEND bandwidth (count and re-post) or SEND latency / demo (echo every message back).
+/// Ends at the client's "done" (or with an error when the client closes the connection).
+fn serve_recv(side: &Side, r: &mut BufReader<TcpStream>, echo: bool) -> CmdResult {
+    let mut wcs = [WorkCompletion::default(); 64];
+    let mut last_check = Instant::now();
+    let mut poller = Poller::new(Duration::MAX);
+    loop {
+        let n = side
+            .cq
+            .poll(&mut wcs)
+            .map_err(|e| format!("poll CQ failed: {e}"))?;
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                return Err(util::wc_error(wc));
+            }
+            if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                if echo {
+                    let len = wc.byte_len as usize;
+                    side.qp
+                        .post_send(wr::send(1, [side.mr.sge(0..len)]))
+                        .map_err(|e| format!("couldn't post send: {e}"))?;
+                }
+                side.post_recvs(1)?;
+            }
+        }
+        if n > 0 {
+            poller.progress();
+        } else {
+            poller.idle()?;
+        }
+        if n == 0 || last_check.elapsed() > Duration::from_millis(20) {
+            last_check = Instant::now();
+            if done_arrived(r)? {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Wait until `side`'s byte at `at` equals `v`, draining send completions meanwhile
+/// (each one taken off `outstanding`).
+fn wait_byte(
+    side: &Side,
+    at: usize,
+    v: u8,
+    poller: &mut Poller,
+    outstanding: &mut u32,
+) -> CmdResult {
+    let mut wcs = [WorkCompletion::default(); 16];
+    loop {
+        if side.read_byte(at)? == v {
+            poller.progress();
+            return Ok(());
+        }
+        let n = side
+            .cq
+            .poll(&mut wcs)
+            .map_err(|e| format!("poll CQ failed: {e}"))?;
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                return Err(util::wc_error(wc));
+            }
+            *outstanding = outstanding.saturating_sub(1);
+        }
+        poller.idle()?;
+    }
+}
+
+fn lat_value(seq: u64) -> u8 {
+    (seq % 255) as u8 + 1
+}
+
+fn serve_write_lat(
+    side: &Side,
+    remote: &Peer,
+    sizes: &[u32],
+    iters: u32,
+    timeout: Duration,
+) -> CmdResult {
+    let mut poller = Poller::new(timeout);
+    let mut seq = 0u64;
+    let mut outstanding = 0u32;
+    for &size in sizes {
+        let size = size as usize;
+        for _ in 0..iters {
+            let v = lat_value(seq);
+            seq += 1;
+            while outstanding >= SQ_DEPTH / 2 {
+                wait_wc(side, &mut poller, false, &mut outstanding)?;
+            }
+            wait_byte(side, size - 1, v, &mut poller, &mut outstanding)?;
+            side.mr
+                .write(side.half + size - 1, &[v])
+                .map_err(|e| format!("writing the buffer: {e}"))?;
+            side.qp
+                .post_send(wr::write(1, [side.send_sge(size)], &remote.mem, 0))
+                .map_err(|e| format!("couldn't post write: {e}"))?;
+            outstanding += 1;
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Client
+
+/// One row of a bandwidth table.
+#[derive(Debug, Clone, Copy)]
+pub struct BwRow {
+    pub bytes: u32,
+    pub iters: u32,
+    pub peak_mb: f64,
+    pub avg_mb: f64,
+    pub mpps: f64,
+}
+
+/// One row of a latency table (µs).
+#[derive(Debug, Clone, Copy)]
+pub struct LatRow {
+    pub bytes: u32,
+    pub iters: u32,
+    pub min: f64,
+    pub max: f64,
+    pub typical: f64,
+    pub avg: f64,
+    pub stdev: f64,
+    pub p99: f64,
+    pub p999: f64,
+}
+
+/// Results of a client run.
+pub enum Rows {
+    Bw(Vec<BwRow>),
+    Lat(Vec<LatRow>),
+}
+
+struct Progress {
+    on: bool,
+    last: Instant,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            on: util::stderr_is_tty(),
+            last: Instant::now(),
+        }
+    }
+    fn show(&mut self, size: u32, done: u64, iters: u32) {
+        if self.on && self.last.elapsed() > Duration::from_millis(200) {
+            self.last = Instant::now();
+            eprint!("\r  {size} bytes: {done}/{iters} ");
+            let _ = std::io::stderr().flush();
+        }
+    }
+    fn clear(&self) {
+        if self.on {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
+fn bw_wr(test: PerfTest, side: &Side, remote: &Peer, size: usize, id: u64, sig: bool) -> SendWr {
+    let flags = if sig {
+        SendFlags::SIGNALED
+    } else {
+        SendFlags::empty()
+    };
+    let (op, sg) = match test {
+        PerfTest::WriteBw => (
+            SendOp::Write {
+                remote_addr: remote.mem.addr,
+                rkey: remote.mem.rkey,
+            },
+            side.send_sge(size),
+        ),
+        PerfTest::ReadBw => (
+            SendOp::Read {
+                remote_addr: remote.mem.addr,
+                rkey: remote.mem.rkey,
+            },
+            side.mr.sge(0..size),
+        ),
+        PerfTest::AtomicBw => (
+            SendOp::FetchAdd {
+                remote_addr: remote.mem.addr,
+                rkey: remote.mem.rkey,
+                add: 1,
+            },
+            side.send_sge(8),
+        ),
+        _ => (SendOp::Send, side.send_sge(size)),
+    };
+    SendWr {
+        wr_id: id,
+        op,
+        flags,
+        sg_list: vec![sg],
+        ud: None,
+    }
+}
+
+fn run_bw(
+    test: PerfTest,
+    side: &Side,
+    remote: &Peer,
+    size: u32,
+    iters: u32,
+    tx_depth: u32,
+    timeout: Duration,
+) -> CmdResult<BwRow> {
+    let tx_depth = tx_depth.clamp(1, SQ_DEPTH) as u64;
+    let cq_mod = (tx_depth / 2).clamp(1, 64);
+    let n = iters as u64;
+    let mut posted = 0u64;
+    let mut done = 0u64;
+    let mut wcs = [WorkCompletion::default(); 64];
+    let mut poller = Poller::new(timeout);
+    let mut progress = Progress::new();
+    // (time, completed) samples for the peak.
+    let mut samples: Vec<(Instant, u64)> = Vec::new();
+    let start = Instant::now();
+    samples.push((start, 0));
+    while done < n {
+        while posted < n && posted - done < tx_depth {
+            let sig = (posted + 1) % cq_mod == 0 || posted + 1 == n;
+            side.qp
+                .post_send(bw_wr(test, side, remote, size as usize, posted, sig))
+                .map_err(|e| format!("couldn't post send: {e}"))?;
+            posted += 1;
+        }
+        let k = poller.poll(&side.cq, &mut wcs)?;
+        for wc in &wcs[..k] {
+            if wc.status != WcStatus::Success {
+                return Err(util::wc_error(wc));
+            }
+            done = done.max(wc.wr_id + 1);
+        }
+        samples.push((Instant::now(), done));
+        progress.show(size, done, iters);
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    progress.clear();
+    let bytes = size as f64 * n as f64;
+    let mb = (1u64 << 20) as f64;
+    let avg = bytes / secs / mb;
+    // Peak: the best stretch of the run, each at least 1/8 of it and two windows long
+    // (completions arrive in bursts of a window; shorter stretches would measure those).
+    let chunk = (n / 8).max(2 * tx_depth);
+    let mut peak: f64 = avg;
+    let mut from = samples[0];
+    for s in &samples[1..] {
+        if s.1 - from.1 >= chunk {
+            let dt = s.0.duration_since(from.0).as_secs_f64();
+            if dt > 0.0 {
+                peak = peak.max((s.1 - from.1) as f64 * size as f64 / dt / mb);
+            }
+            from = *s;
+        }
+    }
+    Ok(BwRow {
+        bytes: size,
+        iters,
+        peak_mb: peak,
+        avg_mb: avg,
+        mpps: n as f64 / secs / 1e6,
+    })
+}
+
+fn lat_row(size: u32, mut t: Vec<f64>) -> LatRow {
+    t.sort_by(|a, b| a.total_cmp(b));
+    let n = t.len().max(1);
+    let avg = t.iter().sum::<f64>() / n as f64;
+    let var = t.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n as f64;
+    let pct = |p: f64| t[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
+    LatRow {
+        bytes: size,
+        iters: t.len() as u32,
+        min: t[0],
+        max: t[n - 1],
+        typical: t[n / 2],
+        avg,
+        stdev: var.sqrt(),
+        p99: pct(0.99),
+        p999: pct(0.999),
+    }
+}
+
+/// Wait for a receive completion (`want_recv`) or a send-side one, checking status; every
+/// send-side completion seen is taken off `outstanding`.
+fn wait_wc(
+    side: &Side,
+    poller: &mut Poller,
+    want_recv: bool,
+    outstanding: &mut u32,
+) -> CmdResult<WorkCompletion> {
+    let mut wcs = [WorkCompletion::default(); 1];
+    loop {
+        poller.poll(&side.cq, &mut wcs)?;
+        let wc = wcs[0];
+        if wc.status != WcStatus::Success {
+            return Err(util::wc_error(&wc));
+        }
+        let is_recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        if !is_recv {
+            *outstanding = outstanding.saturating_sub(1);
+        }
+        if is_recv == want_recv {
+            return Ok(wc);
+        }
+        if is_recv {
+            // An unexpected receive: keep the queue full anyway.
+            side.post_recvs(1)?;
+        }
+    }
+}
+
+fn run_lat(
+    test: PerfTest,
+    side: &Side,
+    remote: &Peer,
+    size: u32,
+    iters: u32,
+    seq: &mut u64,
+    timeout: Duration,
+) -> CmdResult<LatRow> {
+    let mut poller = Poller::new(timeout);
+    let mut progress = Progress::new();
+    let mut t = Vec::with_capacity(iters as usize);
+    let sz = size as usize;
+    let mut outstanding = 0u32;
+    for i in 0..iters {
+        let t0 = Instant::now();
+        match test {
+            PerfTest::WriteLat => {
+                let v = lat_value(*seq);
+                *seq += 1;
+                side.mr
+                    .write(side.half + sz - 1, &[v])
+                    .map_err(|e| format!("writing the buffer: {e}"))?;
+                side.qp
+                    .post_send(wr::write(1, [side.send_sge(sz)], &remote.mem, 0))
+                    .map_err(|e| format!("couldn't post write: {e}"))?;
+                outstanding += 1;
+                wait_byte(side, sz - 1, v, &mut poller, &mut outstanding)?;
+                t.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+            }
+            PerfTest::SendLat => {
+                side.qp
+                    .post_send(wr::send(1, [side.send_sge(sz)]))
+                    .map_err(|e| format!("couldn't post send: {e}"))?;
+                outstanding += 1;
+                wait_wc(side, &mut poller, true, &mut outstanding)?;
+                t.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+                side.post_recvs(1)?;
+            }
+            PerfTest::ReadLat => {
+                side.qp
+                    .post_send(wr::read(1, [side.mr.sge(0..sz)], &remote.mem, 0))
+                    .map_err(|e| format!("couldn't post read: {e}"))?;
+                outstanding += 1;
+                while outstanding > 0 {
+                    wait_wc(side, &mut poller, false, &mut outstanding)?;
+                }
+                t.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+            _ => {
+                side.qp
+                    .post_send(wr::fetch_add(1, side.send_sge(8), &remote.mem, 0, 1))
+                    .map_err(|e| format!("couldn't post atomic: {e}"))?;
+                outstanding += 1;
+                while outstanding > 0 {
+                    wait_wc(side, &mut poller, false, &mut outstanding)?;
+                }
+                t.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        // Send completions of the ping-pong tests: collect them before the queue fills.
+        while outstanding >= SQ_DEPTH / 2 {
+            wait_wc(side, &mut poller, false, &mut outstanding)?;
+        }
+        progress.show(size, i as u64 + 1, iters);
+    }
+    progress.clear();
+    Ok(lat_row(size, t))
+}
+
+/// The sizes a run covers.
+pub fn sizes_of(test: PerfTest, size: Option<u32>, all: bool) -> CmdResult<Vec<u32>> {
+    let t = Test::Perf(test);
+    if t.is_atomic() {
+        if size.is_some_and(|s| s != 8) {
+            return Err("atomics are 8 bytes: -s must be 8".into());
+        }
+        return Ok(vec![8]);
+    }
+    if all {
+        return Ok((1..=23).map(|p| 1u32 << p).collect());
+    }
+    let s = size.unwrap_or(if t.is_lat() { 2 } else { 65536 });
+    if !(1..=MAX_SIZE).contains(&s) {
+        return Err(format!("size {s} out of range (1..={MAX_SIZE})"));
+    }
+    Ok(vec![s])
+}
+
+/// Client: connect, run every size, say done.
+pub struct ClientRun {
+    pub local: Peer,
+    pub remote: Peer,
+    pub rows: Rows,
+}
+
+/// The side channel of a client session, for its closing "done".
+pub struct Channel {
+    pub w: TcpStream,
+    pub r: BufReader<TcpStream>,
+}
+
+impl Channel {
+    /// Say "done" and wait for "bye" (best effort: the results are already in).
+    pub fn finish(mut self) {
+        if writeln!(self.w, "done").is_ok() {
+            let _ = read_line(&mut self.r, "bye");
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn client_session(
+    dev: &Device,
+    mut stream: TcpStream,
+    test: Test,
+    sizes: &[u32],
+    iters: u32,
+    tx_depth: u32,
+    mtu: u32,
+    timeout: Duration,
+    announce: bool,
+) -> CmdResult<(ClientRun, Side, Channel)> {
+    let mtu_v = util::mtu_of(mtu)?;
+    let max = sizes.iter().copied().max().unwrap_or(64);
+    let side = Side::new(dev, max)?;
+    if test.uses_recv() {
+        side.post_recvs(RQ_DEPTH)?;
+    }
+    let local = side.local();
+    let list: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
+    writeln!(
+        stream,
+        "{MAGIC} {} sizes={} iters={iters} {} mtu={mtu}",
+        test.name(),
+        list.join(","),
+        peer_fields(&local)
+    )
+    .map_err(|e| format!("couldn't send the request: {e}"))?;
+    let mut r = BufReader::new(
+        stream
+            .try_clone()
+            .map_err(|e| format!("side channel: {e}"))?,
+    );
+    let line = read_line(&mut r, "the server's answer")?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    if words.len() < 3 || format!("{} {}", words[0], words[1]) != MAGIC {
+        return Err("the peer is not a softrdma perf server".into());
+    }
+    if words[2] == "error" {
+        return Err(format!("the server refused: {}", words[3..].join(" ")));
+    }
+    let remote = parse_peer(&words)?;
+    side.connect(&remote, mtu_v)?;
+    if announce {
+        print_addr("local address: ", &local);
+        print_addr("remote address:", &remote);
+    }
+    let rows = match test {
+        Test::Demo => Rows::Bw(Vec::new()),
+        Test::Perf(t) if test.is_lat() => {
+            let mut seq = 0;
+            let mut v = Vec::new();
+            for &s in sizes {
+                v.push(run_lat(t, &side, &remote, s, iters, &mut seq, timeout)?);
+            }
+            Rows::Lat(v)
+        }
+        Test::Perf(t) => {
+            let mut v = Vec::new();
+            for &s in sizes {
+                v.push(run_bw(t, &side, &remote, s, iters, tx_depth, timeout)?);
+            }
+            Rows::Bw(v)
+        }
+    };
+    Ok((
+        ClientRun {
+            local,
+            remote,
+            rows,
+        },
+        side,
+        Channel { w: stream, r },
+    ))
+}
+
+pub fn print_rows(test: Test, rows: &Rows) {
+    println!("{}", now_line());
+    println!("                    {}", test.title());
+    match rows {
+        Rows::Bw(v) => {
+            println!(
+                " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+            );
+            for r in v {
+                println!(
+                    " {:<10} {:<14} {:<18.2} {:<20.2} {:.6}",
+                    r.bytes, r.iters, r.peak_mb, r.avg_mb, r.mpps
+                );
+            }
+        }
+        Rows::Lat(v) => {
+            println!(
+                " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
+            );
+            for r in v {
+                println!(
+                    " {:<6} {:<14} {:<14.2} {:<12.2} {:<18.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
+                    r.bytes, r.iters, r.min, r.max, r.typical, r.avg, r.stdev, r.p99, r.p999
+                );
+            }
+        }
+    }
+    println!("{}", now_line());
+}
+
+pub fn rows_json(rows: &Rows) -> Json {
+    match rows {
+        Rows::Bw(v) => Json::Arr(
+            v.iter()
+                .map(|r| {
+                    Json::obj()
+                        .set("bytes", r.bytes)
+                        .set("iterations", r.iters)
+                        .set("bw_peak_mb_per_sec", r.peak_mb)
+                        .set("bw_avg_mb_per_sec", r.avg_mb)
+                        .set("msg_rate_mpps", r.mpps)
+                })
+                .collect(),
+        ),
+        Rows::Lat(v) => Json::Arr(
+            v.iter()
+                .map(|r| {
+                    Json::obj()
+                        .set("bytes", r.bytes)
+                        .set("iterations", r.iters)
+                        .set("t_min_usec", r.min)
+                        .set("t_max_usec", r.max)
+                        .set("t_typical_usec", r.typical)
+                        .set("t_avg_usec", r.avg)
+                        .set("t_stdev_usec", r.stdev)
+                        .set("p99_usec", r.p99)
+                        .set("p999_usec", r.p999)
+                })
+                .collect(),
+        ),
+    }
+}
+
+fn peer_json(p: &Peer) -> Json {
+    Json::obj()
+        .set("qpn", p.qp.qpn)
+        .set("psn", p.qp.psn)
+        .set("gid", std::net::Ipv6Addr::from(p.qp.gid.0).to_string())
+        .set("rkey", p.mem.rkey)
+        .set("addr", p.mem.addr)
+}
+
+/// `softrdma perf`.
+pub fn run(a: &PerfArgs) -> CmdResult {
+    let sizes = sizes_of(a.test, a.size, a.all)?;
+    let test = Test::Perf(a.test);
+    let iters = a.iters.unwrap_or(if test.is_lat() { 1000 } else { 5000 });
+    if iters == 0 {
+        return Err("iters must be at least 1".into());
+    }
+    if a.tx_depth == 0 || a.tx_depth > SQ_DEPTH {
+        return Err(format!("tx-depth must be 1..={SQ_DEPTH}"));
+    }
+    util::mtu_of(a.mtu)?;
+    let timeout = Duration::from_secs(a.timeout.max(1));
+
+    if a.loopback {
+        let l = TcpListener::bind(("127.0.0.1", 0))
+            .map_err(|e| format!("couldn't listen on loopback: {e}"))?;
+        let port = l.local_addr().map_err(|e| e.to_string())?.port();
+        let server = std::thread::spawn(move || -> CmdResult {
+            let mut cfg = softrdma::DeviceConfig::new(
+                "softrdma-lo",
+                softrdma::DeviceAddr::AutoLoopback(4791),
+            );
+            // The client's device traces both directions; one writer per file.
+            cfg.pcap = None;
+            let dev = Device::open_with(&cfg)
+                .map_err(|e| format!("cannot open the loopback server's device: {e}"))?;
+            let (s, peer) = util::accept(&l)?;
+            serve_session(&dev, s, peer, timeout).map(|_| ())
+        });
+        let mut opts = a.dev.clone();
+        opts.device = None;
+        let mut cfg = util::device_config(&opts)?;
+        cfg.addr = softrdma::DeviceAddr::AutoLoopback(4791);
+        let dev = Device::open_with(&cfg).map_err(|e| format!("cannot open device: {e}"))?;
+        let res = client(a, &dev, "127.0.0.1", port, test, &sizes, iters, timeout);
+        let srv = server
+            .join()
+            .unwrap_or_else(|_| Err("the loopback server failed".into()));
+        res?;
+        return srv;
+    }
+
+    let dev = util::open_device(&a.dev)?;
+    let _publisher = stats::Publisher::start(&dev);
+    match &a.peer {
+        Some(host) => client(a, &dev, host, a.port, test, &sizes, iters, timeout),
+        None => {
+            let l = util::listen(a.port)?;
+            if !a.json {
+                println!(
+                    "************************************\n* Waiting for client to connect... *\n************************************"
+                );
+                util::flush_stdout();
+            }
+            let (s, peer) = util::accept(&l)?;
+            drop(l);
+            let sv = serve_session(&dev, s, peer, timeout)?;
+            if a.json {
+                let mut j = Json::obj()
+                    .set("role", "server")
+                    .set("test", sv.test.name())
+                    .set("client", sv.peer.to_string())
+                    .set("local", peer_json(&sv.local))
+                    .set("remote", peer_json(&sv.remote));
+                if a.dev.stats {
+                    j.push("stats", stats::device_json(&dev));
+                }
+                println!("{j}");
+            } else {
+                print_addr("local address: ", &sv.local);
+                print_addr("remote address:", &sv.remote);
+                println!("served {} to {}", sv.test.name(), sv.peer.ip());
+                if a.dev.stats {
+                    stats::print_device(&dev);
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn client(
+    a: &PerfArgs,
+    dev: &Device,
+    host: &str,
+    port: u16,
+    test: Test,
+    sizes: &[u32],
+    iters: u32,
+    timeout: Duration,
+) -> CmdResult {
+    let s = util::connect(host, port)?;
+    let (run, _side, ch) = client_session(
+        dev, s, test, sizes, iters, a.tx_depth, a.mtu, timeout, !a.json,
+    )?;
+    ch.finish();
+    if a.json {
+        let mut j = Json::obj()
+            .set("role", "client")
+            .set("test", test.name())
+            .set("local", peer_json(&run.local))
+            .set("remote", peer_json(&run.remote))
+            .set("results", rows_json(&run.rows));
+        if a.dev.stats {
+            j.push("stats", stats::device_json(dev));
+        }
+        println!("{j}");
+    } else {
+        print_rows(test, &run.rows);
+        if a.dev.stats {
+            stats::print_device(dev);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,480 @@
+//! `softrdma pingpong`: rdma-core's `ibv_rc_pingpong`, `ibv_uc_pingpong`, `ibv_ud_pingpong`
+//! and `ibv_srq_pingpong` — the same TCP exchange, QP attributes and traffic pattern, so
+//! either side can be the C example.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use softrdma::{
+    wr, Access, AddressHandle, AhAttr, CompletionChannel, Gid, GlobalRoute, Mtu, QpAttr,
+    QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, SendFlags, SharedReceiveQueue, WcStatus,
+    WorkCompletion,
+};
+
+use crate::exch::{self, Dest};
+use crate::json::Json;
+use crate::util::{self, Poller};
+use crate::{stats, CmdResult, PingpongArgs, PpType};
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+/// The Q_Key of `ibv_ud_pingpong`.
+const UD_QKEY: u32 = 0x1111_1111;
+/// Bytes a UD receive needs in front of the payload for the GRH.
+const GRH_LEN: usize = 40;
+
+fn type_name(t: PpType) -> &'static str {
+    match t {
+        PpType::Rc => "rc",
+        PpType::Uc => "uc",
+        PpType::Ud => "ud",
+        PpType::Srq => "srq",
+    }
+}
+
+fn dest_json(d: &Dest) -> Json {
+    Json::obj()
+        .set("lid", d.lid)
+        .set("qpn", d.qpn)
+        .set("psn", d.psn)
+        .set("gid", std::net::Ipv6Addr::from(d.gid.0).to_string())
+}
+
+fn print_dest(label: &str, d: &Dest) {
+    println!(
+        "  {label} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        d.lid,
+        d.qpn,
+        d.psn,
+        std::net::Ipv6Addr::from(d.gid.0)
+    );
+}
+
+struct Conn<'a> {
+    ty: PpType,
+    mtu: Mtu,
+    gid_idx: u8,
+    sl: u8,
+    qps: &'a [QueuePair],
+}
+
+impl Conn<'_> {
+    /// `pp_connect_ctx`: RTR and RTS with the examples' attributes (UD: an AH instead).
+    fn connect(
+        &self,
+        pd: &softrdma::ProtectionDomain,
+        mine: &[Dest],
+        theirs: &[Dest],
+    ) -> CmdResult<Option<AddressHandle>> {
+        let grh = |d: &Dest| AhAttr {
+            grh: GlobalRoute {
+                dgid: d.gid,
+                flow_label: 0,
+                sgid_index: self.gid_idx,
+                hop_limit: 64,
+                traffic_class: 0,
+            },
+            is_global: true,
+            port_num: 1,
+            sl: self.sl,
+            dlid: d.lid,
+            ..Default::default()
+        };
+        for (i, qp) in self.qps.iter().enumerate() {
+            let d = &theirs[i];
+            let my_psn = mine[i].psn;
+            let fail =
+                |what: &str, e: softrdma::Error| format!("failed to modify QP to {what}: {e}");
+            match self.ty {
+                PpType::Rc | PpType::Srq | PpType::Uc => {
+                    let rc = self.ty != PpType::Uc;
+                    let mut a = QpAttr {
+                        qp_state: QpState::Rtr,
+                        path_mtu: self.mtu,
+                        dest_qp_num: d.qpn,
+                        rq_psn: d.psn,
+                        ah_attr: grh(d),
+                        ..Default::default()
+                    };
+                    let mut mask = QpAttrMask::STATE
+                        | QpAttrMask::AV
+                        | QpAttrMask::PATH_MTU
+                        | QpAttrMask::DEST_QPN
+                        | QpAttrMask::RQ_PSN;
+                    if rc {
+                        a.max_dest_rd_atomic = 1;
+                        a.min_rnr_timer = 12;
+                        mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+                    }
+                    qp.modify(&a, mask).map_err(|e| fail("RTR", e))?;
+                    let mut a = QpAttr {
+                        qp_state: QpState::Rts,
+                        sq_psn: my_psn,
+                        ..Default::default()
+                    };
+                    let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+                    if rc {
+                        a.timeout = 14;
+                        a.retry_cnt = 7;
+                        a.rnr_retry = 7;
+                        a.max_rd_atomic = 1;
+                        mask |= QpAttrMask::TIMEOUT
+                            | QpAttrMask::RETRY_CNT
+                            | QpAttrMask::RNR_RETRY
+                            | QpAttrMask::MAX_QP_RD_ATOMIC;
+                    }
+                    qp.modify(&a, mask).map_err(|e| fail("RTS", e))?;
+                }
+                PpType::Ud => {
+                    let a = QpAttr {
+                        qp_state: QpState::Rtr,
+                        ..Default::default()
+                    };
+                    qp.modify(&a, QpAttrMask::STATE)
+                        .map_err(|e| fail("RTR", e))?;
+                    let a = QpAttr {
+                        qp_state: QpState::Rts,
+                        sq_psn: my_psn,
+                        ..Default::default()
+                    };
+                    qp.modify(&a, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+                        .map_err(|e| fail("RTS", e))?;
+                    let ah = pd
+                        .create_ah(&grh(d))
+                        .map_err(|e| format!("failed to create AH: {e}"))?;
+                    return Ok(Some(ah));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+pub fn run(a: &PingpongArgs) -> CmdResult {
+    let ty = a.qp_type;
+    let size = a.size.unwrap_or(if ty == PpType::Ud { 2048 } else { 4096 });
+    if size < 1 {
+        return Err("size must be at least 1".into());
+    }
+    if a.iters < 1 {
+        return Err("iters must be at least 1".into());
+    }
+    if a.rx_depth < 1 {
+        return Err("rx-depth must be at least 1".into());
+    }
+    let mtu = util::mtu_of(a.mtu)?;
+    let nqp = if ty == PpType::Srq { a.num_qp } else { 1 };
+    if ty == PpType::Srq {
+        if nqp < 1 || nqp as usize > exch::SRQ_MAX_QP {
+            return Err(format!("num-qp must be 1..={}", exch::SRQ_MAX_QP));
+        }
+        if nqp > a.rx_depth {
+            return Err(format!(
+                "rx_depth {} is too small for {nqp} QPs -- must have at least one receive per QP",
+                a.rx_depth
+            ));
+        }
+    }
+    let size_us = size as usize;
+
+    let dev = util::open_device(&a.dev)?;
+    let _publisher = stats::Publisher::start(&dev);
+    let port = dev
+        .query_port(1)
+        .map_err(|e| format!("couldn't get port info: {e}"))?;
+    if ty == PpType::Ud && size_us > port.active_mtu.bytes() {
+        return Err(format!(
+            "requested size larger than port MTU ({})",
+            port.active_mtu.bytes()
+        ));
+    }
+    let my_gid = dev
+        .query_gid(a.gid_idx)
+        .map_err(|e| format!("could not get local gid for gid index {}: {e}", a.gid_idx))?;
+
+    let channel: Option<CompletionChannel> = if a.events {
+        Some(
+            dev.create_channel()
+                .map_err(|e| format!("couldn't create completion channel: {e}"))?,
+        )
+    } else {
+        None
+    };
+    let pd = dev
+        .alloc_pd()
+        .map_err(|e| format!("couldn't allocate PD: {e}"))?;
+    let buf_len = size_us + if ty == PpType::Ud { GRH_LEN } else { 0 };
+    let mr = pd
+        .register(vec![0x7bu8; buf_len], Access::LOCAL_WRITE)
+        .map_err(|e| format!("couldn't register MR: {e}"))?;
+    let cq = dev
+        .create_cq(a.rx_depth + nqp, channel.as_ref())
+        .map_err(|e| format!("couldn't create CQ: {e}"))?;
+    let srq: Option<SharedReceiveQueue> = if ty == PpType::Srq {
+        Some(
+            pd.create_srq(a.rx_depth, 1)
+                .map_err(|e| format!("couldn't create SRQ: {e}"))?,
+        )
+    } else {
+        None
+    };
+    let qp_type = match ty {
+        PpType::Rc | PpType::Srq => QpType::Rc,
+        PpType::Uc => QpType::Uc,
+        PpType::Ud => QpType::Ud,
+    };
+    let mut qps = Vec::new();
+    for i in 0..nqp {
+        let mut init = QpInit::new(qp_type, &cq);
+        init.srq = srq.as_ref();
+        init.cap = QpCap {
+            max_send_wr: 1,
+            max_recv_wr: if srq.is_some() { 0 } else { a.rx_depth },
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: init.cap.max_inline_data,
+        };
+        let qp = pd
+            .create_qp(&init)
+            .map_err(|e| format!("couldn't create QP[{i}]: {e}"))?;
+        qp.to_init(Access::empty())
+            .map_err(|e| format!("failed to modify QP[{i}] to INIT: {e}"))?;
+        qps.push(qp);
+    }
+    let inline = qps
+        .iter()
+        .all(|q| q.cap().max_inline_data as usize >= size_us);
+
+    // pp_post_recv
+    let post_recv = |n: u32| -> u32 {
+        let mut posted = 0;
+        for _ in 0..n {
+            let w = wr::recv(RECV_WRID, [mr.sge(0..buf_len)]);
+            let r = match &srq {
+                Some(s) => s.post_recv(w),
+                None => qps[0].post_recv(w),
+            };
+            if r.is_err() {
+                break;
+            }
+            posted += 1;
+        }
+        posted
+    };
+    let mut routs = post_recv(a.rx_depth);
+    if routs < a.rx_depth {
+        return Err(format!("couldn't post receive ({routs})"));
+    }
+    if channel.is_some() {
+        cq.req_notify(false)
+            .map_err(|e| format!("couldn't request CQ notification: {e}"))?;
+    }
+
+    let mine: Vec<Dest> = qps
+        .iter()
+        .map(|q| Dest {
+            lid: port.lid,
+            qpn: q.qpn(),
+            psn: util::random_psn(),
+            gid: my_gid,
+        })
+        .collect();
+    if !a.json {
+        for d in &mine {
+            print_dest("local address: ", d);
+        }
+        util::flush_stdout();
+    }
+
+    let count = if ty == PpType::Srq {
+        exch::SRQ_MAX_QP
+    } else {
+        1
+    };
+    let conn = Conn {
+        ty,
+        mtu,
+        gid_idx: a.gid_idx,
+        sl: a.sl,
+        qps: &qps,
+    };
+    let fix_gids = |theirs: &mut Vec<Dest>, peer: SocketAddr| -> CmdResult {
+        theirs.truncate(nqp as usize);
+        for (i, d) in theirs.iter_mut().enumerate() {
+            if d.qpn == 0 {
+                return Err(format!(
+                    "the peer has fewer QPs than our {nqp} (none for QP[{i}]): use the same -q"
+                ));
+            }
+            // A peer run without -g sends a zero GID: reach it at its TCP address.
+            if d.gid == Gid::default() {
+                d.gid = Gid::from_ip(peer.ip());
+            }
+        }
+        if my_gid.to_ip().is_loopback() && !peer.ip().is_loopback() {
+            eprintln!(
+                "softrdma: warning: this device is on loopback ({}) but the peer is at {}: set SOFTRDMA_ADDR to a reachable address",
+                my_gid.to_ip(),
+                peer.ip()
+            );
+        }
+        Ok(())
+    };
+    let mut ah = None;
+    let theirs = match &a.peer {
+        Some(host) => {
+            let mut s = util::connect(host, a.port)?;
+            let peer = s
+                .peer_addr()
+                .map(util::canonical)
+                .map_err(|e| e.to_string())?;
+            let mut theirs = exch::client(&mut s, &mine, count)?;
+            fix_gids(&mut theirs, peer)?;
+            theirs
+        }
+        None => {
+            let l = util::listen(a.port)?;
+            let (mut s, peer) = util::accept(&l)?;
+            drop(l);
+            let mut theirs = exch::server_read(&mut s, count)?;
+            fix_gids(&mut theirs, peer)?;
+            ah = conn
+                .connect(&pd, &mine, &theirs)
+                .map_err(|e| format!("couldn't connect to remote QP: {e}"))?;
+            exch::server_answer(&mut s, &mine, count)?;
+            theirs
+        }
+    };
+    if !a.json {
+        for d in &theirs {
+            print_dest("remote address:", d);
+        }
+        util::flush_stdout();
+    }
+    if a.peer.is_some() {
+        ah = conn.connect(&pd, &mine, &theirs)?;
+    }
+
+    // pp_post_send
+    let ud_dest = ah.as_ref().map(|h| h.dest(theirs[0].qpn, UD_QKEY));
+    let post_send = |i: usize| -> CmdResult {
+        let mut w = match ud_dest {
+            Some(d) => wr::ud_send(SEND_WRID, [mr.sge(GRH_LEN..GRH_LEN + size_us)], d),
+            None => wr::send(SEND_WRID, [mr.sge(0..size_us)]),
+        };
+        if inline {
+            w.flags |= SendFlags::INLINE;
+        }
+        qps[i]
+            .post_send(w)
+            .map_err(|e| format!("couldn't post send: {e}"))
+    };
+
+    let mut pending = vec![RECV_WRID; qps.len()];
+    if a.peer.is_some() {
+        for (i, p) in pending.iter_mut().enumerate() {
+            post_send(i)?;
+            *p = RECV_WRID | SEND_WRID;
+        }
+    }
+
+    let timeout = Duration::from_secs(a.timeout.max(1));
+    let start = Instant::now();
+    let (mut rcnt, mut scnt) = (0u32, 0u32);
+    let mut num_cq_events = 0u32;
+    let mut wcs = vec![WorkCompletion::default(); (a.rx_depth + nqp) as usize];
+    let mut poller = Poller::new(timeout);
+    let refill_at = nqp;
+    while rcnt < a.iters || scnt < a.iters {
+        let ne = match &channel {
+            Some(ch) => {
+                let id = ch.wait(Some(timeout)).map_err(|e| {
+                    if e.is_timeout() {
+                        format!(
+                            "no completion event for {} s: the peer is gone or unreachable",
+                            timeout.as_secs()
+                        )
+                    } else {
+                        format!("failed to get cq_event: {e}")
+                    }
+                })?;
+                num_cq_events += 1;
+                if id != cq.id() {
+                    return Err("CQ event for an unknown CQ".into());
+                }
+                cq.req_notify(false)
+                    .map_err(|e| format!("couldn't request CQ notification: {e}"))?;
+                cq.poll(&mut wcs)
+                    .map_err(|e| format!("poll CQ failed: {e}"))?
+            }
+            None => poller.poll(&cq, &mut wcs)?,
+        };
+        for wc in &wcs[..ne] {
+            if wc.status != WcStatus::Success {
+                return Err(util::wc_error(wc));
+            }
+            let Some(qi) = qps.iter().position(|q| q.qpn() == wc.qp_num) else {
+                return Err(format!("couldn't find QPN {:06x}", wc.qp_num));
+            };
+            match wc.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    routs -= 1;
+                    if routs <= refill_at {
+                        routs += post_recv(a.rx_depth - routs);
+                        if routs < a.rx_depth {
+                            return Err(format!("couldn't post receive ({routs})"));
+                        }
+                    }
+                    rcnt += 1;
+                }
+                other => return Err(format!("completion for unknown wr_id {other}")),
+            }
+            pending[qi] &= !wc.wr_id;
+            if scnt < a.iters && pending[qi] == 0 {
+                post_send(qi)?;
+                pending[qi] = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let usec = start.elapsed().as_secs_f64() * 1e6;
+    let bytes = size as u64 * a.iters as u64 * 2;
+    let mbit = bytes as f64 * 8.0 / usec;
+    let per_iter = usec / a.iters as f64;
+    let _ = cq.ack_events(num_cq_events);
+
+    if a.json {
+        let mut j = Json::obj()
+            .set("type", type_name(ty))
+            .set("role", if a.peer.is_some() { "client" } else { "server" })
+            .set("size", size)
+            .set("iters", a.iters)
+            .set("events", a.events)
+            .set("local", mine.iter().map(dest_json).collect::<Vec<_>>())
+            .set("remote", theirs.iter().map(dest_json).collect::<Vec<_>>())
+            .set("bytes", bytes)
+            .set("seconds", usec / 1e6)
+            .set("mbit_per_sec", mbit)
+            .set("usec_per_iter", per_iter);
+        if a.dev.stats {
+            j.push("stats", stats::device_json(&dev));
+        }
+        println!("{j}");
+    } else {
+        println!(
+            "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+            usec / 1e6,
+            mbit
+        );
+        println!(
+            "{} iters in {:.2} seconds = {:.2} usec/iter",
+            a.iters,
+            usec / 1e6,
+            per_iter
+        );
+        if a.dev.stats {
+            stats::print_device(&dev);
+        }
+    }
+    Ok(())
+}
