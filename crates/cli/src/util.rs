@@ -91,22 +91,32 @@ pub fn resolve(peer: &str, port: u16) -> CmdResult<Vec<SocketAddr>> {
     Ok(with_port)
 }
 
-/// Connect to the server's side channel, trying each address for a bounded time.
+/// Connect to the server's side channel within [`CONNECT_TIMEOUT`]: a refused connection
+/// is tried again (the server may be starting), anything else fails at once.
 pub fn connect(peer: &str, port: u16) -> CmdResult<TcpStream> {
     let addrs = resolve(peer, port)?;
-    let mut last = String::new();
-    for a in &addrs {
-        match TcpStream::connect_timeout(a, CONNECT_TIMEOUT) {
-            Ok(s) => {
-                let _ = s.set_read_timeout(Some(EXCHANGE_TIMEOUT));
-                let _ = s.set_write_timeout(Some(EXCHANGE_TIMEOUT));
-                let _ = s.set_nodelay(true);
-                return Ok(s);
+    let deadline = Instant::now() + CONNECT_TIMEOUT;
+    loop {
+        let mut last = None;
+        for a in &addrs {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match TcpStream::connect_timeout(a, left.max(Duration::from_millis(10))) {
+                Ok(s) => {
+                    let _ = s.set_read_timeout(Some(EXCHANGE_TIMEOUT));
+                    let _ = s.set_write_timeout(Some(EXCHANGE_TIMEOUT));
+                    let _ = s.set_nodelay(true);
+                    return Ok(s);
+                }
+                Err(e) => last = Some(e),
             }
-            Err(e) => last = e.to_string(),
         }
+        let e = last.map_or_else(|| "no address".to_string(), |e| e.to_string());
+        let refused = e.contains("refused");
+        if !refused || Instant::now() + Duration::from_millis(100) >= deadline {
+            return Err(format!("couldn't connect to {peer} port {port}: {e}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
-    Err(format!("couldn't connect to {peer} port {port}: {last}"))
 }
 
 /// Listen on `port` (IPv6 dual-stack if possible, else IPv4), as the examples do.
