@@ -107,6 +107,9 @@ pub(crate) struct Env {
     pub stats: Stats,
     /// QPs with a coalesced ACK waiting (sent when the outbox runs dry).
     pub ack_queue: VecDeque<verbs::Qpn>,
+    /// UDP source port of every datagram, if fixed ([`Rnic::set_udp_src_port`]);
+    /// otherwise rxe's per-QP port.
+    pub src_port: Option<u16>,
     /// Free packet buffers up to [`SMALL_PKT`] bytes of capacity.
     pub pool_small: Vec<Vec<u8>>,
     /// Free packet buffers of more capacity.
@@ -151,7 +154,8 @@ impl Env {
             return Err(e);
         }
         data[at + plen..].fill(0); // pad and ICRC
-        let src = SocketAddr::new(self.addr.ip(), wire::udp_src_port(src_qpn));
+        let sport = self.src_port.unwrap_or_else(|| wire::udp_src_port(src_qpn));
+        let src = SocketAddr::new(self.addr.ip(), sport);
         wire::icrc::seal(&Addrs::new(src, dst), &mut data);
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += data.len() as u64;
@@ -223,12 +227,24 @@ impl Rnic {
                 out: VecDeque::new(),
                 stats: Stats::default(),
                 ack_queue: VecDeque::new(),
+                src_port: None,
                 pool_small: Vec::new(),
                 pool_large: Vec::new(),
             },
             qps: BTreeMap::new(),
         }
     }
+    /// Send every datagram from UDP source port `port` instead of rxe's per-QP source
+    /// ports (`0xC000 + hash(QPN)`), or back to per-QP ports with `None` (the default).
+    ///
+    /// For a driver whose socket is bound to one port: the ICRC covers the UDP header,
+    /// so with the port the datagrams really leave from, the engine's seal is already
+    /// right and the driver need not compute the ICRC a second time. Receivers accept
+    /// any source port either way.
+    pub fn set_udp_src_port(&mut self, port: Option<u16>) {
+        self.env.src_port = port;
+    }
+
     /// Our address.
     pub fn addr(&self) -> SocketAddr {
         self.env.addr
