@@ -107,6 +107,8 @@ pub(crate) struct Env {
     pub stats: Stats,
     /// QPs with a coalesced ACK waiting (sent when the outbox runs dry).
     pub ack_queue: VecDeque<verbs::Qpn>,
+    /// QPs whose requester stopped at a full outbox, in the order they stopped.
+    pub tx_wait: VecDeque<verbs::Qpn>,
     /// UDP source port of every datagram, if fixed ([`Rnic::set_udp_src_port`]);
     /// otherwise rxe's per-QP port.
     pub src_port: Option<u16>,
@@ -227,6 +229,7 @@ impl Rnic {
                 out: VecDeque::new(),
                 stats: Stats::default(),
                 ack_queue: VecDeque::new(),
+                tx_wait: VecDeque::new(),
                 src_port: None,
                 pool_small: Vec::new(),
                 pool_large: Vec::new(),
@@ -528,7 +531,22 @@ impl Rnic {
 
     /// Next datagram to put on the wire. Coalesced ACKs go out once the outbox is empty,
     /// so a burst of requests handled before polling gets one ACK.
-    pub fn poll_transmit(&mut self, _now: u64) -> Option<Transmit> {
+    pub fn poll_transmit(&mut self, now: u64) -> Option<Transmit> {
+        if let Some(t) = self.env.out.pop_front() {
+            return Some(t);
+        }
+        // Requesters that stopped at a full outbox continue, in the order they stopped.
+        let mut budget = self.env.tx_wait.len();
+        while budget > 0 && self.env.out.is_empty() {
+            budget -= 1;
+            let Some(qpn) = self.env.tx_wait.pop_front() else {
+                break;
+            };
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                qp.req.tx_wait = false;
+                requester::run(qp, &mut self.env, now);
+            }
+        }
         if let Some(t) = self.env.out.pop_front() {
             return Some(t);
         }

@@ -15,6 +15,12 @@ pub(crate) const MAX_PKT_PER_ACK: u32 = 64;
 /// ACKs rather than queued whole, and PSN comparisons stay far inside the 2^23 window.
 pub(crate) const MAX_INFLIGHT_PSNS: i32 = 2048;
 
+/// Datagrams the outbox holds before requesters stop producing more until it drains
+/// (they continue from `poll_transmit`), so that a long message is built a batch at a
+/// time, into buffers still in cache when the driver sends them, instead of a whole
+/// window (up to MAX_INFLIGHT_PSNS packets) at post time.
+pub(crate) const OUTBOX_MAX: usize = 256;
+
 /// Atomic results remembered for duplicate detection, at least (more if
 /// max_dest_rd_atomic is larger).
 pub(crate) const ATOMIC_REPLAY_MIN: usize = 16;
@@ -122,6 +128,8 @@ pub(crate) struct ReqState {
     pub retrying: bool,
     /// SQ drained event already given for the current SQD period.
     pub sqd_notified: bool,
+    /// Stopped at a full outbox; queued in `Env::tx_wait` to continue when it drains.
+    pub tx_wait: bool,
 }
 
 /// A READ or atomic the responder executed, kept for duplicate requests.

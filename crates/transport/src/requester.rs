@@ -5,7 +5,7 @@
 use softrdma_wire::{psn, AtomicEth, Bth, Deth, Headers, Opcode, Reth};
 
 use crate::completer;
-use crate::qp::{QpCtx, MAX_INFLIGHT_PSNS, MAX_PKT_PER_ACK};
+use crate::qp::{QpCtx, MAX_INFLIGHT_PSNS, MAX_PKT_PER_ACK, OUTBOX_MAX};
 use crate::verbs::{QpState, QpType, SendFlags, SendOp, WcStatus};
 use crate::Env;
 
@@ -78,6 +78,14 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
     while budget > 0 {
         budget -= 1;
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.req.rnr_until.is_some() {
+            break;
+        }
+        if env.out.len() >= OUTBOX_MAX {
+            // Continue once the driver has taken what is queued (Rnic::poll_transmit).
+            if !qp.req.tx_wait {
+                qp.req.tx_wait = true;
+                env.tx_wait.push_back(qp.qpn);
+            }
             break;
         }
         let cur = qp.req.cur;
