@@ -531,10 +531,19 @@ impl Rnic {
 
     /// Next datagram to put on the wire. Coalesced ACKs go out once the outbox is empty,
     /// so a burst of requests handled before polling gets one ACK.
+    #[inline]
     pub fn poll_transmit(&mut self, now: u64) -> Option<Transmit> {
         if let Some(t) = self.env.out.pop_front() {
             return Some(t);
         }
+        if self.env.tx_wait.is_empty() && self.env.ack_queue.is_empty() {
+            return None;
+        }
+        self.poll_transmit_refill(now)
+    }
+
+    /// The outbox is empty: let stopped requesters continue, then send coalesced ACKs.
+    fn poll_transmit_refill(&mut self, now: u64) -> Option<Transmit> {
         // Requesters that stopped at a full outbox continue, in the order they stopped.
         let mut budget = self.env.tx_wait.len();
         while budget > 0 && self.env.out.is_empty() {
