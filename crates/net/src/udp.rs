@@ -437,6 +437,37 @@ impl Driver {
         })
     }
 
+    /// Bind a socket that is only used to send, from `addr` (a fixed source port, as a
+    /// per-QP RoCEv2 source port is): configured as [`Driver::bind`] does (DF, never
+    /// connected, so IPv4 ID 0), but with the smallest receive buffer the kernel allows,
+    /// since nobody reads it. Fails with `AddrInUse` if another socket holds the address.
+    pub fn bind_send_only(addr: SocketAddr) -> io::Result<Driver> {
+        let d = Driver::bind(addr)?;
+        // Best effort: the kernel rounds this up to its minimum.
+        let _ = setsockopt_int(d.fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 1);
+        Ok(d)
+    }
+
+    /// A second driver on the same socket (a duplicated descriptor), so that one thread
+    /// can receive while another sends. Socket options (GRO, buffer sizes) are shared
+    /// with the original; the GSO choice, counters and scratch buffers are not.
+    pub fn try_clone(&self) -> io::Result<Driver> {
+        // SAFETY: F_DUPFD_CLOEXEC on our own live descriptor; the result is checked.
+        let raw = cvt(unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
+        // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(Driver {
+            fd,
+            local: self.local,
+            v6: self.v6,
+            gso: self.gso,
+            gro_supported: self.gro_supported,
+            gro: self.gro,
+            stats: Stats::default(),
+            send: SendScratch::new(),
+        })
+    }
+
     /// The bound address (with the real port if 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
