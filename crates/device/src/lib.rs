@@ -1,16 +1,31 @@
 //! softrdma device runtime: the "NIC". Binds a protocol engine ([`Rnic`]) to a UDP driver.
 //!
-//! - One progress thread per device receives datagram batches, runs the responder and
-//!   completer ([`Rnic::handle_datagram`]), fires timers at [`Rnic::poll_timeout`] and
-//!   sends what the engine produced.
 //! - Posting runs the requester in the caller's thread: [`Device::with`] locks the engine,
 //!   runs the caller's closure (post, poll, modify…), then sends what it produced.
-//! - Waiting is adaptive: the progress thread spins on non-blocking receives for a short
-//!   while after activity, then blocks in `ppoll(2)` on the socket and a wake eventfd with
-//!   the next timer deadline as timeout. A cross-core wake-up costs tens of microseconds on
-//!   small machines, a busy-polled receive about one, so neither pure blocking nor pure
-//!   spinning is acceptable. Busy polling is opt-in ([`DeviceConfig::busy_poll`],
-//!   `SOFTRDMA_BUSY_POLL=1`).
+//! - A *progress step* receives a datagram batch from the socket (without holding the
+//!   engine lock: the receive half is a duplicate of the socket with its own lock), then
+//!   locks the engine, runs the responder and completer ([`Rnic::handle_datagram`]), fires
+//!   due timers ([`Rnic::handle_timeout`]) and sends what the engine produced. Whoever
+//!   holds the receive half runs it: the progress thread, or an application thread that
+//!   polls or waits on a completion queue ([`Device::progress`], [`Device::wait_for`]).
+//! - One spinning thread per process: while an application thread polls or waits, the
+//!   progress thread backs off (it blocks on its wake-up eventfd, rechecking every
+//!   millisecond) and the application thread drives progress itself, so a completion
+//!   needs no cross-thread wake-up. With no application thread polling, the progress
+//!   thread spins on non-blocking receives for a short while after activity, then blocks
+//!   in `ppoll(2)` on the socket and the wake eventfd with the next timer deadline as
+//!   timeout. A waiting application thread likewise spins (driving progress) for a short
+//!   while and then blocks on the socket itself. A cross-core wake-up costs tens of
+//!   microseconds on small machines, a busy-polled receive about one, so neither pure
+//!   blocking nor pure spinning is acceptable. Busy polling is opt-in
+//!   ([`DeviceConfig::busy_poll`], `SOFTRDMA_BUSY_POLL=1`): waiters never block.
+//! - [`Device::generation`] changes after every engine step that may have added a
+//!   completion, so an empty completion queue can be polled without the engine lock.
+//! - Packets leave from rxe's per-QP UDP source port (`0xC000 + hash(QPN)`, which the
+//!   engine seals the ICRC for): each source port gets a send-only socket bound to (device
+//!   IP, that port), created on first use, so the wire carries exactly what rxe would send.
+//!   If that bind fails (the port is taken, say by another device on the same IP), packets
+//!   of that port leave from the device socket (port 4791) with the ICRC resealed for it.
 //! - Completion channels and async events are real file descriptors (eventfds), readable
 //!   while events are pending, so they work with poll/epoll.
 //! - Time is nanoseconds since the device opened, from a monotonic clock.
@@ -28,7 +43,7 @@ use std::io::{self, BufWriter};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -53,6 +68,8 @@ const RX_BATCH: usize = 32;
 const RX_BUF: usize = 9216;
 /// Times a full socket send buffer is retried before the rest of a burst is dropped.
 const TX_FULL_RETRIES: u32 = 64;
+/// Datagrams handed to the driver per send call.
+const TX_CHUNK: usize = 256;
 
 /// How to open a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,10 +154,22 @@ struct Chan {
     signaled: bool,
 }
 
+/// Where a datagram leaves from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// The device socket (port 4791).
+    Main,
+    /// The send-only socket of this source port.
+    Port(u16),
+}
+
 /// Everything behind the engine lock.
 struct Core {
     rnic: Rnic,
+    /// The send half of the device socket.
     link: udp::Driver,
+    /// Send-only sockets per UDP source port; `None`: the bind failed, use `link` and reseal.
+    ports: HashMap<u16, Option<udp::Driver>>,
     pcap: Option<PcapWriter<BufWriter<File>>>,
     channels: HashMap<ChannelId, Chan>,
     async_q: VecDeque<AsyncEvent>,
@@ -149,6 +178,14 @@ struct Core {
     /// Set while the progress thread blocks: the deadline it sleeps until (u64::MAX: none).
     sleeping_until: Option<u64>,
     txq: Vec<Transmit>,
+    via: Vec<Via>,
+}
+
+/// The receive half of the device socket (a duplicate descriptor) and its buffers.
+struct Rx {
+    link: udp::Driver,
+    batch: udp::RecvBatch,
+    errors: u64,
 }
 
 struct Shared {
@@ -156,12 +193,26 @@ struct Shared {
     addr: SocketAddr,
     start: Instant,
     core: Mutex<Core>,
+    rx: Mutex<Rx>,
+    /// Wakes the progress thread.
     wake: EventFd,
+    /// Wakes application threads blocked in [`Device::wait_for`].
+    notify: EventFd,
     async_fd: EventFd,
     sock_fd: RawFd,
     stop: AtomicBool,
     busy_poll: bool,
     spin: Duration,
+    /// Bumped after every engine step that may have added completions or events.
+    generation: AtomicU64,
+    /// Earliest timer deadline of the engine (u64::MAX: none), as of the last step.
+    next_timer: AtomicU64,
+    /// Application threads inside [`Device::wait_for`].
+    waiters: AtomicUsize,
+    /// Of those, how many block in ppoll.
+    blocked: AtomicUsize,
+    /// Device time of the last application poll or wait.
+    app_active_at: AtomicU64,
 }
 
 impl Shared {
@@ -173,7 +224,77 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
+    /// The receive half, if no other thread is receiving.
+    fn try_rx(&self) -> Option<MutexGuard<'_, Rx>> {
+        match self.rx.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+    /// Whether an application thread drives progress now (or did within [`APP_WINDOW`]),
+    /// so the progress thread should stay out of its way.
+    fn app_driving(&self, now: u64) -> bool {
+        let last = self.app_active_at.load(Ordering::Relaxed);
+        self.waiters.load(Ordering::SeqCst) > 0
+            || (last != 0 && now.saturating_sub(last) < APP_WINDOW.as_nanos() as u64)
+    }
+    fn mark_app_active(&self) {
+        // 0 means "never".
+        self.app_active_at
+            .store(self.now().max(1), Ordering::Relaxed);
+    }
+
+    /// One progress step: receive a batch (engine unlocked), then handle it and fire due
+    /// timers under the engine lock. Returns whether anything happened.
+    fn step(&self, rx: &mut Rx) -> bool {
+        let Rx {
+            link,
+            batch,
+            errors,
+        } = rx;
+        let n = match link.recv_batch(batch) {
+            Ok(n) => n,
+            Err(_) => {
+                *errors += 1;
+                0
+            }
+        };
+        let now = self.now();
+        if n == 0 && now < self.next_timer.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut core = self.lock();
+        let core = &mut *core;
+        if n > 0 {
+            core.stats.rx_batches += 1;
+            let ts = if core.pcap.is_some() { wall_ns() } else { 0 };
+            for d in batch.iter().take(n) {
+                core.stats.rx_datagrams += 1;
+                core.stats.rx_bytes += d.data.len() as u64;
+                if let Some(p) = core.pcap.as_mut() {
+                    let f = frame::emit_ip_udp(&Addrs::new(d.src, d.dst), d.tos, d.data);
+                    if p.write_packet(ts, &f).is_err() {
+                        core.stats.pcap_errors += 1;
+                    }
+                }
+                core.rnic.handle_datagram(now, d.src, d.dst, d.data);
+            }
+        }
+        if core.rnic.poll_timeout().is_some_and(|t| t <= now) {
+            core.rnic.handle_timeout(now);
+        }
+        core.after_step(self, now, true);
+        true
+    }
 }
+
+/// How long after an application thread last polled the progress thread keeps out of the
+/// way (and how often it rechecks while an application thread waits).
+const APP_WINDOW: Duration = Duration::from_millis(1);
+/// Longest single block of a waiter that shares the wake-up fd with other blocked waiters
+/// (one of them may clear it before another sees it).
+const SHARED_BLOCK: Duration = Duration::from_millis(1);
 
 fn wall_ns() -> u64 {
     std::time::SystemTime::now()
@@ -184,8 +305,9 @@ fn wall_ns() -> u64 {
 
 impl Core {
     /// After every engine step: send what it produced, signal channel and async fds, and
-    /// wake the progress thread if the next timer moved earlier than its sleep.
-    fn after_step(&mut self, sh: &Shared, now: u64) {
+    /// wake the progress thread if the next timer moved earlier than its sleep. `changed`:
+    /// the step may have added completions (bump the generation, wake blocked waiters).
+    fn after_step(&mut self, sh: &Shared, now: u64, changed: bool) {
         self.flush_tx(sh.addr, now);
         let ctx = self.rnic.ctx_mut();
         while let Some(ev) = ctx.next_event() {
@@ -212,24 +334,41 @@ impl Core {
             }
             self.async_signaled = pending;
         }
-        if let (Some(sleep), Some(t)) = (self.sleeping_until, self.rnic.poll_timeout()) {
+        let next = self.rnic.poll_timeout();
+        sh.next_timer
+            .store(next.unwrap_or(u64::MAX), Ordering::Release);
+        if let (Some(sleep), Some(t)) = (self.sleeping_until, next) {
             if t < sleep {
                 self.sleeping_until = None;
                 self.stats.wakeups += 1;
                 sh.wake.set();
             }
         }
+        if changed {
+            // SeqCst pairs with `wait_for`: it counts itself blocked, then rereads the
+            // generation; either it sees this bump or we see it blocked.
+            sh.generation.fetch_add(1, Ordering::SeqCst);
+            if sh.blocked.load(Ordering::SeqCst) > 0 {
+                sh.notify.set();
+            }
+        }
     }
 
     fn flush_tx(&mut self, local: SocketAddr, now: u64) {
         while let Some(mut t) = self.rnic.poll_transmit(now) {
-            // The engine seals for a per-QP source port (as rxe), but the socket sends from
-            // its bound port, and the ICRC covers the UDP header the receiver sees: reseal.
-            if t.src != local {
+            let via = if t.src == local {
+                Via::Main
+            } else if t.src.ip() == local.ip() && self.port_socket(t.src) {
+                Via::Port(t.src.port())
+            } else {
+                // No socket for that source port: send from the device socket, and
+                // reseal, since the ICRC covers the UDP header the receiver sees.
                 icrc::seal(&Addrs::new(local, t.dst), &mut t.data);
                 t.src = local;
-            }
+                Via::Main
+            };
             self.txq.push(t);
+            self.via.push(via);
         }
         if self.txq.is_empty() {
             return;
@@ -243,48 +382,83 @@ impl Core {
                 }
             }
         }
-        let out: Vec<udp::OutDatagram<'_>> = self
-            .txq
-            .iter()
-            .map(|t| udp::OutDatagram {
+        // One sendmmsg batch per run of datagrams leaving from the same socket.
+        let mut at = 0;
+        while at < self.txq.len() {
+            let via = self.via[at];
+            let end = self.via[at..]
+                .iter()
+                .position(|v| *v != via)
+                .map_or(self.txq.len(), |k| at + k);
+            let link = match via {
+                Via::Main => &mut self.link,
+                Via::Port(p) => match self.ports.get_mut(&p) {
+                    Some(Some(d)) => d,
+                    _ => &mut self.link,
+                },
+            };
+            send_run(link, &self.txq[at..end], &mut self.stats);
+            at = end;
+        }
+        self.txq.clear();
+        self.via.clear();
+    }
+
+    /// Whether a send-only socket for source address `src` exists (binding it on first use).
+    fn port_socket(&mut self, src: SocketAddr) -> bool {
+        self.ports
+            .entry(src.port())
+            .or_insert_with(|| udp::Driver::bind_send_only(src).ok())
+            .is_some()
+    }
+}
+
+/// Send `txq` from `link`: retry a full socket buffer a few times, then drop the rest as a
+/// congested network would (the transport's retransmissions recover).
+fn send_run(link: &mut udp::Driver, txq: &[Transmit], stats: &mut LinkStats) {
+    let mut out: [udp::OutDatagram<'_>; TX_CHUNK] = [udp::OutDatagram {
+        dst: SocketAddr::from(([0, 0, 0, 0], 0)),
+        tos: 0,
+        data: &[],
+    }; TX_CHUNK];
+    for chunk in txq.chunks(TX_CHUNK) {
+        for (o, t) in out.iter_mut().zip(chunk) {
+            *o = udp::OutDatagram {
                 dst: t.dst,
                 tos: t.tos,
                 data: &t.data,
-            })
-            .collect();
+            };
+        }
+        let out = &out[..chunk.len()];
         let mut at = 0;
         let mut full = 0;
         while at < out.len() {
-            self.stats.tx_batches += 1;
-            match self.link.send_batch(&out[at..]) {
+            stats.tx_batches += 1;
+            match link.send_batch(&out[at..]) {
                 Ok(0) if full < TX_FULL_RETRIES => {
                     // Socket buffer full: the kernel drains it within microseconds.
                     full += 1;
                     std::thread::yield_now();
                 }
                 Ok(0) => {
-                    // Still full: lose the rest as a congested network would; the
-                    // transport's retransmissions recover.
-                    self.stats.tx_dropped += (out.len() - at) as u64;
+                    stats.tx_dropped += (out.len() - at) as u64;
                     break;
                 }
                 Err(_) => {
                     // This datagram is refused (too big, bad address): lost like one the
                     // network drops.
-                    self.stats.tx_dropped += 1;
+                    stats.tx_dropped += 1;
                     at += 1;
                 }
                 Ok(n) => {
-                    for t in &self.txq[at..at + n] {
-                        self.stats.tx_datagrams += 1;
-                        self.stats.tx_bytes += t.data.len() as u64;
+                    for t in &out[at..at + n] {
+                        stats.tx_datagrams += 1;
+                        stats.tx_bytes += t.data.len() as u64;
                     }
                     at += n;
                 }
             }
         }
-        drop(out);
-        self.txq.clear();
     }
 }
 
@@ -311,6 +485,7 @@ impl Device {
             DeviceAddr::Fixed(a) => udp::Driver::bind(a)?,
             DeviceAddr::AutoLoopback(port) => udp::bind_first_free_loopback(port)?,
         };
+        let rx_link = link.try_clone()?;
         let addr = link.local_addr();
         let pcap = match &cfg.pcap {
             Some(p) => Some(PcapWriter::new(BufWriter::new(File::create(p)?))?),
@@ -326,6 +501,7 @@ impl Device {
             core: Mutex::new(Core {
                 rnic,
                 link,
+                ports: HashMap::new(),
                 pcap,
                 channels: HashMap::new(),
                 async_q: VecDeque::new(),
@@ -333,13 +509,25 @@ impl Device {
                 stats: LinkStats::default(),
                 sleeping_until: None,
                 txq: Vec::new(),
+                via: Vec::new(),
+            }),
+            rx: Mutex::new(Rx {
+                link: rx_link,
+                batch: udp::RecvBatch::new(RX_BATCH, RX_BUF),
+                errors: 0,
             }),
             wake: EventFd::new()?,
+            notify: EventFd::new()?,
             async_fd: EventFd::new()?,
             sock_fd,
             stop: AtomicBool::new(false),
             busy_poll: cfg.busy_poll,
             spin: cfg.spin,
+            generation: AtomicU64::new(0),
+            next_timer: AtomicU64::new(u64::MAX),
+            waiters: AtomicUsize::new(0),
+            blocked: AtomicUsize::new(0),
+            app_active_at: AtomicU64::new(0),
         });
         let sh = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -367,6 +555,10 @@ impl Device {
     pub fn now(&self) -> u64 {
         self.shared.now()
     }
+    /// Whether the device busy-polls ([`DeviceConfig::busy_poll`]).
+    pub fn busy_poll(&self) -> bool {
+        self.shared.busy_poll
+    }
 
     /// Run `f` on the engine (with the current device time), then send what it produced and
     /// update the channel and async-event fds. Posting, polling and modifying go through
@@ -376,8 +568,117 @@ impl Device {
         let mut core = sh.lock();
         let now = sh.now();
         let r = f(&mut core.rnic, now);
-        core.after_step(sh, now);
+        core.after_step(sh, now, true);
         r
+    }
+
+    /// Like [`Device::with`] for a closure that adds no completion, CQ event or async
+    /// event (takes or acknowledges events, arms a CQ): [`Device::generation`] stays, so
+    /// waiters are not woken for nothing; what the engine produced is still sent and the
+    /// fds are updated.
+    pub fn with_quiet<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> R) -> R {
+        let sh = &*self.shared;
+        let mut core = sh.lock();
+        let now = sh.now();
+        let r = f(&mut core.rnic, now);
+        core.after_step(sh, now, false);
+        r
+    }
+
+    /// Like [`Device::with`] for a closure that only reads or removes state (polls a CQ,
+    /// queries): it adds no completion, so [`Device::generation`] stays and nothing is
+    /// sent or signalled.
+    pub fn with_read<R>(&self, f: impl FnOnce(&mut Rnic) -> R) -> R {
+        let mut core = self.shared.lock();
+        f(&mut core.rnic)
+    }
+
+    /// A number that changes after every engine step that may have added a completion,
+    /// a CQ event or an async event (it is read before polling: if it has not changed
+    /// since a CQ was found empty, the CQ is still empty, no lock needed).
+    pub fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::SeqCst)
+    }
+
+    /// Drive progress from the calling thread: if no other thread is receiving, receive a
+    /// batch, handle it and fire due timers (one progress step). Returns whether anything
+    /// happened. Also tells the progress thread that an application thread is polling, so
+    /// it stays out of the way for a millisecond.
+    pub fn progress(&self) -> bool {
+        let sh = &*self.shared;
+        sh.mark_app_active();
+        match sh.try_rx() {
+            Some(mut rx) => sh.step(&mut rx),
+            None => false,
+        }
+    }
+
+    /// Wait until `check` returns `Some` or `timeout` passes (None: forever), driving
+    /// progress from this thread: spin (receiving and handling datagrams here) for the
+    /// configured spin time, then block in ppoll on the socket and a wake-up fd until a
+    /// datagram, a completion made by another thread, or the next timer. With busy
+    /// polling it never blocks. `check` runs again whenever the engine may have changed.
+    /// Returns `None` on timeout.
+    pub fn wait_for<R>(
+        &self,
+        timeout: Option<Duration>,
+        mut check: impl FnMut() -> Option<R>,
+    ) -> Option<R> {
+        let sh = &*self.shared;
+        let start = Instant::now();
+        let deadline = timeout.and_then(|t| start.checked_add(t));
+        sh.waiters.fetch_add(1, Ordering::SeqCst);
+        struct Leave<'a>(&'a Shared);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.mark_app_active();
+                self.0.waiters.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _leave = Leave(sh);
+        loop {
+            let g = sh.generation.load(Ordering::SeqCst);
+            if let Some(r) = check() {
+                return Some(r);
+            }
+            let progressed = match sh.try_rx() {
+                Some(mut rx) => sh.step(&mut rx),
+                None => false,
+            };
+            if progressed || sh.generation.load(Ordering::SeqCst) != g {
+                continue;
+            }
+            let now = Instant::now();
+            let left = match deadline {
+                Some(d) if now >= d => return None,
+                Some(d) => Some(d - now),
+                None => None,
+            };
+            if sh.busy_poll || now.duration_since(start) < sh.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Block. Counting ourselves blocked before rereading the generation pairs
+            // with `Core::after_step`: a completion made from now on wakes us.
+            let others = sh.blocked.fetch_add(1, Ordering::SeqCst);
+            if sh.generation.load(Ordering::SeqCst) != g {
+                sh.blocked.fetch_sub(1, Ordering::SeqCst);
+                continue;
+            }
+            let dnow = sh.now();
+            let timer = sh.next_timer.load(Ordering::Acquire);
+            let mut t = left;
+            if timer != u64::MAX {
+                let d = Duration::from_nanos(timer.saturating_sub(dnow));
+                t = Some(t.map_or(d, |l| l.min(d)));
+            }
+            if others > 0 {
+                t = Some(t.map_or(SHARED_BLOCK, |l| l.min(SHARED_BLOCK)));
+            }
+            let _ = sys::poll_readable(&[sh.sock_fd, sh.notify.as_raw_fd()], t);
+            sh.blocked.fetch_sub(1, Ordering::SeqCst);
+            sh.notify.clear();
+        }
     }
 
     /// Give completion channel `ch` an eventfd, readable while the channel has events.
@@ -395,7 +696,7 @@ impl Device {
             },
         );
         let now = sh.now();
-        core.after_step(sh, now);
+        core.after_step(sh, now, true);
         Ok(raw)
     }
 
@@ -415,18 +716,54 @@ impl Device {
         let mut core = sh.lock();
         let ev = core.async_q.pop_front();
         let now = sh.now();
-        core.after_step(sh, now);
+        core.after_step(sh, now, false);
         ev
     }
 
     /// Engine and runtime counters.
     pub fn stats(&self) -> DeviceStats {
+        let (rx_driver, rx_errors) = {
+            let rx = self.shared.rx.lock().unwrap_or_else(|e| e.into_inner());
+            (rx.link.stats(), rx.errors)
+        };
         let core = self.shared.lock();
+        let mut link = core.stats.clone();
+        link.rx_errors += rx_errors;
+        let mut driver = core.link.stats();
+        for d in core.ports.values().flatten() {
+            let s = d.stats();
+            driver.sent_datagrams += s.sent_datagrams;
+            driver.sent_batches += s.sent_batches;
+            driver.gso_batches += s.gso_batches;
+            driver.errors += s.errors;
+        }
+        driver.recv_datagrams += rx_driver.recv_datagrams;
+        driver.recv_batches += rx_driver.recv_batches;
+        driver.gro_segments += rx_driver.gro_segments;
+        driver.errors += rx_driver.errors;
         DeviceStats {
             engine: core.rnic.stats().clone(),
-            link: core.stats.clone(),
-            driver: core.link.stats(),
+            link,
+            driver,
         }
+    }
+
+    /// Source ports that have their own send-only socket (and those whose bind failed, so
+    /// their packets leave from the device socket, resealed).
+    pub fn source_ports(&self) -> (Vec<u16>, Vec<u16>) {
+        let core = self.shared.lock();
+        let mut ok = Vec::new();
+        let mut failed = Vec::new();
+        for (p, d) in &core.ports {
+            if d.is_some() {
+                ok.push(*p);
+            } else {
+                failed.push(*p);
+            }
+        }
+        ok.sort_unstable();
+        failed.sort_unstable();
+        (ok, failed)
     }
 }
 
@@ -443,45 +780,33 @@ impl Drop for Device {
     }
 }
 
-/// The progress thread: receive, handle, fire timers, send; spin a while after activity,
-/// then block until a datagram, a wake-up or the next timer.
+/// The progress thread: while an application thread drives progress, sleep on the wake
+/// fd; otherwise receive, handle, fire timers, send; spin a while after activity, then
+/// block until a datagram, a wake-up or the next timer.
 fn progress(sh: &Shared) {
-    let mut batch = udp::RecvBatch::new(RX_BATCH, RX_BUF);
     let mut active_at = Instant::now();
     while !sh.stop.load(Ordering::Relaxed) {
-        let got = {
-            let mut core = sh.lock();
-            let now = sh.now();
-            let core = &mut *core;
-            let n = match core.link.recv_batch(&mut batch) {
-                Ok(n) => n,
-                Err(_) => {
-                    core.stats.rx_errors += 1;
-                    0
-                }
+        let now = sh.now();
+        if sh.app_driving(now) {
+            // An application thread polls or waits and drives progress itself: one
+            // spinning thread per process. Recheck when its window ends.
+            let last = sh.app_active_at.load(Ordering::Relaxed);
+            let until = last.saturating_add(APP_WINDOW.as_nanos() as u64);
+            let t = if sh.waiters.load(Ordering::SeqCst) > 0 || until <= now {
+                APP_WINDOW
+            } else {
+                Duration::from_nanos(until - now)
             };
-            if n > 0 {
-                core.stats.rx_batches += 1;
-                let ts = if core.pcap.is_some() { wall_ns() } else { 0 };
-                for d in batch.iter().take(n) {
-                    core.stats.rx_datagrams += 1;
-                    core.stats.rx_bytes += d.data.len() as u64;
-                    if let Some(p) = core.pcap.as_mut() {
-                        let f = frame::emit_ip_udp(&Addrs::new(d.src, d.dst), d.tos, d.data);
-                        if p.write_packet(ts, &f).is_err() {
-                            core.stats.pcap_errors += 1;
-                        }
-                    }
-                    core.rnic.handle_datagram(now, d.src, d.dst, d.data);
-                }
-            }
-            if core.rnic.poll_timeout().is_some_and(|t| t <= now) {
-                core.rnic.handle_timeout(now);
-            }
-            core.after_step(sh, now);
-            n
+            let _ = sys::poll_readable(&[sh.wake.as_raw_fd()], Some(t));
+            sh.wake.clear();
+            active_at = Instant::now();
+            continue;
+        }
+        let got = match sh.try_rx() {
+            Some(mut rx) => sh.step(&mut rx),
+            None => false,
         };
-        if got > 0 {
+        if got {
             active_at = Instant::now();
             continue;
         }
