@@ -1,16 +1,13 @@
 //! Completion queues and completion channels.
 
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use softrdma_transport::verbs::{Arm, ChannelId, CqId, WorkCompletion};
 
 use crate::{Device, Error, Result};
-
-/// How long a waiting call spins before it starts yielding the CPU, and then sleeping.
-const SPIN: Duration = Duration::from_micros(50);
-const YIELD: Duration = Duration::from_millis(2);
 
 /// Wait until `fd` is readable or `timeout` passes (None: forever).
 pub(crate) fn poll_fd(fd: RawFd, timeout: Option<Duration>) -> Result<bool> {
@@ -36,29 +33,6 @@ pub(crate) fn poll_fd(fd: RawFd, timeout: Option<Duration>) -> Result<bool> {
         return Err(e.into());
     }
     Ok(r > 0)
-}
-
-/// Escalating back-off for waits: spin, then yield, then short sleeps.
-pub(crate) struct Backoff {
-    start: Instant,
-}
-
-impl Backoff {
-    pub(crate) fn new() -> Backoff {
-        Backoff {
-            start: Instant::now(),
-        }
-    }
-    pub(crate) fn snooze(&self) {
-        let e = self.start.elapsed();
-        if e < SPIN {
-            std::hint::spin_loop();
-        } else if e < YIELD {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
 }
 
 pub(crate) struct ChanInner {
@@ -92,29 +66,31 @@ impl CompletionChannel {
     /// Acknowledge it later with [`CompletionChannel::ack`].
     pub fn try_get(&self) -> Result<Option<CqId>> {
         let id = self.inner.id;
-        self.inner.dev.with(|r, _| Ok(r.ctx_mut().get_cq_event(id)))
+        self.inner
+            .dev
+            .with_quiet(|r, _| Ok(r.ctx_mut().get_cq_event(id)))
     }
     /// Wait for the next CQ event (`None` waits forever); ETIMEDOUT on timeout. Returns the
-    /// CQ that has the event (compare with [`CompletionQueue::id`]).
+    /// CQ that has the event (compare with [`CompletionQueue::id`]). The calling thread
+    /// drives the device's progress while it waits (see [`CompletionQueue::wait`]).
     pub fn wait(&self, timeout: Option<Duration>) -> Result<CqId> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let spin_until = Instant::now() + SPIN;
-        loop {
-            if let Some(cq) = self.try_get()? {
-                return Ok(cq);
-            }
-            let now = Instant::now();
-            if now < spin_until {
-                // A cross-core wake-up costs more than a short spin: look again first.
-                std::hint::spin_loop();
-                continue;
-            }
-            let left = match deadline {
-                Some(d) if now >= d => return Err(Error::timed_out("no completion event")),
-                Some(d) => Some(d - now),
-                None => None,
-            };
-            poll_fd(self.inner.fd, left)?;
+        let mut err = None;
+        let r = self
+            .inner
+            .dev
+            .rt()
+            .wait_for(timeout, || match self.try_get() {
+                Ok(Some(cq)) => Some(cq),
+                Ok(None) => None,
+                Err(e) => {
+                    err = Some(e);
+                    Some(CqId(0))
+                }
+            });
+        match (err, r) {
+            (Some(e), _) => Err(e),
+            (None, Some(cq)) => Ok(cq),
+            (None, None) => Err(Error::timed_out("no completion event")),
         }
     }
     /// Acknowledge `n` events of `cq` (`ibv_ack_cq_events`).
@@ -134,6 +110,8 @@ pub(crate) struct CqInner {
     pub(crate) id: CqId,
     pub(crate) cap: u32,
     pub(crate) _chan: Option<Arc<ChanInner>>,
+    /// The device generation at which the CQ was last found empty (u64::MAX: not known).
+    pub(crate) empty_at: AtomicU64,
 }
 
 impl Drop for CqInner {
@@ -169,9 +147,40 @@ impl CompletionQueue {
         self.inner.cap
     }
     /// Poll up to `out.len()` completions, oldest first; returns how many were written.
+    ///
+    /// An empty CQ is recognised without the engine lock (nothing happened on the device
+    /// since it was last found empty), and then the calling thread drives the device's
+    /// progress once (receives and handles what arrived, fires due timers) and looks
+    /// again: a thread polling in a loop is the one that makes progress, and the device's
+    /// progress thread stays out of its way.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        let n = self.poll_quick(out)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        if self.inner.dev.rt().progress() {
+            return self.poll_quick(out);
+        }
+        Ok(0)
+    }
+    /// Poll without driving progress; skips the engine lock while the CQ is known empty.
+    fn poll_quick(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let rt = self.inner.dev.rt();
+        let g = rt.generation();
+        if self.inner.empty_at.load(Ordering::Relaxed) == g {
+            return Ok(0);
+        }
         let id = self.inner.id;
-        self.inner.dev.with(|r, _| r.poll_cq(id, out))
+        let n = self.inner.dev.with_read(|r| r.poll_cq(id, out))?;
+        if n == 0 {
+            // `g` was read before the lock: a completion added after our look bumps the
+            // generation past it.
+            self.inner.empty_at.store(g, Ordering::Relaxed);
+        }
+        Ok(n)
     }
     /// One completion, if any.
     pub fn poll_one(&self) -> Result<Option<WorkCompletion>> {
@@ -188,39 +197,51 @@ impl CompletionQueue {
             done: false,
         }
     }
-    /// Wait for one completion, spinning briefly and then backing off; ETIMEDOUT after
-    /// `timeout`.
+    /// Wait for one completion; ETIMEDOUT after `timeout`. The calling thread drives the
+    /// device's progress while it waits: it spins briefly receiving and handling datagrams
+    /// itself (no cross-thread wake-up), then blocks on the device socket (busy-poll
+    /// devices never block).
     pub fn wait(&self, timeout: Duration) -> Result<WorkCompletion> {
-        let deadline = Instant::now() + timeout;
-        let b = Backoff::new();
-        loop {
-            if let Some(wc) = self.poll_one()? {
-                return Ok(wc);
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::timed_out("no completion"));
-            }
-            b.snooze();
+        let mut wc = [WorkCompletion::default()];
+        self.wait_into(&mut wc, timeout)?;
+        Ok(wc[0])
+    }
+    /// Wait for at least one completion and return up to `out.len()` (at least 1).
+    fn wait_into(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
+        let mut err = None;
+        let r = self
+            .inner
+            .dev
+            .rt()
+            .wait_for(Some(timeout), || match self.poll_quick(out) {
+                Ok(0) => None,
+                Ok(n) => Some(n),
+                Err(e) => {
+                    err = Some(e);
+                    Some(0)
+                }
+            });
+        match (err, r) {
+            (Some(e), _) => Err(e),
+            (None, Some(n)) => Ok(n),
+            (None, None) => Err(Error::timed_out("no completion")),
         }
     }
     /// Wait for `n` completions (all returned, in order); ETIMEDOUT after `timeout`.
     pub fn wait_n(&self, n: usize, timeout: Duration) -> Result<Vec<WorkCompletion>> {
         let deadline = Instant::now() + timeout;
         let mut out = Vec::with_capacity(n);
-        let mut b = Backoff::new();
         let mut buf = [WorkCompletion::default(); 16];
         while out.len() < n {
             let want = (n - out.len()).min(buf.len());
-            let got = self.poll(&mut buf[..want])?;
-            if got > 0 {
-                out.extend_from_slice(&buf[..got]);
-                b = Backoff::new();
-                continue;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.wait_into(&mut buf[..want], left) {
+                Ok(got) => out.extend_from_slice(&buf[..got]),
+                Err(e) if e.errno() == libc::ETIMEDOUT => {
+                    return Err(Error::timed_out("not all completions arrived"))
+                }
+                Err(e) => return Err(e),
             }
-            if Instant::now() >= deadline {
-                return Err(Error::timed_out("not all completions arrived"));
-            }
-            b.snooze();
         }
         Ok(out)
     }
@@ -239,12 +260,14 @@ impl CompletionQueue {
     /// Acknowledge `n` events taken from its channel.
     pub fn ack_events(&self, n: u32) -> Result<()> {
         let id = self.inner.id;
-        self.inner.dev.with(|r, _| r.ctx_mut().ack_cq_events(id, n))
+        self.inner
+            .dev
+            .with_quiet(|r, _| r.ctx_mut().ack_cq_events(id, n))
     }
     /// Completions waiting.
     pub fn len(&self) -> Result<usize> {
         let id = self.inner.id;
-        self.inner.dev.with(|r, _| r.ctx().cq_len(id))
+        self.inner.dev.with_read(|r| r.ctx().cq_len(id))
     }
     /// Whether no completion is waiting.
     pub fn is_empty(&self) -> Result<bool> {

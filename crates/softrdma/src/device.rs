@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -101,6 +102,26 @@ impl Device {
         })
     }
 
+    /// Run a closure that only reads or removes engine state; see
+    /// [`softrdma_device::Device::with_read`].
+    pub(crate) fn with_read<R>(&self, f: impl FnOnce(&mut Rnic) -> verbs::Result<R>) -> Result<R> {
+        self.inner.dev.with_read(f).map_err(Error::from)
+    }
+
+    /// Run `f` on the engine, for a closure that adds no completion or event; see
+    /// [`softrdma_device::Device::with_quiet`].
+    pub(crate) fn with_quiet<R>(
+        &self,
+        f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>,
+    ) -> Result<R> {
+        self.inner.dev.with_quiet(f).map_err(Error::from)
+    }
+
+    /// The runtime device.
+    pub(crate) fn rt(&self) -> &dev::Device {
+        &self.inner.dev
+    }
+
     /// Run `f` on the engine; see [`softrdma_device::Device::with`].
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>) -> Result<R> {
         self.inner.dev.with(f).map_err(Error::from)
@@ -180,6 +201,7 @@ impl Device {
                 id,
                 cap,
                 _chan: channel.map(|c| Arc::clone(&c.inner)),
+                empty_at: AtomicU64::new(u64::MAX),
             }),
         })
     }
