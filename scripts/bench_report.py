@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Composes BENCHMARKS.md from the anchors' results.tsv and softrdma's figures.
+
+Usage: bench_report.py ANCHORS_TSV RUNS_DIR MACHINE_TXT COMMAND
+ANCHORS_TSV has rows: section, metric, unit, value. RUNS_DIR holds one `softrdma perf
+--json` client output per run, named `TEST,SIZE,KIND,REP.json`. Repeated figures are
+reduced to their median.
+"""
+import datetime
+import json
+import os
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+
+def load(path):
+    rows = defaultdict(list)
+    with open(path) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != 4:
+                continue
+            try:
+                rows[(parts[0], parts[1], parts[2])].append(float(parts[3]))
+            except ValueError:
+                pass
+    return {k: (statistics.median(v), len(v)) for k, v in rows.items()}
+
+
+def load_runs(path):
+    """Median per (test, size, unit) over the runs; a failed run counts as missing."""
+    rows = defaultdict(list)
+    for name in sorted(os.listdir(path)):
+        parts = name[: -len(".json")].split(",")
+        if not name.endswith(".json") or len(parts) != 4:
+            continue
+        test, size, kind, _rep = parts
+        with open(os.path.join(path, name)) as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                for row in json.loads(line).get("results", []):
+                    if kind == "bw":
+                        rows[(test, size, "GB/s")].append(row["bw_avg_mb_per_sec"] / 1000.0)
+                    else:
+                        rows[(test, size, "us")].append(row["t_typical_usec"])
+    return {k: (statistics.median(v), len(v)) for k, v in rows.items()}
+
+
+def anchor(anchors, pattern, unit):
+    """The median of the first anchor metric matching `pattern`."""
+    for (sec, metric, u), (v, n) in anchors.items():
+        if u == unit and re.search(pattern, metric):
+            return v, metric
+    return None, None
+
+
+def fmt(v, digits=2):
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def ratio(a, b):
+    return None if a is None or b in (None, 0) else a / b
+
+
+def main():
+    anchors = load(sys.argv[1])
+    ours = load_runs(sys.argv[2])
+    machine = open(sys.argv[3]).read().strip() if len(sys.argv) > 3 else ""
+    command = sys.argv[4] if len(sys.argv) > 4 else "scripts/bench"
+
+    def mine(test, size, unit):
+        got = ours.get((test, str(size), unit))
+        return got[0] if got else None
+
+    udp4k, udp4k_name = anchor(anchors, r"^UDP.*sendmmsg.*4096B goodput|^udp 4096B goodput|UDP.*4096B goodput", "GB/s")
+    gso4k, _ = anchor(anchors, r"UDP GSO send 4096B goodput", "GB/s")
+    udp_rtt_busy, _ = anchor(anchors, r"UDP ping-pong 64B RTT median \(busy-poll\)", "us")
+    udp_rtt_block, _ = anchor(anchors, r"UDP ping-pong 64B RTT median \(blocking\)", "us")
+    ucx_put_1m, _ = anchor(anchors, r"ucx tcp ucp_put_bw 1MiB bandwidth", "GB/s")
+    ucx_put_lat, _ = anchor(anchors, r"ucx tcp ucp_put_lat 8B one-way p50", "us")
+    ucx_tag_lat, _ = anchor(anchors, r"ucx tcp tag_lat 8B one-way p50", "us")
+    udp_half_busy = None if udp_rtt_busy is None else udp_rtt_busy / 2
+    udp_half_block = None if udp_rtt_block is None else udp_rtt_block / 2
+
+    out = []
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out.append("# softrdma benchmarks\n")
+    out.append("Written by `scripts/bench`; every figure below comes from one run of it, the\n"
+               "anchors (`../shared/anchors`) and softrdma side by side. Absolute numbers on a\n"
+               "shared 2-core machine are noise; the ratios are the result.\n")
+    out.append(f"- date: {now}")
+    out.append(f"- command: `{command}`")
+    for line in machine.splitlines():
+        out.append(f"- {line.strip()}")
+    out.append("")
+    out.append("## Bandwidth (`softrdma perf`, RC, path MTU 4096, two processes, one per core)\n")
+    out.append("| test | 64 B | 4 KiB | 64 KiB | 1 MiB |")
+    out.append("|---|---|---|---|---|")
+    for test in ("write-bw", "read-bw", "send-bw"):
+        cells = [fmt(mine(test, s, "GB/s")) for s in (64, 4096, 65536, 1048576)]
+        out.append(f"| {test} (GB/s) | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append("## Latency, 8 bytes, half round trip (`t_typical`, µs)\n")
+    out.append("| test | adaptive wait | busy poll |")
+    out.append("|---|---|---|")
+    for test in ("send-lat", "write-lat"):
+        out.append(f"| {test} | {fmt(mine(test + ' (adaptive)', 8, 'us'))} | "
+                   f"{fmt(mine(test + ' (busy)', 8, 'us'))} |")
+    out.append("")
+    out.append("## Anchors measured in the same run\n")
+    out.append("| reference | figure |")
+    out.append("|---|---|")
+    out.append(f"| raw UDP sendmmsg/recvmmsg goodput, 4096-byte datagrams | {fmt(udp4k)} GB/s |")
+    out.append(f"| UDP GSO goodput, 4096-byte segments | {fmt(gso4k)} GB/s |")
+    out.append(f"| UDP 64 B half round trip, busy-poll / blocking | {fmt(udp_half_busy)} / {fmt(udp_half_block)} µs |")
+    out.append(f"| UCX tcp ucp_put_bw 1 MiB | {fmt(ucx_put_1m)} GB/s |")
+    out.append(f"| UCX tcp ucp_put_lat / tag_lat 8 B one way (p50) | {fmt(ucx_put_lat)} / {fmt(ucx_tag_lat)} µs |")
+    out.append("")
+    w1m = mine("write-bw", 1048576, "GB/s")
+    lat = mine("send-lat (busy)", 8, "us")
+    out.append("## Targets (ratios within this run)\n")
+    out.append("| target | ratio | met |")
+    out.append("|---|---|---|")
+    checks = [
+        ("RC WRITE 1 MiB ≥ UCX tcp ucp_put_bw 1 MiB", ratio(w1m, ucx_put_1m), lambda r: r >= 1.0),
+        ("RC WRITE 1 MiB ≥ 80% of raw sendmmsg goodput (4096 B)", ratio(w1m, udp4k), lambda r: r >= 0.8),
+        ("8 B RC SEND latency (busy poll) ≤ 1.5 × busy-polled UDP half round trip", ratio(lat, udp_half_busy), lambda r: r <= 1.5),
+    ]
+    for name, r, ok in checks:
+        out.append(f"| {name} | {fmt(r)} | {'n/a' if r is None else ('yes' if ok(r) else 'no')} |")
+    out.append("")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
