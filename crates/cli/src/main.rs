@@ -4,6 +4,7 @@
 //!
 //! Every failure is one line on stderr and a non-zero exit; nothing panics on bad input.
 
+mod cabi;
 mod demo;
 mod exch;
 mod info;
@@ -53,6 +54,10 @@ enum Cmd {
     Trace(TraceArgs),
     /// Quick start: a server and a client process on loopback, round trips and a short benchmark
     Demo(DemoArgs),
+    /// Run a verbs program (ibv_*, perftest, your own) on softrdma's libibverbs.so.1
+    Run(cabi::RunArgs),
+    /// Print the environment that makes verbs programs use softrdma (eval "$(softrdma env)")
+    Env(cabi::EnvArgs),
     /// (internal) the server half of `demo`
     #[command(hide = true, name = "__serve")]
     Serve(ServeArgs),
@@ -257,6 +262,8 @@ fn run(cli: Cli) -> CmdResult {
         Cmd::Trace(a) => stats::trace(&a.output, &a.command),
         Cmd::Demo(a) => demo::run(a.json),
         Cmd::Serve(a) => demo::serve(a.sessions),
+        Cmd::Run(a) => cabi::run(&a),
+        Cmd::Env(a) => cabi::env(&a),
     }
 }
 

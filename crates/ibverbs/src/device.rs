@@ -1,0 +1,879 @@
+//! Devices: the list, opening and closing, queries, and the small helpers of libibverbs
+//! that need no object (strings, rates, fork, sysfs).
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, Weak};
+
+use softrdma_device::verbs::{self, Gid};
+use softrdma_device::{config, DeviceAddr, DeviceConfig, DeviceEntry};
+
+use crate::sys;
+use crate::{guard, minus_one, null_errno, set_errno, zeroed};
+
+/// One entry of the device list. Entries live for the whole process (programs keep
+/// `ibv_device` pointers after `ibv_free_device_list`, as rdma-core allows while a context
+/// is open), so they are leaked, once per device name.
+#[repr(C)]
+pub(crate) struct Dev {
+    /// The C view; first, so an `ibv_device *` is a `Dev *`.
+    pub(crate) dev: sys::ibv_device,
+    pub(crate) entry: DeviceEntry,
+    /// Index in the process's device list (`ibv_get_device_index`).
+    index: c_int,
+}
+
+// SAFETY: the raw pointers inside `ibv_device` are none (only function pointers and
+// arrays); a `Dev` is never mutated after it is published.
+unsafe impl Sync for Dev {}
+// SAFETY: as above.
+unsafe impl Send for Dev {}
+
+/// Every device entry ever listed, by name.
+static DEVICES: Mutex<Vec<&'static Dev>> = Mutex::new(Vec::new());
+
+/// An open softrdma device shared by every context of this process on it (every process
+/// is its own NIC: opening a device twice must not take a second address).
+#[allow(dead_code)] // the registry serves CQ and async events (next commit)
+pub(crate) struct DevShared {
+    pub(crate) dev: softrdma_device::Device,
+    /// C objects by engine id, for CQ events and async events.
+    pub(crate) reg: Mutex<Registry>,
+}
+
+/// Addresses of this library's C objects by engine id (stored as usize: the registry is
+/// only a lookup table, the objects are owned by the program's handles).
+#[derive(Default)]
+#[allow(dead_code)]
+pub(crate) struct Registry {
+    pub(crate) cqs: HashMap<u32, usize>,
+    pub(crate) qps: HashMap<u32, usize>,
+    pub(crate) srqs: HashMap<u32, usize>,
+}
+
+static OPEN: Mutex<Vec<(String, Weak<DevShared>)>> = Mutex::new(Vec::new());
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[allow(dead_code)]
+impl DevShared {
+    pub(crate) fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        lock(&self.reg)
+    }
+}
+
+/// An open context. `verbs_context` comes first and ends with `struct ibv_context`, so a
+/// program's `ibv_context *` points inside this struct and extended calls find the
+/// `verbs_context` just before it, as in rdma-core.
+#[repr(C)]
+pub(crate) struct Ctx {
+    pub(crate) vctx: sys::verbs_context,
+    pub(crate) shared: Arc<DevShared>,
+    pub(crate) dev: &'static Dev,
+}
+
+const CTX_OFFSET: usize = std::mem::offset_of!(sys::verbs_context, context);
+
+impl Ctx {
+    /// The context behind a program's `ibv_context *`.
+    ///
+    /// # Safety
+    /// `p` is null or a context this library returned and not yet closed.
+    pub(crate) unsafe fn from_ptr<'a>(p: *const sys::ibv_context) -> Option<&'a Ctx> {
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: every ibv_context this library hands out is the `context` field of the
+        // `verbs_context` at offset 0 of a live `Ctx` (see `ibv_open_device`).
+        unsafe { Some(&*p.cast::<u8>().sub(CTX_OFFSET).cast::<Ctx>()) }
+    }
+    /// The program's view of this context.
+    pub(crate) fn c_ptr(&self) -> *mut sys::ibv_context {
+        std::ptr::addr_of!(self.vctx.context).cast_mut()
+    }
+    pub(crate) fn dev(&self) -> &softrdma_device::Device {
+        &self.shared.dev
+    }
+}
+
+fn fill_cstr(dst: &mut [c_char], s: &str) {
+    let n = dst.len().saturating_sub(1);
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(n)) {
+        *d = b as c_char;
+    }
+}
+
+/// The device entry for a configured device, created (and leaked) once per name.
+fn dev_entry(list: &mut Vec<&'static Dev>, e: &DeviceEntry) -> &'static Dev {
+    if let Some(d) = list.iter().find(|d| d.entry.name == e.name) {
+        if d.entry == *e {
+            return d;
+        }
+    }
+    let mut dev: sys::ibv_device = zeroed();
+    dev.node_type = sys::IBV_NODE_CA;
+    dev.transport_type = sys::IBV_TRANSPORT_IB;
+    let index = list.len() as c_int;
+    fill_cstr(&mut dev.name, &e.name);
+    fill_cstr(&mut dev.dev_name, &format!("uverbs{index}"));
+    fill_cstr(
+        &mut dev.dev_path,
+        &format!("/sys/class/infiniband_verbs/uverbs{index}"),
+    );
+    fill_cstr(
+        &mut dev.ibdev_path,
+        &format!("/sys/class/infiniband/{}", e.name),
+    );
+    let d: &'static Dev = Box::leak(Box::new(Dev {
+        dev,
+        entry: e.clone(),
+        index,
+    }));
+    list.push(d);
+    d
+}
+
+/// The configured devices; a configuration error is reported once on stderr, as
+/// rdma-core reports provider problems, and yields an empty list.
+fn configured() -> Vec<DeviceEntry> {
+    match config::devices() {
+        Ok(l) => l,
+        Err(e) => {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| eprintln!("libibverbs (softrdma): {e}"));
+            Vec::new()
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut sys::ibv_device {
+    guard(std::ptr::null_mut(), || {
+        let entries = configured();
+        let mut all = lock(&DEVICES);
+        let mut v: Vec<*mut sys::ibv_device> = entries
+            .iter()
+            .map(|e| std::ptr::addr_of!(dev_entry(&mut all, e).dev).cast_mut())
+            .collect();
+        let n = v.len();
+        v.push(std::ptr::null_mut());
+        if !num_devices.is_null() {
+            // SAFETY: the caller passes null or a valid int pointer.
+            unsafe { *num_devices = n as c_int };
+        }
+        // Allocated with malloc so that a program freeing it with free() (wrongly) and
+        // ibv_free_device_list agree.
+        let bytes = v.len() * std::mem::size_of::<*mut sys::ibv_device>();
+        // SAFETY: malloc of a nonzero size; the result is checked.
+        let p = unsafe { libc::malloc(bytes) }.cast::<*mut sys::ibv_device>();
+        if p.is_null() {
+            return null_errno(libc::ENOMEM);
+        }
+        // SAFETY: `p` has room for `v.len()` pointers.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), p, v.len()) };
+        p
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut sys::ibv_device) {
+    guard((), || {
+        // SAFETY: `list` is null or came from ibv_get_device_list (malloc).
+        unsafe { libc::free(list.cast::<c_void>()) }
+    })
+}
+
+/// The `Dev` behind an `ibv_device *`.
+unsafe fn dev_of<'a>(d: *const sys::ibv_device) -> Option<&'a Dev> {
+    if d.is_null() {
+        return None;
+    }
+    // SAFETY: every ibv_device this library hands out is the first field of a leaked Dev.
+    unsafe { Some(&*d.cast::<Dev>()) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut sys::ibv_device) -> *const c_char {
+    guard(std::ptr::null(), || {
+        // SAFETY: caller passes a device from our list.
+        match unsafe { dev_of(device) } {
+            Some(d) => d.dev.name.as_ptr(),
+            None => {
+                set_errno(libc::EINVAL);
+                std::ptr::null()
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(device: *mut sys::ibv_device) -> c_int {
+    guard(-1, || {
+        // SAFETY: caller passes a device from our list.
+        match unsafe { dev_of(device) } {
+            Some(d) => d.index,
+            None => -1,
+        }
+    })
+}
+
+/// The address a device has (open) or would take now (not open).
+fn device_addr(d: &Dev) -> SocketAddr {
+    if let Some(sh) = find_open(&d.entry.name) {
+        return sh.dev.addr();
+    }
+    match d.entry.addr {
+        DeviceAddr::Fixed(a) => a,
+        DeviceAddr::AutoLoopback(p) => config::probe_auto_loopback(p),
+    }
+}
+
+fn find_open(name: &str) -> Option<Arc<DevShared>> {
+    lock(&OPEN)
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, w)| w.upgrade())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(device: *mut sys::ibv_device) -> u64 {
+    guard(0, || {
+        // SAFETY: caller passes a device from our list.
+        let Some(d) = (unsafe { dev_of(device) }) else {
+            set_errno(libc::EINVAL);
+            return 0;
+        };
+        let guid = match find_open(&d.entry.name) {
+            Some(sh) => sh.dev.with_read(|r| r.ctx().device_attr().node_guid),
+            None => {
+                // The engine's own GUID rule, for the address the device would take.
+                let gid = Gid::from_ip(device_addr(d).ip());
+                verbs::Context::new(vec![gid], 0).device_attr().node_guid
+            }
+        };
+        guid.to_be()
+    })
+}
+
+fn open_shared(d: &Dev) -> Result<Arc<DevShared>, i32> {
+    let mut open = lock(&OPEN);
+    open.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(sh) = open
+        .iter()
+        .find(|(n, _)| *n == d.entry.name)
+        .and_then(|(_, w)| w.upgrade())
+    {
+        return Ok(sh);
+    }
+    let dev = softrdma_device::Device::open(&DeviceConfig::from_entry(&d.entry)).map_err(|e| {
+        eprintln!("libibverbs (softrdma): opening {}: {e}", d.entry.name);
+        e.raw_os_error().unwrap_or(libc::EIO)
+    })?;
+    let sh = Arc::new(DevShared {
+        dev,
+        reg: Mutex::new(Registry::default()),
+    });
+    open.push((d.entry.name.clone(), Arc::downgrade(&sh)));
+    Ok(sh)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut sys::ibv_device) -> *mut sys::ibv_context {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: caller passes a device from our list.
+        let Some(d) = (unsafe { dev_of(device) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        // Re-resolve by name: the configuration may have changed since the list was made.
+        let d: &'static Dev = {
+            let entries = configured();
+            let mut all = lock(&DEVICES);
+            match entries.iter().find(|e| e.name == d.entry.name) {
+                Some(e) => dev_entry(&mut all, e),
+                None => return null_errno(libc::ENODEV),
+            }
+        };
+        let shared = match open_shared(d) {
+            Ok(s) => s,
+            Err(e) => return null_errno(e),
+        };
+        let mut vctx: sys::verbs_context = zeroed();
+        vctx.sz = std::mem::size_of::<sys::verbs_context>();
+        crate::objs::init_ops(&mut vctx);
+        crate::ex::init_ops(&mut vctx);
+        vctx.query_port = Some(query_port_ex);
+        let c = &mut vctx.context;
+        c.device = std::ptr::addr_of!(d.dev).cast_mut();
+        c.cmd_fd = -1;
+        c.async_fd = shared.dev.async_event_fd();
+        c.num_comp_vectors = 1;
+        c.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
+        let ctx = Box::new(Ctx {
+            vctx,
+            shared,
+            dev: d,
+        });
+        let p = Box::into_raw(ctx);
+        // SAFETY: `p` is the live Ctx just leaked; its context field is what we return.
+        unsafe { (*p).c_ptr() }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(context: *mut sys::ibv_context) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: caller passes a context from ibv_open_device.
+        if unsafe { Ctx::from_ptr(context) }.is_none() {
+            return libc::EINVAL;
+        }
+        // SAFETY: as above; the Ctx was made by Box::into_raw and is freed once.
+        let b = unsafe { Box::from_raw(context.cast::<u8>().sub(CTX_OFFSET).cast::<Ctx>()) };
+        // The device (its thread and socket) closes with its last context.
+        drop(b);
+        0
+    })
+}
+
+// ------------------------------------------------------------------ queries
+
+pub(crate) fn device_attr(ctx: &Ctx) -> sys::ibv_device_attr {
+    let a = ctx.dev().with_read(|r| r.ctx().device_attr().clone());
+    let mut o: sys::ibv_device_attr = zeroed();
+    fill_cstr(&mut o.fw_ver, &a.fw_ver);
+    o.node_guid = a.node_guid.to_be();
+    o.sys_image_guid = a.sys_image_guid.to_be();
+    o.max_mr_size = a.max_mr_size;
+    o.page_size_cap = a.page_size_cap;
+    o.vendor_id = a.vendor_id;
+    o.vendor_part_id = a.vendor_part_id;
+    o.hw_ver = a.hw_ver;
+    o.max_qp = a.max_qp as c_int;
+    o.max_qp_wr = a.max_qp_wr as c_int;
+    o.device_cap_flags = a.device_cap_flags;
+    o.max_sge = a.max_sge as c_int;
+    o.max_sge_rd = a.max_sge_rd as c_int;
+    o.max_cq = a.max_cq as c_int;
+    o.max_cqe = a.max_cqe as c_int;
+    o.max_mr = a.max_mr as c_int;
+    o.max_pd = a.max_pd as c_int;
+    o.max_qp_rd_atom = a.max_qp_rd_atom as c_int;
+    o.max_ee_rd_atom = a.max_ee_rd_atom as c_int;
+    o.max_res_rd_atom = a.max_res_rd_atom as c_int;
+    o.max_qp_init_rd_atom = a.max_qp_init_rd_atom as c_int;
+    o.atomic_cap = a.atomic_cap;
+    o.max_mw = a.max_mw as c_int;
+    o.max_ah = a.max_ah as c_int;
+    o.max_srq = a.max_srq as c_int;
+    o.max_srq_wr = a.max_srq_wr as c_int;
+    o.max_srq_sge = a.max_srq_sge as c_int;
+    o.max_pkeys = a.max_pkeys;
+    o.local_ca_ack_delay = a.local_ca_ack_delay;
+    o.phys_port_cnt = a.phys_port_cnt;
+    o
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(
+    context: *mut sys::ibv_context,
+    attr: *mut sys::ibv_device_attr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        let o = device_attr(ctx);
+        // SAFETY: `attr` points at a caller's ibv_device_attr.
+        unsafe { attr.write(o) };
+        0
+    })
+}
+
+fn port_attr(ctx: &Ctx, port: u8) -> Result<sys::ibv_port_attr, i32> {
+    let p = ctx
+        .dev()
+        .with_read(|r| r.ctx().port_attr(port))
+        .map_err(|e| e.errno.code())?;
+    let mut o: sys::ibv_port_attr = zeroed();
+    o.state = p.state;
+    o.max_mtu = p.max_mtu as u32;
+    o.active_mtu = p.active_mtu as u32;
+    o.gid_tbl_len = p.gid_tbl_len;
+    o.port_cap_flags = p.port_cap_flags;
+    o.max_msg_sz = p.max_msg_sz;
+    o.pkey_tbl_len = p.pkey_tbl_len;
+    o.lid = p.lid;
+    o.sm_lid = p.sm_lid;
+    o.max_vl_num = 1;
+    o.active_width = p.active_width;
+    o.active_speed = p.active_speed;
+    o.phys_state = p.phys_state;
+    o.link_layer = p.link_layer;
+    Ok(o)
+}
+
+/// `verbs_context.query_port`: what the inline `ibv_query_port` calls.
+unsafe extern "C" fn query_port_ex(
+    context: *mut sys::ibv_context,
+    port_num: u8,
+    attr: *mut sys::ibv_port_attr,
+    len: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        match port_attr(ctx, port_num) {
+            Ok(o) => {
+                // SAFETY: `attr` has `len` bytes (the caller's sizeof).
+                unsafe { crate::copy_prefix(&o, attr, len) };
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+/// The exported `ibv_query_port` (old binaries, or code that bypasses the inline): the
+/// compat struct is `ibv_port_attr` up to `link_layer`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(
+    context: *mut sys::ibv_context,
+    port_num: u8,
+    attr: *mut sys::_compat_ibv_port_attr,
+) -> c_int {
+    let len = std::mem::offset_of!(sys::ibv_port_attr, flags);
+    // SAFETY: forwarded; the compat struct has at least `len` bytes.
+    unsafe { query_port_ex(context, port_num, attr.cast::<sys::ibv_port_attr>(), len) }
+}
+
+fn gid_of(ctx: &Ctx, port: u32, index: u32) -> Result<Gid, i32> {
+    if port != 1 || index > 255 {
+        return Err(libc::EINVAL);
+    }
+    ctx.dev()
+        .with_read(|r| r.ctx().gid(index as u8))
+        .map_err(|e| e.errno.code())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(
+    context: *mut sys::ibv_context,
+    port_num: u8,
+    index: c_int,
+    gid: *mut sys::ibv_gid,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if gid.is_null() || index < 0 {
+            return minus_one(libc::EINVAL);
+        }
+        match gid_of(ctx, port_num as u32, index as u32) {
+            Ok(g) => {
+                // SAFETY: `gid` points at a caller's 16-byte union.
+                unsafe { (*gid).raw = g.0 };
+                0
+            }
+            Err(e) => minus_one(e),
+        }
+    })
+}
+
+fn gid_entry(ctx: &Ctx, port: u32, index: u32) -> Result<sys::ibv_gid_entry, i32> {
+    let g = gid_of(ctx, port, index)?;
+    let mut e: sys::ibv_gid_entry = zeroed();
+    e.gid.raw = g.0;
+    e.gid_index = index;
+    e.port_num = port;
+    e.gid_type = sys::IBV_GID_TYPE_ROCE_V2;
+    e.ndev_ifindex = 0;
+    Ok(e)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    context: *mut sys::ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut sys::ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return libc::EINVAL;
+        };
+        if entry.is_null() || flags != 0 {
+            return libc::EINVAL;
+        }
+        match gid_entry(ctx, port_num, gid_index) {
+            Ok(e) => {
+                // SAFETY: `entry` has `entry_size` bytes.
+                unsafe { crate::copy_prefix(&e, entry, entry_size) };
+                0
+            }
+            Err(_) => libc::ENODATA,
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    context: *mut sys::ibv_context,
+    entries: *mut sys::ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    guard(-(libc::EIO as isize), || {
+        // SAFETY: caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return -(libc::EINVAL as isize);
+        };
+        if flags != 0 || (entries.is_null() && max_entries > 0) || entry_size == 0 {
+            return -(libc::EINVAL as isize);
+        }
+        let n = ctx.dev().with_read(|r| r.ctx().gids().len());
+        if n > max_entries {
+            return -(libc::EINVAL as isize);
+        }
+        for i in 0..n {
+            if let Ok(e) = gid_entry(ctx, 1, i as u32) {
+                // SAFETY: the caller's array holds `max_entries` entries of `entry_size`.
+                unsafe {
+                    let dst = entries.cast::<u8>().add(i * entry_size);
+                    crate::copy_prefix(&e, dst.cast::<sys::ibv_gid_entry>(), entry_size);
+                }
+            }
+        }
+        n as isize
+    })
+}
+
+/// `ibv_query_gid_type` (IBVERBS_PRIVATE_34, used by ibv_devinfo): every GID is RoCE v2.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(
+    context: *mut sys::ibv_context,
+    port_num: u8,
+    index: u32,
+    gid_type: *mut u32,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if gid_type.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        match gid_of(ctx, port_num as u32, index) {
+            Ok(_) => {
+                // SAFETY: points at the caller's enum ibv_gid_type_sysfs.
+                unsafe { *gid_type = 1 }; // IBV_GID_TYPE_SYSFS_ROCE_V2
+                0
+            }
+            Err(e) => minus_one(e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(
+    context: *mut sys::ibv_context,
+    port_num: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if pkey.is_null() || port_num != 1 || !(0..=0xFFFF).contains(&index) {
+            return minus_one(libc::EINVAL);
+        }
+        match ctx.dev().with_read(|r| r.ctx().pkey(index as u16)) {
+            Ok(p) => {
+                // SAFETY: points at the caller's __be16.
+                unsafe { *pkey = p.to_be() };
+                0
+            }
+            Err(e) => minus_one(e.errno.code()),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_pkey_index(
+    context: *mut sys::ibv_context,
+    port_num: u8,
+    pkey: u16,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if port_num != 1 {
+            return minus_one(libc::EINVAL);
+        }
+        let want = u16::from_be(pkey);
+        let found = ctx.dev().with_read(|r| {
+            (0..=u16::MAX)
+                .map_while(|i| r.ctx().pkey(i).ok().map(|p| (i, p)))
+                .find(|&(_, p)| p == want)
+        });
+        match found {
+            Some((i, _)) => i as c_int,
+            None => minus_one(libc::ENOENT),
+        }
+    })
+}
+
+// ------------------------------------------------------------------ strings
+
+fn static_str(s: &'static CStr) -> *const c_char {
+    s.as_ptr()
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_node_type_str(node_type: c_int) -> *const c_char {
+    static_str(match node_type {
+        1 => c"InfiniBand channel adapter",
+        2 => c"InfiniBand switch",
+        3 => c"InfiniBand router",
+        4 => c"iWARP NIC",
+        5 => c"usNIC",
+        6 => c"usNIC UDP",
+        7 => c"unspecified",
+        _ => c"unknown",
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_port_state_str(port_state: c_int) -> *const c_char {
+    static_str(match port_state {
+        0 => c"PORT_NOP",
+        1 => c"PORT_DOWN",
+        2 => c"PORT_INIT",
+        3 => c"PORT_ARMED",
+        4 => c"PORT_ACTIVE",
+        5 => c"PORT_ACTIVE_DEFER",
+        _ => c"unknown",
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
+    static_str(match event {
+        0 => c"CQ error",
+        1 => c"local work queue catastrophic error",
+        2 => c"invalid request local work queue error",
+        3 => c"local access violation work queue error",
+        4 => c"communication established",
+        5 => c"send queue drained",
+        6 => c"path migrated",
+        7 => c"path migration request error",
+        8 => c"local catastrophic error",
+        9 => c"port active",
+        10 => c"port error",
+        11 => c"LID change",
+        12 => c"P_Key change",
+        13 => c"SM change",
+        14 => c"SRQ catastrophic error",
+        15 => c"SRQ limit reached",
+        16 => c"last WQE reached",
+        17 => c"client reregistration",
+        18 => c"GID table change",
+        19 => c"WQ fatal",
+        _ => c"unknown",
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
+    static_str(match status {
+        0 => c"success",
+        1 => c"local length error",
+        2 => c"local QP operation error",
+        3 => c"local EE context operation error",
+        4 => c"local protection error",
+        5 => c"Work Request Flushed Error",
+        6 => c"memory management operation error",
+        7 => c"bad response error",
+        8 => c"local access error",
+        9 => c"remote invalid request error",
+        10 => c"remote access error",
+        11 => c"remote operation error",
+        12 => c"transport retry counter exceeded",
+        13 => c"RNR retry counter exceeded",
+        14 => c"local RDD violation error",
+        15 => c"remote invalid RD request",
+        16 => c"operation aborted",
+        17 => c"invalid EE context number",
+        18 => c"invalid EE context state",
+        19 => c"fatal error",
+        20 => c"response timeout error",
+        21 => c"general error",
+        22 => c"TM error",
+        23 => c"TM rendezvous non-compliant",
+        _ => c"unknown",
+    })
+}
+
+// ------------------------------------------------------------------ rates
+
+/// (IBV_RATE_* value, multiple of 2.5 Gb/s, Mb/s), as rdma-core's tables.
+const RATES: &[(c_int, c_int, c_int)] = &[
+    (2, 1, 2500),
+    (5, 2, 5000),
+    (3, 4, 10000),
+    (6, 8, 20000),
+    (7, 12, 30000),
+    (8, 16, 40000),
+    (9, 24, 60000),
+    (4, 32, 80000),
+    (10, 48, 120000),
+    (11, 0, 14062),
+    (12, 0, 56250),
+    (13, 0, 112500),
+    (14, 0, 168750),
+    (15, 0, 25781),
+    (16, 0, 103125),
+    (17, 0, 206250),
+    (18, 0, 309375),
+    (19, 0, 50000),
+    (20, 0, 400000),
+    (21, 0, 600000),
+    (22, 0, 50000),
+    (23, 0, 100000),
+    (24, 0, 200000),
+    (25, 0, 400000),
+    (26, 0, 800000),
+    (27, 0, 1200000),
+];
+
+#[no_mangle]
+pub extern "C" fn ibv_rate_to_mult(rate: c_int) -> c_int {
+    RATES
+        .iter()
+        .find(|r| r.0 == rate)
+        .map_or(-1, |r| if r.1 == 0 { -1 } else { r.1 })
+}
+
+#[no_mangle]
+pub extern "C" fn mult_to_ibv_rate(mult: c_int) -> c_int {
+    RATES
+        .iter()
+        .find(|r| r.1 == mult && mult != 0)
+        .map_or(0, |r| r.0)
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
+    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.2)
+}
+
+#[no_mangle]
+pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
+    RATES.iter().find(|r| r.2 == mbps).map_or(0, |r| r.0)
+}
+
+// ------------------------------------------------------------------ fork, sysfs
+
+/// Registered memory is plain process memory read by the device thread; fork needs no
+/// special care (a child simply does not see the parent's device).
+#[no_mangle]
+pub extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_is_fork_initialized() -> c_int {
+    2 // IBV_FORK_UNNEEDED
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
+    c"/sys".as_ptr()
+}
+
+/// Read `dir/file` into `buf` (NUL-terminated, a trailing newline removed); -1 if absent.
+/// softrdma devices have no sysfs entries, so this only reads real files.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    dir: *const c_char,
+    file: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+) -> c_int {
+    guard(-1, || {
+        if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: the caller passes NUL-terminated strings.
+        let (d, f) = unsafe { (CStr::from_ptr(dir), CStr::from_ptr(file)) };
+        let path = format!("{}/{}", d.to_string_lossy(), f.to_string_lossy());
+        let data = match std::fs::read(&path) {
+            Ok(d) => d,
+            Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::ENOENT)),
+        };
+        let mut n = data.len().min(size - 1);
+        if n > 0 && data[n - 1] == b'\n' {
+            n -= 1;
+        }
+        // SAFETY: `buf` has `size` bytes; we write n + 1 <= size.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
+        }
+        n as c_int
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_round_trip() {
+        assert_eq!(ibv_rate_to_mult(3), 4);
+        assert_eq!(mult_to_ibv_rate(4), 3);
+        assert_eq!(ibv_rate_to_mbps(7), 30000);
+        assert_eq!(mbps_to_ibv_rate(100000), 23);
+    }
+
+    #[test]
+    fn strings() {
+        // SAFETY: the functions return static NUL-terminated strings.
+        let s = |p: *const c_char| unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_string();
+        assert_eq!(s(ibv_wc_status_str(5)), "Work Request Flushed Error");
+        assert_eq!(s(ibv_port_state_str(4)), "PORT_ACTIVE");
+        assert_eq!(s(ibv_node_type_str(1)), "InfiniBand channel adapter");
+        assert_eq!(s(ibv_event_type_str(99)), "unknown");
+    }
+}

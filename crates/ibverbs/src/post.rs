@@ -1,0 +1,1 @@
+//! Posting work requests (milestone 2).

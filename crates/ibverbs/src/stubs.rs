@@ -1,0 +1,125 @@
+//! Exports softrdma does not support: they exist so that binaries linked against rdma-core
+//! load, and fail the way libibverbs documents (`EOPNOTSUPP`, NULL or -1 with errno).
+
+use std::ffi::{c_int, c_void};
+
+use crate::{null_errno, set_errno, sys};
+
+#[no_mangle]
+pub extern "C" fn ibv_copy_path_rec_from_kern(_dst: *mut c_void, _src: *const c_void) {
+    // Kernel IB path records do not exist on RoCE through softrdma.
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_copy_path_rec_to_kern(_dst: *mut c_void, _src: *const c_void) {}
+
+#[no_mangle]
+pub extern "C" fn ibv_copy_qp_attr_from_kern(_dst: *mut c_void, _src: *const c_void) {}
+
+#[no_mangle]
+pub extern "C" fn ibv_copy_ah_attr_from_kern(_dst: *mut c_void, _src: *const c_void) {}
+
+#[no_mangle]
+pub extern "C" fn ibv_attach_mcast(
+    _qp: *mut sys::ibv_qp,
+    _gid: *const sys::ibv_gid,
+    _lid: u16,
+) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_detach_mcast(
+    _qp: *mut sys::ibv_qp,
+    _gid: *const sys::ibv_gid,
+    _lid: u16,
+) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_resolve_eth_l2_from_gid(
+    _context: *mut sys::ibv_context,
+    _attr: *mut sys::ibv_ah_attr,
+    _eth_mac: *mut u8,
+    _vid: *mut u16,
+) -> c_int {
+    // softrdma rides on UDP: there is no Ethernet layer to resolve.
+    set_errno(libc::EOPNOTSUPP);
+    -1
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut sys::ibv_context {
+    null_errno(libc::EOPNOTSUPP)
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_import_pd(_context: *mut sys::ibv_context, _handle: u32) -> *mut sys::ibv_pd {
+    null_errno(libc::EOPNOTSUPP)
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_unimport_pd(_pd: *mut sys::ibv_pd) {}
+
+#[no_mangle]
+pub extern "C" fn ibv_import_mr(_pd: *mut sys::ibv_pd, _handle: u32) -> *mut sys::ibv_mr {
+    null_errno(libc::EOPNOTSUPP)
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_unimport_mr(_mr: *mut sys::ibv_mr) {}
+
+#[no_mangle]
+pub extern "C" fn ibv_import_dm(_context: *mut sys::ibv_context, _handle: u32) -> *mut sys::ibv_dm {
+    null_errno(libc::EOPNOTSUPP)
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_unimport_dm(_dm: *mut sys::ibv_dm) {}
+
+#[no_mangle]
+pub extern "C" fn ibv_query_ece(_qp: *mut sys::ibv_qp, _ece: *mut sys::ibv_ece) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_set_ece(_qp: *mut sys::ibv_qp, _ece: *mut sys::ibv_ece) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_reg_dmabuf_mr(
+    _pd: *mut sys::ibv_pd,
+    _offset: u64,
+    _length: usize,
+    _iova: u64,
+    _fd: c_int,
+    _access: c_int,
+) -> *mut sys::ibv_mr {
+    null_errno(libc::EOPNOTSUPP)
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_rereg_mr(
+    _mr: *mut sys::ibv_mr,
+    _flags: c_int,
+    _pd: *mut sys::ibv_pd,
+    _addr: *mut c_void,
+    _length: usize,
+    _access: c_int,
+) -> c_int {
+    // IBV_REREG_MR_ERR_INPUT with errno: the caller keeps its old, still valid MR.
+    set_errno(libc::EOPNOTSUPP);
+    -1
+}
+
+/// Data placement order is not guaranteed beyond what verbs promises: 0.
+#[no_mangle]
+pub extern "C" fn ibv_query_qp_data_in_order(
+    _qp: *mut sys::ibv_qp,
+    _op: u32,
+    _flags: u32,
+) -> c_int {
+    0
+}
