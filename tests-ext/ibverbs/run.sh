@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# tests-ext/ibverbs/run.sh: unmodified C verbs programs on softrdma's drop-in
+# libibverbs.so.1, each run through `softrdma run --`:
+#
+#   ibv_devices, ibv_devinfo -v;
+#   ibv_rc/uc/ud/srq_pingpong between two processes (server and client each with its own
+#     zero-config device, 127.0.0.1 and 127.0.0.2), -g 0, -s 64 and -s 4096 (UD: the
+#     port MTU), -n 100, with and without -e; ibv_rc_pingpong -N, -t, -j;
+#   perftest over RC: ib_{write,read,send,atomic}_{bw,lat} with default options, with -a
+#     (not the atomics, which have no -a) and with -b (bandwidth tools); ib_send_bw and
+#     ib_send_lat with -c UD and -c UC;
+#   verbs_test.c (one PASS/FAIL line per check it makes, one process with two QPs on its
+#     device) and verbs_test -f (the responder in a second process).
+#
+# Idempotent and bounded: every step runs under `timeout`. Prints PASS/FAIL per check and
+# "N passed, M failed"; exits 1 on any failure. Logs go to $OUT. Checks the library
+# cannot pass yet are run all the same (not skipped) and show as FAIL.
+#
+# For CI as root on Debian 12 (installs ibverbs-utils, perftest, libibverbs-dev and gcc
+# with apt when a tool is missing). Elsewhere install those first.
+#
+# Env:
+#   OUT           artifacts directory (default /tmp/softrdma-ibverbs)
+#   STEP_TIMEOUT  seconds for one program (default 120; the -a runs get 3x)
+#   ONLY          run only the checks whose name matches this extended regex
+#   SKIP_BUILD=1  use the libraries and softrdma already built in the target directory
+#   SKIP_INSTALL=1  never run apt-get
+#   ITERS         -n for the ping-pongs (default 100)
+#   AITERS        -n for the perftest -a sweeps (default 100; perftest's own default is
+#                 1000/5000 per size, up to 8 MiB, which takes minutes on a software RNIC)
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+OUT=${OUT:-/tmp/softrdma-ibverbs}
+STEP_TIMEOUT=${STEP_TIMEOUT:-120}
+ONLY=${ONLY:-}
+ITERS=${ITERS:-100}
+AITERS=${AITERS:-100}
+DEV=softrdma0
+PEER=127.0.0.1 # the server's device takes the first free loopback address
+PORT=${BASE_PORT:-18600}
+
+pass=0 fail=0 nstep=0
+failed_names=()
+log() { printf '[ibverbs %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+result() { # name rc detail
+  if [ "$2" = 0 ]; then
+    echo "PASS: $1"; pass=$((pass + 1))
+  else
+    echo "FAIL: $1 ($3)"; fail=$((fail + 1)); failed_names+=("$1")
+  fi
+}
+finish() {
+  echo "artifacts: $OUT"
+  if [ "$fail" != 0 ]; then
+    echo "failed:"; printf '  %s\n' "${failed_names[@]}"
+  fi
+  echo "$pass passed, $fail failed"
+  [ "$fail" = 0 ] && [ "$pass" -gt 0 ]
+  exit $?
+}
+want() { [ -z "$ONLY" ] || [[ "$1" =~ $ONLY ]]; }
+slug() { printf '%03d-%s' "$nstep" "$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-80)"; }
+
+mkdir -p "$OUT"
+rm -rf "${OUT:?}"/[0-9][0-9][0-9]-* "$OUT"/build.log "$OUT"/install.log "$OUT"/verbs_test*
+
+# --- 1. packages -----------------------------------------------------------------------
+need_pkgs=()
+command -v ibv_devinfo >/dev/null 2>&1 || need_pkgs+=(ibverbs-utils)
+command -v ib_write_bw >/dev/null 2>&1 || need_pkgs+=(perftest)
+[ -f /usr/include/infiniband/verbs.h ] || need_pkgs+=(libibverbs-dev)
+command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && [ -z "${SKIP_INSTALL:-}" ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing ${need_pkgs[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    { timeout 600 apt-get update && timeout 900 apt-get install -y --no-install-recommends "${need_pkgs[@]}"; } \
+      > "$OUT/install.log" 2>&1
+    result "install ${need_pkgs[*]}" $? "apt-get failed, see $OUT/install.log"
+  else
+    result "packages present" 1 "missing ${need_pkgs[*]}: apt-get install ibverbs-utils perftest libibverbs-dev gcc"
+  fi
+fi
+
+# --- 2. build ----------------------------------------------------------------------------
+cd "$REPO" || exit 1
+TARGET=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null)
+TARGET=${TARGET:-$REPO/target}
+# The drop-in and its stub providers: every workspace package under crates/ibverbs*.
+PKGS=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    if "/crates/ibverbs" in p["manifest_path"] or p["name"] == "softrdma-cli":
+        print("-p", p["name"])' 2>/dev/null | tr '\n' ' ')
+[ -n "$PKGS" ] || PKGS="-p softrdma-ibverbs -p softrdma-stub-mlx5 -p softrdma-stub-efa -p softrdma-cli"
+if [ -z "${SKIP_BUILD:-}" ]; then
+  log "cargo build --release $PKGS"
+  # shellcheck disable=SC2086
+  timeout 1800 cargo build --release $PKGS > "$OUT/build.log" 2>&1
+  result "cargo build --release $PKGS" $? "see $OUT/build.log"
+fi
+SOFTRDMA=${SOFTRDMA_BIN:-$TARGET/release/softrdma}
+if [ ! -x "$SOFTRDMA" ]; then
+  result "softrdma binary" 1 "$SOFTRDMA not built"
+  finish
+fi
+timeout 30 "$SOFTRDMA" env > "$OUT/env.txt" 2>&1
+result "softrdma env" $? "$(head -c 300 "$OUT/env.txt")"
+
+VT="$OUT/verbs_test"
+timeout 120 gcc -O1 -Wall -Werror -o "$VT" "$HERE/verbs_test.c" -libverbs > "$OUT/verbs_test.build.log" 2>&1
+result "gcc -O1 -Wall -Werror verbs_test.c -libverbs" $? "see $OUT/verbs_test.build.log"
+
+sr() { # run one program through softrdma run, bounded
+  local t=$1; shift
+  timeout -k 5 "$t" "$SOFTRDMA" run -- "$@"
+}
+
+# --- 3. single-process checks -------------------------------------------------------------
+single() { # name grep-pattern timeout program args...
+  local name=$1 pat=$2 t=$3; shift 3
+  nstep=$((nstep + 1))
+  want "$name" || return 0
+  local lf
+  lf="$OUT/$(slug "$name").log"
+  echo "\$ softrdma run -- $*" > "$lf"
+  sr "$t" "$@" >> "$lf" 2>&1
+  local rc=$?
+  if [ $rc = 0 ] && [ -n "$pat" ] && ! grep -qE "$pat" "$lf"; then
+    result "$name" 1 "exit 0 but no /$pat/ in the output; $lf"
+  else
+    result "$name" $rc "exit $rc$([ $rc = 124 ] && echo ' (timeout)'); $(tail -n 2 "$lf" | tr '\n' ' ' | cut -c1-200); $lf"
+  fi
+}
+
+# Listening on TCP port $1 (any address)? From /proc/net/tcp{,6}, state 0A.
+listening() {
+  local hex
+  hex=$(printf '%04X' "$1")
+  grep -qE "^ *[0-9]+: [0-9A-F]+:$hex [0-9A-F]+:0000 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# A server and a client of the same program; passes when both exit 0.
+#   pair NAME TIMEOUT PROGRAM ARGS...   (the port option is added: -p PORT)
+pair() {
+  local name=$1 t=$2; shift 2
+  nstep=$((nstep + 1))
+  want "$name" || return 0
+  PORT=$((PORT + 1))
+  local base sl cl spid src crc i
+  base="$OUT/$(slug "$name")"
+  sl="$base.server.log" cl="$base.client.log"
+  echo "\$ softrdma run -- $* -p $PORT" > "$sl"
+  timeout -k 5 "$t" "$SOFTRDMA" run -- "$@" -p "$PORT" >> "$sl" 2>&1 &
+  spid=$!
+  for i in $(seq 1 100); do # the server opens its device first, then listens
+    listening "$PORT" && break
+    kill -0 "$spid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "\$ softrdma run -- $* -p $PORT $PEER" > "$cl"
+  sr "$t" "$@" -p "$PORT" "$PEER" >> "$cl" 2>&1
+  crc=$?
+  if [ $crc != 0 ]; then
+    # a client that failed may leave the server waiting for it: give it a moment, then stop it
+    for i in $(seq 1 50); do kill -0 "$spid" 2>/dev/null || break; sleep 0.1; done
+    kill "$spid" 2>/dev/null
+  fi
+  wait "$spid"
+  src=$?
+  local detail="server exit $src, client exit $crc"
+  [ $src = 124 ] || [ $crc = 124 ] && detail="$detail (124 = timeout)"
+  if [ $src != 0 ] || [ $crc != 0 ]; then
+    detail="$detail; client: $(grep -v '^\$' "$cl" | tail -n 2 | tr '\n' ' ' | cut -c1-160); server: $(grep -v '^\$' "$sl" | tail -n 2 | tr '\n' ' ' | cut -c1-160); $base.*.log"
+  fi
+  [ $src = 0 ] && [ $crc = 0 ]
+  result "$name" $? "$detail"
+}
+
+single "ibv_devices" "$DEV" 30 ibv_devices
+single "ibv_devinfo -v" "PORT_ACTIVE" 30 ibv_devinfo -v
+single "ibv_devinfo -d $DEV -v" "GID\[ *0\]" 30 ibv_devinfo -d "$DEV" -v
+
+# The UD ping-pong's message must fit the port MTU (its receive buffer adds the 40-byte GRH).
+MTU=$(sed -nE 's/.*active_mtu:[[:space:]]*([0-9]+).*/\1/p' "$OUT"/*-ibv_devinfo_-v.log 2>/dev/null | head -n 1)
+MTU=${MTU:-1024}
+UDBIG=$((MTU < 4096 ? MTU : 4096))
+
+# --- 4. ping-pongs between two processes ---------------------------------------------------
+for prog in ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong; do
+  for size in 64 4096; do
+    s=$size
+    [ "$prog" = ibv_ud_pingpong ] && [ "$size" = 4096 ] && s=$UDBIG
+    for ev in "" "-e"; do
+      pair "$prog -g 0 -s $s -n $ITERS${ev:+ $ev}" "$STEP_TIMEOUT" "$prog" -d "$DEV" -g 0 -s "$s" -n "$ITERS" $ev
+    done
+  done
+done
+pair "ibv_rc_pingpong -g 0 -c (validate the buffer)" "$STEP_TIMEOUT" ibv_rc_pingpong -d "$DEV" -g 0 -n "$ITERS" -c
+pair "ibv_rc_pingpong -g 0 -N (new post send API)" "$STEP_TIMEOUT" ibv_rc_pingpong -d "$DEV" -g 0 -n "$ITERS" -N
+pair "ibv_rc_pingpong -g 0 -t (completion timestamps)" "$STEP_TIMEOUT" ibv_rc_pingpong -d "$DEV" -g 0 -n "$ITERS" -t
+pair "ibv_rc_pingpong -g 0 -j (device memory)" "$STEP_TIMEOUT" ibv_rc_pingpong -d "$DEV" -g 0 -n "$ITERS" -j
+
+# --- 5. perftest ---------------------------------------------------------------------------
+# What perftest needs for RoCE: the device (-d) and the GID index (-x 0; without it perftest
+# looks for a RoCE v2 GID in sysfs, where a user-space device has no entry). -F: no
+# cpufreq warning.
+PT=(-d "$DEV" -x 0 -F)
+for tool in ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat; do
+  pair "$tool" "$STEP_TIMEOUT" "$tool" "${PT[@]}"
+done
+for tool in ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat ib_send_lat; do
+  pair "$tool -a -n $AITERS" $((STEP_TIMEOUT * 3)) "$tool" "${PT[@]}" -a -n "$AITERS"
+done
+for tool in ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw; do
+  pair "$tool -b" "$STEP_TIMEOUT" "$tool" "${PT[@]}" -b
+done
+for tool in ib_send_bw ib_send_lat; do
+  for c in UD UC; do
+    pair "$tool -c $c" "$STEP_TIMEOUT" "$tool" "${PT[@]}" -c "$c"
+  done
+done
+
+# --- 6. verbs_test ---------------------------------------------------------------------------
+verbs_test() { # name-prefix args...
+  local pre=$1; shift
+  nstep=$((nstep + 1))
+  want "$pre" || return 0
+  local lf el rc
+  lf="$OUT/$(slug "$pre").log" el="$OUT/$(slug "$pre").stderr.log"
+  if [ ! -x "$VT" ]; then
+    result "$pre" 1 "verbs_test was not built"
+    return
+  fi
+  sr 600 "$VT" "$@" > "$lf" 2> "$el"
+  rc=$?
+  local n=0 line
+  while IFS= read -r line; do
+    case $line in
+      PASS:\ *) result "$pre: ${line#PASS: }" 0 ""; n=$((n + 1)) ;;
+      FAIL:\ *)
+        # "FAIL: name (line N: reason)": the name alone for the list, the reason as the detail
+        local body=${line#FAIL: } why
+        why=${body#* (line }
+        why=${why%)}
+        result "$pre: ${body%% (line *}" 1 "line $why"
+        n=$((n + 1)) ;;
+    esac
+  done < "$lf"
+  if [ "$n" = 0 ] || { [ "$rc" != 0 ] && [ "$rc" != 1 ]; }; then
+    result "$pre: exit status" 1 "exit $rc$([ $rc = 124 ] && echo ' (timeout)'); $(tail -n 3 "$el" | tr '\n' ' ' | cut -c1-300); $el"
+  fi
+}
+verbs_test "verbs_test" -d "$DEV" -g 0
+verbs_test "verbs_test -f" -d "$DEV" -g 0 -f
+
+finish
