@@ -797,7 +797,6 @@ static void t_qp_query(void)
 			EXPECT(ia.cap.max_send_wr >= 64 && ia.cap.max_send_sge >= 3, "cap %u/%u", ia.cap.max_send_wr,
 			       ia.cap.max_send_sge);
 		}
-		EXPECT(f.p.a.qp->state == IBV_QPS_RTS || 1, "");
 	}
 	fx_free(&f);
 	check_end();
@@ -1412,7 +1411,7 @@ static void t_mw(void)
 				if (poll1(f.p.a.scq, &wc, "write through the invalidated MW"))
 					check_wc(&wc, &(struct want){ 53, IBV_WC_REM_ACCESS_ERR, ANY, ANY, f.p.a.qp->qp_num,
 								      ANY, ANY, ANY }, "write after invalidation");
-				EXPECT(diff_at(mwmem.buf, f.ma.buf, 64) >= 0 || mwmem.buf[0] != f.ma.buf[0] || 1, "");
+				EXPECT(mwmem.buf[0] == 0, "the invalidated window was written");
 			}
 			EXPECT(ibv_dealloc_mw(mw) == 0, "ibv_dealloc_mw: %s", strerror(errno));
 			mw = NULL;
