@@ -35,7 +35,6 @@ static DEVICES: Mutex<Vec<&'static Dev>> = Mutex::new(Vec::new());
 
 /// An open softrdma device shared by every context of this process on it (every process
 /// is its own NIC: opening a device twice must not take a second address).
-#[allow(dead_code)] // the registry serves CQ and async events (next commit)
 pub(crate) struct DevShared {
     pub(crate) dev: softrdma_device::Device,
     /// C objects by engine id, for CQ events and async events.
@@ -45,7 +44,6 @@ pub(crate) struct DevShared {
 /// Addresses of this library's C objects by engine id (stored as usize: the registry is
 /// only a lookup table, the objects are owned by the program's handles).
 #[derive(Default)]
-#[allow(dead_code)]
 pub(crate) struct Registry {
     pub(crate) cqs: HashMap<u32, usize>,
     pub(crate) qps: HashMap<u32, usize>,
@@ -58,7 +56,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-#[allow(dead_code)]
 impl DevShared {
     pub(crate) fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
         lock(&self.reg)

@@ -1,64 +1,1291 @@
-//! PDs, MRs, CQs and completion channels, QPs, SRQs, AHs, async events (milestone 2:
-//! not yet implemented; each returns EOPNOTSUPP).
+//! PDs, MRs, completion channels and CQs, SRQs, QPs, AHs and async events.
+//!
+//! Each C object this library hands out is a `#[repr(C)]` struct whose first field is the
+//! C struct of `<infiniband/verbs.h>` (so the program's pointer is ours), followed by the
+//! engine handle it stands for. Every object's `context` is set.
 
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::AtomicU64;
 
-use crate::{null_errno, set_errno, sys};
+use softrdma_device::verbs::{
+    self, Access, AhAttr, Arm, AsyncEvent, ChannelId, CqId, Gid, GlobalRoute, Mtu, PdId, QpAttr,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, SrqId,
+};
 
-pub(crate) fn init_ops(_v: &mut sys::verbs_context) {}
+use crate::device::Ctx;
+use crate::{guard, minus_one, null_errno, sys, zeroed};
 
-macro_rules! todo_null {
-    ($($name:ident($($a:ident: $t:ty),*) -> $r:ty;)*) => {$(
-        #[no_mangle]
-        pub extern "C" fn $name($($a: $t),*) -> *mut $r {
-            $(let _ = $a;)*
-            null_errno(libc::EOPNOTSUPP)
-        }
-    )*};
-}
-macro_rules! todo_int {
-    ($($name:ident($($a:ident: $t:ty),*);)*) => {$(
-        #[no_mangle]
-        pub extern "C" fn $name($($a: $t),*) -> c_int {
-            $(let _ = $a;)*
-            set_errno(libc::EOPNOTSUPP);
-            libc::EOPNOTSUPP
-        }
-    )*};
+/// Access bits rdma-core lets a provider ignore (`IBV_ACCESS_OPTIONAL_RANGE`).
+const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+
+pub(crate) fn errno(e: &verbs::Error) -> c_int {
+    e.errno.code()
 }
 
-todo_null! {
-    ibv_alloc_pd(c: *mut sys::ibv_context) -> sys::ibv_pd;
-    ibv_reg_mr(p: *mut sys::ibv_pd, a: *mut c_void, l: usize, f: c_int) -> sys::ibv_mr;
-    ibv_reg_mr_iova(p: *mut sys::ibv_pd, a: *mut c_void, l: usize, i: u64, f: c_int) -> sys::ibv_mr;
-    ibv_reg_mr_iova2(p: *mut sys::ibv_pd, a: *mut c_void, l: usize, i: u64, f: u32) -> sys::ibv_mr;
-    ibv_create_comp_channel(c: *mut sys::ibv_context) -> sys::ibv_comp_channel;
-    ibv_create_cq(c: *mut sys::ibv_context, n: c_int, x: *mut c_void, ch: *mut sys::ibv_comp_channel, v: c_int) -> sys::ibv_cq;
-    ibv_create_qp(p: *mut sys::ibv_pd, a: *mut sys::ibv_qp_init_attr) -> sys::ibv_qp;
-    ibv_create_srq(p: *mut sys::ibv_pd, a: *mut sys::ibv_srq_init_attr) -> sys::ibv_srq;
-    ibv_create_ah(p: *mut sys::ibv_pd, a: *mut sys::ibv_ah_attr) -> sys::ibv_ah;
-    ibv_create_ah_from_wc(p: *mut sys::ibv_pd, w: *const sys::ibv_wc, g: *const sys::ibv_grh, n: u8) -> sys::ibv_ah;
+/// Box an object and hand out its address.
+fn leak<T>(v: T) -> *mut T {
+    Box::into_raw(Box::new(v))
 }
-todo_int! {
-    ibv_dealloc_pd(p: *mut sys::ibv_pd);
-    ibv_dereg_mr(m: *mut sys::ibv_mr);
-    ibv_destroy_comp_channel(c: *mut sys::ibv_comp_channel);
-    ibv_destroy_cq(c: *mut sys::ibv_cq);
-    ibv_resize_cq(c: *mut sys::ibv_cq, n: c_int);
-    ibv_get_cq_event(c: *mut sys::ibv_comp_channel, q: *mut *mut sys::ibv_cq, x: *mut *mut c_void);
-    ibv_modify_qp(q: *mut sys::ibv_qp, a: *mut sys::ibv_qp_attr, m: c_int);
-    ibv_query_qp(q: *mut sys::ibv_qp, a: *mut sys::ibv_qp_attr, m: c_int, i: *mut sys::ibv_qp_init_attr);
-    ibv_destroy_qp(q: *mut sys::ibv_qp);
-    ibv_modify_srq(s: *mut sys::ibv_srq, a: *mut sys::ibv_srq_attr, m: c_int);
-    ibv_query_srq(s: *mut sys::ibv_srq, a: *mut sys::ibv_srq_attr);
-    ibv_destroy_srq(s: *mut sys::ibv_srq);
-    ibv_destroy_ah(a: *mut sys::ibv_ah);
-    ibv_init_ah_from_wc(c: *mut sys::ibv_context, n: u8, w: *mut sys::ibv_wc, g: *mut sys::ibv_grh, a: *mut sys::ibv_ah_attr);
-    ibv_get_async_event(c: *mut sys::ibv_context, e: *mut sys::ibv_async_event);
+
+/// Our object behind a C pointer of its first field.
+///
+/// # Safety
+/// `p` is null or points at the first field of a live `T` this library allocated.
+pub(crate) unsafe fn obj<'a, T, C>(p: *const C) -> Option<&'a T> {
+    if p.is_null() {
+        None
+    } else {
+        // SAFETY: per the contract, `p` is the address of a live `T` (first field at 0).
+        Some(unsafe { &*p.cast::<T>() })
+    }
+}
+
+/// Free an object made by [`leak`].
+///
+/// # Safety
+/// `p` came from [`leak`] as a `T` and is freed once.
+unsafe fn free<T, C>(p: *mut C) {
+    // SAFETY: per the contract.
+    drop(unsafe { Box::from_raw(p.cast::<T>()) });
+}
+
+/// The context an object belongs to.
+///
+/// # Safety
+/// `c` is null or a live context of this library.
+pub(crate) unsafe fn ctx_of<'a>(c: *mut sys::ibv_context) -> Option<&'a Ctx> {
+    // SAFETY: per the contract.
+    unsafe { Ctx::from_ptr(c) }
+}
+
+pub(crate) fn init_ops(v: &mut sys::verbs_context) {
+    let ops = &mut v.context.ops;
+    ops.poll_cq = Some(crate::post::poll_cq);
+    ops.req_notify_cq = Some(req_notify_cq);
+    ops.post_send = Some(crate::post::post_send);
+    ops.post_recv = Some(crate::post::post_recv);
+    ops.post_srq_recv = Some(crate::post::post_srq_recv);
+}
+
+// ------------------------------------------------------------------ PD
+
+#[repr(C)]
+pub(crate) struct Pd {
+    pub(crate) c: sys::ibv_pd,
+    pub(crate) id: PdId,
+}
+
+/// The PD and its context behind an `ibv_pd *`.
+pub(crate) unsafe fn pd_ctx<'a>(pd: *mut sys::ibv_pd) -> Option<(&'a Pd, &'a Ctx)> {
+    // SAFETY: the caller passes a PD of this library.
+    let pd: &Pd = unsafe { obj(pd) }?;
+    // SAFETY: a PD's context is a live context.
+    let ctx = unsafe { ctx_of(pd.c.context) }?;
+    Some((pd, ctx))
 }
 
 #[no_mangle]
-pub extern "C" fn ibv_ack_cq_events(_cq: *mut sys::ibv_cq, _n: u32) {}
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut sys::ibv_context) -> *mut sys::ibv_pd {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { ctx_of(context) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        match ctx.dev().with(|r, _| r.ctx_mut().alloc_pd()) {
+            Ok(id) => {
+                let mut c: sys::ibv_pd = zeroed();
+                c.context = context;
+                c.handle = id.0;
+                leak(Pd { c, id }).cast()
+            }
+            Err(e) => null_errno(errno(&e)),
+        }
+    })
+}
 
 #[no_mangle]
-pub extern "C" fn ibv_ack_async_event(_e: *mut sys::ibv_async_event) {}
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a PD of this library.
+        let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
+            return libc::EINVAL;
+        };
+        let id = p.id;
+        match ctx.dev().with(|r, _| r.ctx_mut().dealloc_pd(id)) {
+            Ok(()) => {
+                // SAFETY: allocated by ibv_alloc_pd, freed once (the engine PD is gone).
+                unsafe { free::<Pd, _>(pd) };
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+// ------------------------------------------------------------------ MR
+
+#[repr(C)]
+pub(crate) struct Mr {
+    pub(crate) c: sys::ibv_mr,
+    pub(crate) lkey: u32,
+}
+
+/// Translate `IBV_ACCESS_*`: optional bits are dropped, on-demand paging is unsupported.
+pub(crate) fn access_flags(access: u32) -> Result<Access, c_int> {
+    let a = access & !ACCESS_OPTIONAL_RANGE & !sys::IBV_ACCESS_HUGETLB;
+    if a & sys::IBV_ACCESS_ON_DEMAND != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Access::from_bits(a).ok_or(libc::EINVAL)
+}
+
+unsafe fn reg_mr_common(
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut sys::ibv_mr {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a PD of this library.
+        let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        let acc = match access_flags(access) {
+            Ok(a) => a,
+            Err(e) => return null_errno(e),
+        };
+        let id = p.id;
+        // SAFETY: the verbs contract of ibv_reg_mr: the program keeps `addr..addr+length`
+        // valid until ibv_dereg_mr and accepts that the device reads and writes it at any
+        // time meanwhile.
+        let r = ctx
+            .dev()
+            .with(|r, _| unsafe { r.ctx_mut().reg_mr(id, addr.cast(), length, iova, acc) });
+        match r {
+            Ok(info) => {
+                let mut c: sys::ibv_mr = zeroed();
+                c.context = p.c.context;
+                c.pd = pd;
+                c.addr = addr;
+                c.length = length;
+                c.handle = info.lkey;
+                c.lkey = info.lkey;
+                c.rkey = info.rkey;
+                leak(Mr { c, lkey: info.lkey }).cast()
+            }
+            Err(e) => null_errno(errno(&e)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut sys::ibv_mr {
+    // SAFETY: forwarded under the caller's contract.
+    unsafe { reg_mr_common(pd, addr, length, addr as u64, access as u32) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut sys::ibv_mr {
+    // SAFETY: forwarded under the caller's contract.
+    unsafe { reg_mr_common(pd, addr, length, iova, access as u32) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut sys::ibv_mr {
+    // SAFETY: forwarded under the caller's contract.
+    unsafe { reg_mr_common(pd, addr, length, iova, access) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes an MR of this library.
+        let Some(m) = (unsafe { obj::<Mr, _>(mr) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: an MR's context is a live context.
+        let Some(ctx) = (unsafe { ctx_of(m.c.context) }) else {
+            return libc::EINVAL;
+        };
+        let lkey = m.lkey;
+        match ctx.dev().with(|r, _| r.ctx_mut().dereg_mr(lkey)) {
+            Ok(()) => {
+                // SAFETY: allocated by a reg_mr call, freed once.
+                unsafe { free::<Mr, _>(mr) };
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+// ------------------------------------------------------------------ channels and CQs
+
+#[repr(C)]
+pub(crate) struct Chan {
+    pub(crate) c: sys::ibv_comp_channel,
+    pub(crate) id: ChannelId,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(
+    context: *mut sys::ibv_context,
+) -> *mut sys::ibv_comp_channel {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { ctx_of(context) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        let id = match ctx.dev().with(|r, _| r.ctx_mut().create_channel()) {
+            Ok(id) => id,
+            Err(e) => return null_errno(errno(&e)),
+        };
+        let fd = match ctx.dev().add_channel_fd(id) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = ctx.dev().with(|r, _| r.ctx_mut().destroy_channel(id));
+                return null_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
+            }
+        };
+        let mut c: sys::ibv_comp_channel = zeroed();
+        c.context = context;
+        c.fd = fd;
+        leak(Chan { c, id }).cast()
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut sys::ibv_comp_channel) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a channel of this library.
+        let Some(ch) = (unsafe { obj::<Chan, _>(channel) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: a channel's context is a live context.
+        let Some(ctx) = (unsafe { ctx_of(ch.c.context) }) else {
+            return libc::EINVAL;
+        };
+        let id = ch.id;
+        match ctx.dev().with(|r, _| r.ctx_mut().destroy_channel(id)) {
+            Ok(()) => {
+                ctx.dev().remove_channel_fd(id);
+                // SAFETY: allocated by ibv_create_comp_channel, freed once.
+                unsafe { free::<Chan, _>(channel) };
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+/// A CQ. Always an `ibv_cq_ex` (whose head is `ibv_cq`), so `ibv_cq_ex_to_cq` and
+/// `ibv_create_cq_ex` share one object.
+#[repr(C)]
+pub(crate) struct Cq {
+    pub(crate) c: sys::ibv_cq_ex,
+    pub(crate) id: CqId,
+    /// The device generation at which the CQ was last found empty (u64::MAX: unknown).
+    pub(crate) empty_at: AtomicU64,
+    /// State of the extended polling API (`ibv_start_poll` & co).
+    pub(crate) ex: std::cell::UnsafeCell<crate::ex::CqPoll>,
+}
+
+impl Cq {
+    pub(crate) fn ctx(&self) -> Option<&Ctx> {
+        // SAFETY: a CQ's context is a live context.
+        unsafe { ctx_of(self.c.context) }
+    }
+    pub(crate) fn c_ptr(&self) -> *mut sys::ibv_cq {
+        std::ptr::addr_of!(self.c).cast_mut().cast()
+    }
+}
+
+/// Create a CQ object (shared by `ibv_create_cq` and `ibv_create_cq_ex`).
+pub(crate) fn create_cq_obj(
+    ctx: &Ctx,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut sys::ibv_comp_channel,
+    timestamps: bool,
+) -> Result<*mut Cq, c_int> {
+    if cqe <= 0 {
+        return Err(libc::EINVAL);
+    }
+    let ch = if channel.is_null() {
+        None
+    } else {
+        // SAFETY: the caller passes a channel of this library.
+        Some(unsafe { obj::<Chan, _>(channel) }.ok_or(libc::EINVAL)?.id)
+    };
+    let (id, cap) = ctx
+        .dev()
+        .with(|r, _| r.ctx_mut().create_cq(cqe as u32, ch, timestamps))
+        .map_err(|e| errno(&e))?;
+    let mut c: sys::ibv_cq_ex = zeroed();
+    c.context = ctx.c_ptr();
+    c.channel = channel;
+    c.cq_context = cq_context;
+    c.handle = id.0;
+    c.cqe = cap as c_int;
+    let p = leak(Cq {
+        c,
+        id,
+        empty_at: AtomicU64::new(u64::MAX),
+        ex: Default::default(),
+    });
+    ctx.shared.registry().cqs.insert(id.0, p as usize);
+    Ok(p)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut sys::ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut sys::ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut sys::ibv_cq {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { ctx_of(context) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        match create_cq_obj(ctx, cqe, cq_context, channel, false) {
+            Ok(p) => p.cast(),
+            Err(e) => null_errno(e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a CQ of this library.
+        let Some(q) = (unsafe { obj::<Cq, _>(cq) }) else {
+            return libc::EINVAL;
+        };
+        let Some(ctx) = q.ctx() else {
+            return libc::EINVAL;
+        };
+        let id = q.id;
+        match ctx.dev().with(|r, _| r.ctx_mut().destroy_cq(id)) {
+            Ok(()) => {
+                ctx.shared.registry().cqs.remove(&id.0);
+                // SAFETY: allocated by create_cq_obj, freed once.
+                unsafe { free::<Cq, _>(cq) };
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut sys::ibv_cq, cqe: c_int) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a CQ of this library.
+        let Some(q) = (unsafe { obj::<Cq, _>(cq) }) else {
+            return libc::EINVAL;
+        };
+        let Some(ctx) = q.ctx() else {
+            return libc::EINVAL;
+        };
+        if cqe <= 0 {
+            return libc::EINVAL;
+        }
+        let id = q.id;
+        match ctx.dev().with(|r, _| r.ctx_mut().resize_cq(id, cqe as u32)) {
+            Ok(cap) => {
+                // SAFETY: `cq` is live; `cqe` is the program-visible capacity.
+                unsafe { (*cq).cqe = cap as c_int };
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+/// `ops.req_notify_cq`.
+unsafe extern "C" fn req_notify_cq(cq: *mut sys::ibv_cq, solicited_only: c_int) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a CQ of this library.
+        let Some(q) = (unsafe { obj::<Cq, _>(cq) }) else {
+            return libc::EINVAL;
+        };
+        let Some(ctx) = q.ctx() else {
+            return libc::EINVAL;
+        };
+        let arm = if solicited_only != 0 {
+            Arm::Solicited
+        } else {
+            Arm::Next
+        };
+        let id = q.id;
+        match ctx.dev().with(|r, _| r.ctx_mut().req_notify_cq(id, arm)) {
+            Ok(()) => 0,
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+/// Blocks until the channel has an event; the waiting thread drives the device's
+/// progress meanwhile. (The channel fd is a non-blocking eventfd that is readable while
+/// events are pending, so programs may also poll(2) it first.)
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut sys::ibv_comp_channel,
+    cq: *mut *mut sys::ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a channel of this library.
+        let Some(ch) = (unsafe { obj::<Chan, _>(channel) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        // SAFETY: a channel's context is a live context.
+        let Some(ctx) = (unsafe { ctx_of(ch.c.context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if cq.is_null() || cq_context.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        let id = ch.id;
+        let dev = ctx.dev();
+        loop {
+            let got = dev.wait_for(None, || dev.with_quiet(|r, _| r.ctx_mut().get_cq_event(id)));
+            let Some(cq_id) = got else {
+                continue;
+            };
+            let p = ctx.shared.registry().cqs.get(&cq_id.0).copied();
+            let Some(p) = p else {
+                // The CQ was destroyed meanwhile: not an event for anyone.
+                continue;
+            };
+            let q = p as *mut Cq;
+            // SAFETY: registered CQs are live (removed from the registry before freeing);
+            // `cq` and `cq_context` are the caller's out pointers.
+            unsafe {
+                *cq = (*q).c_ptr();
+                *cq_context = (*q).c.cq_context;
+            }
+            return 0;
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, nevents: u32) {
+    guard((), || {
+        // SAFETY: the caller passes a CQ of this library.
+        let Some(q) = (unsafe { obj::<Cq, _>(cq) }) else {
+            return;
+        };
+        let Some(ctx) = q.ctx() else {
+            return;
+        };
+        let id = q.id;
+        if ctx
+            .dev()
+            .with_quiet(|r, _| r.ctx_mut().ack_cq_events(id, nevents))
+            .is_ok()
+        {
+            // SAFETY: `cq` is live; the counter is the program-visible one.
+            unsafe {
+                (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents)
+            };
+        }
+    })
+}
+
+// ------------------------------------------------------------------ SRQ
+
+#[repr(C)]
+pub(crate) struct Srq {
+    pub(crate) c: sys::ibv_srq,
+    pub(crate) id: SrqId,
+}
+
+impl Srq {
+    pub(crate) fn ctx(&self) -> Option<&Ctx> {
+        // SAFETY: an SRQ's context is a live context.
+        unsafe { ctx_of(self.c.context) }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut sys::ibv_pd,
+    init: *mut sys::ibv_srq_init_attr,
+) -> *mut sys::ibv_srq {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a PD of this library.
+        let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        if init.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        // SAFETY: `init` points at the caller's attributes.
+        let init = unsafe { &mut *init };
+        let a = init.attr;
+        let pid = p.id;
+        let r = ctx.dev().with(|r, _| {
+            let c = r.ctx_mut();
+            let id = c.create_srq(pid, a.max_wr, a.max_sge, a.srq_limit)?;
+            let actual = c.query_srq(id)?;
+            Ok::<_, verbs::Error>((id, actual))
+        });
+        match r {
+            Ok((id, (max_wr, max_sge, _))) => {
+                init.attr.max_wr = max_wr;
+                init.attr.max_sge = max_sge;
+                let mut c: sys::ibv_srq = zeroed();
+                c.context = p.c.context;
+                c.srq_context = init.srq_context;
+                c.pd = pd;
+                c.handle = id.0;
+                let s = leak(Srq { c, id });
+                ctx.shared.registry().srqs.insert(id.0, s as usize);
+                s.cast()
+            }
+            Err(e) => null_errno(errno(&e)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut sys::ibv_srq,
+    attr: *mut sys::ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes an SRQ of this library.
+        let Some(s) = (unsafe { obj::<Srq, _>(srq) }) else {
+            return libc::EINVAL;
+        };
+        let Some(ctx) = s.ctx() else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() || mask as u32 & !(sys::IBV_SRQ_MAX_WR | sys::IBV_SRQ_LIMIT) != 0 {
+            return libc::EINVAL;
+        }
+        // SAFETY: `attr` points at the caller's attributes.
+        let a = unsafe { *attr };
+        let max_wr = (mask as u32 & sys::IBV_SRQ_MAX_WR != 0).then_some(a.max_wr);
+        let limit = (mask as u32 & sys::IBV_SRQ_LIMIT != 0).then_some(a.srq_limit);
+        let id = s.id;
+        match ctx
+            .dev()
+            .with(|r, _| r.ctx_mut().modify_srq(id, max_wr, limit))
+        {
+            Ok(()) => 0,
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(
+    srq: *mut sys::ibv_srq,
+    attr: *mut sys::ibv_srq_attr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes an SRQ of this library.
+        let Some(s) = (unsafe { obj::<Srq, _>(srq) }) else {
+            return libc::EINVAL;
+        };
+        let Some(ctx) = s.ctx() else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        let id = s.id;
+        match ctx.dev().with_read(|r| r.ctx().query_srq(id)) {
+            Ok((max_wr, max_sge, limit)) => {
+                // SAFETY: `attr` points at the caller's attributes.
+                unsafe {
+                    *attr = sys::ibv_srq_attr {
+                        max_wr,
+                        max_sge,
+                        srq_limit: limit,
+                    }
+                };
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes an SRQ of this library.
+        let Some(s) = (unsafe { obj::<Srq, _>(srq) }) else {
+            return libc::EINVAL;
+        };
+        let Some(ctx) = s.ctx() else {
+            return libc::EINVAL;
+        };
+        let id = s.id;
+        match ctx.dev().with(|r, _| r.ctx_mut().destroy_srq(id)) {
+            Ok(()) => {
+                ctx.shared.registry().srqs.remove(&id.0);
+                // SAFETY: allocated by ibv_create_srq, freed once.
+                unsafe { free::<Srq, _>(srq) };
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+// ------------------------------------------------------------------ QP
+
+/// A QP. Always an `ibv_qp_ex` (whose head is `ibv_qp`), so `ibv_qp_to_qp_ex` returns
+/// the same object.
+#[repr(C)]
+pub(crate) struct Qp {
+    pub(crate) c: sys::ibv_qp_ex,
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
+    /// The work request being built with the `ibv_wr_*` API.
+    pub(crate) ex: std::cell::UnsafeCell<crate::ex::WrBuild>,
+}
+
+impl Qp {
+    pub(crate) fn ctx(&self) -> Option<&Ctx> {
+        // SAFETY: a QP's context is a live context.
+        unsafe { ctx_of(self.c.qp_base.context) }
+    }
+}
+
+fn qp_type(t: u32) -> Result<QpType, c_int> {
+    match t {
+        sys::IBV_QPT_RC => Ok(QpType::Rc),
+        sys::IBV_QPT_UC => Ok(QpType::Uc),
+        sys::IBV_QPT_UD => Ok(QpType::Ud),
+        _ => Err(libc::EOPNOTSUPP),
+    }
+}
+
+fn qp_state(s: u32) -> Result<QpState, c_int> {
+    Ok(match s {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Err,
+        _ => return Err(libc::EINVAL),
+    })
+}
+
+fn cap_from_c(c: &sys::ibv_qp_cap) -> QpCap {
+    QpCap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+fn cap_to_c(c: &QpCap) -> sys::ibv_qp_cap {
+    sys::ibv_qp_cap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+pub(crate) fn ah_from_c(a: &sys::ibv_ah_attr) -> AhAttr {
+    // SAFETY: every bit pattern of the 16-byte GID union is a valid byte array.
+    let dgid = unsafe { a.grh.dgid.raw };
+    AhAttr {
+        grh: GlobalRoute {
+            dgid: Gid(dgid),
+            flow_label: a.grh.flow_label,
+            sgid_index: a.grh.sgid_index,
+            hop_limit: a.grh.hop_limit,
+            traffic_class: a.grh.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: a.is_global != 0,
+        port_num: a.port_num,
+    }
+}
+
+fn ah_to_c(a: &AhAttr) -> sys::ibv_ah_attr {
+    let mut o: sys::ibv_ah_attr = zeroed();
+    o.grh.dgid.raw = a.grh.dgid.0;
+    o.grh.flow_label = a.grh.flow_label;
+    o.grh.sgid_index = a.grh.sgid_index;
+    o.grh.hop_limit = a.grh.hop_limit;
+    o.grh.traffic_class = a.grh.traffic_class;
+    o.dlid = a.dlid;
+    o.sl = a.sl;
+    o.src_path_bits = a.src_path_bits;
+    o.static_rate = a.static_rate;
+    o.is_global = a.is_global as u8;
+    o.port_num = a.port_num;
+    o
+}
+
+/// Create a QP object (shared by `ibv_create_qp` and `ibv_create_qp_ex`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn create_qp_obj(
+    ctx: &Ctx,
+    pd: *mut sys::ibv_pd,
+    qp_context: *mut c_void,
+    send_cq: *mut sys::ibv_cq,
+    recv_cq: *mut sys::ibv_cq,
+    srq: *mut sys::ibv_srq,
+    cap: &mut sys::ibv_qp_cap,
+    qp_type_raw: u32,
+    sq_sig_all: bool,
+) -> Result<*mut Qp, c_int> {
+    // SAFETY: the caller passes objects of this library (or null where optional).
+    let (p, scq, rcq) = unsafe {
+        (
+            obj::<Pd, _>(pd).ok_or(libc::EINVAL)?,
+            obj::<Cq, _>(send_cq).ok_or(libc::EINVAL)?,
+            obj::<Cq, _>(recv_cq).ok_or(libc::EINVAL)?,
+        )
+    };
+    let srq_id = if srq.is_null() {
+        None
+    } else {
+        // SAFETY: as above.
+        Some(unsafe { obj::<Srq, _>(srq) }.ok_or(libc::EINVAL)?.id)
+    };
+    let t = qp_type(qp_type_raw)?;
+    let init = QpInitAttr {
+        qp_type: t,
+        pd: p.id,
+        send_cq: scq.id,
+        recv_cq: rcq.id,
+        srq: srq_id,
+        cap: cap_from_c(cap),
+        sq_sig_all,
+    };
+    let (qpn, actual) = ctx
+        .dev()
+        .with(|r, _| {
+            let qpn = r.create_qp(init)?;
+            let actual = r.ctx().qp(qpn).map(|q| q.init.cap).unwrap_or(init.cap);
+            Ok::<_, verbs::Error>((qpn, actual))
+        })
+        .map_err(|e| errno(&e))?;
+    *cap = cap_to_c(&actual);
+    let mut c: sys::ibv_qp_ex = zeroed();
+    let b = &mut c.qp_base;
+    b.context = ctx.c_ptr();
+    b.qp_context = qp_context;
+    b.pd = pd;
+    b.send_cq = send_cq;
+    b.recv_cq = recv_cq;
+    b.srq = srq;
+    b.handle = qpn;
+    b.qp_num = qpn;
+    b.state = sys::IBV_QPS_RESET;
+    b.qp_type = qp_type_raw;
+    crate::ex::init_qp_ex(&mut c);
+    let q = leak(Qp {
+        c,
+        qpn,
+        qp_type: t,
+        ex: Default::default(),
+    });
+    ctx.shared.registry().qps.insert(qpn, q as usize);
+    Ok(q)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut sys::ibv_pd,
+    init: *mut sys::ibv_qp_init_attr,
+) -> *mut sys::ibv_qp {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a PD of this library.
+        let Some((_, ctx)) = (unsafe { pd_ctx(pd) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        if init.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        // SAFETY: `init` points at the caller's attributes.
+        let i = unsafe { &mut *init };
+        match create_qp_obj(
+            ctx,
+            pd,
+            i.qp_context,
+            i.send_cq,
+            i.recv_cq,
+            i.srq,
+            &mut i.cap,
+            i.qp_type,
+            i.sq_sig_all != 0,
+        ) {
+            Ok(q) => q.cast(),
+            Err(e) => null_errno(e),
+        }
+    })
+}
+
+/// Translate `ibv_qp_attr` for `mask`; enums are read only where the mask names them.
+fn qp_attr_from_c(a: &sys::ibv_qp_attr, mask: QpAttrMask) -> Result<QpAttr, c_int> {
+    let mut o = QpAttr {
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: Access::from_bits_truncate(a.qp_access_flags),
+        cap: cap_from_c(&a.cap),
+        pkey_index: a.pkey_index,
+        en_sqd_async_notify: a.en_sqd_async_notify != 0,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        ..Default::default()
+    };
+    if mask.contains(QpAttrMask::STATE) {
+        o.qp_state = qp_state(a.qp_state)?;
+    }
+    if mask.contains(QpAttrMask::CUR_STATE) {
+        o.cur_qp_state = qp_state(a.cur_qp_state)?;
+    }
+    if mask.contains(QpAttrMask::PATH_MTU) {
+        o.path_mtu = Mtu::from_raw(a.path_mtu).ok_or(libc::EINVAL)?;
+    }
+    if mask.contains(QpAttrMask::AV) {
+        o.ah_attr = ah_from_c(&a.ah_attr);
+    }
+    Ok(o)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut sys::ibv_qp,
+    attr: *mut sys::ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a QP of this library.
+        let Some(q) = (unsafe { obj::<Qp, _>(qp) }) else {
+            return libc::EINVAL;
+        };
+        let Some(ctx) = q.ctx() else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        let m = mask as u32;
+        if m & sys::IBV_QP_RATE_LIMIT != 0 {
+            return libc::EOPNOTSUPP;
+        }
+        let Some(vm) = QpAttrMask::from_bits(m) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: `attr` points at the caller's attributes.
+        let a = match qp_attr_from_c(unsafe { &*attr }, vm) {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+        let qpn = q.qpn;
+        match ctx.dev().with(|r, now| r.modify_qp(now, qpn, &a, vm)) {
+            Ok(()) => {
+                if vm.contains(QpAttrMask::STATE) {
+                    // SAFETY: `qp` is live; `state` is the program-visible copy.
+                    unsafe { (*qp).state = a.qp_state as u32 };
+                }
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut sys::ibv_qp,
+    attr: *mut sys::ibv_qp_attr,
+    _mask: c_int,
+    init: *mut sys::ibv_qp_init_attr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a QP of this library.
+        let Some(q) = (unsafe { obj::<Qp, _>(qp) }) else {
+            return libc::EINVAL;
+        };
+        let Some(ctx) = q.ctx() else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() || init.is_null() {
+            return libc::EINVAL;
+        }
+        let qpn = q.qpn;
+        let r = ctx.dev().with_read(|r| {
+            let a = r.query_qp(qpn)?;
+            let i = r
+                .ctx()
+                .qp(qpn)
+                .map(|x| x.init)
+                .ok_or(verbs::Error::new(verbs::Errno::ENOENT, "no such QP"))?;
+            Ok::<_, verbs::Error>((a, i))
+        });
+        let (a, i) = match r {
+            Ok(v) => v,
+            Err(e) => return errno(&e),
+        };
+        let mut o: sys::ibv_qp_attr = zeroed();
+        o.qp_state = a.qp_state as u32;
+        o.cur_qp_state = a.cur_qp_state as u32;
+        o.path_mtu = a.path_mtu as u32;
+        o.path_mig_state = sys::IBV_MIG_MIGRATED;
+        o.qkey = a.qkey;
+        o.rq_psn = a.rq_psn;
+        o.sq_psn = a.sq_psn;
+        o.dest_qp_num = a.dest_qp_num;
+        o.qp_access_flags = a.qp_access_flags.bits();
+        o.cap = cap_to_c(&i.cap);
+        o.ah_attr = ah_to_c(&a.ah_attr);
+        o.pkey_index = a.pkey_index;
+        o.en_sqd_async_notify = a.en_sqd_async_notify as u8;
+        o.sq_draining = a.sq_draining as u8;
+        o.max_rd_atomic = a.max_rd_atomic;
+        o.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        o.min_rnr_timer = a.min_rnr_timer;
+        o.port_num = a.port_num;
+        o.timeout = a.timeout;
+        o.retry_cnt = a.retry_cnt;
+        o.rnr_retry = a.rnr_retry;
+        // SAFETY: `qp`, `attr` and `init` are live; the base fields are read as stored.
+        unsafe {
+            let b = &*qp;
+            attr.write(o);
+            let mut ia: sys::ibv_qp_init_attr = zeroed();
+            ia.qp_context = b.qp_context;
+            ia.send_cq = b.send_cq;
+            ia.recv_cq = b.recv_cq;
+            ia.srq = b.srq;
+            ia.cap = cap_to_c(&i.cap);
+            ia.qp_type = b.qp_type;
+            ia.sq_sig_all = i.sq_sig_all as c_int;
+            init.write(ia);
+            (*qp).state = a.qp_state as u32;
+        }
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a QP of this library.
+        let Some(q) = (unsafe { obj::<Qp, _>(qp) }) else {
+            return libc::EINVAL;
+        };
+        let Some(ctx) = q.ctx() else {
+            return libc::EINVAL;
+        };
+        let qpn = q.qpn;
+        match ctx.dev().with(|r, _| r.destroy_qp(qpn)) {
+            Ok(()) => {
+                ctx.shared.registry().qps.remove(&qpn);
+                // SAFETY: allocated by create_qp_obj, freed once.
+                unsafe { free::<Qp, _>(qp) };
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+// ------------------------------------------------------------------ AH
+
+#[repr(C)]
+pub(crate) struct Ah {
+    pub(crate) c: sys::ibv_ah,
+    pub(crate) id: verbs::AhId,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(
+    pd: *mut sys::ibv_pd,
+    attr: *mut sys::ibv_ah_attr,
+) -> *mut sys::ibv_ah {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a PD of this library.
+        let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        if attr.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        // SAFETY: `attr` points at the caller's attributes.
+        let a = ah_from_c(unsafe { &*attr });
+        let pid = p.id;
+        match ctx.dev().with(|r, _| r.ctx_mut().create_ah(pid, &a)) {
+            Ok(id) => {
+                let mut c: sys::ibv_ah = zeroed();
+                c.context = p.c.context;
+                c.pd = pd;
+                c.handle = id.0;
+                leak(Ah { c, id }).cast()
+            }
+            Err(e) => null_errno(errno(&e)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut sys::ibv_ah) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes an AH of this library.
+        let Some(a) = (unsafe { obj::<Ah, _>(ah) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: an AH's context is a live context.
+        let Some(ctx) = (unsafe { ctx_of(a.c.context) }) else {
+            return libc::EINVAL;
+        };
+        let id = a.id;
+        match ctx.dev().with(|r, _| r.ctx_mut().destroy_ah(id)) {
+            Ok(()) => {
+                // SAFETY: allocated by ibv_create_ah, freed once.
+                unsafe { free::<Ah, _>(ah) };
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+/// The address vector back to the sender of a received UD message: the 40-byte GRH area
+/// holds an IPv6 header, or (RoCEv2 over IPv4, as rxe) an IPv4 header in its last 20
+/// bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    context: *mut sys::ibv_context,
+    port_num: u8,
+    wc: *mut sys::ibv_wc,
+    grh: *mut sys::ibv_grh,
+    ah_attr: *mut sys::ibv_ah_attr,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { ctx_of(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if wc.is_null() || grh.is_null() || ah_attr.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: `wc` is the caller's completion; `grh` its 40-byte GRH area.
+        let (w, g) = unsafe { (*wc, std::slice::from_raw_parts(grh.cast::<u8>(), 40)) };
+        if w.wc_flags & sys::IBV_WC_GRH == 0 {
+            return minus_one(libc::EINVAL);
+        }
+        let (sgid, dgid, tclass, flow) = if g[0] >> 4 == 6 {
+            let mut s = [0u8; 16];
+            let mut d = [0u8; 16];
+            s.copy_from_slice(&g[8..24]);
+            d.copy_from_slice(&g[24..40]);
+            let vtf = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
+            (Gid(s), Gid(d), ((vtf >> 20) & 0xFF) as u8, vtf & 0xF_FFFF)
+        } else if g[20] >> 4 == 4 {
+            let ip = &g[20..40];
+            let src = std::net::Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+            let dst = std::net::Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+            (Gid::from_ipv4(src), Gid::from_ipv4(dst), ip[1], 0)
+        } else {
+            return minus_one(libc::EINVAL);
+        };
+        // Our GID the message was sent to is the source GID of the reply.
+        let sgid_index = ctx
+            .dev()
+            .with_read(|r| r.ctx().gids().iter().position(|x| *x == dgid))
+            .unwrap_or(0) as u8;
+        let mut o: sys::ibv_ah_attr = zeroed();
+        o.grh.dgid.raw = sgid.0;
+        o.grh.flow_label = flow;
+        o.grh.sgid_index = sgid_index;
+        o.grh.hop_limit = 0xFF;
+        o.grh.traffic_class = tclass;
+        o.dlid = w.slid;
+        o.sl = w.sl;
+        o.src_path_bits = w.dlid_path_bits;
+        o.is_global = 1;
+        o.port_num = port_num;
+        // SAFETY: `ah_attr` points at the caller's struct.
+        unsafe { ah_attr.write(o) };
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut sys::ibv_pd,
+    wc: *mut sys::ibv_wc,
+    grh: *mut sys::ibv_grh,
+    port_num: u8,
+) -> *mut sys::ibv_ah {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a PD of this library.
+        let Some((p, _)) = (unsafe { pd_ctx(pd) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        let mut a: sys::ibv_ah_attr = zeroed();
+        // SAFETY: forwarded under the caller's contract; `a` is a live local.
+        if unsafe { ibv_init_ah_from_wc(p.c.context, port_num, wc, grh, &mut a) } != 0 {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: as above.
+        unsafe { ibv_create_ah(pd, &mut a) }
+    })
+}
+
+// ------------------------------------------------------------------ async events
+
+/// Blocks until the device has an async event (the fd `context->async_fd` is readable
+/// while one is pending). Events of objects already destroyed are skipped.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    context: *mut sys::ibv_context,
+    event: *mut sys::ibv_async_event,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { ctx_of(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if event.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        let dev = ctx.dev();
+        loop {
+            let Some(ev) = dev.next_async_event() else {
+                let mut p = libc::pollfd {
+                    fd: dev.async_event_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd. EINTR just loops.
+                unsafe { libc::poll(&mut p, 1, -1) };
+                continue;
+            };
+            let mut o: sys::ibv_async_event = zeroed();
+            let reg = ctx.shared.registry();
+            let (elem, ty) = match ev {
+                AsyncEvent::CqErr(c) => (reg.cqs.get(&c.0).copied(), sys::IBV_EVENT_CQ_ERR),
+                AsyncEvent::QpFatal(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_FATAL),
+                AsyncEvent::QpReqErr(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_REQ_ERR),
+                AsyncEvent::QpAccessErr(q) => {
+                    (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_ACCESS_ERR)
+                }
+                AsyncEvent::CommEst(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_COMM_EST),
+                AsyncEvent::SqDrained(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_SQ_DRAINED),
+                AsyncEvent::QpLastWqeReached(q) => {
+                    (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_LAST_WQE_REACHED)
+                }
+                AsyncEvent::SrqLimitReached(s) => (
+                    reg.srqs.get(&s.0).copied(),
+                    sys::IBV_EVENT_SRQ_LIMIT_REACHED,
+                ),
+                AsyncEvent::PortActive(p) => {
+                    o.element.port_num = p as c_int;
+                    (Some(0), sys::IBV_EVENT_PORT_ACTIVE)
+                }
+                AsyncEvent::DeviceFatal => (Some(0), sys::IBV_EVENT_DEVICE_FATAL),
+            };
+            drop(reg);
+            let Some(elem) = elem else {
+                continue;
+            };
+            match ty {
+                sys::IBV_EVENT_CQ_ERR => {
+                    // SAFETY: a registered CQ is live.
+                    o.element.cq = unsafe { (*(elem as *mut Cq)).c_ptr() }
+                }
+                sys::IBV_EVENT_SRQ_LIMIT_REACHED => o.element.srq = elem as *mut sys::ibv_srq,
+                sys::IBV_EVENT_PORT_ACTIVE | sys::IBV_EVENT_DEVICE_FATAL => {}
+                _ => o.element.qp = elem as *mut sys::ibv_qp,
+            }
+            o.event_type = ty;
+            // SAFETY: `event` points at the caller's struct.
+            unsafe { event.write(o) };
+            return 0;
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut sys::ibv_async_event) {
+    guard((), || {
+        if event.is_null() {
+            return;
+        }
+        // SAFETY: `event` is one the program got from ibv_get_async_event; its element
+        // is a live object of this library (the program acks before destroying it).
+        unsafe {
+            let e = &*event;
+            match e.event_type {
+                sys::IBV_EVENT_CQ_ERR if !e.element.cq.is_null() => {
+                    let c = &mut *e.element.cq;
+                    c.async_events_completed = c.async_events_completed.wrapping_add(1);
+                }
+                sys::IBV_EVENT_SRQ_LIMIT_REACHED | sys::IBV_EVENT_SRQ_ERR
+                    if !e.element.srq.is_null() =>
+                {
+                    let s = &mut *e.element.srq;
+                    s.events_completed = s.events_completed.wrapping_add(1);
+                }
+                sys::IBV_EVENT_QP_FATAL
+                | sys::IBV_EVENT_QP_REQ_ERR
+                | sys::IBV_EVENT_QP_ACCESS_ERR
+                | sys::IBV_EVENT_COMM_EST
+                | sys::IBV_EVENT_SQ_DRAINED
+                | sys::IBV_EVENT_PATH_MIG
+                | sys::IBV_EVENT_PATH_MIG_ERR
+                | sys::IBV_EVENT_QP_LAST_WQE_REACHED
+                    if !e.element.qp.is_null() =>
+                {
+                    let q = &mut *e.element.qp;
+                    q.events_completed = q.events_completed.wrapping_add(1);
+                }
+                _ => {}
+            }
+        }
+    })
+}

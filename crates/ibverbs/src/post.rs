@@ -1,1 +1,369 @@
-//! Posting work requests (milestone 2).
+//! The data path behind `ctx->ops`: `ibv_post_send`, `ibv_post_recv`,
+//! `ibv_post_srq_recv` and `ibv_poll_cq` are static inline calls through these pointers.
+
+use std::ffi::c_int;
+use std::sync::atomic::Ordering;
+
+use softrdma_device::verbs::{
+    self, Access, MwBind, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags,
+    WorkCompletion,
+};
+
+use crate::objs::{errno, obj, Ah, Cq, Mr, Qp, Srq};
+use crate::{guard, sys, zeroed};
+
+/// The scatter/gather list of a C work request.
+///
+/// # Safety
+/// `sg` points at `n` SGEs (or `n` is 0).
+unsafe fn sges(sg: *const sys::ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+    if n < 0 || (n > 0 && sg.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: per the contract.
+    let s = unsafe { std::slice::from_raw_parts(sg, n as usize) };
+    Ok(s.iter()
+        .map(|e| Sge {
+            addr: e.addr,
+            length: e.length,
+            lkey: e.lkey,
+        })
+        .collect())
+}
+
+/// The window and region of a bind, as the engine names them.
+///
+/// # Safety
+/// `mw` and `mr` are null or objects of this library.
+pub(crate) unsafe fn mw_bind(
+    mw: *mut sys::ibv_mw,
+    rkey: u32,
+    info: &sys::ibv_mw_bind_info,
+) -> Result<MwBind, c_int> {
+    // SAFETY: per the contract.
+    let w = unsafe { obj::<crate::ex::Mw, _>(mw) }.ok_or(libc::EINVAL)?;
+    let lkey = if info.mr.is_null() {
+        0
+    } else {
+        // SAFETY: per the contract.
+        unsafe { obj::<Mr, _>(info.mr) }.ok_or(libc::EINVAL)?.lkey
+    };
+    Ok(MwBind {
+        mw: w.id,
+        rkey,
+        mr_lkey: lkey,
+        addr: info.addr,
+        length: info.length,
+        access: Access::from_bits_truncate(info.mw_access_flags),
+    })
+}
+
+/// Translate one `ibv_send_wr`.
+///
+/// # Safety
+/// `wr` is a valid work request whose pointers (SGEs, AH, MW, MR) are valid.
+unsafe fn send_wr(qp: &Qp, wr: &sys::ibv_send_wr) -> Result<SendWr, c_int> {
+    // SAFETY: per the contract.
+    let sg_list = unsafe { sges(wr.sg_list, wr.num_sge) }?;
+    // SAFETY: the unions are read as the opcode says the caller filled them; every bit
+    // pattern of their integer fields is valid.
+    let op = unsafe {
+        let rdma = wr.wr.rdma;
+        let at = wr.wr.atomic;
+        let imm = u32::from_be(wr.__bindgen_anon_1.imm_data);
+        match wr.opcode {
+            sys::IBV_WR_RDMA_WRITE => SendOp::Write {
+                remote_addr: rdma.remote_addr,
+                rkey: rdma.rkey,
+            },
+            sys::IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
+                remote_addr: rdma.remote_addr,
+                rkey: rdma.rkey,
+                imm,
+            },
+            sys::IBV_WR_SEND => SendOp::Send,
+            sys::IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { imm },
+            sys::IBV_WR_RDMA_READ => SendOp::Read {
+                remote_addr: rdma.remote_addr,
+                rkey: rdma.rkey,
+            },
+            sys::IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+                remote_addr: at.remote_addr,
+                rkey: at.rkey,
+                compare: at.compare_add,
+                swap: at.swap,
+            },
+            sys::IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+                remote_addr: at.remote_addr,
+                rkey: at.rkey,
+                add: at.compare_add,
+            },
+            sys::IBV_WR_LOCAL_INV => SendOp::LocalInv {
+                rkey: wr.__bindgen_anon_1.invalidate_rkey,
+            },
+            sys::IBV_WR_SEND_WITH_INV => SendOp::SendWithInv {
+                invalidate_rkey: wr.__bindgen_anon_1.invalidate_rkey,
+            },
+            sys::IBV_WR_BIND_MW => {
+                let b = wr.__bindgen_anon_2.bind_mw;
+                SendOp::BindMw(mw_bind(b.mw, b.rkey, &b.bind_info)?)
+            }
+            _ => return Err(libc::EINVAL),
+        }
+    };
+    let ud = if qp.qp_type == QpType::Ud {
+        // SAFETY: UD work requests fill the `ud` member.
+        let u = unsafe { wr.wr.ud };
+        // SAFETY: the AH is null or one of this library.
+        let ah = unsafe { obj::<Ah, _>(u.ah) }.ok_or(libc::EINVAL)?;
+        Some(UdDest {
+            ah: ah.id,
+            remote_qpn: u.remote_qpn,
+            remote_qkey: u.remote_qkey,
+        })
+    } else {
+        None
+    };
+    Ok(SendWr {
+        wr_id: wr.wr_id,
+        op,
+        flags: SendFlags::from_bits_truncate(wr.send_flags),
+        sg_list,
+        ud,
+    })
+}
+
+/// Post translated WRs in order under one engine lock; on failure, the index that failed
+/// and its errno.
+pub(crate) fn post_sends(qp: &Qp, wrs: Vec<SendWr>) -> Result<(), (usize, c_int)> {
+    let Some(ctx) = qp.ctx() else {
+        return Err((0, libc::EINVAL));
+    };
+    let qpn = qp.qpn;
+    ctx.dev().with(|r, now| {
+        for (i, w) in wrs.into_iter().enumerate() {
+            r.post_send(now, qpn, w).map_err(|e| (i, errno(&e)))?;
+        }
+        Ok(())
+    })
+}
+
+/// Walk a C list, translating each element until one fails.
+///
+/// # Safety
+/// `first` is null or a valid list whose `next` pointers are valid.
+unsafe fn walk<C, T>(
+    first: *mut C,
+    next: impl Fn(&C) -> *mut C,
+    mut conv: impl FnMut(&C) -> Result<T, c_int>,
+) -> (Vec<T>, Vec<*mut C>, Option<c_int>) {
+    let mut out = Vec::new();
+    let mut ptrs = Vec::new();
+    let mut p = first;
+    while !p.is_null() {
+        // SAFETY: per the contract.
+        let c = unsafe { &*p };
+        ptrs.push(p);
+        match conv(c) {
+            Ok(t) => out.push(t),
+            Err(e) => return (out, ptrs, Some(e)),
+        }
+        p = next(c);
+    }
+    (out, ptrs, None)
+}
+
+/// Finish a post: report the first failing WR through `bad`.
+///
+/// # Safety
+/// `bad` is null or a valid out pointer.
+unsafe fn finish<C>(
+    ptrs: &[*mut C],
+    conv_err: Option<c_int>,
+    posted: Result<(), (usize, c_int)>,
+    bad: *mut *mut C,
+) -> c_int {
+    let fail = match posted {
+        Err((i, e)) => Some((i, e)),
+        Ok(()) => conv_err.map(|e| (ptrs.len() - 1, e)),
+    };
+    match fail {
+        None => 0,
+        Some((i, e)) => {
+            if !bad.is_null() {
+                // SAFETY: per the contract.
+                unsafe { *bad = ptrs.get(i).copied().unwrap_or(std::ptr::null_mut()) };
+            }
+            e
+        }
+    }
+}
+
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut sys::ibv_qp,
+    wr: *mut sys::ibv_send_wr,
+    bad: *mut *mut sys::ibv_send_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a QP of this library.
+        let Some(q) = (unsafe { obj::<Qp, _>(qp) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the caller's list and the objects it names are valid.
+        let (wrs, ptrs, conv_err) = unsafe { walk(wr, |w| w.next, |w| send_wr(q, w)) };
+        let posted = post_sends(q, wrs);
+        // SAFETY: `bad` is the caller's out pointer.
+        unsafe { finish(&ptrs, conv_err, posted, bad) }
+    })
+}
+
+fn recv_wr(w: &sys::ibv_recv_wr) -> Result<RecvWr, c_int> {
+    Ok(RecvWr {
+        wr_id: w.wr_id,
+        // SAFETY: the caller's WR names `num_sge` valid SGEs.
+        sg_list: unsafe { sges(w.sg_list, w.num_sge) }?,
+    })
+}
+
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut sys::ibv_qp,
+    wr: *mut sys::ibv_recv_wr,
+    bad: *mut *mut sys::ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a QP of this library.
+        let Some(q) = (unsafe { obj::<Qp, _>(qp) }) else {
+            return libc::EINVAL;
+        };
+        let Some(ctx) = q.ctx() else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the caller's list is valid.
+        let (wrs, ptrs, conv_err) = unsafe { walk(wr, |w| w.next, recv_wr) };
+        let qpn = q.qpn;
+        let posted = ctx.dev().with(|r, now| {
+            for (i, w) in wrs.into_iter().enumerate() {
+                r.post_recv(now, qpn, w).map_err(|e| (i, errno(&e)))?;
+            }
+            Ok(())
+        });
+        // SAFETY: `bad` is the caller's out pointer.
+        unsafe { finish(&ptrs, conv_err, posted, bad) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn post_srq_recv(
+    srq: *mut sys::ibv_srq,
+    wr: *mut sys::ibv_recv_wr,
+    bad: *mut *mut sys::ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes an SRQ of this library.
+        let Some(s) = (unsafe { obj::<Srq, _>(srq) }) else {
+            return libc::EINVAL;
+        };
+        let Some(ctx) = s.ctx() else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the caller's list is valid.
+        let (wrs, ptrs, conv_err) = unsafe { walk(wr, |w| w.next, recv_wr) };
+        let id = s.id;
+        let posted = ctx.dev().with(|r, now| {
+            for (i, w) in wrs.into_iter().enumerate() {
+                r.post_srq_recv(now, id, w).map_err(|e| (i, errno(&e)))?;
+            }
+            Ok(())
+        });
+        // SAFETY: `bad` is the caller's out pointer.
+        unsafe { finish(&ptrs, conv_err, posted, bad) }
+    })
+}
+
+/// `ibv_wc` of an engine completion.
+pub(crate) fn wc_to_c(w: &WorkCompletion) -> sys::ibv_wc {
+    let mut o: sys::ibv_wc = zeroed();
+    o.wr_id = w.wr_id;
+    o.status = w.status as u32;
+    o.opcode = w.opcode as u32;
+    o.vendor_err = w.vendor_err;
+    o.byte_len = w.byte_len;
+    if w.wc_flags.contains(WcFlags::WITH_INV) {
+        o.__bindgen_anon_1.invalidated_rkey = w.imm_data;
+    } else {
+        o.__bindgen_anon_1.imm_data = w.imm_data.to_be();
+    }
+    o.qp_num = w.qp_num;
+    o.src_qp = w.src_qp;
+    o.wc_flags = w.wc_flags.bits();
+    o.pkey_index = w.pkey_index;
+    o.slid = w.slid;
+    o.sl = w.sl;
+    o.dlid_path_bits = w.dlid_path_bits;
+    o
+}
+
+/// Poll without driving progress, skipping the engine lock while the CQ is known empty
+/// (the device generation has not moved since it was last found empty).
+pub(crate) fn poll_quick(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
+    let Some(ctx) = cq.ctx() else {
+        return Err(verbs::Error::inval("CQ without context"));
+    };
+    let dev = ctx.dev();
+    let g = dev.generation();
+    if cq.empty_at.load(Ordering::Relaxed) == g {
+        return Ok(0);
+    }
+    let id = cq.id;
+    let n = dev.with_read(|r| r.poll_cq(id, out))?;
+    if n == 0 {
+        cq.empty_at.store(g, Ordering::Relaxed);
+    }
+    Ok(n)
+}
+
+/// Poll; when empty, drive the device's progress once from this thread and look again
+/// (a program polling in a loop is what moves the device, as with the Rust API).
+pub(crate) fn poll_progress(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
+    let n = poll_quick(cq, out)?;
+    if n > 0 {
+        return Ok(n);
+    }
+    match cq.ctx() {
+        Some(ctx) if ctx.dev().progress() => poll_quick(cq, out),
+        _ => Ok(0),
+    }
+}
+
+pub(crate) unsafe extern "C" fn poll_cq(
+    cq: *mut sys::ibv_cq,
+    num_entries: c_int,
+    wc: *mut sys::ibv_wc,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a CQ of this library.
+        let Some(q) = (unsafe { obj::<Cq, _>(cq) }) else {
+            return -1;
+        };
+        if num_entries <= 0 {
+            return 0;
+        }
+        if wc.is_null() {
+            return -1;
+        }
+        let want = (num_entries as usize).min(64);
+        let mut buf = [WorkCompletion::default(); 64];
+        match poll_progress(q, &mut buf[..want]) {
+            Ok(n) => {
+                for (i, w) in buf[..n].iter().enumerate() {
+                    // SAFETY: the caller's array holds `num_entries` >= n entries.
+                    unsafe { wc.add(i).write(wc_to_c(w)) };
+                }
+                n as c_int
+            }
+            Err(_) => -1,
+        }
+    })
+}
