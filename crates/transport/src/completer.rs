@@ -124,6 +124,8 @@ pub(crate) fn flush(qp: &mut QpCtx, env: &mut Env, now: u64) {
     }
     qp.resp.in_msg = None;
     qp.resp.ack = None;
+    qp.resp.pending.clear();
+    qp.resp.fatal = false;
     flush_rq(qp, env, now);
     if qp.has_srq {
         env.ctx.push_event(AsyncEvent::QpLastWqeReached(qp.qpn));
@@ -264,8 +266,9 @@ pub(crate) fn handle_response(
         return;
     };
     let p = h.bth.psn;
-    // A response to a PSN we never sent is stale or forged.
-    if !psn::lt(p, qp.req.next_psn) || !outstanding(qp) {
+    // A response to a PSN we never sent (past the highest PSN handed to the wire, even
+    // if already assigned to a WQE still being segmented) is stale or forged.
+    if !psn::lt(p, qp.req.high_psn) || !outstanding(qp) {
         env.stats.duplicates += 1;
         return;
     }

@@ -109,6 +109,12 @@ pub(crate) struct Env {
     pub ack_queue: VecDeque<verbs::Qpn>,
     /// QPs whose requester stopped at a full outbox, in the order they stopped.
     pub tx_wait: VecDeque<verbs::Qpn>,
+    /// QPs whose responder has READ responses (and what waits behind them) to send once
+    /// the outbox drains, in the order they stopped.
+    pub resp_wait: VecDeque<verbs::Qpn>,
+    /// Which of requesters and responders continues first at the next refill
+    /// (alternating, so neither starves the other).
+    pub resp_first: bool,
     /// UDP source port of every datagram, if fixed ([`Rnic::set_udp_src_port`]);
     /// otherwise rxe's per-QP port.
     pub src_port: Option<u16>,
@@ -230,6 +236,8 @@ impl Rnic {
                 stats: Stats::default(),
                 ack_queue: VecDeque::new(),
                 tx_wait: VecDeque::new(),
+                resp_wait: VecDeque::new(),
+                resp_first: false,
                 src_port: None,
                 pool_small: Vec::new(),
                 pool_large: Vec::new(),
@@ -462,10 +470,25 @@ impl Rnic {
         self.env.ctx.post_srq_recv(srq, wr)
     }
 
-    /// A UDP datagram arrived from `src` to `dst` (our address). Checks the ICRC for any
-    /// IPv4 ID (bad: counted, dropped), parses (malformed: counted, dropped) and dispatches to the
-    /// responder (requests) or the completer (responses) of the destination QP.
+    /// A UDP datagram arrived from `src` to `dst` (our address), with IP TOS 0: see
+    /// [`Rnic::handle_datagram_tos`].
     pub fn handle_datagram(&mut self, now: u64, src: SocketAddr, dst: SocketAddr, data: &[u8]) {
+        self.handle_datagram_tos(now, src, dst, 0, data)
+    }
+
+    /// A UDP datagram arrived from `src` to `dst` (our address) with IP TOS / traffic
+    /// class `tos` (which a UD receive reports in the GRH it places before the payload).
+    /// Checks the ICRC for any IPv4 ID (bad: counted, dropped), parses (malformed:
+    /// counted, dropped) and dispatches to the responder (requests) or the completer
+    /// (responses) of the destination QP.
+    pub fn handle_datagram_tos(
+        &mut self,
+        now: u64,
+        src: SocketAddr,
+        dst: SocketAddr,
+        tos: u8,
+        data: &[u8],
+    ) {
         let env = &mut self.env;
         env.stats.rx_packets += 1;
         env.stats.rx_bytes += data.len() as u64;
@@ -527,7 +550,7 @@ impl Rnic {
             env.ctx.push_event(verbs::AsyncEvent::CommEst(qp.qpn));
         }
         if info.is_request {
-            responder::handle_request(qp, env, now, &addrs, &h, payload, data.len());
+            responder::handle_request(qp, env, now, &addrs, tos, &h, payload, data.len());
         } else {
             completer::handle_response(qp, env, now, &h, payload);
         }
@@ -540,25 +563,25 @@ impl Rnic {
         if let Some(t) = self.env.out.pop_front() {
             return Some(t);
         }
-        if self.env.tx_wait.is_empty() && self.env.ack_queue.is_empty() {
+        if self.env.tx_wait.is_empty()
+            && self.env.ack_queue.is_empty()
+            && self.env.resp_wait.is_empty()
+        {
             return None;
         }
         self.poll_transmit_refill(now)
     }
 
-    /// The outbox is empty: let stopped requesters continue, then send coalesced ACKs.
+    /// The outbox is empty: let stopped requesters and responders continue (taking turns
+    /// at going first), then send coalesced ACKs.
     fn poll_transmit_refill(&mut self, now: u64) -> Option<Transmit> {
-        // Requesters that stopped at a full outbox continue, in the order they stopped.
-        let mut budget = self.env.tx_wait.len();
-        while budget > 0 && self.env.out.is_empty() {
-            budget -= 1;
-            let Some(qpn) = self.env.tx_wait.pop_front() else {
-                break;
-            };
-            if let Some(qp) = self.qps.get_mut(&qpn) {
-                qp.req.tx_wait = false;
-                requester::run(qp, &mut self.env, now);
-            }
+        self.env.resp_first = !self.env.resp_first;
+        if self.env.resp_first {
+            self.refill_responders(now);
+            self.refill_requesters(now);
+        } else {
+            self.refill_requesters(now);
+            self.refill_responders(now);
         }
         if let Some(t) = self.env.out.pop_front() {
             return Some(t);
@@ -577,6 +600,43 @@ impl Rnic {
             }
         }
         None
+    }
+
+    /// Requesters that stopped at a full outbox continue, in the order they stopped.
+    fn refill_requesters(&mut self, now: u64) {
+        let mut budget = self.env.tx_wait.len();
+        while budget > 0 && self.env.out.len() < qp::OUTBOX_MAX {
+            budget -= 1;
+            let Some(qpn) = self.env.tx_wait.pop_front() else {
+                break;
+            };
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                qp.req.tx_wait = false;
+                requester::run(qp, &mut self.env, now);
+            }
+        }
+    }
+
+    /// Responders with READ responses left continue, in the order they stopped.
+    fn refill_responders(&mut self, now: u64) {
+        let mut budget = self.env.resp_wait.len();
+        while budget > 0 && self.env.out.len() < qp::OUTBOX_MAX {
+            budget -= 1;
+            let Some(qpn) = self.env.resp_wait.pop_front() else {
+                break;
+            };
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                qp.resp.tx_wait = false;
+                responder::pump(qp, &mut self.env, now);
+            }
+        }
+    }
+
+    /// Datagrams queued for [`Rnic::poll_transmit`] right now. Producers stop at a bound
+    /// (a few hundred) and continue as the outbox drains, so this stays small whatever a
+    /// peer asks for (a 1 GiB READ, say); one response per received packet may go past it.
+    pub fn queued_packets(&self) -> usize {
+        self.env.out.len()
     }
 
     /// [`Rnic::poll_transmit`] without allocation: the next datagram's UDP payload replaces

@@ -132,11 +132,59 @@ pub(crate) struct ReqState {
     pub tx_wait: bool,
 }
 
-/// A READ or atomic the responder executed, kept for duplicate requests.
+/// A READ or atomic the responder executed, kept for duplicate requests. A READ keeps
+/// what its request asked (checked when it arrived), so a duplicate is answered from
+/// that, never from the duplicate's own RETH.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Resource {
-    Read { first_psn: u32, last_psn: u32 },
-    Atomic { psn: u32, orig: u64 },
+    Read {
+        first_psn: u32,
+        last_psn: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    Atomic {
+        psn: u32,
+        orig: u64,
+    },
+}
+
+/// A response the responder still owes, in PSN order behind the READ responses being
+/// streamed ([`RespState::pending`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Pending {
+    /// READ responses of the resource starting at `first_psn`: this transmission began
+    /// at `start` (its FIRST), and `next` is the next PSN to send, up to `last_psn`.
+    Read {
+        first_psn: u32,
+        last_psn: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+        start: u32,
+        next: u32,
+        msn: u32,
+    },
+    /// An atomic ACK.
+    AtomicAck { psn: u32, orig: u64, msn: u32 },
+    /// An ACK, or a NAK (sequence, RNR, or a fatal one after which the QP fails).
+    Aeth {
+        psn: u32,
+        msn: u32,
+        syndrome: softrdma_wire::Syndrome,
+        fatal: bool,
+    },
+}
+
+impl Pending {
+    /// The PSN of the next packet this entry sends (its place in the order).
+    pub fn psn(&self) -> u32 {
+        match *self {
+            Pending::Read { next, .. } => next,
+            Pending::AtomicAck { psn, .. } | Pending::Aeth { psn, .. } => psn,
+        }
+    }
 }
 
 /// A multi-packet message in progress at the responder.
@@ -168,6 +216,17 @@ pub(crate) struct RespState {
     pub atomics: VecDeque<Resource>,
     /// Coalesced ACK to send: (psn, msn).
     pub ack: Option<(u32, u32)>,
+    /// Responses owed behind a READ response stream, in PSN order: READ streams continue
+    /// from `Rnic::poll_transmit` as the outbox drains, and any ACK / NAK / atomic ACK
+    /// of a later PSN waits behind them. At most one entry per READ resource in
+    /// `reads` (an evicted resource's entry goes with it), one per atomic replay entry,
+    /// one ACK/NAK and one fatal NAK: a remote peer cannot make it grow.
+    pub pending: VecDeque<Pending>,
+    /// Queued in `Env::resp_wait` to continue `pending` when the outbox drains.
+    pub tx_wait: bool,
+    /// A fatal NAK waits in `pending`: requests are dropped until it is sent and the QP
+    /// fails.
+    pub fatal: bool,
     /// CommEst given.
     pub comm_est: bool,
 }

@@ -8,55 +8,252 @@ use softrdma_wire::{
 };
 
 use crate::completer;
-use crate::qp::{InMsg, QpCtx, Resource, ATOMIC_REPLAY_MIN};
+use crate::qp::{InMsg, Pending, QpCtx, Resource, ATOMIC_REPLAY_MIN, OUTBOX_MAX};
 use crate::verbs::{
     Access, QpType, RecvWr, RemoteKeyError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::Env;
 
-/// A request packet for this QP (service type, state and peer already checked).
+/// A request packet for this QP (service type, state and peer already checked), that
+/// came with IP TOS `tos`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn handle_request(
     qp: &mut QpCtx,
     env: &mut Env,
     now: u64,
     addrs: &Addrs,
+    tos: u8,
     h: &Headers,
     payload: &[u8],
     udp_len: usize,
 ) {
     match qp.qp_type {
-        QpType::Ud => ud_request(qp, env, now, addrs, h, payload, udp_len),
+        QpType::Ud => ud_request(qp, env, now, addrs, tos, h, payload, udp_len),
         QpType::Uc => uc_request(qp, env, now, h, payload),
         QpType::Rc => rc_request(qp, env, now, h, payload),
     }
 }
 
 // ---------------------------------------------------------------- sending responses
+//
+// Responses leave in PSN order, as on rxe: the READ responses of a request go out a
+// batch at a time (while the outbox holds fewer than OUTBOX_MAX datagrams, continuing
+// from `Rnic::poll_transmit` as it drains), and an ACK, NAK or atomic ACK for a later
+// PSN waits behind them in `RespState::pending` (an ACK past a READ whose responses the
+// requester has not all seen would tell it they were lost). Later requests are still
+// executed at once (without a fence, IBTA lets a later WRITE / SEND pass a READ).
 
-/// Send an ACK / NAK / RNR NAK with the current MSN.
-fn send_aeth(qp: &QpCtx, env: &mut Env, psn: u32, syndrome: Syndrome) {
+/// Send an ACK / NAK / RNR NAK now.
+fn emit_aeth(qp: &QpCtx, env: &mut Env, psn: u32, msn: u32, syndrome: Syndrome) {
     let Some(dst) = qp.peer else { return };
     let mut h = Headers::new(Bth::new(Opcode::RC_ACKNOWLEDGE, qp.attr.dest_qp_num, psn));
-    h.aeth = Some(Aeth {
-        syndrome,
-        msn: qp.resp.msn,
-    });
+    h.aeth = Some(Aeth { syndrome, msn });
     env.send(qp.qpn, dst, qp.attr.ah_attr.grh.traffic_class, &h, &[]);
 }
 
+fn emit_atomic_ack(qp: &QpCtx, env: &mut Env, p: u32, orig: u64, msn: u32) {
+    let Some(dst) = qp.peer else { return };
+    let mut h = Headers::new(Bth::new(
+        Opcode::RC_ATOMIC_ACKNOWLEDGE,
+        qp.attr.dest_qp_num,
+        p,
+    ));
+    h.aeth = Some(Aeth {
+        syndrome: Syndrome::Ack {
+            credits: AETH_CREDITS_INVALID,
+        },
+        msn,
+    });
+    h.atomic_ack = Some(AtomicAckEth { orig });
+    env.send(qp.qpn, dst, qp.attr.ah_attr.grh.traffic_class, &h, &[]);
+}
+
+/// Queue a response in PSN order. An ACK / non-fatal NAK replaces any earlier one still
+/// waiting (the newer acknowledges at least as much); an entry for a READ resource or an
+/// atomic already waiting replaces it.
+fn enqueue(qp: &mut QpCtx, e: Pending) {
+    let pend = &mut qp.resp.pending;
+    match e {
+        Pending::Aeth { fatal: false, .. } => {
+            pend.retain(|x| !matches!(x, Pending::Aeth { fatal: false, .. }));
+        }
+        Pending::Read { first_psn: f, .. } => {
+            pend.retain(|x| !matches!(*x, Pending::Read { first_psn, .. } if first_psn == f));
+        }
+        Pending::AtomicAck { psn: p, .. } => {
+            pend.retain(|x| !matches!(*x, Pending::AtomicAck { psn, .. } if psn == p));
+        }
+        Pending::Aeth { fatal: true, .. } => {}
+    }
+    let at = pend
+        .iter()
+        .position(|x| psn::lt(e.psn(), x.psn()))
+        .unwrap_or(pend.len());
+    pend.insert(at, e);
+}
+
+/// Give a response: sent now when nothing waits ahead of it, queued otherwise; then
+/// send what the outbox has room for.
+fn respond(qp: &mut QpCtx, env: &mut Env, now: u64, e: Pending) {
+    if qp.resp.pending.is_empty() {
+        match e {
+            Pending::Aeth {
+                psn,
+                msn,
+                syndrome,
+                fatal: false,
+            } => {
+                flush_ack(qp, env);
+                emit_aeth(qp, env, psn, msn, syndrome);
+                return;
+            }
+            Pending::AtomicAck { psn, orig, msn } => {
+                flush_ack(qp, env);
+                emit_atomic_ack(qp, env, psn, orig, msn);
+                return;
+            }
+            _ => {}
+        }
+    }
+    // The coalesced ACK takes its place in the order too.
+    if let Some((p, msn)) = qp.resp.ack.take() {
+        enqueue(
+            qp,
+            Pending::Aeth {
+                psn: p,
+                msn,
+                syndrome: Syndrome::Ack {
+                    credits: AETH_CREDITS_INVALID,
+                },
+                fatal: false,
+            },
+        );
+    }
+    enqueue(qp, e);
+    pump(qp, env, now);
+}
+
+/// Send waiting responses in order while the outbox has room; if some remain, wait for
+/// `Rnic::poll_transmit` to drain the outbox (meanwhile a duplicate request for a
+/// waiting response replaces it, so floods do not grow the queue).
+pub(crate) fn pump(qp: &mut QpCtx, env: &mut Env, now: u64) {
+    loop {
+        let Some(front) = qp.resp.pending.front_mut() else {
+            return;
+        };
+        if env.out.len() >= OUTBOX_MAX {
+            break;
+        }
+        match *front {
+            Pending::Read {
+                first_psn,
+                last_psn,
+                va,
+                rkey,
+                len,
+                start,
+                next,
+                msn,
+            } => {
+                let mtu = qp.mtu();
+                let n = psn::diff(last_psn, start) as u32 + 1;
+                let i = psn::diff(next, start) as u32;
+                let k = psn::diff(next, first_psn) as usize;
+                let off = k.saturating_mul(mtu);
+                let plen = (len as usize).saturating_sub(off).min(mtu);
+                if !read_response(
+                    qp,
+                    env,
+                    next,
+                    read_resp_opcode(i, n),
+                    msn,
+                    va,
+                    rkey,
+                    off,
+                    plen,
+                ) {
+                    // The key went away under the stream: stop it, remote access error.
+                    qp.resp.pending.pop_front();
+                    flush_ack(qp, env);
+                    env.stats.naks_sent_access += 1;
+                    let msn = qp.resp.msn;
+                    emit_aeth(
+                        qp,
+                        env,
+                        first_psn,
+                        msn,
+                        Syndrome::Nak(NakCode::RemoteAccessError),
+                    );
+                    completer::fail(qp, env, now, None);
+                    return;
+                }
+                if next == last_psn {
+                    qp.resp.pending.pop_front();
+                } else if let Some(Pending::Read { next: nx, .. }) = qp.resp.pending.front_mut() {
+                    *nx = psn::add(next, 1);
+                }
+            }
+            Pending::AtomicAck { psn, orig, msn } => {
+                qp.resp.pending.pop_front();
+                emit_atomic_ack(qp, env, psn, orig, msn);
+            }
+            Pending::Aeth {
+                psn,
+                msn,
+                syndrome,
+                fatal,
+            } => {
+                qp.resp.pending.pop_front();
+                emit_aeth(qp, env, psn, msn, syndrome);
+                if fatal {
+                    completer::fail(qp, env, now, None);
+                    return;
+                }
+            }
+        }
+    }
+    if !qp.resp.tx_wait {
+        qp.resp.tx_wait = true;
+        env.resp_wait.push_back(qp.qpn);
+    }
+}
+
+/// Send an ACK / NAK / RNR NAK with the current MSN (in order behind waiting responses).
+fn send_aeth(qp: &mut QpCtx, env: &mut Env, now: u64, psn: u32, syndrome: Syndrome) {
+    let msn = qp.resp.msn;
+    respond(
+        qp,
+        env,
+        now,
+        Pending::Aeth {
+            psn,
+            msn,
+            syndrome,
+            fatal: false,
+        },
+    );
+}
+
 /// Send the coalesced ACK now, if one waits (before any other response, to keep the
-/// response stream in PSN order).
+/// response stream in PSN order); behind the waiting responses if there are some.
 pub(crate) fn flush_ack(qp: &mut QpCtx, env: &mut Env) {
     if let Some((p, msn)) = qp.resp.ack.take() {
-        let Some(dst) = qp.peer else { return };
-        let mut h = Headers::new(Bth::new(Opcode::RC_ACKNOWLEDGE, qp.attr.dest_qp_num, p));
-        h.aeth = Some(Aeth {
-            syndrome: Syndrome::Ack {
-                credits: AETH_CREDITS_INVALID,
-            },
-            msn,
-        });
-        env.send(qp.qpn, dst, qp.attr.ah_attr.grh.traffic_class, &h, &[]);
+        let syndrome = Syndrome::Ack {
+            credits: AETH_CREDITS_INVALID,
+        };
+        if qp.resp.pending.is_empty() {
+            emit_aeth(qp, env, p, msn, syndrome);
+        } else {
+            enqueue(
+                qp,
+                Pending::Aeth {
+                    psn: p,
+                    msn,
+                    syndrome,
+                    fatal: false,
+                },
+            );
+        }
     }
 }
 
@@ -69,7 +266,8 @@ fn schedule_ack(qp: &mut QpCtx, env: &mut Env, p: u32) {
 }
 
 /// A class A/C error (IBTA 9.9.3): NAK `p`, complete a held receive WQE with `recv_status`,
-/// and the responder QP goes to ERR.
+/// and the responder QP goes to ERR — once the responses owed before it are sent (new
+/// requests are dropped meanwhile).
 fn fatal_nak(
     qp: &mut QpCtx,
     env: &mut Env,
@@ -78,26 +276,42 @@ fn fatal_nak(
     p: u32,
     recv_status: Option<WcStatus>,
 ) {
-    flush_ack(qp, env);
     match code {
         NakCode::PsnSequenceError => env.stats.naks_sent_seq += 1,
         NakCode::InvalidRequest | NakCode::InvalidRdRequest => env.stats.naks_sent_inv += 1,
         NakCode::RemoteAccessError => env.stats.naks_sent_access += 1,
         NakCode::RemoteOperationalError => env.stats.naks_sent_op += 1,
     }
-    send_aeth(qp, env, p, Syndrome::Nak(code));
     if let (Some(s), Some(r)) = (recv_status, qp.resp.recv.take()) {
         let wc = recv_wc(qp, &r, s);
         env.complete(qp.recv_cq, wc, false, now);
     }
-    completer::fail(qp, env, now, None);
+    if qp.resp.pending.is_empty() {
+        flush_ack(qp, env);
+        let msn = qp.resp.msn;
+        emit_aeth(qp, env, p, msn, Syndrome::Nak(code));
+        completer::fail(qp, env, now, None);
+    } else {
+        qp.resp.fatal = true;
+        let msn = qp.resp.msn;
+        respond(
+            qp,
+            env,
+            now,
+            Pending::Aeth {
+                psn: p,
+                msn,
+                syndrome: Syndrome::Nak(code),
+                fatal: true,
+            },
+        );
+    }
 }
 
-fn rnr_nak(qp: &mut QpCtx, env: &mut Env, p: u32) {
-    flush_ack(qp, env);
+fn rnr_nak(qp: &mut QpCtx, env: &mut Env, now: u64, p: u32) {
     env.stats.rnr_naks_sent += 1;
     let timer = qp.attr.min_rnr_timer & 0x1F;
-    send_aeth(qp, env, p, Syndrome::RnrNak { timer });
+    send_aeth(qp, env, now, p, Syndrome::RnrNak { timer });
 }
 
 fn recv_wc(qp: &QpCtx, r: &RecvWr, status: WcStatus) -> WorkCompletion {
@@ -134,67 +348,51 @@ fn read_resp_opcode(idx: u32, n: u32) -> Opcode {
     }
 }
 
-/// Send READ response packets for `len` bytes at `va`, PSNs from `first`. Memory is
-/// re-read per packet through a fresh key check, so a key invalidated in between stops
-/// the stream (returns false) rather than reading memory no longer registered.
-fn read_responses(qp: &QpCtx, env: &mut Env, first: u32, va: u64, rkey: u32, len: usize) -> bool {
+/// Send one READ response packet: `plen` bytes at `va + off`, read through a fresh key
+/// check, so a key invalidated in between stops the stream (false) rather than reading
+/// memory no longer registered.
+#[allow(clippy::too_many_arguments)]
+fn read_response(
+    qp: &QpCtx,
+    env: &mut Env,
+    p: u32,
+    opcode: Opcode,
+    msn: u32,
+    va: u64,
+    rkey: u32,
+    off: usize,
+    plen: usize,
+) -> bool {
     let Some(dst) = qp.peer else { return false };
-    let mtu = qp.mtu();
-    let n = (len.div_ceil(mtu)).max(1) as u32;
     let tos = qp.attr.ah_attr.grh.traffic_class;
-    for i in 0..n {
-        let off = (i as usize) * mtu;
-        let plen = len.saturating_sub(off).min(mtu);
-        let opcode = read_resp_opcode(i, n);
-        let mut h = Headers::new(Bth::new(opcode, qp.attr.dest_qp_num, psn::add(first, i)));
-        if opcode != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE {
-            h.aeth = Some(Aeth {
-                syndrome: Syndrome::Ack {
-                    credits: AETH_CREDITS_INVALID,
-                },
-                msn: qp.resp.msn,
-            });
-        }
-        let (pd, qpn) = (qp.pd, qp.qpn);
-        let sent = env.send_with(qpn, dst, tos, &h, plen, |ctx, buf| {
-            if plen == 0 {
-                return Ok(());
-            }
-            let span = ctx.remote_span(
-                pd,
-                qpn,
-                rkey,
-                va.wrapping_add(off as u64),
-                plen,
-                Access::REMOTE_READ,
-            );
-            match span {
-                Ok(s) if s.read(0, buf) => Ok(()),
-                _ => Err(()),
-            }
+    let mut h = Headers::new(Bth::new(opcode, qp.attr.dest_qp_num, p));
+    if opcode != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE {
+        h.aeth = Some(Aeth {
+            syndrome: Syndrome::Ack {
+                credits: AETH_CREDITS_INVALID,
+            },
+            msn,
         });
-        if sent.is_err() {
-            return false;
-        }
     }
-    true
-}
-
-fn send_atomic_ack(qp: &QpCtx, env: &mut Env, p: u32, orig: u64) {
-    let Some(dst) = qp.peer else { return };
-    let mut h = Headers::new(Bth::new(
-        Opcode::RC_ATOMIC_ACKNOWLEDGE,
-        qp.attr.dest_qp_num,
-        p,
-    ));
-    h.aeth = Some(Aeth {
-        syndrome: Syndrome::Ack {
-            credits: AETH_CREDITS_INVALID,
-        },
-        msn: qp.resp.msn,
-    });
-    h.atomic_ack = Some(AtomicAckEth { orig });
-    env.send(qp.qpn, dst, qp.attr.ah_attr.grh.traffic_class, &h, &[]);
+    let (pd, qpn) = (qp.pd, qp.qpn);
+    env.send_with(qpn, dst, tos, &h, plen, |ctx, buf| {
+        if plen == 0 {
+            return Ok(());
+        }
+        let span = ctx.remote_span(
+            pd,
+            qpn,
+            rkey,
+            va.wrapping_add(off as u64),
+            plen,
+            Access::REMOTE_READ,
+        );
+        match span {
+            Ok(s) if s.read(0, buf) => Ok(()),
+            _ => Err(()),
+        }
+    })
+    .is_ok()
 }
 
 // ---------------------------------------------------------------- RC
@@ -215,22 +413,26 @@ fn rc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
     let Some(info) = h.bth.opcode.info() else {
         return;
     };
+    if qp.resp.fatal {
+        // A fatal NAK waits behind READ responses: the QP is failing.
+        env.stats.dropped += 1;
+        return;
+    }
     let p = h.bth.psn;
     let d = psn::diff(p, qp.resp.epsn);
     if d > 0 {
         env.stats.out_of_sequence += 1;
         if !qp.resp.nak_sent {
             qp.resp.nak_sent = true;
-            flush_ack(qp, env);
             env.stats.naks_sent_seq += 1;
             let e = qp.resp.epsn;
-            send_aeth(qp, env, e, Syndrome::Nak(NakCode::PsnSequenceError));
+            send_aeth(qp, env, now, e, Syndrome::Nak(NakCode::PsnSequenceError));
         }
         return;
     }
     if d < 0 {
         env.stats.duplicates += 1;
-        duplicate(qp, env, h, info.kind);
+        duplicate(qp, env, now, h, info.kind);
         return;
     }
     qp.resp.nak_sent = false;
@@ -335,7 +537,7 @@ fn rc_send(
             match env.ctx.take_recv(qp.qpn) {
                 Some(r) => qp.resp.recv = Some(r),
                 None => {
-                    rnr_nak(qp, env, p);
+                    rnr_nak(qp, env, now, p);
                     return false;
                 }
             }
@@ -398,7 +600,7 @@ fn rc_write(
     let last = matches!(position, Position::Last | Position::Only);
     // WRITE with immediate consumes a receive WQE: without one, RNR before touching memory.
     if last && h.imm.is_some() && env.ctx.peek_recv(qp.qpn).is_none() {
-        rnr_nak(qp, env, p);
+        rnr_nak(qp, env, now, p);
         return false;
     }
     if matches!(position, Position::First | Position::Only) {
@@ -474,12 +676,27 @@ fn rc_write(
     true
 }
 
+/// Keep a READ resource in the ring of max_dest_rd_atomic; an evicted one's responses
+/// still waiting are dropped with it (only a requester exceeding the limit sees that).
 fn push_read_resource(qp: &mut QpCtx, r: Resource) {
     let cap = usize::from(qp.attr.max_dest_rd_atomic).max(1);
     while qp.resp.reads.len() >= cap {
-        qp.resp.reads.pop_front();
+        if let Some(Resource::Read { first_psn: f, .. }) = qp.resp.reads.pop_front() {
+            qp.resp
+                .pending
+                .retain(|x| !matches!(*x, Pending::Read { first_psn, .. } if first_psn == f));
+        }
     }
     qp.resp.reads.push_back(r);
+}
+
+/// The IBTA's largest message (2^31 bytes).
+const MAX_MSG_LEN: usize = 1 << 31;
+
+/// Largest READ accepted: the IBTA message limit, and fewer packets than half the PSN
+/// space (PSN comparisons must stay unambiguous across the response range).
+fn read_len_ok(len: usize, mtu: usize) -> bool {
+    len <= MAX_MSG_LEN && len.div_ceil(mtu.max(1)) < (1 << 22)
 }
 
 fn rc_read(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
@@ -494,6 +711,10 @@ fn rc_read(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
         return;
     }
     let len = reth.dma_len as usize;
+    if !read_len_ok(len, qp.mtu()) {
+        fatal_nak(qp, env, now, NakCode::InvalidRequest, p, None);
+        return;
+    }
     if len > 0 {
         if let Err(e) =
             env.ctx
@@ -510,14 +731,30 @@ fn rc_read(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
         Resource::Read {
             first_psn: p,
             last_psn: last,
+            va: reth.va,
+            rkey: reth.rkey,
+            len: reth.dma_len,
         },
     );
     qp.resp.epsn = psn::add(last, 1);
     qp.resp.msn = psn::add(qp.resp.msn, 1);
-    flush_ack(qp, env);
-    if !read_responses(qp, env, p, reth.va, reth.rkey, len) {
-        fatal_nak(qp, env, now, NakCode::RemoteAccessError, p, None);
-    }
+    let msn = qp.resp.msn;
+    // The responses go out a batch at a time (see `pump`).
+    respond(
+        qp,
+        env,
+        now,
+        Pending::Read {
+            first_psn: p,
+            last_psn: last,
+            va: reth.va,
+            rkey: reth.rkey,
+            len: reth.dma_len,
+            start: p,
+            next: p,
+            msn,
+        },
+    );
 }
 
 fn rc_atomic(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
@@ -553,28 +790,35 @@ fn rc_atomic(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
     };
     let cap = usize::from(qp.attr.max_dest_rd_atomic).max(ATOMIC_REPLAY_MIN);
     while qp.resp.atomics.len() >= cap {
-        qp.resp.atomics.pop_front();
+        if let Some(Resource::Atomic { psn: a, .. }) = qp.resp.atomics.pop_front() {
+            qp.resp
+                .pending
+                .retain(|x| !matches!(*x, Pending::AtomicAck { psn, .. } if psn == a));
+        }
     }
     qp.resp.atomics.push_back(Resource::Atomic { psn: p, orig });
     qp.resp.epsn = psn::add(p, 1);
     qp.resp.msn = psn::add(qp.resp.msn, 1);
-    flush_ack(qp, env);
-    send_atomic_ack(qp, env, p, orig);
+    let msn = qp.resp.msn;
+    respond(qp, env, now, Pending::AtomicAck { psn: p, orig, msn });
 }
 
 /// A request with a PSN before the expected one (IBTA 9.7.5.1.4): SEND/WRITE are
-/// re-ACKed and not executed again; a READ is executed again for the range asked; an
-/// atomic is answered from the replay cache, never applied twice. Requests not found
-/// among the resources are dropped.
-fn duplicate(qp: &mut QpCtx, env: &mut Env, h: &Headers, kind: OpKind) {
+/// re-ACKed and not executed again; a READ is executed again from the PSN asked, for
+/// what the original request asked (its RETH was checked then; the duplicate's is not
+/// used), replacing a transmission of that resource still under way; an atomic is
+/// answered from the replay cache, never applied twice. Requests not found among the
+/// resources are dropped. Nothing here grows state: a flood of duplicates costs
+/// responses, not memory.
+fn duplicate(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, kind: OpKind) {
     let p = h.bth.psn;
     match kind {
         OpKind::Send | OpKind::Write => {
-            flush_ack(qp, env);
             let prev = psn::sub(qp.resp.epsn, 1);
             send_aeth(
                 qp,
                 env,
+                now,
                 prev,
                 Syndrome::Ack {
                     credits: AETH_CREDITS_INVALID,
@@ -582,20 +826,42 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env, h: &Headers, kind: OpKind) {
             );
         }
         OpKind::ReadRequest => {
-            let Some(reth) = h.reth else { return };
-            let found = qp.resp.reads.iter().any(|r| match *r {
+            if h.reth.is_none() {
+                env.stats.malformed += 1;
+                return;
+            }
+            let found = qp.resp.reads.iter().find_map(|r| match *r {
                 Resource::Read {
                     first_psn,
                     last_psn,
-                } => psn::le(first_psn, p) && psn::le(p, last_psn),
-                _ => false,
+                    va,
+                    rkey,
+                    len,
+                } if psn::le(first_psn, p) && psn::le(p, last_psn) => {
+                    Some((first_psn, last_psn, va, rkey, len))
+                }
+                _ => None,
             });
-            if !found {
+            let Some((first_psn, last_psn, va, rkey, len)) = found else {
                 env.stats.dropped += 1;
                 return;
-            }
-            flush_ack(qp, env);
-            read_responses(qp, env, p, reth.va, reth.rkey, reth.dma_len as usize);
+            };
+            let msn = qp.resp.msn;
+            respond(
+                qp,
+                env,
+                now,
+                Pending::Read {
+                    first_psn,
+                    last_psn,
+                    va,
+                    rkey,
+                    len,
+                    start: p,
+                    next: p,
+                    msn,
+                },
+            );
         }
         OpKind::Atomic => {
             let orig = qp.resp.atomics.iter().find_map(|r| match *r {
@@ -603,9 +869,9 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env, h: &Headers, kind: OpKind) {
                 _ => None,
             });
             match orig {
-                Some(o) => {
-                    flush_ack(qp, env);
-                    send_atomic_ack(qp, env, p, o);
+                Some(orig) => {
+                    let msn = qp.resp.msn;
+                    respond(qp, env, now, Pending::AtomicAck { psn: p, orig, msn });
                 }
                 None => env.stats.dropped += 1,
             }
@@ -751,12 +1017,14 @@ fn uc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
 // ---------------------------------------------------------------- UD
 
 /// UD: Q_Key check (mismatch: silently dropped), then one receive WQE gets a 40-byte GRH
-/// followed by the payload.
+/// (carrying the datagram's traffic class `tos`) followed by the payload.
+#[allow(clippy::too_many_arguments)]
 fn ud_request(
     qp: &mut QpCtx,
     env: &mut Env,
     now: u64,
     addrs: &Addrs,
+    tos: u8,
     h: &Headers,
     payload: &[u8],
     udp_len: usize,
@@ -773,7 +1041,7 @@ fn ud_request(
         env.stats.dropped += 1;
         return;
     };
-    let grh = wire::frame::ud_grh(addrs, 0, udp_len);
+    let grh = wire::frame::ud_grh(addrs, tos, udp_len);
     let res = env
         .ctx
         .scatter(qp.pd, &r.sg_list, 0, &grh)

@@ -57,6 +57,8 @@ pub struct Dev {
     pub capture: bool,
     /// Logged packets, in the order the device saw them.
     pub log: Vec<Cap>,
+    /// Most datagrams the engine held queued after any call the sim made.
+    pub max_queued: usize,
 }
 
 impl Endpoint for Dev {
@@ -64,7 +66,9 @@ impl Endpoint for Dev {
         self.nic.addr()
     }
     fn handle_packet(&mut self, now: u64, pkt: Packet) {
-        self.nic.handle_datagram(now, pkt.src, pkt.dst, &pkt.data);
+        self.nic
+            .handle_datagram_tos(now, pkt.src, pkt.dst, pkt.tos, &pkt.data);
+        self.max_queued = self.max_queued.max(self.nic.queued_packets());
         if self.capture {
             self.log.push(Cap {
                 t: now,
@@ -94,7 +98,8 @@ impl Endpoint for Dev {
         self.nic.poll_timeout()
     }
     fn handle_timeout(&mut self, now: u64) {
-        self.nic.handle_timeout(now)
+        self.nic.handle_timeout(now);
+        self.max_queued = self.max_queued.max(self.nic.queued_packets());
     }
 }
 
@@ -387,6 +392,7 @@ impl World {
                 nic,
                 capture: false,
                 log: Vec::new(),
+                max_queued: 0,
             });
         }
         World {
