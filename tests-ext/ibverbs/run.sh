@@ -9,8 +9,8 @@
 #   perftest over RC: ib_{write,read,send,atomic}_{bw,lat} with default options, with -a
 #     (not the atomics, which have no -a) and with -b (bandwidth tools); ib_send_bw and
 #     ib_send_lat with -c UD and -c UC;
-#   verbs_test.c (one PASS/FAIL line per check it makes, one process with two QPs on its
-#     device) and verbs_test -f (the responder in a second process).
+#   verbs_test.c (one PASS/FAIL line per check it makes; one process per test group, two
+#     QPs on its device) and verbs_test -f (the responder in a second process).
 #
 # Idempotent and bounded: every step runs under `timeout`. Prints PASS/FAIL per check and
 # "N passed, M failed"; exits 1 on any failure. Logs go to $OUT. Checks the library
@@ -225,36 +225,60 @@ for tool in ib_send_bw ib_send_lat; do
 done
 
 # --- 6. verbs_test ---------------------------------------------------------------------------
-verbs_test() { # name-prefix args...
-  local pre=$1; shift
-  nstep=$((nstep + 1))
-  want "$pre" || return 0
-  local lf el rc
-  lf="$OUT/$(slug "$pre").log" el="$OUT/$(slug "$pre").stderr.log"
-  if [ ! -x "$VT" ]; then
-    result "$pre" 1 "verbs_test was not built"
-    return
-  fi
-  sr 600 "$VT" "$@" > "$lf" 2> "$el"
-  rc=$?
-  local n=0 line
+# One process per test group (verbs_test -l), so that a hang (the program's watchdog fails
+# the check and exits) or a crash in one group does not hide the others. Every PASS/FAIL
+# line of verbs_test becomes a check here.
+vt_lines() { # prefix logfile: fold verbs_test's lines into the results; prints how many
+  local pre=$1 lf=$2 n=0 line body why
   while IFS= read -r line; do
     case $line in
       PASS:\ *) result "$pre: ${line#PASS: }" 0 ""; n=$((n + 1)) ;;
       FAIL:\ *)
-        # "FAIL: name (line N: reason)": the name alone for the list, the reason as the detail
-        local body=${line#FAIL: } why
-        why=${body#* (line }
-        why=${why%)}
-        result "$pre: ${body%% (line *}" 1 "line $why"
+        # "FAIL: name (line N: reason)" or "FAIL: name (watchdog ...)": the name for the list
+        body=${line#FAIL: }
+        if [[ "$body" == *" (line "* ]]; then
+          why="line ${body#* (line }"; body=${body%% (line *}
+        else
+          why="${body##* (}"; body=${body% (*}
+        fi
+        result "$pre: $body" 1 "${why%)}"
         n=$((n + 1)) ;;
     esac
   done < "$lf"
-  if [ "$n" = 0 ] || { [ "$rc" != 0 ] && [ "$rc" != 1 ]; }; then
-    result "$pre: exit status" 1 "exit $rc$([ $rc = 124 ] && echo ' (timeout)'); $(tail -n 3 "$el" | tr '\n' ' ' | cut -c1-300); $el"
+  VT_N=$n
+}
+verbs_test_run() { # name args...
+  local name=$1; shift
+  nstep=$((nstep + 1))
+  local base lf el rc
+  base="$OUT/$(slug "$name")" lf="$base.log" el="$base.stderr.log"
+  sr 600 "$VT" "$@" > "$lf" 2> "$el"
+  rc=$?
+  vt_lines "verbs_test" "$lf"
+  if [ "$VT_N" = 0 ] || { [ "$rc" != 0 ] && [ "$rc" != 1 ]; }; then
+    result "verbs_test: $name exited" 1 "exit $rc$([ $rc = 124 ] && echo ' (timeout)'); $(tail -n 3 "$el" | tr '\n' ' ' | cut -c1-300); $el"
   fi
 }
-verbs_test "verbs_test" -d "$DEV" -g 0
-verbs_test "verbs_test -f" -d "$DEV" -g 0 -f
+if [ ! -x "$VT" ]; then
+  result "verbs_test" 1 "verbs_test was not built"
+else
+  if want "verbs_test: device"; then
+    verbs_test_run "device" -d "$DEV" -g 0 -t none
+  fi
+  for g in $("$VT" -l); do
+    want "verbs_test: $g" || continue
+    verbs_test_run "$g" -q -d "$DEV" -g 0 -t "$g"
+  done
+  if want "verbs_test -f"; then
+    nstep=$((nstep + 1))
+    base="$OUT/$(slug "verbs_test -f")"
+    sr 600 "$VT" -d "$DEV" -g 0 -f > "$base.log" 2> "$base.stderr.log"
+    rc=$?
+    vt_lines "verbs_test -f" "$base.log"
+    if [ "$VT_N" = 0 ] || { [ "$rc" != 0 ] && [ "$rc" != 1 ]; }; then
+      result "verbs_test -f exited" 1 "exit $rc; $(tail -n 3 "$base.stderr.log" | tr '\n' ' ' | cut -c1-300)"
+    fi
+  fi
+fi
 
 finish
