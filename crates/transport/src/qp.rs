@@ -13,7 +13,10 @@ pub(crate) const MAX_PKT_PER_ACK: u32 = 64;
 
 /// Request PSNs in flight at most (unacknowledged), so a huge message is paced by the
 /// ACKs rather than queued whole, and PSN comparisons stay far inside the 2^23 window.
-pub(crate) const MAX_INFLIGHT_PSNS: i32 = 2048;
+/// 512 full-MTU packets are about what a 4 MiB socket receive buffer holds (each 4 KiB
+/// datagram costs 6-8 KiB of it): with more in flight the receiver's buffer overflows,
+/// and every drop costs a sequence NAK and a go-back-N resend of the rest of the window.
+pub(crate) const MAX_INFLIGHT_PSNS: i32 = 512;
 
 /// Datagrams the outbox holds before requesters stop producing more until it drains
 /// (they continue from `poll_transmit`), so that a long message is built a batch at a
