@@ -70,6 +70,11 @@ const RX_BUF: usize = 9216;
 const TX_FULL_RETRIES: u32 = 64;
 /// Datagrams handed to the driver per send call.
 const TX_CHUNK: usize = 256;
+/// Longest an ACK produced while an application thread drives progress waits to leave
+/// with the next request (see [`Core::flush_tx`]).
+const ACK_DEFER: Duration = Duration::from_micros(20);
+/// BTH opcode of an RC ACKNOWLEDGE (ACK or NAK, told apart by the AETH syndrome).
+const OP_RC_ACK: u8 = 0x11;
 
 /// How to open a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,6 +184,11 @@ struct Core {
     sleeping_until: Option<u64>,
     txq: Vec<Transmit>,
     via: Vec<Via>,
+    /// ACKs held back (oldest first) so that they leave in one system call with the next
+    /// datagram, or once [`ACK_DEFER`] has passed since the first was held.
+    deferred: Vec<Transmit>,
+    /// Where each of `deferred` leaves from.
+    deferred_via: Vec<Via>,
 }
 
 /// The receive half of the device socket (a duplicate descriptor) and its buffers.
@@ -213,6 +223,8 @@ struct Shared {
     blocked: AtomicUsize,
     /// Device time of the last application poll or wait.
     app_active_at: AtomicU64,
+    /// Device time by which held-back ACKs must leave (u64::MAX: none held).
+    ack_due: AtomicU64,
 }
 
 impl Shared {
@@ -246,8 +258,11 @@ impl Shared {
     }
 
     /// One progress step: receive a batch (engine unlocked), then handle it and fire due
-    /// timers under the engine lock. Returns whether anything happened.
-    fn step(&self, rx: &mut Rx) -> bool {
+    /// timers under the engine lock. Returns whether anything happened. `app`: an
+    /// application thread runs the step and will look at the completions it makes right
+    /// after, so ACKs it produces are held back ([`Flush::Defer`]) rather than costing a
+    /// system call before the application sees its completion.
+    fn step(&self, rx: &mut Rx, app: bool) -> bool {
         let Rx {
             link,
             batch,
@@ -261,7 +276,10 @@ impl Shared {
             }
         };
         let now = self.now();
-        if n == 0 && now < self.next_timer.load(Ordering::Acquire) {
+        if n == 0
+            && now < self.next_timer.load(Ordering::Acquire)
+            && now < self.ack_due.load(Ordering::Acquire)
+        {
             return false;
         }
         let mut core = self.lock();
@@ -284,8 +302,19 @@ impl Shared {
         if core.rnic.poll_timeout().is_some_and(|t| t <= now) {
             core.rnic.handle_timeout(now);
         }
-        core.after_step(self, now, true);
+        let flush = if app { Flush::Defer } else { Flush::All };
+        core.after_step_with(self, now, true, flush);
         true
+    }
+
+    /// Send held-back ACKs now (before blocking, or once they are due).
+    fn flush_deferred(&self) {
+        if self.ack_due.load(Ordering::Acquire) == u64::MAX {
+            return;
+        }
+        let mut core = self.lock();
+        let now = self.now();
+        core.after_step_with(self, now, false, Flush::All);
     }
 }
 
@@ -295,6 +324,23 @@ const APP_WINDOW: Duration = Duration::from_millis(1);
 /// Longest single block of a waiter that shares the wake-up fd with other blocked waiters
 /// (one of them may clear it before another sees it).
 const SHARED_BLOCK: Duration = Duration::from_millis(1);
+
+/// What [`Core::flush_tx`] does with held-back ACKs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flush {
+    /// Send everything now.
+    All,
+    /// Send held-back ACKs with other datagrams, or once due; otherwise keep them.
+    Due,
+    /// Like `Due`, and hold back new ACKs too when they are all there is to send.
+    Defer,
+}
+
+/// Whether a sealed RoCEv2 UDP payload is a positive RC ACK (not a NAK).
+fn is_plain_ack(data: &[u8]) -> bool {
+    // BTH (12 bytes), then the AETH whose syndrome bits 6:5 are 00 for an ACK.
+    data.len() >= 16 && data[0] == OP_RC_ACK && data[12] & 0x60 == 0
+}
 
 fn wall_ns() -> u64 {
     std::time::SystemTime::now()
@@ -308,7 +354,11 @@ impl Core {
     /// wake the progress thread if the next timer moved earlier than its sleep. `changed`:
     /// the step may have added completions (bump the generation, wake blocked waiters).
     fn after_step(&mut self, sh: &Shared, now: u64, changed: bool) {
-        self.flush_tx(sh.addr, now);
+        self.after_step_with(sh, now, changed, Flush::Due);
+    }
+
+    fn after_step_with(&mut self, sh: &Shared, now: u64, changed: bool, flush: Flush) {
+        self.flush_tx(sh, now, flush);
         let ctx = self.rnic.ctx_mut();
         while let Some(ev) = ctx.next_event() {
             self.async_q.push_back(ev);
@@ -354,7 +404,14 @@ impl Core {
         }
     }
 
-    fn flush_tx(&mut self, local: SocketAddr, now: u64) {
+    /// Send what the engine produced. ACKs made while an application thread drives
+    /// progress (`Flush::Defer`) are held back when they are all there is, so the
+    /// application sees its completion without waiting for a send system call; they go
+    /// out in the same `sendmmsg` as the next datagram (typically the application's next
+    /// request), or by themselves once [`ACK_DEFER`] has passed, or before any thread
+    /// blocks. The peer gets them at most that much later, far inside its ACK timeout.
+    fn flush_tx(&mut self, sh: &Shared, now: u64, flush: Flush) {
+        let local = sh.addr;
         while let Some(mut t) = self.rnic.poll_transmit(now) {
             let via = if t.src == local {
                 Via::Main
@@ -369,6 +426,32 @@ impl Core {
             };
             self.txq.push(t);
             self.via.push(via);
+        }
+        if !self.deferred.is_empty() || flush == Flush::Defer {
+            let due = sh.ack_due.load(Ordering::Relaxed);
+            let hold = match flush {
+                Flush::All => false,
+                _ if now >= due => false,
+                Flush::Due => self.txq.is_empty(),
+                Flush::Defer => self.txq.iter().all(|t| is_plain_ack(&t.data)),
+            };
+            if hold {
+                if self.deferred.is_empty() && !self.txq.is_empty() {
+                    let due = now.saturating_add(ACK_DEFER.as_nanos() as u64);
+                    sh.ack_due.store(due, Ordering::Release);
+                }
+                self.deferred.append(&mut self.txq);
+                self.deferred_via.append(&mut self.via);
+                return;
+            }
+            if !self.deferred.is_empty() {
+                // Held-back ACKs first, in the order they were made.
+                self.deferred.append(&mut self.txq);
+                self.deferred_via.append(&mut self.via);
+                std::mem::swap(&mut self.deferred, &mut self.txq);
+                std::mem::swap(&mut self.deferred_via, &mut self.via);
+                sh.ack_due.store(u64::MAX, Ordering::Release);
+            }
         }
         if self.txq.is_empty() {
             return;
@@ -514,6 +597,8 @@ impl Device {
                 sleeping_until: None,
                 txq: Vec::new(),
                 via: Vec::new(),
+                deferred: Vec::new(),
+                deferred_via: Vec::new(),
             }),
             rx: Mutex::new(Rx {
                 link: rx_link,
@@ -532,6 +617,7 @@ impl Device {
             waiters: AtomicUsize::new(0),
             blocked: AtomicUsize::new(0),
             app_active_at: AtomicU64::new(0),
+            ack_due: AtomicU64::new(u64::MAX),
         });
         let sh = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -612,7 +698,7 @@ impl Device {
         let sh = &*self.shared;
         sh.mark_app_active();
         match sh.try_rx() {
-            Some(mut rx) => sh.step(&mut rx),
+            Some(mut rx) => sh.step(&mut rx, true),
             None => false,
         }
     }
@@ -646,7 +732,7 @@ impl Device {
                 return Some(r);
             }
             let progressed = match sh.try_rx() {
-                Some(mut rx) => sh.step(&mut rx),
+                Some(mut rx) => sh.step(&mut rx, true),
                 None => false,
             };
             if progressed || sh.generation.load(Ordering::SeqCst) != g {
@@ -662,8 +748,10 @@ impl Device {
                 std::hint::spin_loop();
                 continue;
             }
-            // Block. Counting ourselves blocked before rereading the generation pairs
-            // with `Core::after_step`: a completion made from now on wakes us.
+            // Block, with no ACK held back. Counting ourselves blocked before rereading
+            // the generation pairs with `Core::after_step`: a completion made from now on
+            // wakes us.
+            sh.flush_deferred();
             let others = sh.blocked.fetch_add(1, Ordering::SeqCst);
             if sh.generation.load(Ordering::SeqCst) != g {
                 sh.blocked.fetch_sub(1, Ordering::SeqCst);
@@ -796,18 +884,29 @@ fn progress(sh: &Shared) {
             // spinning thread per process. Recheck when its window ends.
             let last = sh.app_active_at.load(Ordering::Relaxed);
             let until = last.saturating_add(APP_WINDOW.as_nanos() as u64);
-            let t = if sh.waiters.load(Ordering::SeqCst) > 0 || until <= now {
+            let mut t = if sh.waiters.load(Ordering::SeqCst) > 0 || until <= now {
                 APP_WINDOW
             } else {
                 Duration::from_nanos(until - now)
             };
-            let _ = sys::poll_readable(&[sh.wake.as_raw_fd()], Some(t));
-            sh.wake.clear();
+            // ACKs an application thread held back leave by their deadline even if it
+            // stops driving progress.
+            let due = sh.ack_due.load(Ordering::Acquire);
+            if due != u64::MAX {
+                t = t.min(Duration::from_nanos(due.saturating_sub(now)));
+            }
+            if !t.is_zero() {
+                let _ = sys::poll_readable(&[sh.wake.as_raw_fd()], Some(t));
+                sh.wake.clear();
+            }
+            if sh.ack_due.load(Ordering::Acquire) <= sh.now() {
+                sh.flush_deferred();
+            }
             active_at = Instant::now();
             continue;
         }
         let got = match sh.try_rx() {
-            Some(mut rx) => sh.step(&mut rx),
+            Some(mut rx) => sh.step(&mut rx, false),
             None => false,
         };
         if got {
@@ -823,6 +922,7 @@ fn progress(sh: &Shared) {
         let timeout = {
             let mut core = sh.lock();
             let now = sh.now();
+            core.after_step_with(sh, now, false, Flush::All);
             let deadline = core.rnic.poll_timeout();
             core.sleeping_until = Some(deadline.unwrap_or(u64::MAX));
             core.stats.sleeps += 1;
