@@ -50,12 +50,12 @@ fi
 log "path MTU $MTU, $REPS rep(s), raw logs in $OUT"
 
 port=18700
-# pair NAME SERVER_CMD... -- CLIENT_CMD... : server on core 1, client on core 0; the
+# pair NAME SERVER_CMD... ::: CLIENT_CMD... : server on core 1, client on core 0; the
 # client's output is in $OUT/NAME.client.log.
 pair() {
   local name=$1; shift
   local scmd=() ccmd=()
-  while [ "$1" != -- ]; do scmd+=("$1"); shift; done
+  while [ "$1" != ::: ]; do scmd+=("$1"); shift; done
   shift
   ccmd=("$@")
   timeout -k 5 "$STEP_TIMEOUT" taskset -c 1 "${scmd[@]}" > "$OUT/$name.server.log" 2>&1 &
@@ -77,7 +77,7 @@ dropin() { # name tool size iters kind
   local name=$1 tool=$2 size=$3 iters=$4 kind=$5
   port=$((port + 1))
   local args=(-d "$DEV" -x 0 -F -m "$MTU" -s "$size" -n "$iters" -p "$port")
-  pair "$name" "$BIN" run -- "$tool" "${args[@]}" -- "$BIN" run -- "$tool" "${args[@]}" 127.0.0.1
+  pair "$name" "$BIN" run -- "$tool" "${args[@]}" ::: "$BIN" run -- "$tool" "${args[@]}" 127.0.0.1
   python3 - "$OUT/$name.client.log" "$kind" <<'EOF'
 import sys
 kind = sys.argv[2]
@@ -98,7 +98,7 @@ rust() { # name test size iters kind
   local name=$1 test=$2 size=$3 iters=$4 kind=$5
   port=$((port + 1))
   local args=(perf "$test" -d "$DEV" -m "$MTU" -s "$size" -n "$iters" -p "$port" --json)
-  pair "$name" "$BIN" "${args[@]}" -- "$BIN" "${args[@]}" 127.0.0.1
+  pair "$name" "$BIN" "${args[@]}" ::: "$BIN" "${args[@]}" 127.0.0.1
   python3 - "$OUT/$name.client.log" "$kind" <<'EOF'
 import json, sys
 kind = sys.argv[2]
