@@ -31,32 +31,15 @@ set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-RXE_VM_DIR=${RXE_VM_DIR:-$(cd "$REPO/.." && pwd)/shared/rxe-vm}
-RUN="$RXE_VM_DIR/run"
-export RXE_VM_DIR
-export RXE_VM_NAME=${RXE_VM_NAME:-softrdma-interop}
-# fixed by the rxe-vm network layout; the host side must use the tap0 address
-export RXE_VM_HOST_IP=10.47.91.1 RXE_VM_GUEST_IP=10.47.91.2
-export SOFTRDMA_ADDR=${SOFTRDMA_ADDR:-10.47.91.1:4791}
 SOFTRDMA_BIN=${SOFTRDMA_BIN:-$REPO/target/release/softrdma}
 SIZES=${SIZES:-64 1024 4096 10000}
 ITERS=${ITERS:-20}
 STEP_TIMEOUT=${STEP_TIMEOUT:-60}
 OUT=${OUT:-/tmp/softrdma-rxe-interop}
-GUEST_IP=$RXE_VM_GUEST_IP
 PORT=18515 # ibv_rc_pingpong's TCP port
-
-pass=0 fail=0
-log() { printf '[interop %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
-result() {
-  if [ "$2" = 0 ]; then echo "PASS: $1"; pass=$((pass + 1)); else echo "FAIL: $1 ($3)"; fail=$((fail + 1)); fi
-}
-finish() {
-  echo "artifacts: $OUT"
-  echo "$pass passed, $fail failed"
-  [ "$fail" = 0 ] && [ "$pass" -gt 0 ]
-  exit $?
-}
+LOG_TAG=interop
+# shellcheck source=tests-ext/rxe/lib.sh
+. "$HERE/lib.sh"
 
 if [ -n "${HOST_PEER_CMD:-}" ]; then
   read -r -a HOST_CMD <<< "$HOST_PEER_CMD"
@@ -68,66 +51,12 @@ else
     fail=1; finish
   fi
 fi
-case $SOFTRDMA_ADDR in
-  10.47.91.1:*) ;;
-  *) echo "FAIL: SOFTRDMA_ADDR=$SOFTRDMA_ADDR: the host side must be 10.47.91.1 (tap0 in the netns)"; fail=1; finish ;;
-esac
+check_addr
 
 rm -rf "$OUT"; mkdir -p "$OUT"
 log "host command: ${HOST_CMD[*]}; SOFTRDMA_ADDR=$SOFTRDMA_ADDR; sizes $SIZES; $ITERS iterations"
 
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  timeout 900 "$RXE_VM_DIR/build" > "$OUT/build.log" 2>&1 \
-    || { tail -n 30 "$OUT/build.log"; echo "FAIL: rxe-vm build (log $OUT/build.log)"; fail=1; finish; }
-fi
-
-# idempotent: a stale instance of this name (an interrupted run) is replaced
-timeout 60 "$RUN" stop > /dev/null 2>&1
-if [ "${KEEP_VM:-0}" != 1 ]; then trap 'timeout 60 "$RUN" stop >/dev/null 2>&1' EXIT; fi
-timeout 300 "$RUN" start > "$OUT/start.log" 2>&1 \
-  || { cat "$OUT/start.log"; echo "FAIL: VM start (log $OUT/start.log)"; fail=1; finish; }
-cat "$OUT/start.log"
-
-# the running VM's network namespace ($RUN ns) -- used directly for short probes
-ns() { timeout "${T:-20}" "$RUN" ns -- "$@"; }
-
-# wait (up to $1 s) until something in the namespace listens on TCP $PORT; give up
-# early if the host process $2 has exited
-host_listening() {
-  local end=$(($(date +%s) + $1))
-  while [ "$(date +%s)" -lt "$end" ] && kill -0 "$2" 2> /dev/null; do
-    ns ss -Hltn "sport = :$PORT" 2> /dev/null | grep -q . && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
-# wait (up to $1 s) until the guest listens on TCP $PORT (one guest job polling
-# /proc/net/tcp: a test connect would be taken as the ping-pong client)
-guest_listening() {
-  timeout $(($1 + 30)) "$RUN" exec -t "$(($1 + 5))" -- "
-    for i in \$(seq $(($1 * 10))); do
-      awk '\$2 ~ /:$(printf %04X $PORT)\$/ && \$4 == \"0A\" {f=1} END {exit !f}' /proc/net/tcp && exit 0
-      sleep 0.1
-    done; exit 1" > /dev/null 2>&1
-}
-
-capture_start() {
-  cap=""
-  [ "${CAPTURE:-0}" = 1 ] && command -v tshark > /dev/null || return 0
-  "$RUN" ns -- timeout $((STEP_TIMEOUT * 2 + 60)) tshark -q -i tap0 -f 'udp port 4791' -w "$OUT/$1.pcapng" > "$OUT/$1.tshark.log" 2>&1 &
-  cap=$!
-  for _ in $(seq 50); do grep -q Capturing "$OUT/$1.tshark.log" 2> /dev/null && break; sleep 0.1; done
-}
-capture_stop() {
-  [ -n "$cap" ] || return 0
-  sleep 0.3; kill -INT "$cap" 2> /dev/null; wait "$cap" 2> /dev/null; cap=""
-}
-
-stats() {
-  echo "-- rxe0 counters after $1:"
-  timeout 40 "$RUN" exec -t 20 -- 'rdma statistic show link rxe0/1' 2>&1 | sed 's/^/   /'
-}
+vm_up
 
 # guest ibv_rc_pingpong server, host client
 check_guest_server() {
