@@ -296,10 +296,19 @@ impl Shared {
                         core.stats.pcap_errors += 1;
                     }
                 }
-                core.rnic.handle_datagram(now, d.src, d.dst, d.data);
+                core.rnic
+                    .handle_datagram_tos(now, d.src, d.dst, d.tos, d.data);
             }
         }
-        if core.rnic.poll_timeout().is_some_and(|t| t <= now) {
+        // A full batch means more may be waiting in the socket, perhaps the very ACK that
+        // makes a due retransmission needless: fire timers once the socket is drained, or
+        // when they are overdue by more than TIMER_GRACE (so a flood cannot starve them).
+        let drained = n < batch.capacity();
+        if core
+            .rnic
+            .poll_timeout()
+            .is_some_and(|t| t <= now && (drained || now - t > TIMER_GRACE_NS))
+        {
             core.rnic.handle_timeout(now);
         }
         let flush = if app { Flush::Defer } else { Flush::All };
@@ -317,6 +326,9 @@ impl Shared {
         core.after_step_with(self, now, false, Flush::All);
     }
 }
+
+/// How long a due timer may wait for the socket to be drained first, in nanoseconds.
+const TIMER_GRACE_NS: u64 = 1_000_000;
 
 /// How long after an application thread last polled the progress thread keeps out of the
 /// way (and how often it rechecks while an application thread waits).
