@@ -67,9 +67,14 @@ pair() {
     kill -0 "$sp" 2>/dev/null || break
     sleep 0.1
   done
-  timeout -k 5 "$STEP_TIMEOUT" taskset -c 0 "${ccmd[@]}" > "$OUT/$name.client.log" 2>&1 ||
-    log "$name: client failed (see $OUT/$name.client.log)"
-  wait "$sp" || log "$name: server failed (see $OUT/$name.server.log)"
+  timeout -k 5 "$STEP_TIMEOUT" taskset -c 0 "${ccmd[@]}" > "$OUT/$name.client.log" 2>&1
+  local crc=$? src
+  echo "[exit $crc]" >> "$OUT/$name.client.log"
+  [ $crc = 0 ] || log "$name: client exit $crc (see $OUT/$name.client.log)"
+  wait "$sp"
+  src=$?
+  echo "[exit $src]" >> "$OUT/$name.server.log"
+  [ $src = 0 ] || log "$name: server exit $src (see $OUT/$name.server.log)"
 }
 
 # perftest through the drop-in: "MiB/s" (bw) or "usec" (lat) on stdout, empty on failure.
@@ -156,9 +161,12 @@ def size_s(n):
 
 def fmt(xs, kind):
     if not xs:
-        return None, "failed"
+        return None, f"failed ({reps} of {reps} runs)"
     m = statistics.median(xs)
-    return m, (f"{m:,.0f} MiB/s" if kind == "bw" else f"{m:.2f} µs")
+    s = f"{m:,.0f} MiB/s" if kind == "bw" else f"{m:.2f} µs"
+    if len(xs) < int(reps):
+        s += f" ({int(reps) - len(xs)} of {reps} runs failed)"
+    return m, s
 
 print(f"| benchmark | size | drop-in: perftest on libibverbs.so.1 | Rust path: softrdma perf | drop-in / Rust |")
 print("|---|---|---|---|---|")
@@ -172,7 +180,7 @@ for name in order:
 print()
 print(f"Bandwidth: average MiB/s (higher is better; ratio > 1 means the drop-in is faster). "
       f"Latency: typical half round trip (lower is better; ratio > 1 means the drop-in is slower). "
-      f"Median of {reps} run(s); path MTU {mtu}; server on core 1, client on core 0, each process "
+      f"Median of the runs that finished, of {reps}; path MTU {mtu}; server on core 1, client on core 0, each process "
       f"with its own loopback device.")
 EOF
 echo
