@@ -269,6 +269,7 @@ fn open_shared(d: &Dev) -> Result<Arc<DevShared>, i32> {
         eprintln!("libibverbs (softrdma): opening {}: {e}", d.entry.name);
         e.raw_os_error().unwrap_or(libc::EIO)
     })?;
+    crate::make_fd_blocking(dev.async_event_fd());
     let sh = Arc::new(DevShared {
         dev,
         reg: Mutex::new(Registry::default()),
@@ -664,12 +665,12 @@ pub extern "C" fn ibv_node_type_str(node_type: c_int) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn ibv_port_state_str(port_state: c_int) -> *const c_char {
     static_str(match port_state {
-        0 => c"PORT_NOP",
-        1 => c"PORT_DOWN",
-        2 => c"PORT_INIT",
-        3 => c"PORT_ARMED",
-        4 => c"PORT_ACTIVE",
-        5 => c"PORT_ACTIVE_DEFER",
+        0 => c"no state change (NOP)",
+        1 => c"down",
+        2 => c"init",
+        3 => c"armed",
+        4 => c"active",
+        5 => c"active defer",
         _ => c"unknown",
     })
 }
@@ -696,7 +697,8 @@ pub extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
         16 => c"last WQE reached",
         17 => c"client reregistration",
         18 => c"GID table change",
-        19 => c"WQ fatal",
+        // rdma-core 44 has "WQ fatal" in its table but range-checks against
+        // IBV_EVENT_GID_CHANGE, so IBV_EVENT_WQ_FATAL gives "unknown" there too.
         _ => c"unknown",
     })
 }
@@ -720,14 +722,14 @@ pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
         13 => c"RNR retry counter exceeded",
         14 => c"local RDD violation error",
         15 => c"remote invalid RD request",
-        16 => c"operation aborted",
+        16 => c"aborted error",
         17 => c"invalid EE context number",
         18 => c"invalid EE context state",
         19 => c"fatal error",
         20 => c"response timeout error",
         21 => c"general error",
         22 => c"TM error",
-        23 => c"TM rendezvous non-compliant",
+        23 => c"TM software rendezvous",
         _ => c"unknown",
     })
 }
@@ -869,7 +871,8 @@ mod tests {
         // SAFETY: the functions return static NUL-terminated strings.
         let s = |p: *const c_char| unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_string();
         assert_eq!(s(ibv_wc_status_str(5)), "Work Request Flushed Error");
-        assert_eq!(s(ibv_port_state_str(4)), "PORT_ACTIVE");
+        assert_eq!(s(ibv_port_state_str(4)), "active");
+        assert_eq!(s(ibv_wc_status_str(23)), "TM software rendezvous");
         assert_eq!(s(ibv_node_type_str(1)), "InfiniBand channel adapter");
         assert_eq!(s(ibv_event_type_str(99)), "unknown");
     }
