@@ -39,10 +39,23 @@ impl EventFd {
     }
 
     /// Make it unreadable (reads the counter; a cleared fd stays cleared).
+    ///
+    /// Reads only when the fd polls readable: an fd handed to a program (a completion
+    /// channel, the async-event fd) may have been made blocking, and reading a zero
+    /// counter then would block.
     pub fn clear(&self) {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd; a zero timeout never blocks.
+        if unsafe { libc::poll(&mut p, 1, 0) } != 1 || p.revents & libc::POLLIN == 0 {
+            return;
+        }
         let mut v: u64 = 0;
-        // SAFETY: reads at most 8 bytes into a live local u64 from our own non-blocking
-        // descriptor; EAGAIN (already clear) is fine.
+        // SAFETY: reads at most 8 bytes into a live local u64 from our own descriptor,
+        // which is readable (checked above); EAGAIN is fine.
         let _ = unsafe {
             libc::read(
                 self.fd.as_raw_fd(),

@@ -31,6 +31,7 @@ mod stubs;
 #[allow(unsafe_code)]
 pub mod sys;
 
+use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;
 
 // `name@@IBVERBS_x.y` for every export (see build.rs). Not in unit-test executables,
@@ -60,6 +61,26 @@ pub(crate) fn set_errno(e: i32) {
 pub(crate) fn null_errno<T>(e: i32) -> *mut T {
     set_errno(e);
     std::ptr::null_mut()
+}
+
+/// Hand an fd of the device to the program as a blocking fd, as a kernel driver's channel
+/// fds are, so that a program setting O_NONBLOCK on it is visible to
+/// [`fd_nonblocking`]. (The device reads these eventfds only when they poll readable.)
+pub(crate) fn make_fd_blocking(fd: c_int) {
+    // SAFETY: fcntl on a descriptor the device owns; no pointers.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl >= 0 && fl & libc::O_NONBLOCK != 0 {
+            libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    }
+}
+
+/// Whether the program set O_NONBLOCK on `fd` (a channel or async-event fd).
+pub(crate) fn fd_nonblocking(fd: c_int) -> bool {
+    // SAFETY: fcntl F_GETFL takes no pointers.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
 /// Set errno and return -1.

@@ -265,6 +265,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
                 return null_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
             }
         };
+        crate::make_fd_blocking(fd);
         let mut c: sys::ibv_comp_channel = zeroed();
         c.context = context;
         c.fd = fd;
@@ -447,8 +448,10 @@ unsafe extern "C" fn req_notify_cq(cq: *mut sys::ibv_cq, solicited_only: c_int) 
 }
 
 /// Blocks until the channel has an event; the waiting thread drives the device's
-/// progress meanwhile. (The channel fd is a non-blocking eventfd that is readable while
-/// events are pending, so programs may also poll(2) it first.)
+/// progress meanwhile. (The channel fd is an eventfd, handed out blocking, that is
+/// readable while events are pending, so programs may also poll(2) it first.) If the
+/// program set O_NONBLOCK on the fd, returns -1 with EAGAIN when no event is pending,
+/// as a read(2) of a kernel driver's channel fd does.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_cq_event(
     channel: *mut sys::ibv_comp_channel,
@@ -469,9 +472,16 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         }
         let id = ch.id;
         let dev = ctx.dev();
+        let nonblocking = crate::fd_nonblocking(ch.c.fd);
+        let timeout = nonblocking.then_some(std::time::Duration::ZERO);
         loop {
-            let got = dev.wait_for(None, || dev.with_quiet(|r, _| r.ctx_mut().get_cq_event(id)));
+            let got = dev.wait_for(timeout, || {
+                dev.with_quiet(|r, _| r.ctx_mut().get_cq_event(id))
+            });
             let Some(cq_id) = got else {
+                if nonblocking {
+                    return minus_one(libc::EAGAIN);
+                }
                 continue;
             };
             let p = ctx.shared.registry().cqs.get(&cq_id.0).copied();
@@ -669,6 +679,8 @@ pub(crate) struct Qp {
     pub(crate) c: sys::ibv_qp_ex,
     pub(crate) qpn: u32,
     pub(crate) qp_type: QpType,
+    /// `max_send_sge` as reported to the program at creation (caps never change).
+    pub(crate) max_send_sge: u32,
     /// The work request being built with the `ibv_wr_*` API.
     pub(crate) ex: std::cell::UnsafeCell<crate::ex::WrBuild>,
 }
@@ -821,6 +833,7 @@ pub(crate) fn create_qp_obj(
         c,
         qpn,
         qp_type: t,
+        max_send_sge: actual.max_send_sge,
         ex: Default::default(),
     });
     ctx.shared.registry().qps.insert(qpn, q as usize);
@@ -1179,7 +1192,8 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
 // ------------------------------------------------------------------ async events
 
 /// Blocks until the device has an async event (the fd `context->async_fd` is readable
-/// while one is pending). Events of objects already destroyed are skipped.
+/// while one is pending). Events of objects already destroyed are skipped. If the
+/// program set O_NONBLOCK on that fd, returns -1 with EAGAIN when none is pending.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(
     context: *mut sys::ibv_context,
@@ -1196,6 +1210,9 @@ pub unsafe extern "C" fn ibv_get_async_event(
         let dev = ctx.dev();
         loop {
             let Some(ev) = dev.next_async_event() else {
+                if crate::fd_nonblocking(dev.async_event_fd()) {
+                    return minus_one(libc::EAGAIN);
+                }
                 let mut p = libc::pollfd {
                     fd: dev.async_event_fd(),
                     events: libc::POLLIN,
