@@ -327,6 +327,10 @@ impl Shared {
     }
 }
 
+/// How long an application thread may stay away before the progress thread, while it
+/// keeps out of the way, watches the socket again.
+const APP_IDLE: Duration = Duration::from_micros(100);
+
 /// How long a due timer may wait for the socket to be drained first, in nanoseconds.
 const TIMER_GRACE_NS: u64 = 1_000_000;
 
@@ -896,10 +900,19 @@ fn progress(sh: &Shared) {
             // spinning thread per process. Recheck when its window ends.
             let last = sh.app_active_at.load(Ordering::Relaxed);
             let until = last.saturating_add(APP_WINDOW.as_nanos() as u64);
-            let mut t = if sh.waiters.load(Ordering::SeqCst) > 0 || until <= now {
+            let waiters = sh.waiters.load(Ordering::SeqCst) > 0;
+            let idle = now.saturating_sub(last);
+            // An application that stopped calling in (it may spin on memory a peer
+            // WRITEs, as ib_write_lat does) must not leave packets waiting for the rest of
+            // the window: once it has been idle for APP_IDLE, watch the socket too and take
+            // over when something arrives. Blocked waiters watch the socket themselves.
+            let watch_sock = !waiters && idle >= APP_IDLE.as_nanos() as u64;
+            let mut t = if waiters || until <= now {
                 APP_WINDOW
-            } else {
+            } else if watch_sock {
                 Duration::from_nanos(until - now)
+            } else {
+                Duration::from_nanos(APP_IDLE.as_nanos() as u64 - idle)
             };
             // ACKs an application thread held back leave by their deadline even if it
             // stops driving progress.
@@ -907,15 +920,27 @@ fn progress(sh: &Shared) {
             if due != u64::MAX {
                 t = t.min(Duration::from_nanos(due.saturating_sub(now)));
             }
+            let mut arrived = false;
             if !t.is_zero() {
-                let _ = sys::poll_readable(&[sh.wake.as_raw_fd()], Some(t));
+                if watch_sock {
+                    let r = sys::poll_readable(&[sh.wake.as_raw_fd(), sh.sock_fd], Some(t));
+                    arrived = r.is_ok_and(|v| v.get(1).copied().unwrap_or(false));
+                } else {
+                    let _ = sys::poll_readable(&[sh.wake.as_raw_fd()], Some(t));
+                }
                 sh.wake.clear();
             }
             if sh.ack_due.load(Ordering::Acquire) <= sh.now() {
                 sh.flush_deferred();
             }
             active_at = Instant::now();
-            continue;
+            let still_idle = sh
+                .now()
+                .saturating_sub(sh.app_active_at.load(Ordering::Relaxed))
+                >= APP_IDLE.as_nanos() as u64;
+            if !(arrived && still_idle) {
+                continue;
+            }
         }
         let got = match sh.try_rx() {
             Some(mut rx) => sh.step(&mut rx, false),
