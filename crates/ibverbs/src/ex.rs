@@ -10,7 +10,9 @@ use softrdma_device::verbs::{
 };
 
 use crate::device::{device_attr, Ctx};
-use crate::objs::{create_cq_obj, create_qp_obj, ctx_of, errno, obj, pd_ctx, Ah, Cq, Mr, Qp};
+use crate::objs::{
+    create_cq_obj, create_qp_obj, ctx_of, errno, free, leak, obj, pd_ctx, Ah, Cq, Mr, Qp,
+};
 use crate::post::{mw_bind, poll_progress, poll_quick, post_sends, wc_to_c};
 use crate::{copy_prefix, guard, null_errno, set_errno, sys, zeroed};
 
@@ -667,7 +669,7 @@ unsafe extern "C" fn alloc_dm(
                 c.memcpy_to_dm = Some(memcpy_to_dm);
                 c.memcpy_from_dm = Some(memcpy_from_dm);
                 c.handle = id.0;
-                Box::into_raw(Box::new(Dm { c, id })).cast()
+                leak(Dm { c, id }).cast()
             }
             Err(e) => null_errno(errno(&e)),
         }
@@ -683,7 +685,7 @@ unsafe extern "C" fn free_dm(dm: *mut sys::ibv_dm) -> c_int {
         match ctx.dev().with(|r, _| r.ctx_mut().free_dm(id)) {
             Ok(()) => {
                 // SAFETY: allocated by alloc_dm as a Dm, freed once.
-                drop(unsafe { Box::from_raw(dm.cast::<Dm>()) });
+                unsafe { free::<Dm, _>(dm) };
                 0
             }
             Err(e) => errno(&e),
@@ -787,7 +789,7 @@ unsafe extern "C" fn reg_dm_mr(
                 c.handle = info.lkey;
                 c.lkey = info.lkey;
                 c.rkey = info.rkey;
-                Box::into_raw(Box::new(Mr { c, lkey: info.lkey })).cast()
+                leak(Mr { c, lkey: info.lkey }).cast()
             }
             Err(e) => null_errno(errno(&e)),
         }
@@ -828,7 +830,7 @@ unsafe extern "C" fn alloc_mw(pd: *mut sys::ibv_pd, mw_type: sys::ibv_mw_type) -
                 c.rkey = rkey;
                 c.handle = id.0;
                 c.type_ = mw_type;
-                Box::into_raw(Box::new(Mw { c, id })).cast()
+                leak(Mw { c, id }).cast()
             }
             Err(e) => null_errno(errno(&e)),
         }
@@ -849,7 +851,7 @@ unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
         match ctx.dev().with(|r, _| r.ctx_mut().dealloc_mw(id)) {
             Ok(()) => {
                 // SAFETY: allocated by alloc_mw as an Mw, freed once.
-                drop(unsafe { Box::from_raw(mw.cast::<Mw>()) });
+                unsafe { free::<Mw, _>(mw) };
                 0
             }
             Err(e) => errno(&e),

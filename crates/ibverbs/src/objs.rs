@@ -23,7 +23,7 @@ pub(crate) fn errno(e: &verbs::Error) -> c_int {
 }
 
 /// Box an object and hand out its address.
-fn leak<T>(v: T) -> *mut T {
+pub(crate) fn leak<T>(v: T) -> *mut T {
     Box::into_raw(Box::new(v))
 }
 
@@ -44,7 +44,7 @@ pub(crate) unsafe fn obj<'a, T, C>(p: *const C) -> Option<&'a T> {
 ///
 /// # Safety
 /// `p` came from [`leak`] as a `T` and is freed once.
-unsafe fn free<T, C>(p: *mut C) {
+pub(crate) unsafe fn free<T, C>(p: *mut C) {
     // SAFETY: per the contract.
     drop(unsafe { Box::from_raw(p.cast::<T>()) });
 }
