@@ -431,7 +431,9 @@ fn serve_recv(side: &Side, r: &mut BufReader<TcpStream>, echo: bool) -> CmdResul
         } else {
             poller.idle()?;
         }
-        if n == 0 || last_check.elapsed() > Duration::from_millis(20) {
+        // Not on every empty poll: the check costs system calls, and a SEND arriving
+        // meanwhile would wait for them.
+        if n == 0 && last_check.elapsed() > Duration::from_millis(20) {
             last_check = Instant::now();
             if done_arrived(r)? {
                 return Ok(());

@@ -71,7 +71,8 @@ const TX_FULL_RETRIES: u32 = 64;
 /// Datagrams handed to the driver per send call.
 const TX_CHUNK: usize = 256;
 /// Longest an ACK produced while an application thread drives progress waits to leave
-/// with the next request (see [`Core::flush_tx`]).
+/// with the next request while that thread keeps calling in (see [`Core::flush_tx`]); if
+/// it stops, the progress thread sends it when it next looks (within [`APP_WINDOW`]).
 const ACK_DEFER: Duration = Duration::from_micros(20);
 /// BTH opcode of an RC ACKNOWLEDGE (ACK or NAK, told apart by the AETH syndrome).
 const OP_RC_ACK: u8 = 0x11;
@@ -327,6 +328,38 @@ impl Shared {
     }
 }
 
+/// Whether the progress thread watches the socket while an application thread also drives
+/// progress. An application that spins on memory a peer writes (as ib_write_lat does)
+/// leaves datagrams to the progress thread even though it polls a CQ in between, so once
+/// it has done so the progress thread keeps watching, each datagram waking it. An
+/// application that polls for everything takes its datagrams itself and those wake-ups
+/// are wasted (and preempt it), so watching stops when most of them find nothing.
+#[derive(Debug, Default)]
+struct Share {
+    watch: bool,
+    useful: u32,
+    wasted: u32,
+}
+
+impl Share {
+    /// Wake-ups per verdict.
+    const ROUND: u32 = 64;
+
+    fn record(&mut self, got: bool) {
+        if got {
+            self.useful += 1;
+        } else {
+            self.wasted += 1;
+        }
+        if self.useful + self.wasted >= Self::ROUND {
+            // Worth it while at least a quarter of the wake-ups find a datagram.
+            self.watch = self.useful * 4 >= Self::ROUND;
+            self.useful = 0;
+            self.wasted = 0;
+        }
+    }
+}
+
 /// How long an application thread may stay away before the progress thread, while it
 /// keeps out of the way, watches the socket again.
 const APP_IDLE: Duration = Duration::from_micros(100);
@@ -461,7 +494,12 @@ impl Core {
                 return;
             }
             if !self.deferred.is_empty() {
-                // Held-back ACKs first, in the order they were made.
+                // Held-back ACKs first, in the order they were made. Sending them after
+                // the new datagrams would take one datagram off the critical path of a
+                // ping-pong (on loopback each delivery runs inside this system call), but
+                // a peer would then see our reply before the ACK of its request: its
+                // receive completion before its send completion, an order no hardware
+                // RNIC produces and that sequential verbs programs rely on.
                 self.deferred.append(&mut self.txq);
                 self.deferred_via.append(&mut self.via);
                 std::mem::swap(&mut self.deferred, &mut self.txq);
@@ -877,6 +915,9 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        // ACKs held back for the application's next request must still reach the peer,
+        // whose requester would otherwise retry into a closed port.
+        self.shared.flush_deferred();
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake.set();
         if let Some(t) = self.thread.take() {
@@ -893,8 +934,15 @@ impl Drop for Device {
 /// block until a datagram, a wake-up or the next timer.
 fn progress(sh: &Shared) {
     let mut active_at = Instant::now();
+    // How often to look whether an application thread that drives progress has stopped
+    // calling in. Every look is a wake-up that preempts a thread, so while the application
+    // keeps calling in, the looks back off (doubling up to APP_WINDOW); once it is found
+    // idle they start again at APP_IDLE.
+    let mut look_every = APP_IDLE;
+    let mut share = Share::default();
     while !sh.stop.load(Ordering::Relaxed) {
         let now = sh.now();
+        let mut watching = false;
         if sh.app_driving(now) {
             // An application thread polls or waits and drives progress itself: one
             // spinning thread per process. Recheck when its window ends.
@@ -902,22 +950,29 @@ fn progress(sh: &Shared) {
             let until = last.saturating_add(APP_WINDOW.as_nanos() as u64);
             let waiters = sh.waiters.load(Ordering::SeqCst) > 0;
             let idle = now.saturating_sub(last);
+            let app_idle = idle >= APP_IDLE.as_nanos() as u64;
             // An application that stopped calling in (it may spin on memory a peer
             // WRITEs, as ib_write_lat does) must not leave packets waiting for the rest of
             // the window: once it has been idle for APP_IDLE, watch the socket too and take
-            // over when something arrives. Blocked waiters watch the socket themselves.
-            let watch_sock = !waiters && idle >= APP_IDLE.as_nanos() as u64;
+            // over when something arrives; and once that has happened, keep watching the
+            // socket while the application calls in (see [`Share`]). Blocked waiters
+            // watch the socket themselves.
+            let watch_sock = !waiters && (app_idle || share.watch);
             let mut t = if waiters || until <= now {
                 APP_WINDOW
             } else if watch_sock {
+                look_every = APP_IDLE;
                 Duration::from_nanos(until - now)
             } else {
-                Duration::from_nanos(APP_IDLE.as_nanos() as u64 - idle)
+                let t = look_every.max(Duration::from_nanos(APP_IDLE.as_nanos() as u64 - idle));
+                look_every = (look_every * 2).min(APP_WINDOW);
+                t
             };
-            // ACKs an application thread held back leave by their deadline even if it
-            // stops driving progress.
+            // ACKs an application thread held back leave with its next datagram or step;
+            // if it has stopped calling in, they leave by their deadline from here. (Not
+            // while it calls in: a wake-up per held ACK would cost more than it saves.)
             let due = sh.ack_due.load(Ordering::Acquire);
-            if due != u64::MAX {
+            if due != u64::MAX && app_idle {
                 t = t.min(Duration::from_nanos(due.saturating_sub(now)));
             }
             let mut arrived = false;
@@ -938,13 +993,28 @@ fn progress(sh: &Shared) {
                 .now()
                 .saturating_sub(sh.app_active_at.load(Ordering::Relaxed))
                 >= APP_IDLE.as_nanos() as u64;
-            if !(arrived && still_idle) {
+            if !arrived || !(still_idle || share.watch) {
                 continue;
             }
+            if still_idle {
+                // The application left a datagram to us: it does not poll for everything
+                // it waits for.
+                share.watch = true;
+            }
+            watching = true;
         }
-        let got = match sh.try_rx() {
-            Some(mut rx) => sh.step(&mut rx, false),
-            None => false,
+        let got = if watching {
+            // Wait out an application thread that is receiving (it holds the lock for
+            // one step), so that one arrival is one verdict, not a spin.
+            let mut rx = sh.rx.lock().unwrap_or_else(|e| e.into_inner());
+            let got = sh.step(&mut rx, false);
+            share.record(got);
+            got
+        } else {
+            match sh.try_rx() {
+                Some(mut rx) => sh.step(&mut rx, false),
+                None => false,
+            }
         };
         if got {
             active_at = Instant::now();

@@ -47,32 +47,39 @@ fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize) -> Res<()> {
     );
     let timeout = Duration::from_secs(10);
     let start = Instant::now();
+    // Completions of the two directions may come in either order (the peer's next SEND
+    // can overtake its ACK of ours), so count them rather than expect a sequence.
+    let mut recvs = 0u64;
+    let mut sends = 0u64;
     for i in 0..iters {
         if !server {
             mr.write(0, &i.to_le_bytes()[..size.min(8)])?;
             qp.post_send(wr::send(1, [mr.sge(0..size)]))?;
         }
-        // Wait for the peer's message (and our own send's completion).
-        let mut got_recv = false;
-        let mut sends = 0;
-        while !got_recv || (!server && sends == 0) {
+        // Wait for the peer's message (and, on the client, our own send's completion).
+        let want_sends = if server { i } else { i + 1 };
+        while recvs <= i || sends < want_sends {
             let wc = cq.wait(timeout)?;
             if wc.status != WcStatus::Success {
                 return Err(format!("iteration {i}: {}", wc.status.as_str()).into());
             }
             match wc.opcode {
-                WcOpcode::Recv => got_recv = true,
+                WcOpcode::Recv => recvs += 1,
                 _ => sends += 1,
             }
         }
         recv()?;
         if server {
             qp.post_send(wr::send(1, [mr.sge(0..size)]))?;
-            let wc = cq.wait(timeout)?;
-            if wc.status != WcStatus::Success {
-                return Err(format!("iteration {i}: {}", wc.status.as_str()).into());
-            }
         }
+    }
+    // The server's last send completes once the client has acknowledged it.
+    while sends < iters {
+        let wc = cq.wait(timeout)?;
+        if wc.status != WcStatus::Success {
+            return Err(format!("last send: {}", wc.status.as_str()).into());
+        }
+        sends += 1;
     }
     let el = start.elapsed();
     if !server {
