@@ -26,6 +26,9 @@
 //!   IP, that port), created on first use, so the wire carries exactly what rxe would send.
 //!   If that bind fails (the port is taken, say by another device on the same IP), packets
 //!   of that port leave from the device socket (port 4791) with the ICRC resealed for it.
+//! - Runs of equal-size datagrams to one peer (the middle packets of a message) leave as
+//!   one UDP GSO message; the kernel numbers the segments' IPv4 IDs 0, 1, 2, …, so
+//!   segment *k*'s ICRC is re-sealed for ID *k* (an XOR, no second pass over the data).
 //! - Completion channels and async events are real file descriptors (eventfds), readable
 //!   while events are pending, so they work with poll/epoll.
 //! - Time is nanoseconds since the device opened, from a monotonic clock.
@@ -52,6 +55,7 @@ use softrdma_net::udp;
 pub use softrdma_net::udp::Stats as DriverStats;
 use softrdma_transport::verbs::{AsyncEvent, ChannelId, Gid};
 pub use softrdma_transport::{verbs, Rnic, Stats as EngineStats, Transmit};
+use softrdma_wire::icrc::IpIdCache;
 use softrdma_wire::{frame, icrc, pcap::PcapWriter, Addrs};
 
 pub use config::{devices, DeviceAddr, DeviceEntry};
@@ -176,6 +180,8 @@ struct Core {
     link: udp::Driver,
     /// Send-only sockets per UDP source port; `None`: the bind failed, use `link` and reseal.
     ports: HashMap<u16, Option<udp::Driver>>,
+    /// Per-length ICRC work for sealing GSO segments ([`seal_gso_segments`]).
+    ip_ids: IpIdCache,
     pcap: Option<PcapWriter<BufWriter<File>>>,
     channels: HashMap<ChannelId, Chan>,
     async_q: VecDeque<AsyncEvent>,
@@ -534,7 +540,12 @@ impl Core {
                     _ => &mut self.link,
                 },
             };
-            send_run(link, &self.txq[at..end], &mut self.stats);
+            send_run(
+                link,
+                &mut self.txq[at..end],
+                &mut self.stats,
+                &mut self.ip_ids,
+            );
             at = end;
         }
         // The buffers go back to the engine, which builds later packets in them: the
@@ -547,23 +558,72 @@ impl Core {
 
     /// Whether a send-only socket for source address `src` exists (binding it on first use).
     fn port_socket(&mut self, src: SocketAddr) -> bool {
+        let gso = self.link.gso_enabled();
         self.ports
             .entry(src.port())
-            .or_insert_with(|| udp::Driver::bind_send_only(src).ok())
+            .or_insert_with(|| {
+                let mut d = udp::Driver::bind_send_only(src).ok()?;
+                d.set_gso(gso);
+                Some(d)
+            })
             .is_some()
+    }
+}
+
+/// Re-seal the datagrams of `chunk` that `link` will send as segments of a GSO message:
+/// the kernel gives segment *k* IPv4 ID *k* (see [`udp::Driver::gso_run_len`]), and the
+/// ICRC, sealed by the engine for ID 0, covers it. A receiver that sees the IP header
+/// (Linux rxe) checks exactly that; a UDP-socket receiver accepts any ID.
+fn seal_gso_segments(link: &udp::Driver, chunk: &mut [Transmit], ip_ids: &mut IpIdCache) {
+    // (start, length) of each run of more than one datagram, planned as the driver will
+    // send them.
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    {
+        let out: Vec<udp::OutDatagram<'_>> = chunk
+            .iter()
+            .map(|t| udp::OutDatagram {
+                dst: t.dst,
+                tos: t.tos,
+                data: &t.data,
+            })
+            .collect();
+        let mut at = 0;
+        while at < out.len() {
+            let n = link.gso_run_len(&out[at..]).max(1);
+            if n > 1 && out[at].dst.is_ipv4() {
+                runs.push((at, n));
+            }
+            at += n;
+        }
+    }
+    for (start, n) in runs {
+        for (k, t) in chunk[start + 1..start + n].iter_mut().enumerate() {
+            // The last segment may be shorter: its own length, its own effect.
+            ip_ids
+                .get(t.data.len())
+                .reseal(&mut t.data, 0, (k + 1) as u16);
+        }
     }
 }
 
 /// Send `txq` from `link`: retry a full socket buffer a few times, then drop the rest as a
 /// congested network would (the transport's retransmissions recover).
-fn send_run(link: &mut udp::Driver, txq: &[Transmit], stats: &mut LinkStats) {
+fn send_run(
+    link: &mut udp::Driver,
+    txq: &mut [Transmit],
+    stats: &mut LinkStats,
+    ip_ids: &mut IpIdCache,
+) {
     let mut out: [udp::OutDatagram<'_>; TX_CHUNK] = [udp::OutDatagram {
         dst: SocketAddr::from(([0, 0, 0, 0], 0)),
         tos: 0,
         data: &[],
     }; TX_CHUNK];
-    for chunk in txq.chunks(TX_CHUNK) {
-        for (o, t) in out.iter_mut().zip(chunk) {
+    for chunk in txq.chunks_mut(TX_CHUNK) {
+        if link.gso_enabled() {
+            seal_gso_segments(link, chunk, ip_ids);
+        }
+        for (o, t) in out.iter_mut().zip(chunk.iter()) {
             *o = udp::OutDatagram {
                 dst: t.dst,
                 tos: t.tos,
@@ -622,10 +682,17 @@ impl std::fmt::Debug for Device {
 impl Device {
     /// Open a device: bind its socket, start its progress thread.
     pub fn open(cfg: &DeviceConfig) -> io::Result<Device> {
-        let link = match cfg.addr {
+        let mut link = match cfg.addr {
             DeviceAddr::Fixed(a) => udp::Driver::bind(a)?,
             DeviceAddr::AutoLoopback(port) => udp::bind_first_free_loopback(port)?,
         };
+        // Runs of equal-size datagrams (a message's middle packets) leave as one GSO
+        // message, segments re-sealed for their IP IDs (`seal_gso_segments`). Not while
+        // tracing: the trace records each datagram as sealed before the kernel numbers it.
+        // Should the kernel refuse GSO at run time, the driver resends that batch
+        // datagram by datagram (each with ID 0, so the re-sealed ones fail a peer's ICRC
+        // check once and are retransmitted) and stops using it.
+        link.set_gso(cfg.pcap.is_none());
         let rx_link = link.try_clone()?;
         let addr = link.local_addr();
         let pcap = match &cfg.pcap {
@@ -643,6 +710,7 @@ impl Device {
                 rnic,
                 link,
                 ports: HashMap::new(),
+                ip_ids: IpIdCache::default(),
                 pcap,
                 channels: HashMap::new(),
                 async_q: VecDeque::new(),

@@ -489,6 +489,25 @@ impl Driver {
         self.gso == Gso::On
     }
 
+    /// How many datagrams from the start of `pkts` the next [`Driver::send_batch`] sends
+    /// in one GSO message (1 while GSO is off): the kernel segments it, numbering the
+    /// segments' IPv4 IDs from the message's own (0 on a DF socket that is not
+    /// connected) upwards, so a protocol whose checksum covers the IP ID (RoCEv2's ICRC)
+    /// can seal segment *k* for ID *k*. `send_batch` only ever starts a message where a
+    /// run starts, also when it returns early, so runs planned from the first datagram of
+    /// a batch and of every run after it are the runs sent.
+    pub fn gso_run_len(&self, pkts: &[OutDatagram<'_>]) -> usize {
+        if self.gso != Gso::On || pkts.is_empty() {
+            return pkts.len().min(1);
+        }
+        let max_payload = if self.v6 {
+            MAX_PAYLOAD_V6
+        } else {
+            MAX_PAYLOAD_V4
+        };
+        gso_run(pkts, max_payload)
+    }
+
     /// Use UDP GSO (`on`) or not. Returns whether it is now in use: `false` when the
     /// kernel lacks it. Off by default: segment *k* of a GSO run leaves with IPv4 ID *k*,
     /// not 0 (see the module docs).
@@ -658,29 +677,15 @@ impl Driver {
             let Some((raw, _)) = to_raw(p.dst, v6) else {
                 break;
             };
-            // A GSO run: same destination and TOS, equal sizes except that the last
-            // may be shorter, within the kernel's segment and size limits.
-            let mut n = 1;
-            if use_gso && !p.data.is_empty() {
-                let seg = p.data.len();
-                let mut total = seg;
-                while i + n < pkts.len() && n < MAX_GSO_SEGMENTS && iov + n < IOVS_PER_CALL {
-                    let q = &pkts[i + n];
-                    let len = q.data.len();
-                    if q.dst != p.dst
-                        || q.tos != p.tos
-                        || len == 0
-                        || len > seg
-                        || total + len > max_payload
-                    {
-                        break;
-                    }
-                    total += len;
-                    n += 1;
-                    if len < seg {
-                        break;
-                    }
-                }
+            let n = if use_gso {
+                gso_run(&pkts[i..], max_payload)
+            } else {
+                1
+            };
+            // A run that does not fit this call starts the next one, whole: callers that
+            // plan runs with `gso_run_len` see exactly these runs.
+            if iov + n > IOVS_PER_CALL {
+                break;
             }
             s.addrs[m] = raw;
             let tos = libc::c_int::from(p.tos).to_ne_bytes();
@@ -850,6 +855,32 @@ impl AsFd for Driver {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
+}
+
+/// Length of the GSO run at the start of `pkts` (non-empty): same destination and TOS,
+/// equal sizes except that the last may be shorter, within the kernel's segment and size
+/// limits.
+fn gso_run(pkts: &[OutDatagram<'_>], max_payload: usize) -> usize {
+    let p = &pkts[0];
+    let seg = p.data.len();
+    if seg == 0 {
+        return 1;
+    }
+    let mut n = 1;
+    let mut total = seg;
+    while n < pkts.len() && n < MAX_GSO_SEGMENTS {
+        let q = &pkts[n];
+        let len = q.data.len();
+        if q.dst != p.dst || q.tos != p.tos || len == 0 || len > seg || total + len > max_payload {
+            break;
+        }
+        total += len;
+        n += 1;
+        if len < seg {
+            break;
+        }
+    }
+    n
 }
 
 /// What the control messages of one received datagram said.

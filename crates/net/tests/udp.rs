@@ -201,6 +201,18 @@ fn gso_run_arrives_as_separate_datagrams_with_and_without_gro() {
                 data: d,
             })
             .collect();
+        if a.gso_enabled() {
+            // The runs a caller plans (to seal each segment for its IP ID) are the
+            // messages sent: counted below as GSO batches.
+            let mut plan = Vec::new();
+            let mut at = 0;
+            while at < pkts.len() {
+                let n = a.gso_run_len(&pkts[at..]);
+                plan.push(n);
+                at += n;
+            }
+            assert_eq!(plan, [59, 59, 33, 10, 20]);
+        }
         send_all(&mut a, &pkts);
         let slot = if gro_on { GRO_BUF_SIZE } else { 2048 };
         let got = recv_n(&mut b, &mut RecvBatch::new(32, slot), pkts.len());
@@ -214,7 +226,7 @@ fn gso_run_arrives_as_separate_datagrams_with_and_without_gro() {
         println!("gro={gro}: sender {sa:?}\n         receiver {sb:?}");
         assert_eq!(sa.sent_datagrams, pkts.len() as u64);
         if a.gso_enabled() {
-            // Runs of <= 64 ending at the short datagram make 3 GSO messages, the
+            // Runs of <= 59 (64 KiB) ending at the short datagram make 3 GSO messages, the
             // 10 after it one more, the 20 after the TOS change one more.
             assert_eq!(sa.gso_batches, 5, "gro={gro}: {sa:?}");
         }
@@ -224,6 +236,52 @@ fn gso_run_arrives_as_separate_datagrams_with_and_without_gro() {
         }
         assert_eq!(sa.errors + sb.errors, 0);
     }
+}
+
+#[test]
+fn gso_runs_are_never_split_across_send_calls() {
+    let mut a = Driver::bind(lo(19)).unwrap();
+    let mut b = Driver::bind(lo(20)).unwrap();
+    if !a.set_gso(true) {
+        println!("SKIP: this kernel has no UDP GSO");
+        return;
+    }
+    // 10 datagrams of growing size (a run each), then 300 equal ones (runs of 64, 64,
+    // 64, 64, 44). One call takes 256 datagrams at most: 10 + 3 x 64 leaves room for 54
+    // of the fourth run, which must then start whole in the next call instead of being
+    // cut, so that the segment index a caller planned is the one the kernel numbers.
+    let sizes: Vec<usize> = (100..110).chain(std::iter::repeat_n(700, 300)).collect();
+    let bodies: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| payload(i, n))
+        .collect();
+    let pkts: Vec<OutDatagram<'_>> = bodies
+        .iter()
+        .map(|d| OutDatagram {
+            dst: b.local_addr(),
+            tos: 0,
+            data: d,
+        })
+        .collect();
+    let mut plan = Vec::new();
+    let mut at = 0;
+    while at < pkts.len() {
+        let n = a.gso_run_len(&pkts[at..]);
+        plan.push(n);
+        at += n;
+    }
+    let mut want = vec![1; 10];
+    want.extend([64, 64, 64, 64, 44]);
+    assert_eq!(plan, want);
+    send_all(&mut a, &pkts);
+    let got = recv_n(&mut b, &mut RecvBatch::new(32, 2048), pkts.len());
+    assert_eq!(got.len(), pkts.len());
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.data, bodies[i], "bytes of #{i}");
+    }
+    // Five GSO messages; a cut run would have made six.
+    assert_eq!(a.stats().gso_batches, 5, "{:?}", a.stats());
 }
 
 #[test]
@@ -460,6 +518,18 @@ fn raw_udp_socket() -> Option<std::os::fd::OwnedFd> {
     }
     // SAFETY: `fd` is a new descriptor nothing else owns.
     let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    // It sees every UDP datagram of the host: room for other tests' traffic too.
+    let size: libc::c_int = 8 << 20;
+    // SAFETY: `size` is live and its size is passed.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&size as *const libc::c_int).cast(),
+            mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
     let tv = libc::timeval {
         tv_sec: 0,
         tv_usec: 200_000,

@@ -258,15 +258,13 @@ fn ip_id_basis(udp_payload_len: usize) -> [u32; 16] {
     basis
 }
 
-/// Solve `sum_i x_i basis[i] = target` over GF(2). Returns the unique solution if
-/// the columns are independent (always the case here: CRC-32 detects every burst
-/// of up to 32 bits, so no non-zero change confined to the 16 ID bits leaves the
-/// CRC unchanged), None if `target` is outside their span.
-fn solve_gf2(basis: &[u32; 16], target: u32) -> Option<u16> {
-    // Echelon form built column by column: each row holds a reduced vector, its
-    // pivot bit (highest set bit) and which original columns it combines. A row
-    // never contains the pivot bit of an earlier row, so reducing the target
-    // through the rows in order clears every pivot bit.
+/// Echelon form of the 16 columns, built column by column: each row holds its pivot bit
+/// (highest set bit), a reduced vector and which original columns it combines. A row
+/// never contains the pivot bit of an earlier row, so reducing a target through the rows
+/// in order clears every pivot bit. The columns are independent (CRC-32 detects every
+/// burst of up to 32 bits, so no non-zero change confined to the 16 ID bits leaves the
+/// CRC unchanged), so there are 16 rows.
+fn echelon(basis: &[u32; 16]) -> ([(u32, u32, u16); 16], usize) {
     let mut rows: [(u32, u32, u16); 16] = [(0, 0, 0); 16];
     let mut n = 0;
     for (i, &col) in basis.iter().enumerate() {
@@ -283,15 +281,7 @@ fn solve_gf2(basis: &[u32; 16], target: u32) -> Option<u16> {
             n += 1;
         }
     }
-    let mut t = target;
-    let mut x = 0u16;
-    for &(pivot, vec, c) in &rows[..n] {
-        if t & pivot != 0 {
-            t ^= vec;
-            x ^= c;
-        }
-    }
-    (t == 0).then_some(x)
+    (rows, n)
 }
 
 /// Check a received packet whose IPv4 ID the receiver cannot see (a UDP socket
@@ -313,6 +303,17 @@ fn solve_gf2(basis: &[u32; 16], target: u32) -> Option<u16> {
 /// match), not 2^-32 as with a known ID; callers that know the sender's IDs are
 /// sequential may tighten this by checking the returned ID.
 pub fn verify_unknown_ip_id(addrs: &Addrs, udp_payload: &[u8]) -> Option<u16> {
+    verify_unknown_ip_id_with(&mut IpIdCache::default(), addrs, udp_payload)
+}
+
+/// [`verify_unknown_ip_id`] with the per-length work kept in `cache`: a receiver sees
+/// few distinct lengths (full-MTU packets, ACKs), so after the first packet of a length
+/// an unknown ID costs one [`compute`] and a 16-step reduction.
+pub fn verify_unknown_ip_id_with(
+    cache: &mut IpIdCache,
+    addrs: &Addrs,
+    udp_payload: &[u8],
+) -> Option<u16> {
     if udp_payload.len() < BTH_LEN + ICRC_LEN {
         return None;
     }
@@ -324,7 +325,101 @@ pub fn verify_unknown_ip_id(addrs: &Addrs, udp_payload: &[u8]) -> Option<u16> {
     if !addrs.is_ipv4() {
         return None;
     }
-    solve_gf2(&ip_id_basis(udp_payload.len()), stored ^ c0)
+    cache.get(udp_payload.len()).solve(stored ^ c0)
+}
+
+/// How the ICRC of an IPv4 RoCEv2 packet of one length depends on its IP ID. The ICRC
+/// is affine in the message bits, so `ICRC(id) = ICRC(0) ^ delta(id)` with `delta`
+/// linear in the 16 ID bits.
+#[derive(Debug, Clone)]
+pub struct IpIdEffect {
+    len: usize,
+    basis: [u32; 16],
+    /// Echelon form of `basis` for [`IpIdEffect::solve`]: (pivot bit, vector, columns).
+    rows: [(u32, u32, u16); 16],
+    nrows: usize,
+}
+
+impl IpIdEffect {
+    /// The effect for packets whose UDP payload (ICRC included) is `udp_payload_len`
+    /// bytes. Costs about 50 GF(2) polynomial multiplications; keep it per length.
+    pub fn new(udp_payload_len: usize) -> IpIdEffect {
+        let basis = ip_id_basis(udp_payload_len);
+        let (rows, nrows) = echelon(&basis);
+        IpIdEffect {
+            len: udp_payload_len,
+            basis,
+            rows,
+            nrows,
+        }
+    }
+    /// The UDP payload length this effect is for.
+    pub fn payload_len(&self) -> usize {
+        self.len
+    }
+    /// How the ICRC changes when the IP ID changes by `id_xor` (old ID XOR new ID).
+    pub fn delta(&self, id_xor: u16) -> u32 {
+        let mut d = 0;
+        for (i, b) in self.basis.iter().enumerate() {
+            if id_xor & (1 << i) != 0 {
+                d ^= b;
+            }
+        }
+        d
+    }
+    /// The ID change that explains an ICRC difference, if any.
+    pub fn solve(&self, crc_xor: u32) -> Option<u16> {
+        let mut t = crc_xor;
+        let mut x = 0u16;
+        for &(pivot, vec, c) in &self.rows[..self.nrows] {
+            if t & pivot != 0 {
+                t ^= vec;
+                x ^= c;
+            }
+        }
+        (t == 0).then_some(x)
+    }
+    /// Re-seal a packet sealed for IP ID `from` (by [`seal`]: 0) so that its ICRC is
+    /// right when it leaves with ID `to`, without a pass over the payload. Does nothing
+    /// if the packet is not `payload_len` bytes long.
+    pub fn reseal(&self, udp_payload: &mut [u8], from: u16, to: u16) {
+        if udp_payload.len() != self.len {
+            return;
+        }
+        if let Some(crc) = stored(udp_payload) {
+            let crc = crc ^ self.delta(from ^ to);
+            udp_payload[self.len - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+}
+
+/// A few [`IpIdEffect`]s by length, replaced round-robin.
+#[derive(Debug, Clone, Default)]
+pub struct IpIdCache {
+    slots: Vec<IpIdEffect>,
+    next: usize,
+}
+
+impl IpIdCache {
+    const SLOTS: usize = 4;
+
+    /// The effect for `udp_payload_len`, computed on first use.
+    pub fn get(&mut self, udp_payload_len: usize) -> &IpIdEffect {
+        if let Some(i) = self.slots.iter().position(|e| e.len == udp_payload_len) {
+            return &self.slots[i];
+        }
+        let e = IpIdEffect::new(udp_payload_len);
+        let i = if self.slots.len() < Self::SLOTS {
+            self.slots.push(e);
+            self.slots.len() - 1
+        } else {
+            let i = self.next;
+            self.slots[i] = e;
+            self.next = (i + 1) % Self::SLOTS;
+            i
+        };
+        &self.slots[i]
+    }
 }
 
 #[cfg(test)]
@@ -361,10 +456,66 @@ mod ip_id_tests {
     #[test]
     fn basis_is_independent_for_all_small_lengths() {
         for len in 16..2000 {
-            let b = ip_id_basis(len);
+            let e = IpIdEffect::new(len);
             for i in 0..16 {
-                assert_eq!(solve_gf2(&b, b[i]), Some(1 << i), "len {len} bit {i}");
+                assert_eq!(e.solve(e.basis[i]), Some(1 << i), "len {len} bit {i}");
             }
         }
+    }
+
+    /// A frame as the wire carries it, with IP ID `id` (the ICRC ignores the header
+    /// checksum, so it is left as it was).
+    fn frame_with_id(addrs: &Addrs, payload: &[u8], id: u16) -> Vec<u8> {
+        let mut f = frame::emit_ip_udp(addrs, 0, payload);
+        f[4..6].copy_from_slice(&id.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn reseal_matches_a_frame_with_that_id() {
+        let addrs = Addrs::new(
+            "10.0.0.1:49152".parse().unwrap(),
+            "10.0.0.2:4791".parse().unwrap(),
+        );
+        for len in [BTH_LEN + ICRC_LEN, 64, 1052, 4124] {
+            let mut p: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            seal(&addrs, &mut p);
+            let e = IpIdEffect::new(len);
+            for id in [1u16, 2, 3, 63, 0x8001, 0xFFFF] {
+                let mut q = p.clone();
+                e.reseal(&mut q, 0, id);
+                // The independent check: the ICRC of the whole frame with its real header.
+                let f = frame_with_id(&addrs, &q, id);
+                assert!(verify_frame(&f), "len {len} id {id}");
+                assert_eq!(verify_unknown_ip_id(&addrs, &q), Some(id));
+                // And back.
+                e.reseal(&mut q, id, 0);
+                assert_eq!(q, p);
+            }
+        }
+    }
+
+    #[test]
+    fn cache_gives_the_same_answers() {
+        let addrs = Addrs::new(
+            "10.0.0.1:49152".parse().unwrap(),
+            "10.0.0.2:4791".parse().unwrap(),
+        );
+        let mut cache = IpIdCache::default();
+        for round in 0..3 {
+            for len in [40usize, 60, 1052, 2000, 4124, 4128] {
+                let mut p = vec![round as u8; len];
+                seal(&addrs, &mut p);
+                let id = (len as u16).wrapping_mul(31);
+                IpIdEffect::new(len).reseal(&mut p, 0, id);
+                assert_eq!(verify_unknown_ip_id_with(&mut cache, &addrs, &p), Some(id));
+                p[len / 2] ^= 1;
+                assert_eq!(
+                    verify_unknown_ip_id_with(&mut cache, &addrs, &p).is_some(),
+                    verify_unknown_ip_id(&addrs, &p).is_some()
+                );
+            }
+        }
+        assert!(cache.slots.len() <= IpIdCache::SLOTS);
     }
 }
