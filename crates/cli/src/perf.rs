@@ -1023,7 +1023,6 @@ pub fn run(a: &PerfArgs) -> CmdResult {
     }
 
     let dev = util::open_device(&a.dev)?;
-    let _publisher = stats::Publisher::start(&dev);
     match &a.peer {
         Some(host) => client(a, &dev, host, a.port, test, &sizes, iters, timeout),
         None => {

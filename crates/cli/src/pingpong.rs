@@ -178,7 +178,6 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     let size_us = size as usize;
 
     let dev = util::open_device(&a.dev)?;
-    let _publisher = stats::Publisher::start(&dev);
     let port = dev
         .query_port(1)
         .map_err(|e| format!("couldn't get port info: {e}"))?;

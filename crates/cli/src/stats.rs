@@ -1,112 +1,19 @@
-//! Device counters: printed in-process (`--stats`), published to a per-process stats file
-//! for `softrdma stats`, and `softrdma trace`.
+//! Device counters: printed in-process (`--stats`), listed for `softrdma stats`, and
+//! `softrdma trace`.
 //!
-//! Stats files: devices live inside the processes that open them, so each device this
-//! tool opens writes its counters every 250 ms (and at exit) to
-//! `$SOFTRDMA_STATS_DIR`, else `$XDG_RUNTIME_DIR/softrdma`, else `/dev/shm/softrdma`, as
-//! `<name>-<pid>.stats`, replaced atomically (write a temporary file, rename). The format
-//! is text, one `key value` per line, starting with `softrdma-stats 1`; `softrdma stats`
-//! lists the files whose process is still alive.
+//! Every open device, whichever program opened it, publishes its counters to a stats file
+//! (see `softrdma::statsfile`); `softrdma stats` lists the files whose process is alive.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
-use softrdma::{Device, DeviceStats};
+use softrdma::statsfile::{self, Record};
+use softrdma::Device;
 
 use crate::json::Json;
 use crate::CmdResult;
 
-/// The counters of a device as (key, value) pairs, in a stable order.
-pub fn counters(s: &DeviceStats) -> Vec<(&'static str, u64)> {
-    let e = &s.engine;
-    let l = &s.link;
-    vec![
-        ("tx_packets", e.tx_packets),
-        ("tx_bytes", e.tx_bytes),
-        ("rx_packets", e.rx_packets),
-        ("rx_bytes", e.rx_bytes),
-        ("retransmits", e.retransmits),
-        ("timeouts", e.timeouts),
-        ("naks_sent_seq", e.naks_sent_seq),
-        ("naks_sent_inv", e.naks_sent_inv),
-        ("naks_sent_access", e.naks_sent_access),
-        ("naks_sent_op", e.naks_sent_op),
-        ("naks_rcvd_seq", e.naks_rcvd_seq),
-        ("naks_rcvd_inv", e.naks_rcvd_inv),
-        ("naks_rcvd_access", e.naks_rcvd_access),
-        ("naks_rcvd_op", e.naks_rcvd_op),
-        ("rnr_naks_sent", e.rnr_naks_sent),
-        ("rnr_naks_rcvd", e.rnr_naks_rcvd),
-        ("icrc_errors", e.icrc_errors),
-        ("malformed", e.malformed),
-        ("duplicates", e.duplicates),
-        ("dropped", e.dropped),
-        ("out_of_sequence", e.out_of_sequence),
-        ("udp_tx_datagrams", l.tx_datagrams),
-        ("udp_tx_bytes", l.tx_bytes),
-        ("udp_tx_dropped", l.tx_dropped),
-        ("udp_rx_datagrams", l.rx_datagrams),
-        ("udp_rx_bytes", l.rx_bytes),
-        ("udp_rx_errors", l.rx_errors),
-        ("pcap_errors", l.pcap_errors),
-    ]
-}
-
-/// One device's published record.
-#[derive(Debug, Clone, Default)]
-pub struct Record {
-    pub name: String,
-    pub pid: u32,
-    pub addr: String,
-    pub gid: String,
-    pub counters: Vec<(String, u64)>,
-}
-
 fn record_of(dev: &Device) -> Record {
-    Record {
-        name: dev.name().to_string(),
-        pid: std::process::id(),
-        addr: dev.addr().to_string(),
-        gid: std::net::Ipv6Addr::from(dev.gid().0).to_string(),
-        counters: counters(&dev.stats())
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
-    }
-}
-
-fn record_text(r: &Record) -> String {
-    let mut s = format!(
-        "softrdma-stats 1\nname {}\npid {}\naddr {}\ngid {}\n",
-        r.name, r.pid, r.addr, r.gid
-    );
-    for (k, v) in &r.counters {
-        s.push_str(&format!("{k} {v}\n"));
-    }
-    s
-}
-
-fn parse_record(text: &str) -> Option<Record> {
-    let mut lines = text.lines();
-    if lines.next()? != "softrdma-stats 1" {
-        return None;
-    }
-    let mut r = Record::default();
-    for l in lines {
-        let (k, v) = l.split_once(' ')?;
-        match k {
-            "name" => r.name = v.to_string(),
-            "pid" => r.pid = v.parse().ok()?,
-            "addr" => r.addr = v.to_string(),
-            "gid" => r.gid = v.to_string(),
-            _ => r.counters.push((k.to_string(), v.parse().ok()?)),
-        }
-    }
-    (!r.name.is_empty()).then_some(r)
+    Record::new(dev.name(), dev.addr(), &dev.stats())
 }
 
 fn record_json(r: &Record) -> Json {
@@ -122,71 +29,6 @@ fn record_json(r: &Record) -> Json {
         .set("counters", c)
 }
 
-/// The directory of stats files.
-pub fn stats_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("SOFTRDMA_STATS_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("softrdma");
-    }
-    PathBuf::from("/dev/shm/softrdma")
-}
-
-fn publish(dir: &Path, file: &Path, r: &Record) {
-    let tmp = dir.join(format!(".{}-{}.tmp", r.name, r.pid));
-    if std::fs::write(&tmp, record_text(r)).is_ok() {
-        let _ = std::fs::rename(&tmp, file);
-    }
-}
-
-/// Publishes a device's counters to its stats file while alive; removes the file on drop.
-pub struct Publisher {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-    file: PathBuf,
-}
-
-impl Publisher {
-    /// Start publishing (best effort: no directory, no file, no error).
-    pub fn start(dev: &Device) -> Option<Publisher> {
-        let dir = stats_dir();
-        std::fs::create_dir_all(&dir).ok()?;
-        let file = dir.join(format!("{}-{}.stats", dev.name(), std::process::id()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (d, f, s) = (dev.clone(), file.clone(), Arc::clone(&stop));
-        let thread = std::thread::Builder::new()
-            .name("stats".into())
-            .spawn(move || {
-                while !s.load(Ordering::Relaxed) {
-                    publish(&dir, &f, &record_of(&d));
-                    for _ in 0..25 {
-                        if s.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                }
-            })
-            .ok()?;
-        Some(Publisher {
-            stop,
-            thread: Some(thread),
-            file,
-        })
-    }
-}
-
-impl Drop for Publisher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        let _ = std::fs::remove_file(&self.file);
-    }
-}
-
 /// The counters of an open device as JSON.
 pub fn device_json(dev: &Device) -> Json {
     record_json(&record_of(dev))
@@ -194,12 +36,7 @@ pub fn device_json(dev: &Device) -> Json {
 
 fn print_record(r: &Record) {
     println!("{} (pid {}, {}, GID {})", r.name, r.pid, r.addr, r.gid);
-    let get = |k: &str| {
-        r.counters
-            .iter()
-            .find(|(n, _)| n == k)
-            .map_or(0, |(_, v)| *v)
-    };
+    let get = |k: &str| r.counter(k).unwrap_or(0);
     println!(
         "  packets   tx {:>12}  rx {:>12}",
         get("tx_packets"),
@@ -240,6 +77,13 @@ fn print_record(r: &Record) {
         get("dropped"),
         get("udp_tx_dropped")
     );
+    println!(
+        "  UDP datagrams  tx {}  rx {}  (GSO messages {}, GRO segments {})",
+        get("udp_tx_datagrams"),
+        get("udp_rx_datagrams"),
+        get("udp_tx_gso_messages"),
+        get("udp_rx_gro_segments")
+    );
 }
 
 /// Print an open device's counters.
@@ -247,36 +91,12 @@ pub fn print_device(dev: &Device) {
     print_record(&record_of(dev));
 }
 
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
 /// `softrdma stats`.
 pub fn show(json: bool, all: bool) -> CmdResult {
-    let dir = stats_dir();
-    let mut recs: BTreeMap<(String, u32), Record> = BTreeMap::new();
-    if let Ok(rd) = std::fs::read_dir(&dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.extension().and_then(|x| x.to_str()) != Some("stats") {
-                continue;
-            }
-            let Some(r) = std::fs::read_to_string(&p)
-                .ok()
-                .and_then(|t| parse_record(&t))
-            else {
-                continue;
-            };
-            if !alive(r.pid) && !all {
-                // A process that died without cleaning up: tidy its file.
-                let _ = std::fs::remove_file(&p);
-                continue;
-            }
-            recs.insert((r.name.clone(), r.pid), r);
-        }
-    }
+    let dir = statsfile::stats_dir();
+    let recs = statsfile::read_all(&dir, all);
     if json {
-        let list: Vec<Json> = recs.values().map(record_json).collect();
+        let list: Vec<Json> = recs.iter().map(record_json).collect();
         println!(
             "{}",
             Json::obj()
@@ -292,7 +112,7 @@ pub fn show(json: bool, all: bool) -> CmdResult {
         );
         return Ok(());
     }
-    for r in recs.values() {
+    for r in &recs {
         print_record(r);
     }
     Ok(())
@@ -369,25 +189,4 @@ pub fn trace(out: &Path, cmd: &[String]) -> CmdResult {
         return Err(format!("no trace written to {}", out.display()));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn record_round_trip() {
-        let r = Record {
-            name: "softrdma0".into(),
-            pid: 42,
-            addr: "127.0.0.1:4791".into(),
-            gid: "::ffff:127.0.0.1".into(),
-            counters: vec![("tx_packets".into(), 7), ("rx_packets".into(), 9)],
-        };
-        let p = parse_record(&record_text(&r)).unwrap();
-        assert_eq!(p.name, r.name);
-        assert_eq!(p.pid, 42);
-        assert_eq!(p.counters, r.counters);
-        assert!(parse_record("nonsense").is_none());
-    }
 }

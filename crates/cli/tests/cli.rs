@@ -22,6 +22,7 @@ fn cmd(args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args(args)
         .env("SOFTRDMA_STATS_DIR", stats_dir())
+        .env_remove("SOFTRDMA_STATS")
         .env_remove("SOFTRDMA_ADDR")
         .env_remove("SOFTRDMA_PCAP")
         .env_remove("SOFTRDMA_CONFIG")
@@ -518,6 +519,65 @@ fn stats_lists_running_devices() {
     let c = run(&["pingpong", "-p", &port, "-n", "10", "-s", "64", "127.0.0.1"]);
     assert_ok(&c, "client");
     assert_ok(&finish(server, "server"), "server");
+}
+
+#[test]
+fn stats_lists_devices_of_library_users() {
+    // A device opened through the library (here, by this test process), not by the CLI.
+    let mut cfg = softrdma::DeviceConfig::new("libuser", softrdma::DeviceAddr::AutoLoopback(4791));
+    cfg.stats_dir = Some(stats_dir());
+    let dev = softrdma::Device::open_with(&cfg).expect("open device");
+    let pid = u64::from(std::process::id());
+    let mine = |j: &serde_json::Value| {
+        j["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["pid"].as_u64() == Some(pid) && d["name"] == "libuser")
+            .cloned()
+    };
+    // The device writes its first record from a thread of its own: wait for it.
+    let until = Instant::now() + Duration::from_secs(20);
+    let d = loop {
+        let o = run(&["stats", "--json"]);
+        assert_ok(&o, "stats --json");
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        assert_eq!(j["dir"], stats_dir().display().to_string());
+        if let Some(d) = mine(&j) {
+            break d;
+        }
+        assert!(
+            Instant::now() < until,
+            "no stats of the library's device: {j}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(d["addr"], dev.addr().to_string());
+    assert_eq!(d["gid"], format!("::ffff:{}", dev.addr().ip()));
+    let c = d["counters"].as_object().expect("counters");
+    let mut keys: Vec<&str> = c.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    let mut want: Vec<&str> = softrdma::statsfile::counters(&Default::default())
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    want.sort_unstable();
+    assert_eq!(keys, want, "{d}");
+    assert_eq!(c["tx_packets"], 0);
+    assert_eq!(c["udp_rx_datagrams"], 0);
+    let o = run(&["stats"]);
+    assert_ok(&o, "stats");
+    let out = text(&o.stdout);
+    assert!(
+        out.contains(&format!("libuser (pid {pid}, {}, GID ", dev.addr())),
+        "{out}"
+    );
+    // Closing the device takes it off the list.
+    drop(dev);
+    let o = run(&["stats", "--json"]);
+    assert_ok(&o, "stats --json");
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert!(mine(&j).is_none(), "closed device still listed: {j}");
 }
 
 fn tshark() -> Option<PathBuf> {

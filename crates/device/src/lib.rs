@@ -34,10 +34,13 @@
 //! - Time is nanoseconds since the device opened, from a monotonic clock.
 //! - `SOFTRDMA_PCAP=FILE` (or [`DeviceConfig::pcap`]) traces every datagram sent and
 //!   received as a pcap file.
+//! - Every open device publishes its counters for `softrdma stats` to a file ([`statsfile`]);
+//!   `SOFTRDMA_STATS=0` (or [`DeviceConfig::stats_dir`] `None`) turns that off.
 
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod statsfile;
 mod sys;
 
 use std::collections::{HashMap, VecDeque};
@@ -67,9 +70,11 @@ pub const ROCE_PORT: u16 = 4791;
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// Datagrams per receive batch.
 const RX_BATCH: usize = 32;
-/// Receive buffer size per datagram: a 4096-byte MTU packet with all its headers, with room
-/// to spare (GRO stays off: its 64 KiB slots cost more memory than they save here).
+/// Receive buffer size per datagram without GRO: a 4096-byte MTU packet with all its
+/// headers, with room to spare.
 const RX_BUF: usize = 9216;
+/// Receive slots per batch with GRO, each [`udp::GRO_BUF_SIZE`] bytes (1 MiB in all).
+const RX_BATCH_GRO: usize = 16;
 /// Times a full socket send buffer is retried before the rest of a burst is dropped.
 const TX_FULL_RETRIES: u32 = 64;
 /// Datagrams handed to the driver per send call.
@@ -96,10 +101,14 @@ pub struct DeviceConfig {
     pub pcap: Option<PathBuf>,
     /// Seed of key and PSN randomness (random if None).
     pub seed: Option<u64>,
+    /// Publish the device's counters for `softrdma stats` to a file in this directory
+    /// while it is open ([`statsfile`]); None: don't.
+    pub stats_dir: Option<PathBuf>,
 }
 
 impl DeviceConfig {
-    /// A configuration for `name` at `addr`, with `SOFTRDMA_BUSY_POLL` and `SOFTRDMA_PCAP`
+    /// A configuration for `name` at `addr`, with `SOFTRDMA_BUSY_POLL`, `SOFTRDMA_PCAP`
+    /// and the stats directory ([`statsfile::default_dir`]: none if `SOFTRDMA_STATS=0`)
     /// taken from the environment.
     pub fn new(name: &str, addr: DeviceAddr) -> DeviceConfig {
         let busy_poll = std::env::var("SOFTRDMA_BUSY_POLL").is_ok_and(|v| v == "1");
@@ -113,6 +122,7 @@ impl DeviceConfig {
             spin: DEFAULT_SPIN,
             pcap,
             seed: None,
+            stats_dir: statsfile::default_dir(),
         }
     }
     /// The configuration of a configured device (see [`config::devices`]).
@@ -668,6 +678,8 @@ fn send_run(
 pub struct Device {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// Publishes the counters to the stats file, if enabled and its thread started.
+    publisher: Option<statsfile::Publisher>,
 }
 
 impl std::fmt::Debug for Device {
@@ -693,7 +705,18 @@ impl Device {
         // datagram by datagram (each with ID 0, so the re-sealed ones fail a peer's ICRC
         // check once and are retransmitted) and stops using it.
         link.set_gso(cfg.pcap.is_none());
-        let rx_link = link.try_clone()?;
+        let mut rx_link = link.try_clone()?;
+        // GRO: a GSO message from a local peer arrives whole rather than cut into one
+        // socket buffer per datagram by the receiving socket, which costs per-datagram
+        // work and charges each piece its own overhead against the receive buffer (a UC
+        // sender, which never retransmits, overran it that way). The driver splits the
+        // buffers again.
+        let gro = rx_link.set_gro(true).unwrap_or(false);
+        let batch = if gro {
+            udp::RecvBatch::new(RX_BATCH_GRO, udp::GRO_BUF_SIZE)
+        } else {
+            udp::RecvBatch::new(RX_BATCH, RX_BUF)
+        };
         let addr = link.local_addr();
         let pcap = match &cfg.pcap {
             Some(p) => Some(PcapWriter::new(BufWriter::new(File::create(p)?))?),
@@ -724,7 +747,7 @@ impl Device {
             }),
             rx: Mutex::new(Rx {
                 link: rx_link,
-                batch: udp::RecvBatch::new(RX_BATCH, RX_BUF),
+                batch,
                 errors: 0,
             }),
             wake: EventFd::new()?,
@@ -745,9 +768,17 @@ impl Device {
         let thread = std::thread::Builder::new()
             .name(format!("{}-progress", cfg.name))
             .spawn(move || progress(&sh))?;
+        // Best effort: a device whose counters cannot be published works all the same.
+        let publisher = cfg.stats_dir.as_deref().and_then(|dir| {
+            let sh = Arc::clone(&shared);
+            statsfile::Publisher::start(dir, &cfg.name, move || {
+                statsfile::Record::new(&sh.name, sh.addr, &stats_of(&sh))
+            })
+        });
         Ok(Device {
             shared,
             thread: Some(thread),
+            publisher,
         })
     }
 
@@ -770,6 +801,11 @@ impl Device {
     /// Whether the device busy-polls ([`DeviceConfig::busy_poll`]).
     pub fn busy_poll(&self) -> bool {
         self.shared.busy_poll
+    }
+    /// The stats file the device publishes its counters to ([`DeviceConfig::stats_dir`]),
+    /// if it does.
+    pub fn stats_file(&self) -> Option<&std::path::Path> {
+        self.publisher.as_ref().map(|p| p.file())
     }
 
     /// Run `f` on the engine (with the current device time), then send what it produced and
@@ -810,6 +846,14 @@ impl Device {
     /// since a CQ was found empty, the CQ is still empty, no lock needed).
     pub fn generation(&self) -> u64 {
         self.shared.generation.load(Ordering::SeqCst)
+    }
+
+    /// Tell the device that an application thread just took completions from a CQ (found
+    /// it non-empty, so it did not call [`Device::progress`]): it polls and will drive
+    /// progress itself when the CQ runs dry, so the progress thread stays out of its way
+    /// rather than compete with it for the core and the engine lock.
+    pub fn note_poll(&self) {
+        self.shared.mark_app_active();
     }
 
     /// Drive progress from the calling thread: if no other thread is receiving, receive a
@@ -936,30 +980,7 @@ impl Device {
 
     /// Engine and runtime counters.
     pub fn stats(&self) -> DeviceStats {
-        let (rx_driver, rx_errors) = {
-            let rx = self.shared.rx.lock().unwrap_or_else(|e| e.into_inner());
-            (rx.link.stats(), rx.errors)
-        };
-        let core = self.shared.lock();
-        let mut link = core.stats.clone();
-        link.rx_errors += rx_errors;
-        let mut driver = core.link.stats();
-        for d in core.ports.values().flatten() {
-            let s = d.stats();
-            driver.sent_datagrams += s.sent_datagrams;
-            driver.sent_batches += s.sent_batches;
-            driver.gso_batches += s.gso_batches;
-            driver.errors += s.errors;
-        }
-        driver.recv_datagrams += rx_driver.recv_datagrams;
-        driver.recv_batches += rx_driver.recv_batches;
-        driver.gro_segments += rx_driver.gro_segments;
-        driver.errors += rx_driver.errors;
-        DeviceStats {
-            engine: core.rnic.stats().clone(),
-            link,
-            driver,
-        }
+        stats_of(&self.shared)
     }
 
     /// Source ports that have their own send-only socket (and those whose bind failed, so
@@ -981,8 +1002,39 @@ impl Device {
     }
 }
 
+/// Engine and runtime counters ([`Device::stats`]); also the stats publisher's snapshot,
+/// which has the shared state but not the device.
+fn stats_of(sh: &Shared) -> DeviceStats {
+    let (rx_driver, rx_errors) = {
+        let rx = sh.rx.lock().unwrap_or_else(|e| e.into_inner());
+        (rx.link.stats(), rx.errors)
+    };
+    let core = sh.lock();
+    let mut link = core.stats.clone();
+    link.rx_errors += rx_errors;
+    let mut driver = core.link.stats();
+    for d in core.ports.values().flatten() {
+        let s = d.stats();
+        driver.sent_datagrams += s.sent_datagrams;
+        driver.sent_batches += s.sent_batches;
+        driver.gso_batches += s.gso_batches;
+        driver.errors += s.errors;
+    }
+    driver.recv_datagrams += rx_driver.recv_datagrams;
+    driver.recv_batches += rx_driver.recv_batches;
+    driver.gro_segments += rx_driver.gro_segments;
+    driver.errors += rx_driver.errors;
+    DeviceStats {
+        engine: core.rnic.stats().clone(),
+        link,
+        driver,
+    }
+}
+
 impl Drop for Device {
     fn drop(&mut self) {
+        // First, so that `softrdma stats` stops listing a device that is going away.
+        drop(self.publisher.take());
         // ACKs held back for the application's next request must still reach the peer,
         // whose requester would otherwise retry into a closed port.
         self.shared.flush_deferred();

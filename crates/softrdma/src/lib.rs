@@ -44,6 +44,7 @@ pub use mr::{
     RemoteMemory,
 };
 pub use qp::{PathOptions, QpInit, QueuePair, RemoteQp, SharedReceiveQueue, DEFAULT_QKEY};
+pub use softrdma_device::statsfile;
 pub use softrdma_transport::verbs;
 pub use softrdma_transport::verbs::{
     Access, AhAttr, AsyncEvent, CqId, DeviceAttr, Gid, GlobalRoute, Mtu, MwBind, PortAttr, QpAttr,

@@ -1,0 +1,414 @@
+//! Stats files: how open devices publish their counters for `softrdma stats`.
+//!
+//! Devices live inside the processes that open them, so every open device (unless told
+//! not to, see [`crate::DeviceConfig::stats_dir`]) writes its counters once when it opens
+//! and then every [`PERIOD`] to a file of its own in [`stats_dir`], and removes the file
+//! when it closes. A file is replaced atomically (written under a temporary name, then
+//! renamed), so readers never see half a record. The format is text, one `key value` per
+//! line: `softrdma-stats 1`, then `name`, `pid`, `addr` and `gid`, then the counters of
+//! [`counters`]. Publishing is best effort: a missing or read-only directory costs the
+//! listing, never the device.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::net::{Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use softrdma_transport::verbs::Gid;
+
+use crate::DeviceStats;
+
+/// How often an open device rewrites its stats file.
+pub const PERIOD: Duration = Duration::from_millis(250);
+
+/// First line of a stats file: the format and its version.
+const MAGIC: &str = "softrdma-stats 1";
+
+/// The directory of stats files: `$SOFTRDMA_STATS_DIR`, else `$XDG_RUNTIME_DIR/softrdma`,
+/// else `/dev/shm/softrdma`.
+pub fn stats_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("SOFTRDMA_STATS_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("softrdma");
+    }
+    PathBuf::from("/dev/shm/softrdma")
+}
+
+/// Where devices publish by default: [`stats_dir`], or None if `SOFTRDMA_STATS=0`.
+pub fn default_dir() -> Option<PathBuf> {
+    if std::env::var_os("SOFTRDMA_STATS").is_some_and(|v| v == "0") {
+        return None;
+    }
+    Some(stats_dir())
+}
+
+/// The counters of a device as (key, value) pairs, in a stable order.
+pub fn counters(s: &DeviceStats) -> Vec<(&'static str, u64)> {
+    let e = &s.engine;
+    let l = &s.link;
+    vec![
+        ("tx_packets", e.tx_packets),
+        ("tx_bytes", e.tx_bytes),
+        ("rx_packets", e.rx_packets),
+        ("rx_bytes", e.rx_bytes),
+        ("retransmits", e.retransmits),
+        ("timeouts", e.timeouts),
+        ("naks_sent_seq", e.naks_sent_seq),
+        ("naks_sent_inv", e.naks_sent_inv),
+        ("naks_sent_access", e.naks_sent_access),
+        ("naks_sent_op", e.naks_sent_op),
+        ("naks_rcvd_seq", e.naks_rcvd_seq),
+        ("naks_rcvd_inv", e.naks_rcvd_inv),
+        ("naks_rcvd_access", e.naks_rcvd_access),
+        ("naks_rcvd_op", e.naks_rcvd_op),
+        ("rnr_naks_sent", e.rnr_naks_sent),
+        ("rnr_naks_rcvd", e.rnr_naks_rcvd),
+        ("icrc_errors", e.icrc_errors),
+        ("malformed", e.malformed),
+        ("duplicates", e.duplicates),
+        ("dropped", e.dropped),
+        ("out_of_sequence", e.out_of_sequence),
+        ("udp_tx_datagrams", l.tx_datagrams),
+        ("udp_tx_bytes", l.tx_bytes),
+        ("udp_tx_dropped", l.tx_dropped),
+        ("udp_rx_datagrams", l.rx_datagrams),
+        ("udp_rx_bytes", l.rx_bytes),
+        ("udp_rx_errors", l.rx_errors),
+        ("pcap_errors", l.pcap_errors),
+        ("udp_tx_gso_messages", s.driver.gso_batches),
+        ("udp_rx_gro_segments", s.driver.gro_segments),
+    ]
+}
+
+/// One device's published record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Record {
+    /// Device name.
+    pub name: String,
+    /// The process that has the device open.
+    pub pid: u32,
+    /// The UDP address the device is bound to.
+    pub addr: String,
+    /// GID index 0, as an IPv6 address.
+    pub gid: String,
+    /// The counters as (key, value), in [`counters`] order.
+    pub counters: Vec<(String, u64)>,
+}
+
+impl Record {
+    /// The record of device `name` of this process, bound to `addr`, with counters `stats`.
+    pub fn new(name: &str, addr: SocketAddr, stats: &DeviceStats) -> Record {
+        Record {
+            name: name.to_string(),
+            pid: std::process::id(),
+            addr: addr.to_string(),
+            gid: Ipv6Addr::from(Gid::from_ip(addr.ip()).0).to_string(),
+            counters: counters(stats)
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        }
+    }
+
+    /// The value of counter `key`, if the record has it.
+    pub fn counter(&self, key: &str) -> Option<u64> {
+        self.counters
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| *v)
+    }
+
+    /// The record as the text of a stats file.
+    pub fn to_text(&self) -> String {
+        let mut s = format!(
+            "{MAGIC}\nname {}\npid {}\naddr {}\ngid {}\n",
+            self.name, self.pid, self.addr, self.gid
+        );
+        for (k, v) in &self.counters {
+            s.push_str(&format!("{k} {v}\n"));
+        }
+        s
+    }
+
+    /// Parse the text of a stats file (None if it is not a complete record).
+    pub fn parse(text: &str) -> Option<Record> {
+        let mut lines = text.lines();
+        if lines.next()? != MAGIC {
+            return None;
+        }
+        let mut r = Record::default();
+        for l in lines {
+            let (k, v) = l.split_once(' ')?;
+            match k {
+                "name" => r.name = v.to_string(),
+                "pid" => r.pid = v.parse().ok()?,
+                "addr" => r.addr = v.to_string(),
+                "gid" => r.gid = v.to_string(),
+                _ => r.counters.push((k.to_string(), v.parse().ok()?)),
+            }
+        }
+        (!r.name.is_empty()).then_some(r)
+    }
+}
+
+/// Write `r` to `file` atomically (a temporary file next to it, then a rename), creating
+/// the directory if it is missing.
+pub fn publish(file: &Path, r: &Record) -> io::Result<()> {
+    let (Some(dir), Some(name)) = (file.parent(), file.file_name()) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    let mut tmp = OsString::from(".");
+    tmp.push(name);
+    tmp.push(".tmp");
+    let tmp = dir.join(tmp);
+    let text = r.to_text();
+    if let Err(e) = std::fs::write(&tmp, &text) {
+        // The directory may not exist yet, or may have been cleaned away since.
+        if e.kind() != io::ErrorKind::NotFound {
+            return Err(e);
+        }
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(&tmp, &text)?;
+    }
+    std::fs::rename(&tmp, file).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// Remove a stats file (best effort: it may be gone already).
+pub fn remove(file: &Path) {
+    let _ = std::fs::remove_file(file);
+}
+
+/// Whether process `pid` is alive.
+fn alive(pid: u32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// The records of the stats files in `dir`, sorted by name, pid and address. The files of
+/// processes that have exited are removed and skipped (a process that died without
+/// cleaning up leaves its file behind), unless `include_stale`: then they are listed as
+/// they are.
+pub fn read_all(dir: &Path, include_stale: bool) -> Vec<Record> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.extension() != Some(OsStr::new("stats")) {
+            continue;
+        }
+        let Some(r) = std::fs::read_to_string(&p)
+            .ok()
+            .and_then(|t| Record::parse(&t))
+        else {
+            continue;
+        };
+        if !include_stale && !alive(r.pid) {
+            remove(&p);
+            continue;
+        }
+        out.push(r);
+    }
+    out.sort_by(|a, b| (&a.name, a.pid, &a.addr).cmp(&(&b.name, b.pid, &b.addr)));
+    out
+}
+
+/// The file of a new device named `name` in `dir`: `<name>-<pid>-<n>.stats`, `n` counting
+/// the devices this process opened, as one process may open several devices of one name.
+fn new_file(dir: &Path, name: &str) -> PathBuf {
+    static OPENED: AtomicU64 = AtomicU64::new(0);
+    let n = OPENED.fetch_add(1, Ordering::Relaxed);
+    // Names come from configuration files: keep a stray `/` from escaping the directory.
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    dir.join(format!("{safe}-{}-{n}.stats", std::process::id()))
+}
+
+/// Publishes a device's record to its stats file from a thread of its own while alive;
+/// on drop, stops the thread and removes the file.
+pub struct Publisher {
+    /// Set to stop the thread; the condition variable cuts its wait short.
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+    file: PathBuf,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("file", &self.file)
+            .finish()
+    }
+}
+
+impl Publisher {
+    /// Publish `snapshot()` for device `name` to a new file in `dir`, now and then every
+    /// [`PERIOD`]. Best effort: None if the thread cannot start; failed writes are
+    /// retried at the next period.
+    pub fn start(
+        dir: &Path,
+        name: &str,
+        mut snapshot: impl FnMut() -> Record + Send + 'static,
+    ) -> Option<Publisher> {
+        let file = new_file(dir, name);
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let (f, s) = (file.clone(), Arc::clone(&stop));
+        let thread = std::thread::Builder::new()
+            .name(format!("{name}-stats"))
+            .spawn(move || loop {
+                let _ = publish(&f, &snapshot());
+                let (m, cv) = &*s;
+                let g = m.lock().unwrap_or_else(PoisonError::into_inner);
+                let (g, _) = cv
+                    .wait_timeout_while(g, PERIOD, |stop| !*stop)
+                    .unwrap_or_else(PoisonError::into_inner);
+                if *g {
+                    break;
+                }
+            })
+            .ok()?;
+        Some(Publisher {
+            stop,
+            thread: Some(thread),
+            file,
+        })
+    }
+
+    /// The file this publisher writes.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.stop;
+        *m.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        cv.notify_all();
+        // Joined before the removal, so that a last write cannot bring the file back.
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        remove(&self.file);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Record {
+        Record {
+            name: "softrdma0".into(),
+            pid: 42,
+            addr: "127.0.0.1:4791".into(),
+            gid: "::ffff:127.0.0.1".into(),
+            counters: vec![("tx_packets".into(), 7), ("rx_packets".into(), 9)],
+        }
+    }
+
+    #[test]
+    fn record_round_trip() {
+        let r = sample();
+        assert_eq!(Record::parse(&r.to_text()), Some(r.clone()));
+        assert_eq!(r.counter("rx_packets"), Some(9));
+        assert_eq!(r.counter("nosuch"), None);
+        assert!(Record::parse("nonsense").is_none());
+        assert!(Record::parse("softrdma-stats 1\npid 3\n").is_none());
+        assert!(Record::parse("softrdma-stats 1\nname a\ntx_packets x\n").is_none());
+    }
+
+    #[test]
+    fn text_format_is_stable() {
+        // Other versions of softrdma read these files: the format must not drift.
+        assert_eq!(
+            sample().to_text(),
+            "softrdma-stats 1\nname softrdma0\npid 42\naddr 127.0.0.1:4791\n\
+             gid ::ffff:127.0.0.1\ntx_packets 7\nrx_packets 9\n"
+        );
+    }
+
+    #[test]
+    fn record_of_a_device() {
+        let mut s = DeviceStats::default();
+        s.engine.tx_packets = 5;
+        s.link.rx_datagrams = 6;
+        let r = Record::new("d", "127.0.0.2:4791".parse().unwrap(), &s);
+        assert_eq!(r.pid, std::process::id());
+        assert_eq!(r.gid, "::ffff:127.0.0.2");
+        assert_eq!(r.counters.len(), counters(&s).len());
+        assert_eq!(r.counter("tx_packets"), Some(5));
+        assert_eq!(r.counter("udp_rx_datagrams"), Some(6));
+    }
+
+    #[test]
+    fn file_names_stay_in_the_directory() {
+        let dir = Path::new("/x");
+        let a = new_file(dir, "../etc/a b");
+        let b = new_file(dir, "../etc/a b");
+        assert_eq!(a.parent(), Some(dir));
+        assert_ne!(a, b);
+        let n = a.file_name().unwrap().to_str().unwrap();
+        assert!(n.starts_with(".._etc_a_b-"), "{n}");
+        assert!(n.ends_with(".stats"), "{n}");
+    }
+
+    #[test]
+    fn publish_read_and_stale_files() {
+        let dir = std::env::temp_dir().join(format!("softrdma-statsfile-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // Publishing creates the directory.
+        let mine = Record {
+            pid: std::process::id(),
+            ..sample()
+        };
+        let file = new_file(&dir, &mine.name);
+        publish(&file, &mine).unwrap();
+        // No pid is this large (pid_max is at most 2^22), so this process is gone.
+        let dead = Record {
+            name: "gone".into(),
+            pid: u32::MAX,
+            ..sample()
+        };
+        let dead_file = dir.join("gone-x.stats");
+        publish(&dead_file, &dead).unwrap();
+        std::fs::write(dir.join("junk.stats"), "not a record").unwrap();
+        std::fs::write(dir.join("other.txt"), MAGIC).unwrap();
+
+        let all = read_all(&dir, true);
+        assert_eq!(all, vec![dead.clone(), mine.clone()]);
+        assert!(dead_file.exists());
+        assert_eq!(read_all(&dir, false), vec![mine.clone()]);
+        assert!(!dead_file.exists(), "stale file tidied");
+        // No temporary file is left behind.
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let own = file.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(
+            names,
+            vec!["junk.stats".to_string(), "other.txt".into(), own]
+        );
+        remove(&file);
+        assert!(read_all(&dir, true).is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
