@@ -334,6 +334,9 @@ pub(crate) fn poll_quick(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<u
 pub(crate) fn poll_progress(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
     let n = poll_quick(cq, out)?;
     if n > 0 {
+        if let Some(ctx) = cq.ctx() {
+            ctx.dev().note_poll();
+        }
         return Ok(n);
     }
     match cq.ctx() {

@@ -159,6 +159,7 @@ impl CompletionQueue {
         }
         let n = self.poll_quick(out)?;
         if n > 0 {
+            self.inner.dev.rt().note_poll();
             return Ok(n);
         }
         if self.inner.dev.rt().progress() {
