@@ -865,7 +865,14 @@ impl Device {
         sh.mark_app_active();
         match sh.try_rx() {
             Some(mut rx) => sh.step(&mut rx, true),
-            None => false,
+            None => {
+                // Another thread (typically the progress thread) is receiving. A caller
+                // that polls in a tight loop would spin on its core meanwhile, and when
+                // that is the receiver's core too (a process pinned to one core, or more
+                // threads than cores) it takes its turns from the thread doing the work.
+                std::thread::yield_now();
+                false
+            }
         }
     }
 
