@@ -4,7 +4,9 @@
 # same run, printed as a markdown table with ratios for BENCHMARKS.md.
 #
 #   ib_write_bw 1 MiB and 64 KiB, ib_read_bw 64 KiB, ib_send_bw 64 KiB: average MiB/s
-#   ib_send_lat and ib_write_lat 8 B: typical (median) half round trip in µs
+#   ib_send_lat and ib_write_lat 8 B: typical (median) half round trip in µs; ib_write_lat
+#   also beside `softrdma perf write-lat --memory-wait`, which waits as it does (watching
+#   memory only, so the device's progress thread delivers every WRITE)
 #
 # Each figure is one server/client pair on loopback, server pinned to core 1 and client
 # to core 0 (as scripts/bench), each process with its own zero-configuration device. Both
@@ -99,10 +101,11 @@ EOF
 }
 
 # softrdma perf (the Rust path): the same figure.
-rust() { # name test size iters kind
+rust() { # name test size iters kind [extra softrdma perf options]
   local name=$1 test=$2 size=$3 iters=$4 kind=$5
+  shift 5
   port=$((port + 1))
-  local args=(perf "$test" -d "$DEV" -m "$MTU" -s "$size" -n "$iters" -p "$port" --json)
+  local args=(perf "$test" -d "$DEV" -m "$MTU" -s "$size" -n "$iters" -p "$port" --json "$@")
   pair "$name" "$BIN" "${args[@]}" ::: "$BIN" "${args[@]}" 127.0.0.1
   python3 - "$OUT/$name.client.log" "$kind" <<'EOF'
 import json, sys
@@ -125,16 +128,18 @@ write_bw_64KiB ib_write_bw write-bw 65536 20000 bw
 read_bw_64KiB ib_read_bw read-bw 65536 20000 bw
 send_bw_64KiB ib_send_bw send-bw 65536 20000 bw
 send_lat_8B ib_send_lat send-lat 8 20000 lat
-write_lat_8B ib_write_lat write-lat 8 20000 lat"
+write_lat_8B ib_write_lat write-lat 8 20000 lat
+write_lat_8B_memory_wait ib_write_lat write-lat 8 20000 lat --memory-wait"
 
 RES="$OUT/results.tsv"
 : > "$RES"
 for r in $(seq "$REPS"); do
-  while read -r name tool test size iters kind; do
-    log "rep $r: $name: $tool / softrdma perf $test, $size B x $iters"
+  while read -r name tool test size iters kind extra; do
+    log "rep $r: $name: $tool / softrdma perf $test $extra, $size B x $iters"
     d=$(dropin "$name.dropin.$r" "$tool" "$size" "$iters" "$kind")
-    s=$(rust "$name.rust.$r" "$test" "$size" "$iters" "$kind")
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$tool" "$test" "$size" "$kind" "${d:-nan}" "${s:-nan}" >> "$RES"
+    # shellcheck disable=SC2086
+    s=$(rust "$name.rust.$r" "$test" "$size" "$iters" "$kind" $extra)
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$tool" "$test${extra:+ $extra}" "$size" "$kind" "${d:-nan}" "${s:-nan}" >> "$RES"
   done <<< "$CASES"
 done
 

@@ -139,8 +139,18 @@ pub fn run(json: bool) -> CmdResult {
 
     // Round trips on one RC QP.
     let s = util::connect("127.0.0.1", port)?;
-    let (run, side, ch) =
-        perf::client_session(&dev, s, Test::Demo, &[4096], 1, 1, 1024, TIMEOUT, false)?;
+    let (run, side, ch) = perf::client_session(
+        &dev,
+        s,
+        Test::Demo,
+        &[4096],
+        1,
+        1,
+        1024,
+        TIMEOUT,
+        false,
+        false,
+    )?;
     if !json {
         println!(
             "  connected: RC QP 0x{:06x} (client) <-> QP 0x{:06x} (server)\n",
@@ -256,6 +266,7 @@ pub fn run(json: bool) -> CmdResult {
             128,
             1024,
             TIMEOUT,
+            false,
             false,
         )?;
         ch.finish();

@@ -208,6 +208,12 @@ pub struct PerfArgs {
     /// Run server and client in this process, on two loopback devices
     #[arg(long = "loopback", visible_alias = "self", conflicts_with = "peer")]
     pub loopback: bool,
+    /// write-lat: after each WRITE, collect its completion, then watch only the byte the
+    /// peer writes, without calling into the device, as perftest's ib_write_lat does (the
+    /// device's progress thread delivers the peer's WRITE; without this flag the waiting
+    /// thread polls the CQ too and so delivers it itself)
+    #[arg(long)]
+    pub memory_wait: bool,
     /// Give up when nothing completes for this many seconds
     #[arg(long, default_value_t = 15)]
     pub timeout: u64,

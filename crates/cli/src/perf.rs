@@ -123,6 +123,8 @@ pub struct Side {
     /// Half the buffer: the receive area is `0..half`, the send area `half..2*half`.
     pub half: usize,
     pub psn: u32,
+    /// write-lat: wait for the peer's WRITE by watching memory only (`--memory-wait`).
+    pub memory_wait: bool,
 }
 
 impl Side {
@@ -163,6 +165,7 @@ impl Side {
             mr,
             half,
             psn: util::random_psn(),
+            memory_wait: false,
         })
     }
     fn local(&self) -> Peer {
@@ -340,9 +343,14 @@ pub fn serve_session(
         Err(e) => return reject(&mut w, e),
     };
     let max = sizes.iter().copied().max().unwrap_or(64);
-    let side = match Side::new(dev, max) {
+    let mut side = match Side::new(dev, max) {
         Ok(s) => s,
         Err(e) => return reject(&mut w, e),
+    };
+    side.memory_wait = match field(&words, "wait") {
+        Err(_) | Ok("poll") => false,
+        Ok("memory") => true,
+        Ok(other) => return reject(&mut w, format!("unknown wait mode {other:?}")),
     };
     if test.uses_recv() {
         if let Err(e) = side.post_recvs(RQ_DEPTH) {
@@ -451,6 +459,26 @@ fn wait_byte(
     poller: &mut Poller,
     outstanding: &mut u32,
 ) -> CmdResult {
+    if side.memory_wait {
+        // As perftest's ib_write_lat: collect the send completions first (polling the CQ),
+        // then watch nothing but the byte, so the device's progress thread alone delivers
+        // the peer's WRITE.
+        while *outstanding > 0 {
+            wait_wc(side, poller, false, outstanding)?;
+        }
+        let mut spins = 0u32;
+        loop {
+            if side.read_byte(at)? == v {
+                poller.progress();
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 {
+                poller.check_timeout()?;
+            }
+            std::hint::spin_loop();
+        }
+    }
     let mut wcs = [WorkCompletion::default(); 16];
     loop {
         if side.read_byte(at)? == v {
@@ -842,10 +870,12 @@ pub fn client_session(
     mtu: u32,
     timeout: Duration,
     announce: bool,
+    memory_wait: bool,
 ) -> CmdResult<(ClientRun, Side, Channel)> {
     let mtu_v = util::mtu_of(mtu)?;
     let max = sizes.iter().copied().max().unwrap_or(64);
-    let side = Side::new(dev, max)?;
+    let mut side = Side::new(dev, max)?;
+    side.memory_wait = memory_wait;
     if test.uses_recv() {
         side.post_recvs(RQ_DEPTH)?;
     }
@@ -853,10 +883,11 @@ pub fn client_session(
     let list: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
     writeln!(
         stream,
-        "{MAGIC} {} sizes={} iters={iters} {} mtu={mtu}",
+        "{MAGIC} {} sizes={} iters={iters} {} mtu={mtu}{}",
         test.name(),
         list.join(","),
-        peer_fields(&local)
+        peer_fields(&local),
+        if memory_wait { " wait=memory" } else { "" }
     )
     .map_err(|e| format!("couldn't send the request: {e}"))?;
     let mut r = BufReader::new(
@@ -991,6 +1022,9 @@ pub fn run(a: &PerfArgs) -> CmdResult {
         return Err(format!("tx-depth must be 1..={SQ_DEPTH}"));
     }
     util::mtu_of(a.mtu)?;
+    if a.memory_wait && a.test != PerfTest::WriteLat {
+        return Err("--memory-wait applies to write-lat only".into());
+    }
     let timeout = Duration::from_secs(a.timeout.max(1));
 
     if a.loopback {
@@ -1073,7 +1107,16 @@ fn client(
 ) -> CmdResult {
     let s = util::connect(host, port)?;
     let (run, _side, ch) = client_session(
-        dev, s, test, sizes, iters, a.tx_depth, a.mtu, timeout, !a.json,
+        dev,
+        s,
+        test,
+        sizes,
+        iters,
+        a.tx_depth,
+        a.mtu,
+        timeout,
+        !a.json,
+        a.memory_wait,
     )?;
     ch.finish();
     if a.json {

@@ -232,19 +232,24 @@ impl Poller {
     }
     /// One back-off step; an error once idle for longer than the timeout.
     pub fn idle(&mut self) -> CmdResult {
+        self.check_timeout()?;
         let e = self.idle_since.elapsed();
-        if e > self.timeout {
-            return Err(format!(
-                "no completion for {} s: the peer is gone or unreachable",
-                self.timeout.as_secs()
-            ));
-        }
         if e < Duration::from_micros(100) {
             std::hint::spin_loop();
         } else if e < Duration::from_millis(5) {
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(())
+    }
+    /// An error once idle for longer than the timeout (no back-off).
+    pub fn check_timeout(&self) -> CmdResult {
+        if self.idle_since.elapsed() > self.timeout {
+            return Err(format!(
+                "no completion for {} s: the peer is gone or unreachable",
+                self.timeout.as_secs()
+            ));
         }
         Ok(())
     }

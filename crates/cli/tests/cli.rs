@@ -134,6 +134,7 @@ fn bad_arguments_give_one_line() {
         &["perf", "atomic-bw", "-s", "64", "127.0.0.1"],
         &["perf", "write-bw", "-s", "8", "-a"],
         &["perf", "write-bw", "--loopback", "127.0.0.1"],
+        &["perf", "send-lat", "--memory-wait", "127.0.0.1"],
         &["trace", "-o", "x.pcap"],
         &["devinfo", "-d", "nosuchdevice"],
         &["nosuchcommand"],
@@ -415,6 +416,17 @@ fn perf_latency_tests() {
         );
         assert!(r[7] <= r[8] && r[8] <= r[3], "percentiles: {out}");
     }
+}
+
+#[test]
+fn perf_write_lat_waiting_on_memory_only() {
+    // Neither side calls into its device while it waits for the peer's WRITE: each one
+    // lands through the progress thread alone, or the run stalls and fails.
+    let out = perf_pair("write-lat", &["-n", "200", "-s", "64", "--memory-wait"]);
+    let rows = table(&out, 9);
+    assert_eq!(rows.len(), 1, "{out}");
+    assert_eq!(rows[0][0], 64.0, "{out}");
+    assert_eq!(rows[0][1], 200.0, "{out}");
 }
 
 #[test]
