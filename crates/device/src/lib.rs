@@ -380,6 +380,10 @@ impl Share {
 /// keeps out of the way, watches the socket again.
 const APP_IDLE: Duration = Duration::from_micros(100);
 
+/// An application that called in less than this long before a datagram woke the
+/// progress thread is polling: it takes the datagram itself.
+const APP_BUSY: Duration = Duration::from_micros(5);
+
 /// How long a due timer may wait for the socket to be drained first, in nanoseconds.
 const TIMER_GRACE_NS: u64 = 1_000_000;
 
@@ -1067,6 +1071,8 @@ fn progress(sh: &Shared) {
     // idle they start again at APP_IDLE.
     let mut look_every = APP_IDLE;
     let mut share = Share::default();
+    // Device time until which the socket is left to a polling application.
+    let mut leave_until = 0u64;
     while !sh.stop.load(Ordering::Relaxed) {
         let now = sh.now();
         let mut watching = false;
@@ -1084,7 +1090,7 @@ fn progress(sh: &Shared) {
             // over when something arrives; and once that has happened, keep watching the
             // socket while the application calls in (see [`Share`]). Blocked waiters
             // watch the socket themselves.
-            let watch_sock = !waiters && (app_idle || share.watch);
+            let watch_sock = !waiters && (app_idle || share.watch) && now >= leave_until;
             let mut t = if waiters || until <= now {
                 APP_WINDOW
             } else if watch_sock {
@@ -1121,6 +1127,20 @@ fn progress(sh: &Shared) {
                 .saturating_sub(sh.app_active_at.load(Ordering::Relaxed))
                 >= APP_IDLE.as_nanos() as u64;
             if !arrived || !(still_idle || share.watch) {
+                continue;
+            }
+            let age = sh
+                .now()
+                .saturating_sub(sh.app_active_at.load(Ordering::Relaxed));
+            if age < APP_BUSY.as_nanos() as u64 {
+                // The application called in a moment ago: it polls and will take the
+                // datagram itself, without the wake-up and the preemption that taking it
+                // here costs it (a ping-pong that polls its CQ doubles its round trip
+                // otherwise). Leave it, and the socket, for a while; count a wasted look.
+                // (One that spins on memory between calls, as ib_write_lat does, last
+                // called a whole turn of its peer ago.)
+                share.record(false);
+                leave_until = sh.now().saturating_add(APP_IDLE.as_nanos() as u64);
                 continue;
             }
             if still_idle {
