@@ -374,11 +374,15 @@ impl MemoryRegion {
             length: u32::try_from(n).map_err(|_| Error::invalid("access longer than 4 GiB"))?,
             lkey: self.info.lkey,
         };
+        // Under the engine lock, which orders these copies with the device's own accesses
+        // to the region, but without an engine step: touching local memory adds no
+        // completion, so CQ pollers are not sent to look again (a loop watching a byte
+        // would otherwise make every poll of every CQ take the lock).
         self.pd
             .dev
             .inner
             .dev
-            .with(|r, _| match r.ctx().local_span(pd, &sge, Access::empty()) {
+            .with_read(|r| match r.ctx().local_span(pd, &sge, Access::empty()) {
                 Ok(span) => f(&span).ok_or(Error::invalid("misaligned or out of bounds")),
                 Err(_) => Err(Error::new(libc::EFAULT, "region not accessible")),
             })
