@@ -240,6 +240,8 @@ struct Shared {
     blocked: AtomicUsize,
     /// Device time of the last application poll or wait.
     app_active_at: AtomicU64,
+    /// Application threads inside [`Device::progress`] right now.
+    app_in_progress: AtomicUsize,
     /// Device time by which held-back ACKs must leave (u64::MAX: none held).
     ack_due: AtomicU64,
 }
@@ -383,6 +385,10 @@ const APP_IDLE: Duration = Duration::from_micros(100);
 /// An application that called in less than this long before a datagram woke the
 /// progress thread is polling: it takes the datagram itself.
 const APP_BUSY: Duration = Duration::from_micros(5);
+
+/// How long the progress thread leaves the socket to a polling application before it looks
+/// again.
+const LEAVE: Duration = Duration::from_micros(10);
 
 /// How long a due timer may wait for the socket to be drained first, in nanoseconds.
 const TIMER_GRACE_NS: u64 = 1_000_000;
@@ -766,6 +772,7 @@ impl Device {
             waiters: AtomicUsize::new(0),
             blocked: AtomicUsize::new(0),
             app_active_at: AtomicU64::new(0),
+            app_in_progress: AtomicUsize::new(0),
             ack_due: AtomicU64::new(u64::MAX),
         });
         let sh = Arc::clone(&shared);
@@ -867,6 +874,14 @@ impl Device {
     pub fn progress(&self) -> bool {
         let sh = &*self.shared;
         sh.mark_app_active();
+        sh.app_in_progress.fetch_add(1, Ordering::Relaxed);
+        struct Out<'a>(&'a AtomicUsize);
+        impl Drop for Out<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let _out = Out(&sh.app_in_progress);
         match sh.try_rx() {
             Some(mut rx) => sh.step(&mut rx, true),
             None => {
@@ -1064,6 +1079,9 @@ impl Drop for Device {
 /// fd; otherwise receive, handle, fire timers, send; spin a while after activity, then
 /// block until a datagram, a wake-up or the next timer.
 fn progress(sh: &Shared) {
+    // The progress thread sleeps for a few microseconds at a time (LEAVE): with the default
+    // 50 us timer slack those sleeps would last ten times as long.
+    sys::set_timer_slack(Duration::from_micros(1));
     let mut active_at = Instant::now();
     // How often to look whether an application thread that drives progress has stopped
     // calling in. Every look is a wake-up that preempts a thread, so while the application
@@ -1096,8 +1114,14 @@ fn progress(sh: &Shared) {
             } else if watch_sock {
                 look_every = APP_IDLE;
                 Duration::from_nanos(until - now)
+            } else if now < leave_until {
+                // The socket was just left to the polling application: look again soon,
+                // in case the datagram was not its after all.
+                Duration::from_nanos(leave_until - now)
             } else {
-                let t = look_every.max(Duration::from_nanos(APP_IDLE.as_nanos() as u64 - idle));
+                let t = look_every.max(Duration::from_nanos(
+                    (APP_IDLE.as_nanos() as u64).saturating_sub(idle),
+                ));
                 look_every = (look_every * 2).min(APP_WINDOW);
                 t
             };
@@ -1132,15 +1156,16 @@ fn progress(sh: &Shared) {
             let age = sh
                 .now()
                 .saturating_sub(sh.app_active_at.load(Ordering::Relaxed));
-            if age < APP_BUSY.as_nanos() as u64 {
-                // The application called in a moment ago: it polls and will take the
+            if age < APP_BUSY.as_nanos() as u64 || sh.app_in_progress.load(Ordering::Relaxed) > 0 {
+                // The application called in a moment ago, or is inside a call (this
+                // wake-up may have preempted it there): it polls and will take the
                 // datagram itself, without the wake-up and the preemption that taking it
                 // here costs it (a ping-pong that polls its CQ doubles its round trip
-                // otherwise). Leave it, and the socket, for a while; count a wasted look.
+                // otherwise). Leave it, and the socket, for LEAVE; count a wasted look.
                 // (One that spins on memory between calls, as ib_write_lat does, last
                 // called a whole turn of its peer ago.)
                 share.record(false);
-                leave_until = sh.now().saturating_add(APP_IDLE.as_nanos() as u64);
+                leave_until = sh.now().saturating_add(LEAVE.as_nanos() as u64);
                 continue;
             }
             if still_idle {

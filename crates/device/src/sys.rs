@@ -123,3 +123,19 @@ pub fn random_seed() -> u64 {
     }
     h.finish()
 }
+
+/// Set the calling thread's timer slack (how late the kernel may fire its timed sleeps, to
+/// batch wake-ups). Best effort: without it, sleeps are only less precise.
+pub fn set_timer_slack(slack: Duration) {
+    let ns = slack.as_nanos().clamp(1, libc::c_ulong::MAX as u128) as libc::c_ulong;
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_TIMERSLACK,
+            ns,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+}
