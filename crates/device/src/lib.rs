@@ -244,6 +244,9 @@ struct Shared {
     app_in_progress: AtomicUsize,
     /// Device time by which held-back ACKs must leave (u64::MAX: none held).
     ack_due: AtomicU64,
+    /// Whether the held-back datagrams include requests or responses (not only ACKs):
+    /// they leave as soon as an application thread drives progress.
+    data_held: AtomicBool,
 }
 
 impl Shared {
@@ -282,6 +285,12 @@ impl Shared {
     /// after, so ACKs it produces are held back ([`Flush::Defer`]) rather than costing a
     /// system call before the application sees its completion.
     fn step(&self, rx: &mut Rx, app: bool) -> bool {
+        if self.data_held.load(Ordering::Acquire) {
+            // Posts held back their datagrams to leave together; whoever drives progress
+            // next (the application, done posting for now and looking for completions)
+            // sends them.
+            self.flush_deferred();
+        }
         let Rx {
             link,
             batch,
@@ -409,6 +418,8 @@ enum Flush {
     Due,
     /// Like `Due`, and hold back new ACKs too when they are all there is to send.
     Defer,
+    /// Hold back everything (a post into a busy pipe), up to a send batch.
+    Hold,
 }
 
 /// Whether a sealed RoCEv2 UDP payload is a positive RC ACK (not a NAK).
@@ -502,18 +513,22 @@ impl Core {
             self.txq.push(t);
             self.via.push(via);
         }
-        if !self.deferred.is_empty() || flush == Flush::Defer {
+        if !self.deferred.is_empty() || matches!(flush, Flush::Defer | Flush::Hold) {
             let due = sh.ack_due.load(Ordering::Relaxed);
             let hold = match flush {
                 Flush::All => false,
                 _ if now >= due => false,
                 Flush::Due => self.txq.is_empty(),
                 Flush::Defer => self.txq.iter().all(|t| is_plain_ack(&t.data)),
+                Flush::Hold => self.deferred.len() + self.txq.len() < TX_CHUNK,
             };
             if hold {
                 if self.deferred.is_empty() && !self.txq.is_empty() {
                     let due = now.saturating_add(ACK_DEFER.as_nanos() as u64);
                     sh.ack_due.store(due, Ordering::Release);
+                }
+                if self.txq.iter().any(|t| !is_plain_ack(&t.data)) {
+                    sh.data_held.store(true, Ordering::Release);
                 }
                 self.deferred.append(&mut self.txq);
                 self.deferred_via.append(&mut self.via);
@@ -531,6 +546,7 @@ impl Core {
                 std::mem::swap(&mut self.deferred, &mut self.txq);
                 std::mem::swap(&mut self.deferred_via, &mut self.via);
                 sh.ack_due.store(u64::MAX, Ordering::Release);
+                sh.data_held.store(false, Ordering::Release);
             }
         }
         if self.txq.is_empty() {
@@ -774,6 +790,7 @@ impl Device {
             app_active_at: AtomicU64::new(0),
             app_in_progress: AtomicUsize::new(0),
             ack_due: AtomicU64::new(u64::MAX),
+            data_held: AtomicBool::new(false),
         });
         let sh = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -828,6 +845,24 @@ impl Device {
         let now = sh.now();
         let r = f(&mut core.rnic, now);
         core.after_step(sh, now, true);
+        r
+    }
+
+    /// Like [`Device::with`] for posting send work requests. When the device already has
+    /// requests in flight (a retransmission timer is armed), the datagrams the post makes
+    /// are held back to leave with those of the next posts in one system call (and one
+    /// GSO message): a program that posts a burst and then polls pays one send for the
+    /// burst. They leave once a send batch is full, when a thread next drives progress
+    /// (polls an empty CQ, waits), before anyone blocks, or after `ACK_DEFER`. A post into
+    /// an idle pipe (a ping-pong) is sent at once.
+    pub fn with_post<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> R) -> R {
+        let sh = &*self.shared;
+        let mut core = sh.lock();
+        let now = sh.now();
+        let busy = core.rnic.poll_timeout().is_some();
+        let r = f(&mut core.rnic, now);
+        let flush = if busy { Flush::Hold } else { Flush::Due };
+        core.after_step_with(sh, now, true, flush);
         r
     }
 

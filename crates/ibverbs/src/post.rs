@@ -145,7 +145,7 @@ pub(crate) fn post_sends(qp: &Qp, wrs: Vec<SendWr>) -> Result<(), (usize, c_int)
     };
     let qpn = qp.qpn;
     let max_sge = qp.max_send_sge as usize;
-    ctx.dev().with(|r, now| {
+    ctx.dev().with_post(|r, now| {
         for (i, w) in wrs.into_iter().enumerate() {
             if w.sg_list.len() > max_sge {
                 return Err((i, libc::EINVAL));

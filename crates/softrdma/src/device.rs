@@ -122,6 +122,14 @@ impl Device {
         &self.inner.dev
     }
 
+    /// Post on the engine; see [`softrdma_device::Device::with_post`].
+    pub(crate) fn with_post<R>(
+        &self,
+        f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>,
+    ) -> Result<R> {
+        self.inner.dev.with_post(f).map_err(Error::from)
+    }
+
     /// Run `f` on the engine; see [`softrdma_device::Device::with`].
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>) -> Result<R> {
         self.inner.dev.with(f).map_err(Error::from)

@@ -211,7 +211,7 @@ impl QueuePair {
     /// (the payload is copied at once): the safe API never reads arbitrary addresses.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
         let (qpn, pd) = (self.qpn, self.pd.id);
-        self.pd.dev.with(|r, now| {
+        self.pd.dev.with_post(|r, now| {
             if wr.flags.contains(SendFlags::INLINE)
                 && wr
                     .sg_list
