@@ -848,6 +848,13 @@ impl Device {
         r
     }
 
+    /// Send the datagrams held back by earlier posts and polls now. For a caller about to
+    /// wait where the device does not see it (arming a CQ, then blocking on its channel's
+    /// fd with poll(2)): what it waits for may depend on them.
+    pub fn flush(&self) {
+        self.shared.flush_deferred();
+    }
+
     /// Like [`Device::with`] for posting send work requests. When the device already has
     /// requests in flight (a retransmission timer is armed), the datagrams the post makes
     /// are held back to leave with those of the next posts in one system call (and one

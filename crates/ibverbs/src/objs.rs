@@ -440,7 +440,10 @@ unsafe extern "C" fn req_notify_cq(cq: *mut sys::ibv_cq, solicited_only: c_int) 
             Arm::Next
         };
         let id = q.id;
-        match ctx.dev().with(|r, _| r.ctx_mut().req_notify_cq(id, arm)) {
+        let r = ctx.dev().with(|r, _| r.ctx_mut().req_notify_cq(id, arm));
+        // The program may now block on the channel's fd, out of the device's sight.
+        ctx.dev().flush();
+        match r {
             Ok(()) => 0,
             Err(e) => errno(&e),
         }

@@ -254,9 +254,13 @@ impl CompletionQueue {
         } else {
             Arm::Next
         };
-        self.inner
+        let r = self
+            .inner
             .dev
-            .with(|r, _| r.ctx_mut().req_notify_cq(id, arm))
+            .with(|r, _| r.ctx_mut().req_notify_cq(id, arm));
+        // The caller may now block on the channel's fd, out of the device's sight.
+        self.inner.dev.rt().flush();
+        r
     }
     /// Acknowledge `n` events taken from its channel.
     pub fn ack_events(&self, n: u32) -> Result<()> {
