@@ -310,15 +310,20 @@ pub(crate) fn wc_to_c(w: &WorkCompletion) -> sys::ibv_wc {
     o
 }
 
-/// Poll without driving progress, skipping the engine lock while the CQ is known empty
-/// (the device generation has not moved since it was last found empty).
+/// Whether the CQ is known to be empty: the device generation has not moved since it was
+/// last found empty.
+fn known_empty(cq: &Cq, g: u64) -> bool {
+    cq.empty_at.load(Ordering::Relaxed) == g
+}
+
+/// Poll without driving progress, skipping the engine lock while the CQ is known empty.
 pub(crate) fn poll_quick(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
     let Some(ctx) = cq.ctx() else {
         return Err(verbs::Error::inval("CQ without context"));
     };
     let dev = ctx.dev();
     let g = dev.generation();
-    if cq.empty_at.load(Ordering::Relaxed) == g {
+    if known_empty(cq, g) {
         return Ok(0);
     }
     let id = cq.id;
@@ -329,20 +334,27 @@ pub(crate) fn poll_quick(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<u
     Ok(n)
 }
 
-/// Poll; when empty, drive the device's progress once from this thread and look again
-/// (a program polling in a loop is what moves the device, as with the Rust API).
-pub(crate) fn poll_progress(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
-    let n = poll_quick(cq, out)?;
-    if n > 0 {
-        if let Some(ctx) = cq.ctx() {
-            ctx.dev().note_poll();
-        }
+/// Run `poll`; when it finds nothing, drive the device's progress once from this thread and
+/// run it again (a program polling in a loop is what moves the device, as with the Rust
+/// API). A poll that finds completions tells the device an application thread polls.
+fn with_progress(cq: &Cq, mut poll: impl FnMut() -> verbs::Result<usize>) -> verbs::Result<usize> {
+    let n = poll()?;
+    let Some(ctx) = cq.ctx() else {
         return Ok(n);
+    };
+    if n > 0 {
+        ctx.dev().note_poll();
+        Ok(n)
+    } else if ctx.dev().progress() {
+        poll()
+    } else {
+        Ok(0)
     }
-    match cq.ctx() {
-        Some(ctx) if ctx.dev().progress() => poll_quick(cq, out),
-        _ => Ok(0),
-    }
+}
+
+/// [`poll_quick`], driving progress when the CQ is empty ([`with_progress`]).
+pub(crate) fn poll_progress(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
+    with_progress(cq, || poll_quick(cq, out))
 }
 
 /// Completions converted per engine poll: `ibv_poll_cq` is called in tight loops, so its
@@ -357,7 +369,7 @@ const POLL_CHUNK: usize = 16;
 /// `wc` points at `want` writable `ibv_wc` entries.
 unsafe fn poll_into(cq: &Cq, want: usize, wc: *mut sys::ibv_wc) -> verbs::Result<usize> {
     if let Some(ctx) = cq.ctx() {
-        if cq.empty_at.load(Ordering::Relaxed) == ctx.dev().generation() {
+        if known_empty(cq, ctx.dev().generation()) {
             return Ok(0);
         }
     }
@@ -388,9 +400,6 @@ pub(crate) unsafe extern "C" fn poll_cq(
         let Some(q) = (unsafe { obj::<Cq, _>(cq) }) else {
             return -1;
         };
-        let Some(ctx) = q.ctx() else {
-            return -1;
-        };
         if num_entries <= 0 {
             return 0;
         }
@@ -398,20 +407,8 @@ pub(crate) unsafe extern "C" fn poll_cq(
             return -1;
         }
         let want = num_entries as usize;
-        // As `poll_progress`: take what is there; if nothing, drive progress once and look
-        // again.
         // SAFETY: the caller's array holds `num_entries` entries.
-        let polled = unsafe { poll_into(q, want, wc) }.and_then(|n| {
-            if n > 0 {
-                ctx.dev().note_poll();
-                Ok(n)
-            } else if ctx.dev().progress() {
-                // SAFETY: as above.
-                unsafe { poll_into(q, want, wc) }
-            } else {
-                Ok(0)
-            }
-        });
+        let polled = with_progress(q, || unsafe { poll_into(q, want, wc) });
         match polled {
             Ok(n) => n as c_int,
             Err(_) => -1,
