@@ -629,6 +629,7 @@ fn bw_wr(test: PerfTest, side: &Side, remote: &Peer, size: usize, id: u64, sig: 
         op,
         flags,
         sg_list: vec![sg],
+        inline_data: None,
         ud: None,
     }
 }

@@ -445,11 +445,10 @@ impl Core {
 
     fn after_step_with(&mut self, sh: &Shared, now: u64, changed: bool, flush: Flush) {
         self.flush_tx(sh, now, flush);
-        let ctx = self.rnic.ctx_mut();
-        while let Some(ev) = ctx.next_event() {
+        while let Some(ev) = self.rnic.next_event() {
             self.async_q.push_back(ev);
         }
-        let ctx = self.rnic.ctx();
+        let ctx = &self.rnic;
         for (ch, c) in self.channels.iter_mut() {
             let pending = ctx.channel_pending(*ch) > 0;
             if pending != c.signaled {

@@ -56,7 +56,7 @@ unsafe extern "C" fn query_device_ex(
         o.orig_attr = device_attr(ctx);
         o.completion_timestamp_mask = u64::MAX;
         o.hca_core_clock = CORE_CLOCK_KHZ;
-        o.max_dm_size = ctx.dev().with_read(|r| r.ctx().device_attr().max_dm_size);
+        o.max_dm_size = ctx.dev().with_read(|r| r.device_attr().max_dm_size);
         o.phys_port_cnt_ex = u32::from(o.orig_attr.phys_port_cnt);
         // SAFETY: `attr` has `attr_size` bytes (the caller's sizeof).
         unsafe { copy_prefix(&o, attr, attr_size) };
@@ -273,12 +273,11 @@ unsafe extern "C" fn create_qp_ex(
     })
 }
 
-/// The send WRs being built between `ibv_wr_start` and `ibv_wr_complete`, with copies of
-/// their inline data (the SGEs of an inline WR point into `inline`).
+/// The send WRs being built between `ibv_wr_start` and `ibv_wr_complete` (inline data
+/// already copied into them).
 #[derive(Default)]
 pub(crate) struct WrBuild {
     pub(crate) wrs: Vec<SendWr>,
-    inline: Vec<Box<[u8]>>,
     err: c_int,
 }
 
@@ -324,6 +323,7 @@ fn begin(qp: *mut sys::ibv_qp_ex, op: SendOp) {
             op,
             flags: SendFlags::from_bits_truncate(q.c.wr_flags),
             sg_list: Vec::new(),
+            inline_data: None,
             ud: None,
         })
     });
@@ -348,7 +348,6 @@ unsafe extern "C" fn wr_start(qp: *mut sys::ibv_qp_ex) {
     guard((), || {
         with_build(qp, |_, b| {
             b.wrs.clear();
-            b.inline.clear();
             b.err = 0;
         })
     })
@@ -367,8 +366,6 @@ unsafe extern "C" fn wr_complete(qp: *mut sys::ibv_qp_ex) -> c_int {
                     Err((_, e)) => e,
                 }
             };
-            // Inline data was copied by the engine at post time.
-            b.inline.clear();
             b.err = 0;
         });
         ret
@@ -535,12 +532,17 @@ unsafe extern "C" fn wr_set_sge_list(qp: *mut sys::ibv_qp_ex, num: usize, sg: *c
     })
 }
 
-/// Copy inline data now (the program may reuse its buffer once the call returns) and
-/// point the WR at the copy, flagged INLINE.
+/// Copy inline data now (the program may reuse its buffer once the call returns) into
+/// the WR, flagged INLINE; its SGEs record the buffers' lengths, as `ibv_post_send` would.
 fn set_inline(qp: *mut sys::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
     with_build(qp, |_, b| {
         let mut data = Vec::new();
+        let mut sg_list = Vec::with_capacity(bufs.len());
         for &(p, n) in bufs {
+            let Ok(length) = u32::try_from(n) else {
+                b.err = libc::EINVAL;
+                return;
+            };
             if n > 0 {
                 if p.is_null() {
                     b.err = libc::EINVAL;
@@ -549,22 +551,17 @@ fn set_inline(qp: *mut sys::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
                 // SAFETY: the caller's buffer holds `n` readable bytes.
                 data.extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
             }
+            sg_list.push(Sge {
+                addr: p as u64,
+                length,
+                lkey: 0,
+            });
         }
-        let Ok(len) = u32::try_from(data.len()) else {
-            b.err = libc::EINVAL;
-            return;
-        };
-        let data = data.into_boxed_slice();
-        let addr = data.as_ptr() as u64;
-        b.inline.push(data);
         match b.wrs.last_mut() {
             Some(w) => {
                 w.flags |= SendFlags::INLINE;
-                w.sg_list = vec![Sge {
-                    addr,
-                    length: len,
-                    lkey: 0,
-                }];
+                w.sg_list = sg_list;
+                w.inline_data = Some(data);
             }
             None => b.err = libc::EINVAL,
         }
@@ -662,7 +659,7 @@ unsafe extern "C" fn alloc_dm(
         if a.comp_mask != 0 {
             return null_errno(libc::EINVAL);
         }
-        match ctx.dev().with(|r, _| r.ctx_mut().alloc_dm(a.length)) {
+        match ctx.dev().with(|r, _| r.alloc_dm(a.length)) {
             Ok(id) => {
                 let mut c: sys::ibv_dm = zeroed();
                 c.context = context;
@@ -682,7 +679,7 @@ unsafe extern "C" fn free_dm(dm: *mut sys::ibv_dm) -> c_int {
             return libc::EINVAL;
         };
         let id = d.id;
-        match ctx.dev().with(|r, _| r.ctx_mut().free_dm(id)) {
+        match ctx.dev().with(|r, _| r.free_dm(id)) {
             Ok(()) => {
                 // SAFETY: allocated by alloc_dm as a Dm, freed once.
                 unsafe { free::<Dm, _>(dm) };
@@ -713,10 +710,7 @@ unsafe extern "C" fn memcpy_to_dm(
             unsafe { std::slice::from_raw_parts(host.cast::<u8>(), length) }
         };
         let id = d.id;
-        match ctx
-            .dev()
-            .with(|r, _| r.ctx_mut().dm_copy_to(id, offset, data))
-        {
+        match ctx.dev().with(|r, _| r.dm_copy_to(id, offset, data)) {
             Ok(()) => 0,
             Err(e) => errno(&e),
         }
@@ -740,7 +734,7 @@ unsafe extern "C" fn memcpy_from_dm(
         let id = d.id;
         match ctx
             .dev()
-            .with_read(|r| r.ctx().dm_copy_from(id, offset, &mut buf))
+            .with_read(|r| r.dm_copy_from(id, offset, &mut buf))
         {
             Ok(()) => {
                 // SAFETY: the caller's buffer holds `length` writable bytes.
@@ -778,7 +772,7 @@ unsafe extern "C" fn reg_dm_mr(
         let (pid, did) = (p.id, d.id);
         match ctx
             .dev()
-            .with(|r, _| r.ctx_mut().reg_dm_mr(pid, did, offset, length, acc))
+            .with(|r, _| r.reg_dm_mr(pid, did, offset, length, acc))
         {
             Ok(info) => {
                 let mut c: sys::ibv_mr = zeroed();
@@ -818,7 +812,7 @@ unsafe extern "C" fn alloc_mw(pd: *mut sys::ibv_pd, mw_type: sys::ibv_mw_type) -
         };
         let pid = p.id;
         let r = ctx.dev().with(|r, _| {
-            let c = r.ctx_mut();
+            let c = r;
             let id = c.alloc_mw(pid, t)?;
             Ok::<_, verbs::Error>((id, c.mw_rkey(id)?))
         });
@@ -848,7 +842,7 @@ unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
             return libc::EINVAL;
         };
         let id = w.id;
-        match ctx.dev().with(|r, _| r.ctx_mut().dealloc_mw(id)) {
+        match ctx.dev().with(|r, _| r.dealloc_mw(id)) {
             Ok(()) => {
                 // SAFETY: allocated by alloc_mw as an Mw, freed once.
                 unsafe { free::<Mw, _>(mw) };
@@ -889,6 +883,7 @@ unsafe extern "C" fn bind_mw(
             op: SendOp::BindMw(mb),
             flags: SendFlags::from_bits_truncate(b.send_flags),
             sg_list: Vec::new(),
+            inline_data: None,
             ud: None,
         };
         match post_sends(q, vec![wr]) {

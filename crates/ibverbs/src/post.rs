@@ -127,13 +127,45 @@ unsafe fn send_wr(qp: &Qp, wr: &sys::ibv_send_wr) -> Result<SendWr, c_int> {
     } else {
         None
     };
+    let flags = SendFlags::from_bits_truncate(wr.send_flags);
+    let inline_data = if flags.contains(SendFlags::INLINE) {
+        // SAFETY: for IBV_SEND_INLINE the SGE addresses are the program's buffers, readable
+        // for their lengths during the call (verbs.h); the engine gets a copy, never them.
+        Some(unsafe { copy_inline(&sg_list) }?)
+    } else {
+        None
+    };
     Ok(SendWr {
         wr_id: wr.wr_id,
         op,
-        flags: SendFlags::from_bits_truncate(wr.send_flags),
+        flags,
         sg_list,
+        inline_data,
         ud,
     })
+}
+
+/// Copy the bytes an inline work request's SGEs point at.
+///
+/// # Safety
+/// Each SGE's `addr` is readable for `length` bytes.
+unsafe fn copy_inline(sg_list: &[Sge]) -> Result<Vec<u8>, c_int> {
+    let total: u64 = sg_list.iter().map(|s| u64::from(s.length)).sum();
+    // The device's inline limit is far below this; the engine checks the QP's own.
+    if total > u64::from(u16::MAX) {
+        return Err(libc::EINVAL);
+    }
+    let mut out = Vec::with_capacity(total as usize);
+    for s in sg_list.iter().filter(|s| s.length > 0) {
+        if s.addr == 0 {
+            return Err(libc::EFAULT);
+        }
+        // SAFETY: per the contract.
+        out.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+        });
+    }
+    Ok(out)
 }
 
 /// Post translated WRs in order under one engine lock; on failure, the index that failed

@@ -149,15 +149,15 @@ impl Device {
     }
     /// Device attributes (`ibv_query_device`).
     pub fn query_device(&self) -> DeviceAttr {
-        self.inner.dev.with(|r, _| r.ctx().device_attr().clone())
+        self.inner.dev.with(|r, _| r.device_attr().clone())
     }
     /// Port attributes (`ibv_query_port`); port 1 only.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
-        self.with(|r, _| r.ctx().port_attr(port))
+        self.with(|r, _| r.port_attr(port))
     }
     /// GID at `index` (`ibv_query_gid`).
     pub fn query_gid(&self, index: u8) -> Result<Gid> {
-        self.with(|r, _| r.ctx().gid(index))
+        self.with(|r, _| r.gid(index))
     }
     /// Engine and runtime counters.
     pub fn stats(&self) -> DeviceStats {
@@ -166,7 +166,7 @@ impl Device {
 
     /// Allocate a protection domain.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
-        let id = self.with(|r, _| r.ctx_mut().alloc_pd())?;
+        let id = self.with(|r, _| r.alloc_pd())?;
         Ok(ProtectionDomain {
             inner: Arc::new(PdInner {
                 dev: self.clone(),
@@ -177,11 +177,11 @@ impl Device {
 
     /// Create a completion channel (its fd is readable while CQ events are pending).
     pub fn create_channel(&self) -> Result<CompletionChannel> {
-        let id = self.with(|r, _| r.ctx_mut().create_channel())?;
+        let id = self.with(|r, _| r.create_channel())?;
         let fd = match self.inner.dev.add_channel_fd(id) {
             Ok(fd) => fd,
             Err(e) => {
-                let _ = self.with(|r, _| r.ctx_mut().destroy_channel(id));
+                let _ = self.with(|r, _| r.destroy_channel(id));
                 return Err(e.into());
             }
         };
@@ -202,7 +202,7 @@ impl Device {
         channel: Option<&CompletionChannel>,
     ) -> Result<CompletionQueue> {
         let ch = channel.map(|c| c.inner.id);
-        let (id, cap) = self.with(|r, _| r.ctx_mut().create_cq(cqe, ch, false))?;
+        let (id, cap) = self.with(|r, _| r.create_cq(cqe, ch, false))?;
         Ok(CompletionQueue {
             inner: Arc::new(CqInner {
                 dev: self.clone(),
@@ -216,7 +216,7 @@ impl Device {
 
     /// Allocate `len` bytes of device memory (`ibv_alloc_dm`).
     pub fn alloc_dm(&self, len: usize) -> Result<DeviceMemory> {
-        let id = self.with(|r, _| r.ctx_mut().alloc_dm(len))?;
+        let id = self.with(|r, _| r.alloc_dm(len))?;
         Ok(DeviceMemory {
             inner: Arc::new(DmInner {
                 dev: self.clone(),

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use softrdma_transport::verbs::{
-    Access, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr,
-    SendFlags, SendWr, SrqId,
+    Access, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, SendWr,
+    SrqId,
 };
 
 use crate::cq::{CompletionQueue, CqInner};
@@ -170,7 +170,7 @@ impl QueuePair {
         };
         let (qpn, cap) = dev.with(|r, _| {
             let qpn = r.create_qp(attr)?;
-            let cap = r.ctx().qp(qpn).map(|q| q.init.cap).unwrap_or(attr.cap);
+            let cap = r.qp_init_attr(qpn).ok().map(|i| i.cap).unwrap_or(attr.cap);
             Ok((qpn, cap))
         })?;
         Ok(QueuePair {
@@ -207,24 +207,12 @@ impl QueuePair {
 
     /// Post a send work request. The requester runs now, in this thread.
     ///
-    /// With `SendFlags::INLINE`, every SGE must lie in a region registered in this QP's PD
-    /// (the payload is copied at once): the safe API never reads arbitrary addresses.
+    /// With `SendFlags::INLINE`, the payload is copied at once from the SGEs, which must lie
+    /// in regions registered in this QP's PD (EFAULT otherwise), or taken from
+    /// `wr.inline_data`.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
-        let (qpn, pd) = (self.qpn, self.pd.id);
-        self.pd.dev.with_post(|r, now| {
-            if wr.flags.contains(SendFlags::INLINE)
-                && wr
-                    .sg_list
-                    .iter()
-                    .any(|s| r.ctx().local_span(pd, s, Access::empty()).is_err())
-            {
-                return Err(softrdma_transport::verbs::Error::new(
-                    softrdma_transport::verbs::Errno::EFAULT,
-                    "inline SGE outside the PD's registered memory",
-                ));
-            }
-            r.post_send(now, qpn, wr)
-        })
+        let qpn = self.qpn;
+        self.pd.dev.with_post(|r, now| r.post_send(now, qpn, wr))
     }
     /// Post several send work requests in order; stops at the first error.
     pub fn post_send_all(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<()> {
@@ -363,7 +351,7 @@ pub(crate) struct SrqInner {
 impl Drop for SrqInner {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.pd.dev.with(|r, _| r.ctx_mut().destroy_srq(id));
+        let _ = self.pd.dev.with(|r, _| r.destroy_srq(id));
     }
 }
 
@@ -381,7 +369,7 @@ impl SharedReceiveQueue {
         let id = pd
             .inner
             .dev
-            .with(|r, _| r.ctx_mut().create_srq(p, max_wr, max_sge, 0))?;
+            .with(|r, _| r.create_srq(p, max_wr, max_sge, 0))?;
         Ok(SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 pd: Arc::clone(&pd.inner),
@@ -406,19 +394,17 @@ impl SharedReceiveQueue {
     /// Grow `max_wr` and/or arm the limit event (`ibv_modify_srq`).
     pub fn modify(&self, max_wr: Option<u32>, limit: Option<u32>) -> Result<()> {
         let id = self.id;
-        self.pd
-            .dev
-            .with(|r, _| r.ctx_mut().modify_srq(id, max_wr, limit))
+        self.pd.dev.with(|r, _| r.modify_srq(id, max_wr, limit))
     }
     /// (max_wr, max_sge, limit).
     pub fn query(&self) -> Result<(u32, u32, u32)> {
         let id = self.id;
-        self.pd.dev.with(|r, _| r.ctx().query_srq(id))
+        self.pd.dev.with(|r, _| r.query_srq(id))
     }
     /// Receive WRs currently posted.
     pub fn len(&self) -> Result<usize> {
         let id = self.id;
-        self.pd.dev.with(|r, _| r.ctx().srq_len(id))
+        self.pd.dev.with(|r, _| r.srq_len(id))
     }
     /// Whether no receive WR is posted.
     pub fn is_empty(&self) -> Result<bool> {

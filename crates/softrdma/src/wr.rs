@@ -10,6 +10,7 @@ fn signaled(wr_id: u64, op: SendOp, sg: impl Into<Vec<Sge>>) -> SendWr {
         op,
         flags: SendFlags::SIGNALED,
         sg_list: sg.into(),
+        inline_data: None,
         ud: None,
     }
 }

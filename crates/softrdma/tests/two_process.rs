@@ -196,6 +196,7 @@ fn peer_process() {
         }),
         flags: SendFlags::SIGNALED,
         sg_list: vec![],
+        inline_data: None,
         ud: None,
     };
     s.rc.post_send(bind).unwrap();

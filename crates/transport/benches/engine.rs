@@ -54,7 +54,7 @@ struct Side {
 impl Side {
     fn new(i: u8, seed: u64) -> Side {
         let mut nic = Rnic::new(addr(i), seed);
-        let ctx = nic.ctx_mut();
+        let ctx = &mut nic;
         let pd: PdId = ctx.alloc_pd().unwrap();
         let scq = ctx.create_cq(4096, None, false).unwrap().0;
         let rcq = ctx.create_cq(4096, None, false).unwrap().0;
@@ -403,6 +403,7 @@ fn run_msgs(p: &mut Pair, kind: Kind, size: usize, depth: usize, n: u64) {
                 op,
                 flags: SendFlags::SIGNALED,
                 sg_list: vec![p.a.sge(off, size)],
+                inline_data: None,
                 ud: None,
             };
             p.a.nic.post_send(0, p.a.qpn, wr).unwrap();
@@ -532,6 +533,7 @@ fn one_way(p: &mut Pair, dir: usize, i: u64, wcs: &mut [WorkCompletion]) {
         op: SendOp::Send,
         flags: SendFlags::SIGNALED,
         sg_list: vec![s.sge(0, 8)],
+        inline_data: None,
         ud: None,
     };
     s.nic.post_send(0, s.qpn, wr).unwrap();

@@ -76,7 +76,7 @@ impl Side {
 const BUF: usize = 8192;
 
 fn setup(nic: &mut Rnic) -> Result<Side> {
-    let ctx = nic.ctx_mut();
+    let ctx = &mut *nic;
     let pd = ctx.alloc_pd()?;
     let (cq, _) = ctx.create_cq(64, None, false)?;
     let mut buf = vec![0u8; BUF].into_boxed_slice();
@@ -286,7 +286,7 @@ fn run() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let names = ["A", "B"];
     let a = setup(&mut sim.endpoints[0].nic)?;
     let b = setup(&mut sim.endpoints[1].nic)?;
-    let gid = |i: usize, sim: &Sim<Dev>| sim.endpoints[i].nic.ctx().gid(0);
+    let gid = |i: usize, sim: &Sim<Dev>| sim.endpoints[i].nic.gid(0);
     let (ga, gb) = (gid(0, &sim)?, gid(1, &sim)?);
     println!(
         "device A 10.0.0.1 qpn 0x{:06x}, device B 10.0.0.2 qpn 0x{:06x}",
@@ -324,6 +324,7 @@ fn run() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 length: 3000,
                 lkey: a.mr.lkey,
             }],
+            inline_data: None,
             ud: None,
         },
     )?;
@@ -360,6 +361,7 @@ fn run() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 length: 16,
                 lkey: a.mr.lkey,
             }],
+            inline_data: None,
             ud: None,
         },
     )?;
@@ -393,6 +395,7 @@ fn run() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 length: 16,
                 lkey: a.mr.lkey,
             }],
+            inline_data: None,
             ud: None,
         },
     )?;
@@ -425,6 +428,7 @@ fn run() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 length: 8,
                 lkey: a.mr.lkey,
             }],
+            inline_data: None,
             ud: None,
         },
     )?;

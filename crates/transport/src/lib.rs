@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 mod completer;
+mod objects;
 mod qp;
 mod requester;
 mod responder;
@@ -16,7 +17,7 @@ use std::net::SocketAddr;
 
 use qp::{QpCtx, ReqState, RespState, SendWqe, UdTarget};
 use softrdma_wire::{self as wire, Addrs, Headers};
-use verbs::{QpState, QpType, SendFlags, SendOp, WcStatus};
+use verbs::{QpState, QpType, SendFlags, WcStatus};
 
 pub use softrdma_verbs as verbs;
 
@@ -264,15 +265,6 @@ impl Rnic {
     pub fn addr(&self) -> SocketAddr {
         self.env.addr
     }
-    /// The verbs objects (PDs, MRs, CQs, SRQs, AHs, MWs, DM are created through it).
-    pub fn ctx(&self) -> &verbs::Context {
-        &self.env.ctx
-    }
-    /// The verbs objects, mutably.
-    pub fn ctx_mut(&mut self) -> &mut verbs::Context {
-        &mut self.env.ctx
-    }
-
     /// Create a QP (in RESET).
     pub fn create_qp(&mut self, init: verbs::QpInitAttr) -> verbs::Result<verbs::Qpn> {
         let qpn = self.env.ctx.create_qp(init)?;
@@ -384,13 +376,19 @@ impl Rnic {
     }
 
     /// Validate (`verbs::Context::check_send_wr`), ENOMEM when the SQ holds `max_send_wr`
-    /// WRs, copy INLINE data now, queue, and run the requester (which may produce packets
-    /// at once). In ERR the WR is accepted and flushed with `WR_FLUSH_ERR`.
+    /// WRs, take the INLINE payload now, queue, and run the requester (which may produce
+    /// packets at once). In ERR the WR is accepted and flushed with `WR_FLUSH_ERR`.
     ///
-    /// INLINE: the payload is read through the SGE's lkey when that names a registered
-    /// region covering it; otherwise the SGE address is taken as a process address, as
-    /// libibverbs does — the faces must only pass addresses of live buffers then.
-    pub fn post_send(&mut self, now: u64, qpn: verbs::Qpn, wr: verbs::SendWr) -> verbs::Result<()> {
+    /// INLINE: the payload is `wr.inline_data` when given (the bytes were copied by the
+    /// face), else it is gathered at once from registered memory through the SGEs' lkeys
+    /// (EFAULT when an SGE is not inside a region of the QP's PD). The engine reads no
+    /// other memory.
+    pub fn post_send(
+        &mut self,
+        now: u64,
+        qpn: verbs::Qpn,
+        mut wr: verbs::SendWr,
+    ) -> verbs::Result<()> {
         let Some(qp) = self.qps.get_mut(&qpn) else {
             return Err(verbs::Error::new(verbs::Errno::ENOENT, "no such QP"));
         };
@@ -405,6 +403,9 @@ impl Rnic {
             self.env.complete(qp.send_cq, wc, false, now);
             return Ok(());
         }
+        if wr.inline_data.is_some() {
+            wr.flags |= SendFlags::INLINE;
+        }
         self.env.ctx.check_send_wr(qpn, &wr)?;
         if qp.sq.len() >= qp.max_send_wr as usize {
             return Err(verbs::Error::new(verbs::Errno::ENOMEM, "send queue full"));
@@ -414,12 +415,18 @@ impl Rnic {
             return Err(verbs::Error::inval("message longer than 2^31 bytes"));
         }
         let len = len as usize;
-        let inline =
-            if wr.flags.contains(SendFlags::INLINE) && !matches!(wr.op, SendOp::Read { .. }) {
-                Some(copy_inline(&self.env.ctx, qp.pd, &wr.sg_list, len)?)
-            } else {
-                None
-            };
+        let inline = match wr.inline_data.take() {
+            Some(data) if data.len() != len => {
+                return Err(verbs::Error::inval(
+                    "inline data length differs from its SGE lengths",
+                ))
+            }
+            Some(data) => Some(data),
+            None if wr.flags.contains(SendFlags::INLINE) => {
+                Some(gather_inline(&self.env.ctx, qp.pd, &wr.sg_list, len)?)
+            }
+            None => None,
+        };
         let ud = if qp.qp_type == QpType::Ud {
             let Some(d) = wr.ud else {
                 return Err(verbs::Error::inval("UD send without a destination"));
@@ -709,39 +716,19 @@ pub(crate) fn same_ip(a: std::net::IpAddr, b: std::net::IpAddr) -> bool {
     norm(a) == norm(b)
 }
 
-/// Copy an INLINE payload at post time (see [`Rnic::post_send`]).
-fn copy_inline(
+/// Gather an INLINE payload from registered memory at post time (see [`Rnic::post_send`]).
+fn gather_inline(
     ctx: &verbs::Context,
     pd: verbs::PdId,
     sg_list: &[verbs::Sge],
     len: usize,
 ) -> verbs::Result<Vec<u8>> {
-    let max_inline = ctx.device_attr().max_inline_data as usize;
-    if len > max_inline.max(1024) {
-        return Err(verbs::Error::inval("inline data too long"));
-    }
     let mut out = vec![0u8; len];
-    let mut at = 0usize;
-    for sge in sg_list {
-        let n = sge.length as usize;
-        let Some(dst) = out.get_mut(at..at + n) else {
-            return Err(verbs::Error::inval("inline SGE list inconsistent"));
-        };
-        let one = [*sge];
-        if ctx.gather(pd, &one, 0, dst).is_err() && n > 0 {
-            if sge.addr == 0 {
-                return Err(verbs::Error::new(
-                    verbs::Errno::EFAULT,
-                    "inline SGE at address 0",
-                ));
-            }
-            // SAFETY: libibverbs semantics: for IBV_SEND_INLINE the SGE address is a process
-            // address the caller guarantees readable for `length` bytes during the post call
-            // (the C ABI passes the application's pointer through unchanged).
-            let src = unsafe { std::slice::from_raw_parts(sge.addr as usize as *const u8, n) };
-            dst.copy_from_slice(src);
-        }
-        at += n;
-    }
+    ctx.gather(pd, sg_list, 0, &mut out).map_err(|_| {
+        verbs::Error::new(
+            verbs::Errno::EFAULT,
+            "inline SGE outside the PD's registered memory",
+        )
+    })?;
     Ok(out)
 }

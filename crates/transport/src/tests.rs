@@ -3,7 +3,7 @@
 use super::*;
 use verbs::{
     Access, AhAttr, CqId, Gid, GlobalRoute, Mtu, PdId, QpAttr, QpAttrMask as M, QpCap, QpInitAttr,
-    RecvWr, SendWr, Sge, WcOpcode, WorkCompletion,
+    RecvWr, SendOp, SendWr, Sge, WcOpcode, WorkCompletion,
 };
 
 pub(crate) struct Node {
@@ -23,8 +23,8 @@ impl Node {
     pub fn new(ip: &str, seed: u64) -> Node {
         let addr: SocketAddr = format!("{ip}:4791").parse().unwrap();
         let mut nic = Rnic::new(addr, seed);
-        let pd = nic.ctx_mut().alloc_pd().unwrap();
-        let (cq, _) = nic.ctx_mut().create_cq(256, None, false).unwrap();
+        let pd = nic.alloc_pd().unwrap();
+        let (cq, _) = nic.create_cq(256, None, false).unwrap();
         let mut buf = vec![0u8; BUF];
         let access = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
@@ -32,7 +32,7 @@ impl Node {
             | Access::REMOTE_ATOMIC;
         let ptr = buf.as_mut_ptr();
         // SAFETY: the Vec's heap block lives as long as the Node and is never reallocated.
-        let mr = unsafe { nic.ctx_mut().reg_mr(pd, ptr, BUF, ptr as u64, access) }.unwrap();
+        let mr = unsafe { nic.reg_mr(pd, ptr, BUF, ptr as u64, access) }.unwrap();
         Node {
             nic,
             pd,
@@ -104,6 +104,7 @@ impl Node {
                 op,
                 flags: SendFlags::SIGNALED,
                 sg_list: sg,
+                inline_data: None,
                 ud: None,
             },
         )
@@ -555,7 +556,6 @@ fn ud_send_with_grh() {
     let (mut a, mut b) = pair(QpType::Ud, &cfg);
     let ah = a
         .nic
-        .ctx_mut()
         .create_ah(
             a.pd,
             &AhAttr {
@@ -583,6 +583,7 @@ fn ud_send_with_grh() {
                 op: SendOp::SendWithImm { imm: 77 },
                 flags: SendFlags::SIGNALED,
                 sg_list: vec![a.sge(1000, 100)],
+                inline_data: None,
                 ud: Some(verbs::UdDest {
                     ah,
                     remote_qpn: b.qpn,
@@ -612,6 +613,7 @@ fn ud_send_with_grh() {
             op: SendOp::Send,
             flags: SendFlags::SIGNALED,
             sg_list: vec![a.sge(0, 5000)],
+            inline_data: None,
             ud: Some(verbs::UdDest {
                 ah,
                 remote_qpn: b.qpn,
@@ -895,6 +897,7 @@ fn fence_waits_for_reads() {
                 op: SendOp::Send,
                 flags: SendFlags::SIGNALED | SendFlags::FENCE,
                 sg_list: vec![a.sge(0, 100)],
+                inline_data: None,
                 ud: None,
             },
         )

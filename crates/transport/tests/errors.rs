@@ -262,8 +262,8 @@ fn err_write_invalidated_rkey() {
     let mut w = World::two(48);
     let (a, b) = w.pair(&QpCfg::rc());
     let mr = w.mr(1, b.pd, 512, LW | Access::MW_BIND, 0x5A);
-    let mw = w.ctx(1).alloc_mw(b.pd, 2).unwrap();
-    let rkey = inc_rkey(w.ctx(1).mw_rkey(mw).unwrap());
+    let mw = w.nic(1).alloc_mw(b.pd, 2).unwrap();
+    let rkey = inc_rkey(w.nic(1).mw_rkey(mw).unwrap());
     let bind = MwBind {
         mw,
         rkey,
@@ -658,7 +658,7 @@ fn err_cq_overflow() {
     let a = w.new_ep(0, &cfg);
     let bpd = w.pd(1);
     let bscq = w.cq(1, 64);
-    let (brcq, cap) = w.ctx(1).create_cq(4, None, false).unwrap();
+    let (brcq, cap) = w.nic(1).create_cq(4, None, false).unwrap();
     assert!(cap >= 4);
     let b = w.create_qp(1, bpd, bscq, brcq, None, &cfg);
     w.connect(&a, &cfg, 1, &b, &cfg, 2);

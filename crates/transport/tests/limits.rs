@@ -593,7 +593,7 @@ fn ud_grh_carries_the_received_tos() {
     // Through the sim with an AH of traffic class 0xB8 (the sim keeps the TOS).
     let mut av = w.av(1);
     av.grh.traffic_class = 0xB8;
-    let ah = w.ctx(0).create_ah(a.pd, &av).unwrap();
+    let ah = w.nic(0).create_ah(a.pd, &av).unwrap();
     let src = w.mr(0, a.pd, 64, LW, 0x33);
     let mut s = wr(1, SendOp::Send, vec![src.sge(0, 20)]);
     s.ud = Some(UdDest {

@@ -282,8 +282,8 @@ fn rc_atomics_compare_swap_and_fetch_add() {
 
 /// B binds a type-2 window over `[off, off+len)` of `mr` on its QP; returns (mw, rkey).
 fn bind_window(w: &mut World, b: &Ep, mr: &Mr, off: usize, len: usize, wr_id: u64) -> (MwId, u32) {
-    let mw = w.ctx(b.dev).alloc_mw(b.pd, 2).expect("alloc_mw type 2");
-    let old = w.ctx(b.dev).mw_rkey(mw).expect("mw_rkey");
+    let mw = w.nic(b.dev).alloc_mw(b.pd, 2).expect("alloc_mw type 2");
+    let old = w.nic(b.dev).mw_rkey(mw).expect("mw_rkey");
     let rkey = inc_rkey(old);
     w.post_send(
         b,
@@ -303,7 +303,7 @@ fn bind_window(w: &mut World, b: &Ep, mr: &Mr, off: usize, len: usize, wr_id: u6
     let c = w.expect_wc(b.dev, b.scq);
     check_send_wc(&c, &send_wc(b, wr_id, WcOpcode::BindMw, 0), "BIND_MW");
     assert_eq!(
-        w.ctx(b.dev).mw_rkey(mw).unwrap(),
+        w.nic(b.dev).mw_rkey(mw).unwrap(),
         rkey,
         "window rkey after bind"
     );
@@ -537,20 +537,15 @@ fn rc_multi_sge_send_write_read() {
 fn rc_inline_send_and_write() {
     let mut w = World::two(19);
     let (a, b) = w.pair(&QpCfg::rc().with_mtu(Mtu::Mtu256));
-    // Not registered: INLINE does not check lkeys; the bytes are copied at post time.
-    let raw = w.mem(256);
     let data = pattern(6, 256);
-    raw.write(0, &data);
+    // INLINE through lkeys: gathered from registered memory at post time.
+    let src = w.mr(0, a.pd, 256, Access::LOCAL_WRITE, 0);
+    src.write(0, &data);
     let rb = w.mr(1, b.pd, 256, LW, 0xEE);
     w.post_recv(&b, rwr(10, vec![rb.sge(0, 256)]));
     let inl = SendFlags::SIGNALED | SendFlags::INLINE;
-    let sge = |off: usize, len: u32| Sge {
-        addr: raw.addr() + off as u64,
-        length: len,
-        lkey: 0,
-    };
-    w.post_send(&a, wr_flags(1, SendOp::Send, inl, vec![sge(0, 200)]));
-    raw.fill(0); // must not matter any more
+    w.post_send(&a, wr_flags(1, SendOp::Send, inl, vec![src.sge(0, 200)]));
+    src.write(0, &[0u8; 256]); // must not matter any more
     check_send_wc(
         &w.expect_wc(0, a.scq),
         &send_wc(&a, 1, WcOpcode::Send, 200),
@@ -568,30 +563,65 @@ fn rc_inline_send_and_write() {
         &data[..200],
         "INLINE SEND bytes (copied at post time)",
     );
-    raw.write(0, &data);
+    // INLINE by value (what the C face passes): the SGEs give only the lengths; their
+    // addresses are never read, so bogus ones change nothing.
     let t = w.mr(1, b.pd, 256, all_remote(), 0xEE);
-    w.post_send(
-        &a,
-        wr_flags(
-            2,
-            SendOp::Write {
-                remote_addr: t.va(0),
-                rkey: t.rkey(),
-            },
-            inl,
-            vec![sge(0, 50), sge(100, 50)],
-        ),
+    let bogus = |len: u32| Sge {
+        addr: 0x10,
+        length: len,
+        lkey: 0xdead,
+    };
+    let mut exp = data[..50].to_vec();
+    exp.extend_from_slice(&data[100..150]);
+    let mut wr = wr_flags(
+        2,
+        SendOp::Write {
+            remote_addr: t.va(0),
+            rkey: t.rkey(),
+        },
+        SendFlags::SIGNALED,
+        vec![bogus(50), bogus(50)],
     );
-    raw.fill(0);
+    wr.inline_data = Some(exp.clone());
+    w.post_send(&a, wr);
     check_send_wc(
         &w.expect_wc(0, a.scq),
         &send_wc(&a, 2, WcOpcode::RdmaWrite, 100),
         "INLINE WRITE",
     );
-    let mut exp = data[..50].to_vec();
-    exp.extend_from_slice(&data[100..150]);
     assert_bytes(&t.read(0, 100), &exp, "INLINE WRITE bytes");
     assert_all(&t.read(100, 156), 0xEE, "after INLINE WRITE");
+}
+
+#[test]
+fn rc_inline_never_reads_unregistered_memory() {
+    let mut w = World::two(23);
+    let (a, b) = w.pair(&QpCfg::rc());
+    let rb = w.mr(1, b.pd, 256, LW, 0xEE);
+    w.post_recv(&b, rwr(10, vec![rb.sge(0, 256)]));
+    // Process memory that no MR covers: an INLINE post must refuse it, not send it.
+    let raw = w.mem(256);
+    raw.fill(0x5A);
+    let inl = SendFlags::SIGNALED | SendFlags::INLINE;
+    let unregistered = Sge {
+        addr: raw.addr(),
+        length: 64,
+        lkey: 0,
+    };
+    w.capture(0);
+    let e = w
+        .try_post_send(&a, wr_flags(1, SendOp::Send, inl, vec![unregistered]))
+        .expect_err("INLINE from unregistered memory");
+    assert_eq!(e.errno, verbs::Errno::EFAULT, "{e}");
+    // By value, the data must match the SGE lengths.
+    let mut wr = wr_flags(2, SendOp::Send, inl, vec![unregistered]);
+    wr.inline_data = Some(vec![1; 63]);
+    let e = w.try_post_send(&a, wr).expect_err("inline length mismatch");
+    assert_eq!(e.errno, verbs::Errno::EINVAL, "{e}");
+    w.expect_no_wc(0, a.scq, "refused INLINE posts");
+    w.expect_no_wc(1, b.rcq, "refused INLINE posts");
+    assert!(w.take_log(0).is_empty(), "a refused post sent packets");
+    assert_all(&rb.read(0, 256), 0xEE, "receive buffer after refused posts");
 }
 
 #[test]
@@ -669,9 +699,9 @@ fn rc_solicited_event_on_channel() {
     let cfg = QpCfg::rc();
     let a = w.new_ep(0, &cfg);
     let bpd = w.pd(1);
-    let ch = w.ctx(1).create_channel().unwrap();
+    let ch = w.nic(1).create_channel().unwrap();
     let bscq = w.cq(1, 64);
-    let (brcq, _) = w.ctx(1).create_cq(64, Some(ch), false).unwrap();
+    let (brcq, _) = w.nic(1).create_cq(64, Some(ch), false).unwrap();
     let b = w.create_qp(1, bpd, bscq, brcq, None, &cfg);
     w.connect(&a, &cfg, 0x10, &b, &cfg, 0x20);
     let src = w.mr(0, a.pd, 64, LW, 0);
@@ -679,7 +709,7 @@ fn rc_solicited_event_on_channel() {
     for i in 0..4u64 {
         w.post_recv(&b, rwr(i, vec![rb.sge(i as usize * 64, 64)]));
     }
-    w.ctx(1).req_notify_cq(brcq, Arm::Solicited).unwrap();
+    w.nic(1).req_notify_cq(brcq, Arm::Solicited).unwrap();
     // Unsolicited: completes, no event.
     w.post_send(&a, wr(100, SendOp::Send, vec![src.sge(0, 8)]));
     let r = w.expect_wc(1, brcq);
@@ -691,7 +721,7 @@ fn rc_solicited_event_on_channel() {
     );
     w.settle();
     assert_eq!(
-        w.ctx(1).get_cq_event(ch),
+        w.nic(1).get_cq_event(ch),
         None,
         "an unsolicited receive must not fire a Solicited arm"
     );
@@ -714,11 +744,11 @@ fn rc_solicited_event_on_channel() {
         "solicited",
     );
     assert_eq!(
-        w.ctx(1).get_cq_event(ch),
+        w.nic(1).get_cq_event(ch),
         Some(brcq),
         "a solicited receive fires the armed CQ"
     );
-    w.ctx(1).ack_cq_events(brcq, 1).unwrap();
+    w.nic(1).ack_cq_events(brcq, 1).unwrap();
     // The arm is consumed: another solicited one fires nothing.
     w.post_send(&a, wr_flags(102, SendOp::Send, sol, vec![src.sge(0, 8)]));
     let r = w.expect_wc(1, brcq);
@@ -728,9 +758,9 @@ fn rc_solicited_event_on_channel() {
         a.qpn,
         "solicited, not armed",
     );
-    assert_eq!(w.ctx(1).get_cq_event(ch), None, "the arm is one-shot");
+    assert_eq!(w.nic(1).get_cq_event(ch), None, "the arm is one-shot");
     // Armed for Next: any receive fires.
-    w.ctx(1).req_notify_cq(brcq, Arm::Next).unwrap();
+    w.nic(1).req_notify_cq(brcq, Arm::Next).unwrap();
     w.post_send(&a, wr(103, SendOp::Send, vec![src.sge(0, 8)]));
     let r = w.expect_wc(1, brcq);
     check_recv_wc(
@@ -740,11 +770,11 @@ fn rc_solicited_event_on_channel() {
         "armed Next",
     );
     assert_eq!(
-        w.ctx(1).get_cq_event(ch),
+        w.nic(1).get_cq_event(ch),
         Some(brcq),
         "Next arm fires on any completion"
     );
-    w.ctx(1).ack_cq_events(brcq, 1).unwrap();
+    w.nic(1).ack_cq_events(brcq, 1).unwrap();
     let sends = w.expect_wcs(0, a.scq, 4);
     for (i, c) in sends.iter().enumerate() {
         check_send_wc(c, &send_wc(&a, 100 + i as u64, WcOpcode::Send, 8), "sender");
@@ -951,12 +981,12 @@ fn rc_completion_timestamps() {
     let mut w = World::two(25);
     let cfg = QpCfg::rc();
     let apd = w.pd(0);
-    let (ascq, _) = w.ctx(0).create_cq(64, None, true).unwrap();
+    let (ascq, _) = w.nic(0).create_cq(64, None, true).unwrap();
     let arcq = w.cq(0, 64);
     let a = w.create_qp(0, apd, ascq, arcq, None, &cfg);
     let bpd = w.pd(1);
     let bscq = w.cq(1, 64);
-    let (brcq, _) = w.ctx(1).create_cq(64, None, true).unwrap();
+    let (brcq, _) = w.nic(1).create_cq(64, None, true).unwrap();
     let b = w.create_qp(1, bpd, bscq, brcq, None, &cfg);
     w.connect(&a, &cfg, 1, &b, &cfg, 2);
     let src = w.mr(0, a.pd, 64, LW, 0);
@@ -995,10 +1025,10 @@ fn rc_completion_timestamps() {
 fn rc_device_memory_as_write_target() {
     let mut w = World::two(26);
     let (a, b) = w.pair(&QpCfg::rc().with_mtu(Mtu::Mtu256));
-    let dm = w.ctx(1).alloc_dm(4096).expect("alloc_dm");
-    w.ctx(1).dm_copy_to(dm, 0, &[0xAB; 4096]).unwrap();
+    let dm = w.nic(1).alloc_dm(4096).expect("alloc_dm");
+    w.nic(1).dm_copy_to(dm, 0, &[0xAB; 4096]).unwrap();
     let info = w
-        .ctx(1)
+        .nic(1)
         .reg_dm_mr(b.pd, dm, 0, 4096, all_remote())
         .expect("reg_dm_mr");
     assert_eq!(info.length, 4096);
@@ -1022,7 +1052,7 @@ fn rc_device_memory_as_write_target() {
         "WRITE into DM",
     );
     let mut out = vec![0u8; 4096];
-    w.ctx(1).dm_copy_from(dm, 0, &mut out).unwrap();
+    w.nic(1).dm_copy_from(dm, 0, &mut out).unwrap();
     assert_all(&out[..100], 0xAB, "DM before the WRITE");
     assert_bytes(&out[100..1100], &data, "DM bytes");
     assert_all(&out[1100..], 0xAB, "DM after the WRITE");

@@ -151,7 +151,7 @@ fn ud_send_and_send_with_imm() {
     w.ud_ready(&a, &cfg, 0x100);
     w.ud_ready(&b, &cfg, 0x200);
     let ah = w.ah(0, a.pd, 1);
-    let port_mtu = w.ctx(0).port_attr(1).unwrap().active_mtu.bytes();
+    let port_mtu = w.nic(0).port_attr(1).unwrap().active_mtu.bytes();
     let src = w.mr(0, a.pd, port_mtu, LW, 0);
     let buf_len = 40 + port_mtu + 16;
     let dst = w.mr(1, b.pd, buf_len, LW, 0xEE);
@@ -233,7 +233,7 @@ fn srq_shared_by_several_qps() {
     let mut w = World::two(34);
     let cfg = QpCfg::rc();
     let bpd = w.pd(1);
-    let srq = w.ctx(1).create_srq(bpd, 64, 2, 0).expect("create_srq");
+    let srq = w.nic(1).create_srq(bpd, 64, 2, 0).expect("create_srq");
     let bscq = w.cq(1, 64);
     let brcq = w.cq(1, 64);
     let b1 = w.create_qp(1, bpd, bscq, brcq, Some(srq), &cfg);
@@ -282,7 +282,7 @@ fn srq_limit_async_event() {
     let mut w = World::two(35);
     let cfg = QpCfg::rc();
     let bpd = w.pd(1);
-    let srq = w.ctx(1).create_srq(bpd, 16, 1, 0).expect("create_srq");
+    let srq = w.nic(1).create_srq(bpd, 16, 1, 0).expect("create_srq");
     let bscq = w.cq(1, 64);
     let brcq = w.cq(1, 64);
     let b = w.create_qp(1, bpd, bscq, brcq, Some(srq), &cfg);
@@ -292,7 +292,7 @@ fn srq_limit_async_event() {
     for k in 0..8u64 {
         w.post_srq_recv(1, srq, rwr(k, vec![slots.sge(k as usize * 64, 64)]));
     }
-    w.ctx(1)
+    w.nic(1)
         .modify_srq(srq, None, Some(6))
         .expect("arm the SRQ limit");
     w.events(1);
@@ -327,7 +327,7 @@ fn srq_limit_async_event() {
         );
         if left <= 5 {
             assert_eq!(
-                w.ctx(1).query_srq(srq).unwrap().2,
+                w.nic(1).query_srq(srq).unwrap().2,
                 0,
                 "the limit disarms after firing"
             );

@@ -1407,6 +1407,7 @@ fn check_send_wr_errors() {
         op,
         flags: SendFlags::empty(),
         sg_list: vec![sge8; n],
+        inline_data: None,
         ud: None,
     };
     let inval = |r: Result<()>| assert_eq!(r.unwrap_err().errno, Errno::EINVAL);
@@ -1789,7 +1790,7 @@ mod prop {
                         if let Some(qpn) = pick(&qps, q) {
                             let ops = [SendOp::Send, SendOp::Read { remote_addr: 0, rkey: 0 }, SendOp::FetchAdd { remote_addr: 0, rkey: 0, add: 1 }, SendOp::LocalInv { rkey: 0 }, SendOp::SendWithInv { invalidate_rkey: 1 }];
                             let ud = pick(&ahs, n).map(|ah| UdDest { ah, remote_qpn: n as u32, remote_qkey: 0 });
-                            let wr = SendWr { wr_id: 0, op: ops[o as usize % ops.len()], flags: SendFlags::from_bits_truncate(n as u32), sg_list: vec![Sge { addr: 0, length: n as u32 * 7, lkey: 0 }; n as usize % 4], ud };
+                            let wr = SendWr { wr_id: 0, op: ops[o as usize % ops.len()], flags: SendFlags::from_bits_truncate(n as u32), sg_list: vec![Sge { addr: 0, length: n as u32 * 7, lkey: 0 }; n as usize % 4], inline_data: None, ud };
                             let _ = c.check_send_wr(qpn, &wr);
                         }
                     }

@@ -481,7 +481,15 @@ pub struct SendWr {
     /// Flags.
     pub flags: SendFlags,
     /// Local buffers (gather for sends/writes, scatter for READ and atomics' result).
+    /// With `inline_data`, the gather list the bytes were taken from: its lengths must add
+    /// up to the data's, and its addresses and keys are never read.
     pub sg_list: Vec<Sge>,
+    /// The payload of an inline send or write, given by value (implies `SendFlags::INLINE`).
+    ///
+    /// A face that receives inline data as raw pointers (the C ABI) copies it here, so the
+    /// engine only ever reads registered memory. Without it, an INLINE work request is
+    /// gathered from registered memory through `sg_list`'s lkeys at post time.
+    pub inline_data: Option<Vec<u8>>,
     /// UD destination.
     pub ud: Option<UdDest>,
 }

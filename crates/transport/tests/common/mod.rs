@@ -410,10 +410,6 @@ impl World {
     pub fn nic(&mut self, d: usize) -> &mut Rnic {
         &mut self.sim.endpoints[d].nic
     }
-    /// The verbs context of device `d`.
-    pub fn ctx(&mut self, d: usize) -> &mut Context {
-        self.sim.endpoints[d].nic.ctx_mut()
-    }
     /// Virtual time.
     pub fn now(&self) -> u64 {
         self.sim.now
@@ -434,7 +430,7 @@ impl World {
     pub fn events(&mut self, d: usize) -> Vec<AsyncEvent> {
         let mut v = Vec::new();
         for _ in 0..10_000 {
-            match self.ctx(d).next_event() {
+            match self.nic(d).next_event() {
                 Some(e) => v.push(e),
                 None => break,
             }
@@ -446,11 +442,11 @@ impl World {
 
     /// New PD.
     pub fn pd(&mut self, d: usize) -> PdId {
-        self.ctx(d).alloc_pd().expect("alloc_pd")
+        self.nic(d).alloc_pd().expect("alloc_pd")
     }
     /// New CQ of at least `cqe` entries, no channel, no timestamps.
     pub fn cq(&mut self, d: usize, cqe: u32) -> CqId {
-        self.ctx(d)
+        self.nic(d)
             .create_cq(cqe, None, false)
             .expect("create_cq")
             .0
@@ -476,7 +472,7 @@ impl World {
         // and only ever accessed by copying, never through references.
         let info = unsafe {
             let p = mem.ptr().add(off);
-            self.ctx(d).reg_mr(pd, p, len, p as u64, access)
+            self.nic(d).reg_mr(pd, p, len, p as u64, access)
         }?;
         Ok(Mr {
             mem: mem.clone(),
@@ -564,7 +560,7 @@ impl World {
     /// Address handle on `from` (in `pd`) towards device `to`.
     pub fn ah(&mut self, from: usize, pd: PdId, to: usize) -> AhId {
         let av = self.av(to);
-        self.ctx(from).create_ah(pd, &av).expect("create_ah")
+        self.nic(from).create_ah(pd, &av).expect("create_ah")
     }
 
     /// Apply a modify (now = virtual time).
@@ -811,6 +807,7 @@ pub fn wr(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
         op,
         flags: SendFlags::SIGNALED,
         sg_list,
+        inline_data: None,
         ud: None,
     }
 }
@@ -821,6 +818,7 @@ pub fn wr_flags(wr_id: u64, op: SendOp, flags: SendFlags, sg_list: Vec<Sge>) -> 
         op,
         flags,
         sg_list,
+        inline_data: None,
         ud: None,
     }
 }

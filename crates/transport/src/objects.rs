@@ -1,0 +1,137 @@
+//! The verbs operations the faces need on a device's objects (PDs, MRs, MWs, CQs and
+//! channels, SRQs, AHs, device memory, attributes), offered by the engine itself so that
+//! no face reaches into the verbs tables behind the protocol state: the verbs rules are
+//! applied once, in `verbs`, and what the transport tracks per QP cannot drift from them.
+
+use crate::verbs::{
+    self, Access, AhAttr, AhId, Arm, AsyncEvent, ChannelId, CqId, DeviceAttr, DmId, Gid, MemSpan,
+    MrInfo, MwId, PdId, PortAttr, QpInitAttr, Qpn, Sge, SrqId, WcStatus,
+};
+use crate::Rnic;
+
+/// `pub fn name(&mut self, args…) -> ret` on [`Rnic`], carried out by the verbs context.
+macro_rules! delegate_mut {
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        impl Rnic {
+            $($(#[$doc])* pub fn $name(&mut self, $($arg: $ty),*) -> $ret {
+                self.env.ctx.$name($($arg),*)
+            })*
+        }
+    };
+}
+
+/// `pub fn name(&self, args…) -> ret` on [`Rnic`], answered by the verbs context.
+macro_rules! delegate_ref {
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        impl Rnic {
+            $($(#[$doc])* pub fn $name(&self, $($arg: $ty),*) -> $ret {
+                self.env.ctx.$name($($arg),*)
+            })*
+        }
+    };
+}
+
+delegate_mut! {
+    /// Allocate a protection domain.
+    fn alloc_pd() -> verbs::Result<PdId>;
+    /// Free a protection domain (EBUSY while objects use it).
+    fn dealloc_pd(pd: PdId) -> verbs::Result<()>;
+    /// Register `len` bytes of device memory `dm` at `offset` as an MR of `pd`.
+    fn reg_dm_mr(pd: PdId, dm: DmId, offset: u64, len: usize, access: Access) -> verbs::Result<MrInfo>;
+    /// Deregister the MR with local key `lkey` (EBUSY while windows are bound to it).
+    fn dereg_mr(lkey: u32) -> verbs::Result<()>;
+    /// Allocate a memory window of type 1 or 2 in `pd`.
+    fn alloc_mw(pd: PdId, mw_type: u8) -> verbs::Result<MwId>;
+    /// Free a memory window.
+    fn dealloc_mw(mw: MwId) -> verbs::Result<()>;
+    /// Allocate `len` bytes of device memory.
+    fn alloc_dm(len: usize) -> verbs::Result<DmId>;
+    /// Free device memory (EBUSY while an MR covers it).
+    fn free_dm(dm: DmId) -> verbs::Result<()>;
+    /// Copy `data` into device memory at `offset`.
+    fn dm_copy_to(dm: DmId, offset: u64, data: &[u8]) -> verbs::Result<()>;
+    /// Create a completion channel.
+    fn create_channel() -> verbs::Result<ChannelId>;
+    /// Destroy a completion channel (EBUSY while CQs use it).
+    fn destroy_channel(ch: ChannelId) -> verbs::Result<()>;
+    /// Create a CQ of at least `cqe` entries; returns its id and actual size.
+    fn create_cq(cqe: u32, channel: Option<ChannelId>, timestamps: bool) -> verbs::Result<(CqId, u32)>;
+    /// Resize a CQ; returns the actual size.
+    fn resize_cq(cq: CqId, cqe: u32) -> verbs::Result<u32>;
+    /// Destroy a CQ (EBUSY while QPs or SRQs use it).
+    fn destroy_cq(cq: CqId) -> verbs::Result<()>;
+    /// Arm a CQ for its channel's next (solicited) completion.
+    fn req_notify_cq(cq: CqId, arm: Arm) -> verbs::Result<()>;
+    /// Take the next CQ event of a channel.
+    fn get_cq_event(ch: ChannelId) -> Option<CqId>;
+    /// Acknowledge `n` events of a CQ.
+    fn ack_cq_events(cq: CqId, n: u32) -> verbs::Result<()>;
+    /// Take the next asynchronous event.
+    fn next_event() -> Option<AsyncEvent>;
+    /// Create an SRQ in `pd`.
+    fn create_srq(pd: PdId, max_wr: u32, max_sge: u32, limit: u32) -> verbs::Result<SrqId>;
+    /// Change an SRQ's size or limit.
+    fn modify_srq(srq: SrqId, max_wr: Option<u32>, limit: Option<u32>) -> verbs::Result<()>;
+    /// Destroy an SRQ (EBUSY while QPs use it).
+    fn destroy_srq(srq: SrqId) -> verbs::Result<()>;
+    /// Create an address handle in `pd`.
+    fn create_ah(pd: PdId, attr: &AhAttr) -> verbs::Result<AhId>;
+    /// Destroy an address handle.
+    fn destroy_ah(ah: AhId) -> verbs::Result<()>;
+}
+
+delegate_ref! {
+    /// Device attributes.
+    fn device_attr() -> &DeviceAttr;
+    /// Attributes of port `port` (there is one, port 1).
+    fn port_attr(port: u8) -> verbs::Result<PortAttr>;
+    /// The P_Key at `index` of port 1.
+    fn pkey(index: u16) -> verbs::Result<u16>;
+    /// The GID table of port 1.
+    fn gids() -> &[Gid];
+    /// The GID at `index`.
+    fn gid(index: u8) -> verbs::Result<Gid>;
+    /// Copy device memory at `offset` out.
+    fn dm_copy_from(dm: DmId, offset: u64, out: &mut [u8]) -> verbs::Result<()>;
+    /// An SRQ's `(max_wr, max_sge, limit)`.
+    fn query_srq(srq: SrqId) -> verbs::Result<(u32, u32, u32)>;
+    /// Receive WRs queued on an SRQ.
+    fn srq_len(srq: SrqId) -> verbs::Result<usize>;
+    /// Completions queued on a CQ.
+    fn cq_len(cq: CqId) -> verbs::Result<usize>;
+    /// CQ events a channel has pending.
+    fn channel_pending(ch: ChannelId) -> usize;
+    /// A memory window's current rkey.
+    fn mw_rkey(mw: MwId) -> verbs::Result<u32>;
+    /// The registered memory an SGE names in `pd`, with the local access `need`.
+    fn local_span(pd: PdId, sge: &Sge, need: Access) -> Result<MemSpan<'_>, WcStatus>;
+}
+
+impl Rnic {
+    /// Register `len` bytes at `ptr` in `pd`, addressed by the peer as `iova`.
+    ///
+    /// # Safety
+    /// The contract of `verbs::Context::reg_mr`: the memory stays valid (mapped, and not
+    /// freed or reused for anything else) until the region is deregistered, and the
+    /// program accepts that the device and peers read and write it at any time.
+    pub unsafe fn reg_mr(
+        &mut self,
+        pd: PdId,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> verbs::Result<MrInfo> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.env.ctx.reg_mr(pd, ptr, len, iova, access) }
+    }
+
+    /// How a QP was created, with the actual queue sizes (at least what was asked for).
+    pub fn qp_init_attr(&self, qpn: Qpn) -> verbs::Result<QpInitAttr> {
+        self.env
+            .ctx
+            .qp(qpn)
+            .map(|q| q.init)
+            .ok_or(verbs::Error::new(verbs::Errno::ENOENT, "no such QP"))
+    }
+}
