@@ -6,9 +6,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use softrdma::{wr, Device, DeviceAddr, DeviceConfig, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::json::Json;
 use crate::perf::{self, Rows, Side, Test};
 use crate::util::{self, Poller};
 use crate::{CmdResult, PerfTest};
@@ -97,6 +97,29 @@ fn wait_one(side: &Side, poller: &mut Poller, want: WcOpcode) -> CmdResult<WorkC
             return Ok(wc);
         }
     }
+}
+
+/// One round trip of `softrdma demo --json`.
+#[derive(Serialize)]
+struct TripJson<'a> {
+    op: &'static str,
+    bytes: usize,
+    usec: f64,
+    note: &'a str,
+}
+
+/// One short benchmark of `softrdma demo --json`.
+#[derive(Serialize)]
+struct BenchJson {
+    test: &'static str,
+    results: Rows,
+}
+
+/// `softrdma demo --json`.
+#[derive(Serialize)]
+struct DemoJson<'a> {
+    round_trips: Vec<TripJson<'a>>,
+    benchmarks: Vec<BenchJson>,
 }
 
 fn us(d: Duration) -> f64 {
@@ -271,36 +294,30 @@ pub fn run(json: bool) -> CmdResult {
         )?;
         ch.finish();
         let name = Test::Perf(t).name();
-        results.push(
-            Json::obj()
-                .set("test", name)
-                .set("results", perf::rows_json(&r.rows)),
-        );
-        match r.rows {
-            Rows::Bw(v) => bw_rows.extend(v.into_iter().map(|x| (name, x))),
-            Rows::Lat(v) => lat_rows.extend(v.into_iter().map(|x| (name, x))),
+        match &r.rows {
+            Rows::Bw(v) => bw_rows.extend(v.iter().map(|x| (name, *x))),
+            Rows::Lat(v) => lat_rows.extend(v.iter().map(|x| (name, *x))),
         }
+        results.push(BenchJson {
+            test: name,
+            results: r.rows,
+        });
     }
     drop(child);
 
     if json {
-        let j = Json::obj()
-            .set(
-                "round_trips",
-                trips
-                    .iter()
-                    .map(|(op, n, t, note)| {
-                        Json::obj()
-                            .set("op", *op)
-                            .set("bytes", *n)
-                            .set("usec", *t)
-                            .set("note", note.as_str())
-                    })
-                    .collect::<Vec<_>>(),
-            )
-            .set("benchmarks", results);
-        println!("{j}");
-        return Ok(());
+        return util::print_json(&DemoJson {
+            round_trips: trips
+                .iter()
+                .map(|(op, n, t, note)| TripJson {
+                    op,
+                    bytes: *n,
+                    usec: *t,
+                    note,
+                })
+                .collect(),
+            benchmarks: results,
+        });
     }
     println!(
         "  {:<11} {:>8} {:>8} {:>20} {:>15}",

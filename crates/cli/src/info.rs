@@ -2,9 +2,9 @@
 
 use std::net::Ipv6Addr;
 
-use softrdma::{DeviceInfo, Gid, Mtu};
+use serde::Serialize;
+use softrdma::{DeviceAttr, DeviceInfo, Gid, Mtu, PortAttr};
 
-use crate::json::Json;
 use crate::util;
 use crate::{CmdResult, DevOpts};
 
@@ -41,23 +41,38 @@ fn addr_note(d: &DeviceInfo) -> &'static str {
     }
 }
 
+/// The `--json` form of both commands: `{"devices": [...]}`.
+#[derive(Serialize)]
+struct DeviceList<T> {
+    devices: Vec<T>,
+}
+
+/// A device in `softrdma devices --json`.
+#[derive(Serialize)]
+struct DeviceJson<'a> {
+    name: &'a str,
+    addr: String,
+    auto: bool,
+    gid: String,
+    gid_wire: String,
+}
+
 /// `softrdma devices`.
 pub fn devices(json: bool) -> CmdResult {
     let l = list()?;
     if json {
-        let arr: Vec<Json> = l
-            .iter()
-            .map(|d| {
-                Json::obj()
-                    .set("name", d.name.as_str())
-                    .set("addr", d.addr.to_string())
-                    .set("auto", d.auto)
-                    .set("gid", gid_text(&d.gid))
-                    .set("gid_wire", crate::exch::gid_to_wire(&d.gid))
-            })
-            .collect();
-        println!("{}", Json::obj().set("devices", arr));
-        return Ok(());
+        return util::print_json(&DeviceList {
+            devices: l
+                .iter()
+                .map(|d| DeviceJson {
+                    name: &d.name,
+                    addr: d.addr.to_string(),
+                    auto: d.auto,
+                    gid: gid_text(&d.gid),
+                    gid_wire: crate::exch::gid_to_wire(&d.gid),
+                })
+                .collect(),
+        });
     }
     println!("    {:<16}\t{:<22}\tGID[0]", "device", "address");
     println!("    {:<16}\t{:<22}\t------", "------", "-------");
@@ -88,6 +103,136 @@ fn port_state(s: u32) -> &'static str {
     }
 }
 
+/// A device in `softrdma devinfo --json`.
+#[derive(Serialize)]
+struct DevinfoJson<'a> {
+    name: &'a str,
+    /// The configured address (for an automatic device, the one it would take now).
+    addr: String,
+    auto: bool,
+    #[serde(flatten)]
+    state: DevState,
+}
+
+/// What devinfo learnt by opening the device, or why it could not.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum DevState {
+    Opened(Box<OpenedJson>),
+    NotOpened {
+        /// GID index 0, from the configured address.
+        gids: [String; 1],
+        error: String,
+    },
+}
+
+/// The attributes of a device devinfo opened.
+#[derive(Serialize)]
+struct OpenedJson {
+    /// The address the device was bound to when devinfo opened it.
+    bound_addr: String,
+    fw_ver: String,
+    node_guid: String,
+    sys_image_guid: String,
+    vendor_id: u32,
+    vendor_part_id: u32,
+    hw_ver: u32,
+    phys_port_cnt: u32,
+    ports: [PortJson; 1],
+    /// Present with `-v`.
+    #[serde(flatten)]
+    limits: Option<LimitsJson>,
+    gids: Vec<GidJson>,
+}
+
+/// Port 1 in `devinfo --json`.
+#[derive(Serialize)]
+struct PortJson {
+    port: u32,
+    state: &'static str,
+    max_mtu: usize,
+    active_mtu: usize,
+    lid: u16,
+    link_layer: &'static str,
+    gid_tbl_len: i32,
+    max_msg_sz: u32,
+}
+
+/// The device limits `devinfo -v --json` adds.
+#[derive(Serialize)]
+struct LimitsJson {
+    max_qp: u32,
+    max_qp_wr: u32,
+    max_sge: u32,
+    max_cq: u32,
+    max_cqe: u32,
+    max_mr: u32,
+    max_mr_size: u64,
+    max_pd: u32,
+    max_qp_rd_atom: u32,
+    max_qp_init_rd_atom: u32,
+}
+
+/// One entry of the GID table in `devinfo --json`.
+#[derive(Serialize)]
+struct GidJson {
+    index: i32,
+    gid: String,
+    ip: String,
+    #[serde(rename = "type")]
+    ty: &'static str,
+}
+
+fn opened_json(
+    bound: std::net::SocketAddr,
+    attr: &DeviceAttr,
+    port: &PortAttr,
+    gids: &[(i32, Gid)],
+    verbose: bool,
+) -> OpenedJson {
+    OpenedJson {
+        bound_addr: bound.to_string(),
+        fw_ver: attr.fw_ver.clone(),
+        node_guid: guid_text(attr.node_guid),
+        sys_image_guid: guid_text(attr.sys_image_guid),
+        vendor_id: attr.vendor_id,
+        vendor_part_id: attr.vendor_part_id,
+        hw_ver: attr.hw_ver,
+        phys_port_cnt: 1,
+        ports: [PortJson {
+            port: 1,
+            state: port_state(port.state),
+            max_mtu: port.max_mtu.bytes(),
+            active_mtu: port.active_mtu.bytes(),
+            lid: port.lid,
+            link_layer: "Ethernet",
+            gid_tbl_len: port.gid_tbl_len,
+            max_msg_sz: port.max_msg_sz,
+        }],
+        limits: verbose.then_some(LimitsJson {
+            max_qp: attr.max_qp,
+            max_qp_wr: attr.max_qp_wr,
+            max_sge: attr.max_sge,
+            max_cq: attr.max_cq,
+            max_cqe: attr.max_cqe,
+            max_mr: attr.max_mr,
+            max_mr_size: attr.max_mr_size,
+            max_pd: attr.max_pd,
+            max_qp_rd_atom: attr.max_qp_rd_atom,
+            max_qp_init_rd_atom: attr.max_qp_init_rd_atom,
+        }),
+        gids: gids
+            .iter()
+            .map(|(i, g)| GidJson {
+                index: *i,
+                gid: gid_text(g),
+                ip: g.to_ip().to_string(),
+                ty: "RoCE v2",
+            })
+            .collect(),
+    }
+}
+
 /// `softrdma devinfo [-v]`: opens each device briefly to query it.
 pub fn devinfo(only: Option<&str>, verbose: bool, json: bool) -> CmdResult {
     let l = list()?;
@@ -110,11 +255,7 @@ pub fn devinfo(only: Option<&str>, verbose: bool, json: bool) -> CmdResult {
         let mut cfg = util::device_config(&opts)?;
         cfg.pcap = None;
         let dev = softrdma::Device::open_with(&cfg);
-        let mut j = Json::obj()
-            .set("name", d.name.as_str())
-            .set("addr", d.addr.to_string())
-            .set("auto", d.auto);
-        match dev {
+        let state = match dev {
             Err(e) => {
                 // The address is taken (the device is open in another process): what the
                 // configuration says is still what a peer needs.
@@ -126,8 +267,10 @@ pub fn devinfo(only: Option<&str>, verbose: bool, json: bool) -> CmdResult {
                     println!("\tstate:\t\t\t\tnot opened here ({e})");
                     println!();
                 }
-                j.push("gids", vec![Json::Str(gid_text(&d.gid))]);
-                j.push("error", e.to_string());
+                DevState::NotOpened {
+                    gids: [gid_text(&d.gid)],
+                    error: e.to_string(),
+                }
             }
             Ok(dev) => {
                 let attr = dev.query_device();
@@ -141,52 +284,7 @@ pub fn devinfo(only: Option<&str>, verbose: bool, json: bool) -> CmdResult {
                         _ => {}
                     }
                 }
-                if json {
-                    j.push("addr", dev.addr().to_string());
-                    j.push("fw_ver", attr.fw_ver.as_str());
-                    j.push("node_guid", guid_text(attr.node_guid));
-                    j.push("sys_image_guid", guid_text(attr.sys_image_guid));
-                    j.push("vendor_id", attr.vendor_id);
-                    j.push("vendor_part_id", attr.vendor_part_id);
-                    j.push("hw_ver", attr.hw_ver);
-                    j.push("phys_port_cnt", 1u32);
-                    j.push(
-                        "ports",
-                        vec![Json::obj()
-                            .set("port", 1u32)
-                            .set("state", port_state(port.state))
-                            .set("max_mtu", port.max_mtu.bytes())
-                            .set("active_mtu", port.active_mtu.bytes())
-                            .set("lid", port.lid)
-                            .set("link_layer", "Ethernet")
-                            .set("gid_tbl_len", port.gid_tbl_len)
-                            .set("max_msg_sz", port.max_msg_sz)],
-                    );
-                    if verbose {
-                        j.push("max_qp", attr.max_qp);
-                        j.push("max_qp_wr", attr.max_qp_wr);
-                        j.push("max_sge", attr.max_sge);
-                        j.push("max_cq", attr.max_cq);
-                        j.push("max_cqe", attr.max_cqe);
-                        j.push("max_mr", attr.max_mr);
-                        j.push("max_mr_size", attr.max_mr_size);
-                        j.push("max_pd", attr.max_pd);
-                        j.push("max_qp_rd_atom", attr.max_qp_rd_atom);
-                        j.push("max_qp_init_rd_atom", attr.max_qp_init_rd_atom);
-                    }
-                    j.push(
-                        "gids",
-                        gids.iter()
-                            .map(|(i, g)| {
-                                Json::obj()
-                                    .set("index", *i)
-                                    .set("gid", gid_text(g))
-                                    .set("ip", g.to_ip().to_string())
-                                    .set("type", "RoCE v2")
-                            })
-                            .collect::<Vec<_>>(),
-                    );
-                } else {
+                if !json {
                     println!("hca_id:\t{}", d.name);
                     println!("\ttransport:\t\t\tRoCEv2 over UDP (softrdma)");
                     println!("\taddress:\t\t\t{}{}", dev.addr(), addr_note(d));
@@ -243,12 +341,24 @@ pub fn devinfo(only: Option<&str>, verbose: bool, json: bool) -> CmdResult {
                     }
                     println!();
                 }
+                DevState::Opened(Box::new(opened_json(
+                    dev.addr(),
+                    &attr,
+                    &port,
+                    &gids,
+                    verbose,
+                )))
             }
-        }
-        out.push(j);
+        };
+        out.push(DevinfoJson {
+            name: &d.name,
+            addr: d.addr.to_string(),
+            auto: d.auto,
+            state,
+        });
     }
     if json {
-        println!("{}", Json::obj().set("devices", out));
+        util::print_json(&DeviceList { devices: out })?;
     }
     Ok(())
 }

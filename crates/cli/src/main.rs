@@ -8,7 +8,6 @@ mod cabi;
 mod demo;
 mod exch;
 mod info;
-mod json;
 mod perf;
 mod pingpong;
 mod stats;

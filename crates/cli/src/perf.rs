@@ -22,6 +22,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use softrdma::{
     wr, Access, CompletionQueue, Device, MemoryRegion, PathOptions, QpCap, QpInit, QpType,
     QueuePair, RemoteMemory, RemoteQp, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
@@ -29,7 +30,6 @@ use softrdma::{
 };
 
 use crate::exch::{gid_to_wire, wire_to_gid};
-use crate::json::Json;
 use crate::util::{self, Poller};
 use crate::{stats, CmdResult, PerfArgs, PerfTest};
 
@@ -537,31 +537,45 @@ fn serve_write_lat(
 // ---------------------------------------------------------------------------------------
 // Client
 
-/// One row of a bandwidth table.
-#[derive(Debug, Clone, Copy)]
+/// One row of a bandwidth table; serialized with the names of its `--json` form.
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct BwRow {
     pub bytes: u32,
+    #[serde(rename = "iterations")]
     pub iters: u32,
+    #[serde(rename = "bw_peak_mb_per_sec")]
     pub peak_mb: f64,
+    #[serde(rename = "bw_avg_mb_per_sec")]
     pub avg_mb: f64,
+    #[serde(rename = "msg_rate_mpps")]
     pub mpps: f64,
 }
 
-/// One row of a latency table (µs).
-#[derive(Debug, Clone, Copy)]
+/// One row of a latency table (µs); serialized with the names of its `--json` form.
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct LatRow {
     pub bytes: u32,
+    #[serde(rename = "iterations")]
     pub iters: u32,
+    #[serde(rename = "t_min_usec")]
     pub min: f64,
+    #[serde(rename = "t_max_usec")]
     pub max: f64,
+    #[serde(rename = "t_typical_usec")]
     pub typical: f64,
+    #[serde(rename = "t_avg_usec")]
     pub avg: f64,
+    #[serde(rename = "t_stdev_usec")]
     pub stdev: f64,
+    #[serde(rename = "p99_usec")]
     pub p99: f64,
+    #[serde(rename = "p999_usec")]
     pub p999: f64,
 }
 
-/// Results of a client run.
+/// Results of a client run; serialized as the bare list of rows.
+#[derive(Serialize)]
+#[serde(untagged)]
 pub enum Rows {
     Bw(Vec<BwRow>),
     Lat(Vec<LatRow>),
@@ -969,46 +983,50 @@ pub fn print_rows(test: Test, rows: &Rows) {
     println!("{}", now_line());
 }
 
-pub fn rows_json(rows: &Rows) -> Json {
-    match rows {
-        Rows::Bw(v) => Json::Arr(
-            v.iter()
-                .map(|r| {
-                    Json::obj()
-                        .set("bytes", r.bytes)
-                        .set("iterations", r.iters)
-                        .set("bw_peak_mb_per_sec", r.peak_mb)
-                        .set("bw_avg_mb_per_sec", r.avg_mb)
-                        .set("msg_rate_mpps", r.mpps)
-                })
-                .collect(),
-        ),
-        Rows::Lat(v) => Json::Arr(
-            v.iter()
-                .map(|r| {
-                    Json::obj()
-                        .set("bytes", r.bytes)
-                        .set("iterations", r.iters)
-                        .set("t_min_usec", r.min)
-                        .set("t_max_usec", r.max)
-                        .set("t_typical_usec", r.typical)
-                        .set("t_avg_usec", r.avg)
-                        .set("t_stdev_usec", r.stdev)
-                        .set("p99_usec", r.p99)
-                        .set("p999_usec", r.p999)
-                })
-                .collect(),
-        ),
+/// A QP and its buffer as `--json` shows them.
+#[derive(Serialize)]
+struct PeerJson {
+    qpn: u32,
+    psn: u32,
+    gid: String,
+    rkey: u32,
+    addr: u64,
+}
+
+impl From<&Peer> for PeerJson {
+    fn from(p: &Peer) -> PeerJson {
+        PeerJson {
+            qpn: p.qp.qpn,
+            psn: p.qp.psn,
+            gid: std::net::Ipv6Addr::from(p.qp.gid.0).to_string(),
+            rkey: p.mem.rkey,
+            addr: p.mem.addr,
+        }
     }
 }
 
-fn peer_json(p: &Peer) -> Json {
-    Json::obj()
-        .set("qpn", p.qp.qpn)
-        .set("psn", p.qp.psn)
-        .set("gid", std::net::Ipv6Addr::from(p.qp.gid.0).to_string())
-        .set("rkey", p.mem.rkey)
-        .set("addr", p.mem.addr)
+/// `softrdma perf --json` on the server.
+#[derive(Serialize)]
+struct ServerJson {
+    role: &'static str,
+    test: &'static str,
+    client: String,
+    local: PeerJson,
+    remote: PeerJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stats: Option<stats::StatsJson>,
+}
+
+/// `softrdma perf --json` on the client.
+#[derive(Serialize)]
+struct ClientJson<'a> {
+    role: &'static str,
+    test: &'static str,
+    local: PeerJson,
+    remote: PeerJson,
+    results: &'a Rows,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stats: Option<stats::StatsJson>,
 }
 
 /// `softrdma perf`.
@@ -1072,16 +1090,14 @@ pub fn run(a: &PerfArgs) -> CmdResult {
             drop(l);
             let sv = serve_session(&dev, s, peer, timeout)?;
             if a.json {
-                let mut j = Json::obj()
-                    .set("role", "server")
-                    .set("test", sv.test.name())
-                    .set("client", sv.peer.to_string())
-                    .set("local", peer_json(&sv.local))
-                    .set("remote", peer_json(&sv.remote));
-                if a.dev.stats {
-                    j.push("stats", stats::device_json(&dev));
-                }
-                println!("{j}");
+                util::print_json(&ServerJson {
+                    role: "server",
+                    test: sv.test.name(),
+                    client: sv.peer.to_string(),
+                    local: (&sv.local).into(),
+                    remote: (&sv.remote).into(),
+                    stats: a.dev.stats.then(|| stats::device_json(&dev)),
+                })?;
             } else {
                 print_addr("local address: ", &sv.local);
                 print_addr("remote address:", &sv.remote);
@@ -1121,16 +1137,14 @@ fn client(
     )?;
     ch.finish();
     if a.json {
-        let mut j = Json::obj()
-            .set("role", "client")
-            .set("test", test.name())
-            .set("local", peer_json(&run.local))
-            .set("remote", peer_json(&run.remote))
-            .set("results", rows_json(&run.rows));
-        if a.dev.stats {
-            j.push("stats", stats::device_json(dev));
-        }
-        println!("{j}");
+        util::print_json(&ClientJson {
+            role: "client",
+            test: test.name(),
+            local: (&run.local).into(),
+            remote: (&run.remote).into(),
+            results: &run.rows,
+            stats: a.dev.stats.then(|| stats::device_json(dev)),
+        })?;
     } else {
         print_rows(test, &run.rows);
         if a.dev.stats {

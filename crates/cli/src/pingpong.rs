@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use softrdma::{
     wr, Access, AddressHandle, AhAttr, CompletionChannel, Gid, GlobalRoute, Mtu, QpAttr,
     QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, SendFlags, SharedReceiveQueue, WcStatus,
@@ -12,7 +13,6 @@ use softrdma::{
 };
 
 use crate::exch::{self, Dest};
-use crate::json::Json;
 use crate::util::{self, Poller};
 use crate::{stats, CmdResult, PingpongArgs, PpType};
 
@@ -32,12 +32,43 @@ fn type_name(t: PpType) -> &'static str {
     }
 }
 
-fn dest_json(d: &Dest) -> Json {
-    Json::obj()
-        .set("lid", d.lid)
-        .set("qpn", d.qpn)
-        .set("psn", d.psn)
-        .set("gid", std::net::Ipv6Addr::from(d.gid.0).to_string())
+/// A QP's address as `--json` shows it.
+#[derive(Serialize)]
+struct DestJson {
+    lid: u16,
+    qpn: u32,
+    psn: u32,
+    gid: String,
+}
+
+impl From<&Dest> for DestJson {
+    fn from(d: &Dest) -> DestJson {
+        DestJson {
+            lid: d.lid,
+            qpn: d.qpn,
+            psn: d.psn,
+            gid: std::net::Ipv6Addr::from(d.gid.0).to_string(),
+        }
+    }
+}
+
+/// `softrdma pingpong --json`.
+#[derive(Serialize)]
+struct PingpongJson {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    role: &'static str,
+    size: u32,
+    iters: u32,
+    events: bool,
+    local: Vec<DestJson>,
+    remote: Vec<DestJson>,
+    bytes: u64,
+    seconds: f64,
+    mbit_per_sec: f64,
+    usec_per_iter: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stats: Option<stats::StatsJson>,
 }
 
 fn print_dest(label: &str, d: &Dest) {
@@ -443,22 +474,20 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     let _ = cq.ack_events(num_cq_events);
 
     if a.json {
-        let mut j = Json::obj()
-            .set("type", type_name(ty))
-            .set("role", if a.peer.is_some() { "client" } else { "server" })
-            .set("size", size)
-            .set("iters", a.iters)
-            .set("events", a.events)
-            .set("local", mine.iter().map(dest_json).collect::<Vec<_>>())
-            .set("remote", theirs.iter().map(dest_json).collect::<Vec<_>>())
-            .set("bytes", bytes)
-            .set("seconds", usec / 1e6)
-            .set("mbit_per_sec", mbit)
-            .set("usec_per_iter", per_iter);
-        if a.dev.stats {
-            j.push("stats", stats::device_json(&dev));
-        }
-        println!("{j}");
+        util::print_json(&PingpongJson {
+            ty: type_name(ty),
+            role: if a.peer.is_some() { "client" } else { "server" },
+            size,
+            iters: a.iters,
+            events: a.events,
+            local: mine.iter().map(DestJson::from).collect(),
+            remote: theirs.iter().map(DestJson::from).collect(),
+            bytes,
+            seconds: usec / 1e6,
+            mbit_per_sec: mbit,
+            usec_per_iter: per_iter,
+            stats: a.dev.stats.then(|| stats::device_json(&dev)),
+        })?;
     } else {
         println!(
             "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",

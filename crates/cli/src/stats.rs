@@ -6,32 +6,55 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::{Serialize, Serializer};
 use softrdma::statsfile::{self, Record};
 use softrdma::Device;
 
-use crate::json::Json;
+use crate::util;
 use crate::CmdResult;
 
 fn record_of(dev: &Device) -> Record {
     Record::new(dev.name(), dev.addr(), &dev.stats())
 }
 
-fn record_json(r: &Record) -> Json {
-    let mut c = Json::obj();
-    for (k, v) in &r.counters {
-        c.push(k, *v);
-    }
-    Json::obj()
-        .set("name", r.name.as_str())
-        .set("pid", r.pid)
-        .set("addr", r.addr.as_str())
-        .set("gid", r.gid.as_str())
-        .set("counters", c)
+/// A device's counters as `--json` shows them (`softrdma stats`, and `--stats` of the
+/// other commands).
+#[derive(Serialize)]
+pub struct StatsJson {
+    name: String,
+    pid: u32,
+    addr: String,
+    gid: String,
+    #[serde(serialize_with = "ordered_map")]
+    counters: Vec<(String, u64)>,
 }
 
-/// The counters of an open device as JSON.
-pub fn device_json(dev: &Device) -> Json {
-    record_json(&record_of(dev))
+impl From<Record> for StatsJson {
+    fn from(r: Record) -> StatsJson {
+        StatsJson {
+            name: r.name,
+            pid: r.pid,
+            addr: r.addr,
+            gid: r.gid,
+            counters: r.counters,
+        }
+    }
+}
+
+/// The counters as one object in the record's order (serde_json's `Map` would sort them).
+fn ordered_map<S: Serializer>(c: &[(String, u64)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(c.iter().map(|(k, v)| (k, v)))
+}
+
+/// The counters of an open device, for `--json --stats`.
+pub fn device_json(dev: &Device) -> StatsJson {
+    record_of(dev).into()
+}
+
+#[derive(Serialize)]
+struct StatsList {
+    dir: String,
+    devices: Vec<StatsJson>,
 }
 
 fn print_record(r: &Record) {
@@ -96,14 +119,10 @@ pub fn show(json: bool, all: bool) -> CmdResult {
     let dir = statsfile::stats_dir();
     let recs = statsfile::read_all(&dir, all);
     if json {
-        let list: Vec<Json> = recs.iter().map(record_json).collect();
-        println!(
-            "{}",
-            Json::obj()
-                .set("dir", dir.display().to_string())
-                .set("devices", list)
-        );
-        return Ok(());
+        return util::print_json(&StatsList {
+            dir: dir.display().to_string(),
+            devices: recs.into_iter().map(StatsJson::from).collect(),
+        });
     }
     if recs.is_empty() {
         println!(

@@ -4,6 +4,7 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use softrdma::{CompletionQueue, Device, DeviceAddr, DeviceConfig, Mtu, WcStatus, WorkCompletion};
 
 use crate::{CmdResult, DevOpts};
@@ -15,6 +16,13 @@ pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn flush_stdout() {
     let _ = std::io::stdout().flush();
+}
+
+/// Print `v` as one line of JSON, the form of every `--json` output.
+pub fn print_json(v: &impl Serialize) -> CmdResult {
+    let s = serde_json::to_string(v).map_err(|e| format!("cannot write JSON: {e}"))?;
+    println!("{s}");
+    Ok(())
 }
 
 /// The configuration of device `name` (or the default one) with the command's options.

@@ -504,6 +504,173 @@ fn devices_and_devinfo() {
     );
 }
 
+/// JSON read keeping each object's keys in order, rejecting an object that repeats a key
+/// (`serde_json::Value` would keep the last one silently).
+#[derive(Debug)]
+enum Strict {
+    Leaf,
+    List(Vec<Strict>),
+    Obj(Vec<(String, Strict)>),
+}
+
+impl Strict {
+    fn parse(b: &[u8], what: &str) -> Strict {
+        serde_json::from_slice(b)
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", String::from_utf8_lossy(b)))
+    }
+
+    fn get(&self, key: &str) -> &Strict {
+        match self {
+            Strict::Obj(m) => m
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v)
+                .unwrap_or_else(|| panic!("no key {key:?} in {self:?}")),
+            _ => panic!("not an object: {self:?}"),
+        }
+    }
+
+    fn items(&self) -> &[Strict] {
+        match self {
+            Strict::List(v) => v,
+            _ => panic!("not a list: {self:?}"),
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        match self {
+            Strict::Obj(m) => m.iter().map(|(k, _)| k.as_str()).collect(),
+            _ => panic!("not an object: {self:?}"),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Strict, D::Error> {
+        d.deserialize_any(StrictVisitor)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Strict;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Strict, E> {
+        Ok(Strict::Leaf)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Strict, E> {
+        Ok(Strict::Leaf)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Strict, E> {
+        Ok(Strict::Leaf)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Strict, E> {
+        Ok(Strict::Leaf)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Strict, E> {
+        Ok(Strict::Leaf)
+    }
+    fn visit_unit<E>(self) -> Result<Strict, E> {
+        Ok(Strict::Leaf)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut s: A) -> Result<Strict, A::Error> {
+        let mut v = Vec::new();
+        while let Some(x) = s.next_element()? {
+            v.push(x);
+        }
+        Ok(Strict::List(v))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Strict, A::Error> {
+        let mut v: Vec<(String, Strict)> = Vec::new();
+        while let Some(k) = m.next_key::<String>()? {
+            if v.iter().any(|(seen, _)| *seen == k) {
+                return Err(serde::de::Error::custom(format!("duplicate key {k:?}")));
+            }
+            v.push((k, m.next_value()?));
+        }
+        Ok(Strict::Obj(v))
+    }
+}
+
+#[test]
+fn devinfo_json_repeats_no_key() {
+    // The check itself must catch a repeated key, at any depth.
+    assert!(serde_json::from_str::<Strict>(r#"{"a":[{"b":1,"b":2}]}"#).is_err());
+    for verbose in [false, true] {
+        let args: &[&str] = if verbose {
+            &["devinfo", "-v", "--json"]
+        } else {
+            &["devinfo", "--json"]
+        };
+        let o = run(args);
+        assert_ok(&o, &args.join(" "));
+        let j = Strict::parse(&o.stdout, &args.join(" "));
+        let dev = &j.get("devices").items()[0];
+        let mut want = vec![
+            "name",
+            "addr",
+            "auto",
+            "bound_addr",
+            "fw_ver",
+            "node_guid",
+            "sys_image_guid",
+            "vendor_id",
+            "vendor_part_id",
+            "hw_ver",
+            "phys_port_cnt",
+            "ports",
+        ];
+        if verbose {
+            want.extend([
+                "max_qp",
+                "max_qp_wr",
+                "max_sge",
+                "max_cq",
+                "max_cqe",
+                "max_mr",
+                "max_mr_size",
+                "max_pd",
+                "max_qp_rd_atom",
+                "max_qp_init_rd_atom",
+            ]);
+        }
+        want.push("gids");
+        assert_eq!(dev.keys(), want, "{}", text(&o.stdout));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let bound = v["devices"][0]["bound_addr"].as_str().expect("bound_addr");
+        assert!(
+            bound.parse::<std::net::SocketAddr>().is_ok(),
+            "{}",
+            text(&o.stdout)
+        );
+    }
+    // A device whose address another socket holds is described without being opened.
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind a UDP port");
+    let addr = taken.local_addr().unwrap().to_string();
+    let o = finish(
+        cmd(&["devinfo", "-v", "--json"])
+            .env("SOFTRDMA_ADDR", &addr)
+            .spawn()
+            .unwrap(),
+        "devinfo of a device not opened",
+    );
+    assert_ok(&o, "devinfo of a device not opened");
+    let j = Strict::parse(&o.stdout, "devinfo of a device not opened");
+    let dev = &j.get("devices").items()[0];
+    assert_eq!(
+        dev.keys(),
+        ["name", "addr", "auto", "gids", "error"],
+        "{}",
+        text(&o.stdout)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["devices"][0]["addr"], addr.as_str());
+}
+
 #[test]
 fn stats_lists_running_devices() {
     // A server waiting for its client has an open device that publishes its counters.
