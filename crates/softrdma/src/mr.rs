@@ -21,7 +21,7 @@ impl Drop for PdInner {
     fn drop(&mut self) {
         // Children hold an Arc of this PD, so none is left when this runs.
         let id = self.id;
-        let _ = self.dev.with(|r, _| r.dealloc_pd(id));
+        let _ = self.dev.call(|r, _| r.dealloc_pd(id));
     }
 }
 
@@ -84,7 +84,7 @@ impl ProtectionDomain {
         let r = self
             .inner
             .dev
-            .with(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) });
+            .call(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) });
         match r {
             Ok(info) => Ok(MemoryRegion {
                 pd: Arc::clone(&self.inner),
@@ -120,7 +120,7 @@ impl ProtectionDomain {
         let info = self
             .inner
             .dev
-            .with(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) })?;
+            .call(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) })?;
         Ok(MemoryRegion {
             pd: Arc::clone(&self.inner),
             info,
@@ -141,7 +141,7 @@ impl ProtectionDomain {
         let info = self
             .inner
             .dev
-            .with(|rn, _| rn.reg_dm_mr(pd, id, offset, len, access))?;
+            .call(|rn, _| rn.reg_dm_mr(pd, id, offset, len, access))?;
         Ok(MemoryRegion {
             pd: Arc::clone(&self.inner),
             info,
@@ -163,7 +163,7 @@ impl ProtectionDomain {
     /// Create an address handle.
     pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
         let pd = self.inner.id;
-        let id = self.inner.dev.with(|r, _| r.create_ah(pd, attr))?;
+        let id = self.inner.dev.call(|r, _| r.create_ah(pd, attr))?;
         Ok(AddressHandle {
             pd: Arc::clone(&self.inner),
             id,
@@ -180,7 +180,7 @@ impl ProtectionDomain {
     /// Allocate a memory window of type 1 or 2.
     pub fn alloc_mw(&self, mw_type: u8) -> Result<MemoryWindow> {
         let pd = self.inner.id;
-        let id = self.inner.dev.with(|r, _| r.alloc_mw(pd, mw_type))?;
+        let id = self.inner.dev.call(|r, _| r.alloc_mw(pd, mw_type))?;
         Ok(MemoryWindow {
             pd: Arc::clone(&self.inner),
             id,
@@ -376,7 +376,7 @@ impl MemoryRegion {
             .dev
             .inner
             .dev
-            .with_read(|r| match r.local_span(pd, &sge, Access::empty()) {
+            .inspect(|r| match r.local_span(pd, &sge, Access::empty()) {
                 Ok(span) => f(&span).ok_or(Error::invalid("misaligned or out of bounds")),
                 Err(_) => Err(Error::new(libc::EFAULT, "region not accessible")),
             })
@@ -455,7 +455,7 @@ impl MemoryRegion {
 
     fn deregister(&mut self) -> Result<()> {
         let lkey = self.info.lkey;
-        self.pd.dev.with(|r, _| r.dereg_mr(lkey))
+        self.pd.dev.call(|r, _| r.dereg_mr(lkey))
     }
 }
 
@@ -488,14 +488,14 @@ impl MemoryWindow {
     /// Its current rkey.
     pub fn rkey(&self) -> Result<u32> {
         let id = self.id;
-        self.pd.dev.with(|r, _| r.mw_rkey(id))
+        self.pd.dev.call(|r, _| r.mw_rkey(id))
     }
 }
 
 impl Drop for MemoryWindow {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.pd.dev.with(|r, _| r.dealloc_mw(id));
+        let _ = self.pd.dev.call(|r, _| r.dealloc_mw(id));
     }
 }
 
@@ -528,7 +528,7 @@ impl AddressHandle {
 impl Drop for AddressHandle {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.pd.dev.with(|r, _| r.destroy_ah(id));
+        let _ = self.pd.dev.call(|r, _| r.destroy_ah(id));
     }
 }
 
@@ -541,7 +541,7 @@ pub(crate) struct DmInner {
 impl Drop for DmInner {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.dev.with(|r, _| r.free_dm(id));
+        let _ = self.dev.call(|r, _| r.free_dm(id));
     }
 }
 
@@ -562,11 +562,11 @@ impl DeviceMemory {
     /// Copy `data` in at `offset`.
     pub fn copy_to(&self, offset: u64, data: &[u8]) -> Result<()> {
         let id = self.inner.id;
-        self.inner.dev.with(|r, _| r.dm_copy_to(id, offset, data))
+        self.inner.dev.call(|r, _| r.dm_copy_to(id, offset, data))
     }
     /// Copy out from `offset`.
     pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let id = self.inner.id;
-        self.inner.dev.with(|r, _| r.dm_copy_from(id, offset, out))
+        self.inner.dev.call(|r, _| r.dm_copy_from(id, offset, out))
     }
 }
