@@ -1,7 +1,7 @@
 //! Device memory: buffers the context owns, copied to and from by the program and
 //! registered as zero-based regions.
 
-use super::mem::MemSpan;
+use super::mem::{DmaPtr, MemSpan};
 use super::mr::MrInfo;
 use super::table::IdMap;
 use super::{ebusy, einval, enomem, Context};
@@ -9,9 +9,13 @@ use crate::error::Result;
 use crate::types::{Access, DmId, PdId};
 
 /// Memory registration backing: device memory owned by the context, freed on drop.
+///
+/// A raw allocation rather than a `Box`: moving a `Box` (as the table does when it grows)
+/// asserts unique access to its contents, which the addresses the device and the program
+/// keep into the buffer would violate.
 #[derive(Debug)]
 struct DmBuf {
-    ptr: *mut u8,
+    ptr: DmaPtr,
     len: usize,
 }
 
@@ -19,10 +23,10 @@ impl DmBuf {
     fn new(len: usize) -> DmBuf {
         let b: Box<[u8]> = vec![0u8; len].into_boxed_slice();
         let len = b.len();
-        DmBuf {
-            ptr: Box::into_raw(b).cast::<u8>(),
-            len,
-        }
+        // SAFETY: a heap allocation of our own, freed only in `Drop` (after every region on it
+        // is gone: `free_dm` is EBUSY meanwhile); heap memory is not tied to a thread.
+        let ptr = unsafe { DmaPtr::new(Box::into_raw(b).cast::<u8>()) };
+        DmBuf { ptr, len }
     }
 }
 
@@ -32,7 +36,8 @@ impl Drop for DmBuf {
         // released exactly once, here; no MemSpan outlives the context that owns this buffer.
         unsafe {
             drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                self.ptr, self.len,
+                self.ptr.get(),
+                self.len,
             )))
         };
     }
@@ -73,8 +78,8 @@ impl Context {
         }
         Ok(())
     }
-    /// The device memory span `offset..offset+n`.
-    fn dm_span(&self, dm: DmId, offset: u64, n: usize) -> Result<MemSpan<'_>> {
+    /// The address of `offset..offset+n` in device memory, once checked to lie inside it.
+    fn dm_at(&self, dm: DmId, offset: u64, n: usize) -> Result<DmaPtr> {
         let buf = self
             .dms
             .bufs
@@ -85,7 +90,11 @@ impl Context {
             Some(end) if end <= buf.len => {}
             _ => return Err(einval("device memory access out of bounds")),
         }
-        Ok(MemSpan::new(buf.ptr.wrapping_add(off), n))
+        Ok(buf.ptr.offset(off))
+    }
+    /// The device memory span `offset..offset+n`.
+    fn dm_span(&self, dm: DmId, offset: u64, n: usize) -> Result<MemSpan<'_>> {
+        Ok(MemSpan::new(self.dm_at(dm, offset, n)?.get(), n))
     }
     /// Copy into device memory.
     pub fn dm_copy_to(&mut self, dm: DmId, offset: u64, data: &[u8]) -> Result<()> {
@@ -114,7 +123,7 @@ impl Context {
         len: usize,
         access: Access,
     ) -> Result<MrInfo> {
-        let ptr = self.dm_span(dm, offset, len)?.as_ptr();
+        let ptr = self.dm_at(dm, offset, len)?;
         // The buffer is owned by the context and outlives the MR (free_dm is EBUSY meanwhile).
         self.insert_mr(pd, ptr, len, 0, access | Access::ZERO_BASED, true, Some(dm))
     }

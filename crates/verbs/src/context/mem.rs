@@ -7,6 +7,40 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Context;
 
+/// The address of memory the device reads and writes on its own, from whichever thread runs
+/// it: a registered region or a device-memory buffer. The context keeps addresses rather
+/// than references because the program accesses that memory too (the DMA model); they are
+/// dereferenced only through a [`MemSpan`], after a bounds check.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DmaPtr(*mut u8);
+
+// SAFETY: every DmaPtr comes from `DmaPtr::new`, whose contract is that the memory may be
+// read and written from any thread while the DmaPtr is in use (or that the pointer addresses
+// no memory at all); moving the address to another thread is therefore no different from
+// using it on this one.
+unsafe impl Send for DmaPtr {}
+
+impl DmaPtr {
+    /// An address of memory the device may access.
+    ///
+    /// # Safety
+    /// The memory at `ptr` must stay valid for reads and writes, from any thread, for as long
+    /// as the DmaPtr (or one derived from it with [`DmaPtr::offset`]) is used to access it;
+    /// a pointer to nothing (a dangling one, for zero bytes) is never used to access memory.
+    pub(super) unsafe fn new(ptr: *mut u8) -> DmaPtr {
+        DmaPtr(ptr)
+    }
+    /// The raw address.
+    pub(super) fn get(self) -> *mut u8 {
+        self.0
+    }
+    /// The address `n` bytes further on, in the same memory once the caller has checked
+    /// the bounds.
+    pub(super) fn offset(self, n: usize) -> DmaPtr {
+        DmaPtr(self.0.wrapping_add(n))
+    }
+}
+
 /// A checked window into registered memory, valid while the context is borrowed.
 ///
 /// Made only by the context's key checks, so its pointer and length lie inside a live
@@ -31,10 +65,6 @@ impl MemSpan<'_> {
     /// An empty span (zero-length operations).
     pub(super) fn empty() -> Self {
         MemSpan::new(NonNull::<u8>::dangling().as_ptr(), 0)
-    }
-    /// The first byte of the span.
-    pub(super) fn as_ptr(&self) -> *mut u8 {
-        self.ptr
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {

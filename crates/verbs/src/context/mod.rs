@@ -77,14 +77,12 @@ pub struct Context {
     events: VecDeque<AsyncEvent>,
 }
 
-// SAFETY: the raw pointers a Context holds point either into memory whose registrant promised
-// (in `reg_mr`'s contract) that it stays valid until deregistration and may be accessed by the
-// device at any time from any thread, or into device-memory buffers the Context owns. Nothing
-// in a Context is tied to the thread that created it.
-unsafe impl Send for Context {}
-// SAFETY: through `&Context` registered memory is only touched by raw copies and atomics in
-// `MemSpan` (the DMA model the registrant accepted); all other state needs `&mut Context`.
-unsafe impl Sync for Context {}
+// The device hands its Context to the progress thread (behind a mutex): it must stay Send,
+// which it is through `DmaPtr`, the one holder of raw addresses.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<Context>();
+};
 
 impl Context {
     /// A context with default attributes, the given GID table (index 0 first), and a seed for

@@ -3,7 +3,7 @@
 
 use std::ptr::NonNull;
 
-use super::mem::MemSpan;
+use super::mem::{DmaPtr, MemSpan};
 use super::table::IdMap;
 use super::{ebusy, einval, enomem, Context};
 use crate::error::{Errno, Error, Result};
@@ -36,7 +36,7 @@ pub enum RemoteKeyError {
 pub(super) struct MrObj {
     pub(super) pd: PdId,
     key: u32,
-    ptr: *mut u8,
+    ptr: DmaPtr,
     len: usize,
     iova: u64,
     pub(super) access: Access,
@@ -64,7 +64,7 @@ impl MrObj {
     /// Host pointer of `va` once `contains(va, _)` holds.
     fn host(&self, va: u64) -> *mut u8 {
         let off = va.wrapping_sub(self.base()) as usize;
-        self.ptr.wrapping_add(off)
+        self.ptr.offset(off).get()
     }
 }
 
@@ -108,7 +108,8 @@ impl Context {
     ///
     /// # Safety
     /// `ptr..ptr+len` must stay valid for reads and writes until the region is deregistered,
-    /// and the caller accepts that the device writes it at any time while registered.
+    /// and the caller accepts that the device reads and writes it at any time, from any
+    /// thread, while registered.
     pub unsafe fn reg_mr(
         &mut self,
         pd: PdId,
@@ -121,6 +122,9 @@ impl Context {
         if !zero_based && iova.checked_add(len as u64).is_none() {
             return Err(einval("iova + length overflows"));
         }
+        // SAFETY: `reg_mr`'s own contract: the memory stays valid until deregistration, which
+        // drops the region and its DmaPtr, and may be accessed from any thread meanwhile.
+        let ptr = unsafe { DmaPtr::new(ptr) };
         self.insert_mr(pd, ptr, len, iova, access, zero_based, None)
     }
 
@@ -128,7 +132,7 @@ impl Context {
     pub(super) fn insert_mr(
         &mut self,
         pd: PdId,
-        ptr: *mut u8,
+        ptr: DmaPtr,
         len: usize,
         iova: u64,
         access: Access,
@@ -137,10 +141,10 @@ impl Context {
     ) -> Result<MrInfo> {
         self.check_pd(pd)?;
         check_mr_access(access)?;
-        if ptr.is_null() && len > 0 {
+        if ptr.get().is_null() && len > 0 {
             return Err(Error::new(Errno::EFAULT, "null address"));
         }
-        if (ptr as usize).checked_add(len).is_none() || len > isize::MAX as usize {
+        if (ptr.get() as usize).checked_add(len).is_none() || len > isize::MAX as usize {
             return Err(Error::new(Errno::EFAULT, "range wraps the address space"));
         }
         if self.mrs.by_index.len() >= self.dev.max_mr as usize {
@@ -148,7 +152,9 @@ impl Context {
         }
         let key = self.alloc_key()?;
         let ptr = if len == 0 {
-            NonNull::<u8>::dangling().as_ptr()
+            // SAFETY: addresses no memory: every access to a zero-length region is zero bytes
+            // long, and such accesses get an empty span without reading the region's address.
+            unsafe { DmaPtr::new(NonNull::<u8>::dangling().as_ptr()) }
         } else {
             ptr
         };
