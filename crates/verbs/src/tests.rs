@@ -1383,6 +1383,11 @@ fn post_recv_errors() {
     c.set_qp_error(q);
     assert_eq!(c.qp(q).unwrap().state, QpState::Err);
     c.post_recv(q, wr(0)).unwrap();
+    assert_eq!(
+        c.post_recv(q, wr(3)).unwrap_err().errno,
+        Errno::EINVAL,
+        "SGEs in ERR"
+    );
     assert!(c.post_recv(0x999_999, wr(0)).is_err());
 }
 
@@ -1496,6 +1501,15 @@ fn check_send_wr_errors() {
         remote_qkey: 0,
     });
     inval(c.check_send_wr(ud, &udw));
+    // ERR: too many SGEs is still EINVAL; everything else is accepted, to be flushed.
+    c.set_qp_error(rc);
+    inval(c.check_send_wr(rc, &w(SendOp::Send, 3)));
+    c.check_send_wr(rc, &w(SendOp::Send, 2)).unwrap();
+    c.check_send_wr(rc, &w(cas, 0)).unwrap();
+    c.check_send_wr(rc, &rinl).unwrap();
+    // RESET, INIT, RTR: too many SGEs is EINVAL there too (as is any post).
+    let fresh = c.create_qp(qp_init(pd, cq, QpType::Rc)).unwrap();
+    inval(c.check_send_wr(fresh, &w(SendOp::Send, 3)));
 }
 
 #[test]

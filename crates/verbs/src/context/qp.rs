@@ -300,10 +300,22 @@ impl Context {
     ///
     /// Also EINVAL: posting in RESET, INIT or RTR; a UD AH of another PD; INLINE on READ,
     /// atomics, LOCAL_INV or BIND_MW; atomics whose SGEs hold fewer than 8 bytes.
+    ///
+    /// More SGEs than `max_send_sge` is EINVAL in every state, ERR included, where it is the
+    /// only check: the program learns of a WR its QP could never hold at post, not from a
+    /// flush. Anything else posted in ERR is accepted, for the transport to complete with
+    /// WR_FLUSH_ERR.
     pub fn check_send_wr(&self, qpn: Qpn, wr: &SendWr) -> Result<()> {
         let qp = self.qps.get(qpn).ok_or(einval("no such QP"))?;
-        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            return Err(einval("QP not ready to send"));
+        if wr.sg_list.len() > qp.init.cap.max_send_sge as usize {
+            return Err(einval("too many SGEs"));
+        }
+        match qp.state {
+            QpState::Reset | QpState::Init | QpState::Rtr => {
+                return Err(einval("QP not ready to send"))
+            }
+            QpState::Err => return Ok(()),
+            QpState::Rts | QpState::Sqd | QpState::Sqe => {}
         }
         let t = qp.init.qp_type;
         let op_ok = match wr.op {
@@ -333,9 +345,6 @@ impl Context {
                 return Err(einval("remote QPN is 24 bits"));
             }
         }
-        if wr.sg_list.len() > qp.init.cap.max_send_sge as usize {
-            return Err(einval("too many SGEs"));
-        }
         let total: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
         let atomic = matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. });
         if wr.flags.contains(SendFlags::INLINE) {
@@ -359,8 +368,9 @@ impl Context {
         }
         Ok(())
     }
-    /// Post to the QP's receive queue (EINVAL in RESET or with an SRQ or too many SGEs,
-    /// ENOMEM when full). Posting in ERR is allowed; the transport flushes.
+    /// Post to the QP's receive queue (EINVAL in RESET or with an SRQ, EINVAL for more SGEs
+    /// than `max_recv_sge` in every state, ENOMEM when full). Posting in ERR is allowed; the
+    /// transport flushes.
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<()> {
         let qp = self.qps.get_mut(qpn).ok_or(einval("no such QP"))?;
         if qp.state == QpState::Reset {
