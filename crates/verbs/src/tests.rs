@@ -1067,6 +1067,7 @@ fn mw_type1_bind_and_rules() {
     let k1 = c.bind_mw(pd, q, &bind).unwrap();
     assert_eq!(k1 >> 8, k0 >> 8);
     assert_eq!(k1 & 0xFF, (k0 + 1) & 0xFF, "key byte bumped");
+    assert_eq!(k1, inc_rkey(k0), "the rule a face computes at post");
     assert_eq!(c.mw_rkey(mw), Ok(k1));
     // Access via the window: inside only, new key only, any QP of the PD.
     assert!(c
@@ -1280,6 +1281,13 @@ fn mw_type2_bind_qp_and_invalidate() {
         .remote_span(pd, qb, k2, 0, 8, Access::REMOTE_READ)
         .is_err());
     c.dereg_mr(mr.lkey).unwrap();
+}
+
+#[test]
+fn inc_rkey_bumps_the_key_byte_only() {
+    assert_eq!(inc_rkey(0x1234_5600), 0x1234_5601);
+    assert_eq!(inc_rkey(0x1234_56FF), 0x1234_5600, "wraps within the byte");
+    assert_eq!(inc_rkey(0xFFFF_FFFF), 0xFFFF_FF00);
 }
 
 // ------------------------------------------------------------------ DM

@@ -26,6 +26,7 @@ pub use cq::Arm;
 pub use device::{DeviceAttr, PortAttr};
 pub use mem::MemSpan;
 pub use mr::{MrInfo, RemoteKeyError};
+pub use mw::inc_rkey;
 pub use qp::Qp;
 
 use crate::error::{Errno, Error, Result};

@@ -5,6 +5,16 @@ use super::{einval, enomem, Context};
 use crate::error::Result;
 use crate::types::{Access, MwBind, MwId, PdId, Qpn, WcStatus};
 
+/// The rkey a type-1 bind gives a window whose rkey is `rkey`: the key byte (low 8 bits)
+/// advanced by one, wrapping, the index (upper 24 bits) kept, as `ibv_inc_rkey` computes it.
+///
+/// [`Context::bind_mw`] applies it when the bind executes; a face that tells the program
+/// the new key when the bind is posted (`ibv_bind_mw` sets `mw->rkey`) computes it from the
+/// key the program last saw with this same function.
+pub fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xFF) | (rkey.wrapping_add(1) & 0xFF)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum MwState {
     /// Type 2 not bound (or invalidated).
@@ -184,7 +194,7 @@ impl Context {
             .ok_or(einval("no such memory window"))
     }
     /// Bind (executed in send-queue order by the transport). For type 1 the key byte is
-    /// bumped and the new rkey returned; for type 2 `bind.rkey` becomes the key and the window
+    /// bumped ([`inc_rkey`]) and the new rkey returned; for type 2 `bind.rkey` becomes the key and the window
     /// is tied to `qpn`. MwBindErr on failure (MR without MW_BIND, bounds, PD, wrong type).
     ///
     /// Type 2: the window must be free (unbound or invalidated), `bind.rkey` must keep the
@@ -207,7 +217,7 @@ impl Context {
             if bind.access.contains(Access::ZERO_BASED) {
                 return Err(E);
             }
-            (mw.rkey & !0xFF) | (mw.rkey.wrapping_add(1) & 0xFF)
+            inc_rkey(mw.rkey)
         } else {
             if mw.state != MwState::Free
                 || (bind.rkey & !0xFF) != (mw.rkey & !0xFF)
