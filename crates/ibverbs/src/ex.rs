@@ -868,8 +868,7 @@ unsafe extern "C" fn bind_mw(
         }
         // SAFETY: as above.
         let b = unsafe { *bind };
-        let old = w.c.rkey;
-        let new_rkey = (old & !0xFF) | (old.wrapping_add(1) & 0xFF);
+        let new_rkey = verbs::inc_rkey(w.c.rkey);
         // SAFETY: as above.
         let mb = match unsafe { mw_bind(mw, new_rkey, &b.bind_info) } {
             Ok(m) => m,

@@ -676,8 +676,6 @@ pub(crate) struct Qp {
     pub(crate) c: sys::ibv_qp_ex,
     pub(crate) qpn: u32,
     pub(crate) qp_type: QpType,
-    /// `max_send_sge` as reported to the program at creation (caps never change).
-    pub(crate) max_send_sge: u32,
     /// The work request being built with the `ibv_wr_*` API.
     pub(crate) ex: std::cell::UnsafeCell<crate::ex::WrBuild>,
 }
@@ -830,7 +828,6 @@ pub(crate) fn create_qp_obj(
         c,
         qpn,
         qp_type: t,
-        max_send_sge: actual.max_send_sge,
         ex: Default::default(),
     });
     ctx.shared.registry().qps.insert(qpn, q as usize);

@@ -168,19 +168,14 @@ unsafe fn copy_inline(sg_list: &[Sge]) -> Result<Vec<u8>, c_int> {
 }
 
 /// Post translated WRs in order under one engine lock; on failure, the index that failed
-/// and its errno. More SGEs than the QP's `max_send_sge` is EINVAL in every QP state (the
-/// engine flushes a send posted in ERR without checking it).
+/// and its errno.
 pub(crate) fn post_sends(qp: &Qp, wrs: Vec<SendWr>) -> Result<(), (usize, c_int)> {
     let Some(ctx) = qp.ctx() else {
         return Err((0, libc::EINVAL));
     };
     let qpn = qp.qpn;
-    let max_sge = qp.max_send_sge as usize;
     ctx.dev().post(|r, now| {
         for (i, w) in wrs.into_iter().enumerate() {
-            if w.sg_list.len() > max_sge {
-                return Err((i, libc::EINVAL));
-            }
             r.post_send(now, qpn, w).map_err(|e| (i, errno(&e)))?;
         }
         Ok(())

@@ -397,7 +397,8 @@ impl Rnic {
 
     /// Validate (`verbs::Context::check_send_wr`), ENOMEM when the SQ holds `max_send_wr`
     /// WRs, take the INLINE payload now, queue, and run the requester (which may produce
-    /// packets at once). In ERR the WR is accepted and flushed with `WR_FLUSH_ERR`.
+    /// packets at once). In ERR the WR is accepted and flushed with `WR_FLUSH_ERR` (more SGEs
+    /// than `max_send_sge` is EINVAL in every state).
     ///
     /// INLINE: the payload is `wr.inline_data` when given (the bytes were copied by the
     /// face), else it is gathered at once from registered memory through the SGEs' lkeys
@@ -412,6 +413,11 @@ impl Rnic {
         let Some(qp) = self.qps.get_mut(&qpn) else {
             return Err(verbs::Error::new(verbs::Errno::ENOENT, "no such QP"));
         };
+        if wr.inline_data.is_some() {
+            wr.flags |= SendFlags::INLINE;
+        }
+        // In ERR this checks only what is EINVAL in every state (too many SGEs).
+        self.env.ctx.check_send_wr(qpn, &wr)?;
         if qp.state == QpState::Err {
             let wc = verbs::WorkCompletion {
                 wr_id: wr.wr_id,
@@ -423,10 +429,6 @@ impl Rnic {
             self.env.complete(qp.send_cq, wc, false, now);
             return Ok(());
         }
-        if wr.inline_data.is_some() {
-            wr.flags |= SendFlags::INLINE;
-        }
-        self.env.ctx.check_send_wr(qpn, &wr)?;
         if qp.sq.len() >= qp.max_send_wr as usize {
             return Err(verbs::Error::new(verbs::Errno::ENOMEM, "send queue full"));
         }
