@@ -11,7 +11,8 @@ use softrdma_transport::verbs::{self, AsyncEvent, DeviceAttr, Gid, PortAttr};
 use softrdma_transport::Rnic;
 
 use crate::cq::{ChanInner, CompletionChannel, CompletionQueue, CqInner};
-use crate::mr::{DeviceMemory, DmInner, PdInner, ProtectionDomain};
+use crate::mr::{DeviceMemory, DmInner};
+use crate::pd::{PdInner, ProtectionDomain};
 use crate::{Error, Result};
 
 pub use dev::{DeviceAddr, DeviceConfig, DeviceStats, DriverStats, LinkStats};

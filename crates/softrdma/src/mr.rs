@@ -1,35 +1,12 @@
-//! Protection domains and what lives in them: memory regions, memory windows, address
-//! handles; device memory.
+//! Memory regions, memory windows and device memory.
 
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
-use softrdma_transport::verbs::{
-    self, Access, AhAttr, AhId, DmId, Gid, GlobalRoute, MrInfo, MwId, PdId, Sge, UdDest,
-};
+use softrdma_transport::verbs::{self, Access, DmId, MrInfo, MwId, PdId, Sge};
 
-use crate::cq::CompletionQueue;
-use crate::qp::{QpInit, QueuePair, SharedReceiveQueue};
+use crate::pd::{PdInner, ProtectionDomain};
 use crate::{Device, Error, Result};
-
-pub(crate) struct PdInner {
-    pub(crate) dev: Device,
-    pub(crate) id: PdId,
-}
-
-impl Drop for PdInner {
-    fn drop(&mut self) {
-        // Children hold an Arc of this PD, so none is left when this runs.
-        let id = self.id;
-        let _ = self.dev.call(|r, _| r.dealloc_pd(id));
-    }
-}
-
-/// A protection domain. Cheap to clone (shared); objects made in it keep it alive.
-#[derive(Clone)]
-pub struct ProtectionDomain {
-    pub(crate) inner: Arc<PdInner>,
-}
 
 /// The memory a safe registration owns: a vector, a length of zeroed bytes, or a copy.
 #[derive(Debug)]
@@ -58,15 +35,6 @@ impl From<&[u8]> for MrBuffer {
 }
 
 impl ProtectionDomain {
-    /// The device.
-    pub fn device(&self) -> &Device {
-        &self.inner.dev
-    }
-    /// The verbs handle.
-    pub fn id(&self) -> PdId {
-        self.inner.id
-    }
-
     /// Register memory the region owns (a `Vec<u8>`, a `Box<[u8]>`, a byte count of zeroed
     /// memory, or a copied slice). Its contents are reachable only by copying
     /// ([`MemoryRegion::read`], [`MemoryRegion::write`]) and atomics, so the device may write
@@ -150,33 +118,6 @@ impl ProtectionDomain {
         })
     }
 
-    /// Create a queue pair (in RESET).
-    pub fn create_qp(&self, init: &QpInit<'_>) -> Result<QueuePair> {
-        QueuePair::create(self, init)
-    }
-
-    /// Create a shared receive queue.
-    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
-        SharedReceiveQueue::create(self, max_wr, max_sge)
-    }
-
-    /// Create an address handle.
-    pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
-        let pd = self.inner.id;
-        let id = self.inner.dev.call(|r, _| r.create_ah(pd, attr))?;
-        Ok(AddressHandle {
-            pd: Arc::clone(&self.inner),
-            id,
-            attr: *attr,
-        })
-    }
-
-    /// Create an address handle to `gid` with default routing (hop limit 64, traffic
-    /// class 0, source GID index 0).
-    pub fn create_ah_to(&self, gid: Gid) -> Result<AddressHandle> {
-        self.create_ah(&ah_attr(gid, 0))
-    }
-
     /// Allocate a memory window of type 1 or 2.
     pub fn alloc_mw(&self, mw_type: u8) -> Result<MemoryWindow> {
         let pd = self.inner.id;
@@ -186,30 +127,9 @@ impl ProtectionDomain {
             id,
         })
     }
-
-    /// A CQ on this PD's device (a shortcut for `pd.device().create_cq(cqe, None)`).
-    pub fn create_cq(&self, cqe: u32) -> Result<CompletionQueue> {
-        self.inner.dev.create_cq(cqe, None)
-    }
 }
 
-/// An address vector to `gid` on port 1 with the given traffic class (IP DSCP/ECN byte)
-/// and hop limit 64.
-pub fn ah_attr(gid: Gid, traffic_class: u8) -> AhAttr {
-    AhAttr {
-        grh: GlobalRoute {
-            dgid: gid,
-            flow_label: 0,
-            sgid_index: 0,
-            hop_limit: 64,
-            traffic_class,
-        },
-        is_global: true,
-        port_num: 1,
-        ..Default::default()
-    }
-}
-
+/// What a region's memory is, and who frees it.
 enum Backing {
     /// Heap memory from `Box::into_raw`, freed after deregistration.
     Owned(*mut [u8]),
@@ -496,39 +416,6 @@ impl Drop for MemoryWindow {
     fn drop(&mut self) {
         let id = self.id;
         let _ = self.pd.dev.call(|r, _| r.dealloc_mw(id));
-    }
-}
-
-/// An address handle: where UD sends go.
-pub struct AddressHandle {
-    pd: Arc<PdInner>,
-    id: AhId,
-    attr: AhAttr,
-}
-
-impl AddressHandle {
-    /// The verbs handle.
-    pub fn id(&self) -> AhId {
-        self.id
-    }
-    /// Its address vector.
-    pub fn attr(&self) -> &AhAttr {
-        &self.attr
-    }
-    /// A UD destination through this handle.
-    pub fn dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
-        UdDest {
-            ah: self.id,
-            remote_qpn,
-            remote_qkey,
-        }
-    }
-}
-
-impl Drop for AddressHandle {
-    fn drop(&mut self) {
-        let id = self.id;
-        let _ = self.pd.dev.call(|r, _| r.destroy_ah(id));
     }
 }
 

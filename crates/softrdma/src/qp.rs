@@ -7,8 +7,9 @@ use softrdma_transport::verbs::{
     SrqId,
 };
 
+use crate::ah::ah_attr;
 use crate::cq::{CompletionQueue, CqInner};
-use crate::mr::{ah_attr, PdInner, ProtectionDomain};
+use crate::pd::{PdInner, ProtectionDomain};
 use crate::{Error, Result};
 
 /// The default Q_Key of the UD helpers.
@@ -123,6 +124,18 @@ impl Default for PathOptions {
             max_rd_atomic: 16,
             max_dest_rd_atomic: 16,
         }
+    }
+}
+
+impl ProtectionDomain {
+    /// Create a queue pair (in RESET).
+    pub fn create_qp(&self, init: &QpInit<'_>) -> Result<QueuePair> {
+        QueuePair::create(self, init)
+    }
+
+    /// Create a shared receive queue.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
+        SharedReceiveQueue::create(self, max_wr, max_sge)
     }
 }
 
