@@ -60,7 +60,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{self, BufWriter};
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -78,7 +78,7 @@ pub use poller::CqPoller;
 use runtime::{Chan, Engine, Runtime, Rx};
 use stats::stats_of;
 pub use stats::{DeviceStats, LinkStats};
-pub use sys::EventFd;
+pub use sys::{poll_readable, EventFd};
 use tx::Flush;
 
 /// The RoCEv2 UDP port.
@@ -146,7 +146,8 @@ impl Device {
         };
         let seed = cfg.seed.unwrap_or_else(sys::random_seed);
         let rnic = Rnic::new(addr, seed);
-        let sock_fd = link.as_raw_fd();
+        // A descriptor of the socket to wait on without holding the receive half.
+        let sock_fd = link.as_fd().try_clone_to_owned()?;
         let shared = Arc::new(Runtime {
             name: cfg.name.clone(),
             addr,
@@ -397,7 +398,7 @@ impl Device {
             if others > 0 {
                 t = Some(t.map_or(SHARED_BLOCK, |l| l.min(SHARED_BLOCK)));
             }
-            let _ = sys::poll_readable(&[sh.sock_fd, sh.notify.as_raw_fd()], t);
+            let _ = sys::poll_readable(&[sh.sock_fd.as_fd(), sh.notify.as_fd()], t);
             sh.blocked.fetch_sub(1, Ordering::SeqCst);
             sh.notify.clear();
         }
@@ -430,6 +431,12 @@ impl Device {
     /// The async-event fd: readable while async events are pending.
     pub fn async_event_fd(&self) -> RawFd {
         self.shared.async_fd.as_raw_fd()
+    }
+
+    /// Wait until an async event is pending or `timeout` passes (None: forever); returns
+    /// whether one is (a signal may end the wait early, with `false`).
+    pub fn wait_async_event(&self, timeout: Option<Duration>) -> io::Result<bool> {
+        Ok(poll_readable(&[self.shared.async_fd.as_fd()], timeout)?[0])
     }
 
     /// Take the next async event, if any.

@@ -3,7 +3,7 @@
 //! wake-up or the next timer) and reports back. The decisions themselves are in
 //! [`crate::pacing`].
 
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -62,10 +62,10 @@ fn doze(rt: &Runtime, timeout: Duration, watch_socket: bool) -> bool {
         return false;
     }
     let arrived = if watch_socket {
-        let r = sys::poll_readable(&[rt.wake.as_raw_fd(), rt.sock_fd], Some(timeout));
+        let r = sys::poll_readable(&[rt.wake.as_fd(), rt.sock_fd.as_fd()], Some(timeout));
         r.is_ok_and(|v| v.get(1).copied().unwrap_or(false))
     } else {
-        let _ = sys::poll_readable(&[rt.wake.as_raw_fd()], Some(timeout));
+        let _ = sys::poll_readable(&[rt.wake.as_fd()], Some(timeout));
         false
     };
     rt.wake.clear();
@@ -88,7 +88,7 @@ fn block(rt: &Runtime) {
         }
         deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)))
     };
-    let _ = sys::poll_readable(&[rt.sock_fd, rt.wake.as_raw_fd()], timeout);
+    let _ = sys::poll_readable(&[rt.sock_fd.as_fd(), rt.wake.as_fd()], timeout);
     rt.wake.clear();
     rt.lock().sleeping_until = None;
 }

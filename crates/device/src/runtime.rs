@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::BufWriter;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -73,7 +73,7 @@ pub(crate) struct Runtime {
     /// Wakes application threads blocked in [`Device::wait_for`].
     pub(crate) notify: EventFd,
     pub(crate) async_fd: EventFd,
-    pub(crate) sock_fd: RawFd,
+    pub(crate) sock_fd: OwnedFd,
     pub(crate) stop: AtomicBool,
     pub(crate) busy_poll: bool,
     pub(crate) spin: Duration,

@@ -1,8 +1,12 @@
-//! The few system calls the device needs beyond the driver: eventfd and poll.
+//! The few system calls the device needs beyond the driver: eventfd, poll and the timer
+//! slack, through rustix's typed, safe calls.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::num::NonZeroU64;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
 
 /// A non-blocking eventfd used as a level signal: readable while "set".
 #[derive(Debug)]
@@ -13,29 +17,15 @@ pub struct EventFd {
 impl EventFd {
     /// A new, cleared, non-blocking, close-on-exec eventfd.
     pub fn new() -> io::Result<EventFd> {
-        // SAFETY: eventfd takes no pointers; the result is checked before use.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
-        Ok(EventFd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = rustix::event::eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
+        Ok(EventFd { fd })
     }
 
     /// Make it readable. Adding to a counter that is already set only grows the count.
     pub fn set(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live local u64 to our own descriptor. A failure
-        // (EAGAIN at counter saturation) leaves the fd readable, which is what we want.
-        let _ = unsafe {
-            libc::write(
-                self.fd.as_raw_fd(),
-                (&one as *const u64).cast::<libc::c_void>(),
-                8,
-            )
-        };
+        // A failure (EAGAIN at counter saturation) leaves the fd readable, which is what
+        // we want.
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
     }
 
     /// Make it unreadable (reads the counter; a cleared fd stays cleared).
@@ -44,25 +34,11 @@ impl EventFd {
     /// channel, the async-event fd) may have been made blocking, and reading a zero
     /// counter then would block.
     pub fn clear(&self) {
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one live pollfd; a zero timeout never blocks.
-        if unsafe { libc::poll(&mut p, 1, 0) } != 1 || p.revents & libc::POLLIN == 0 {
+        if !poll_readable(&[self.fd.as_fd()], Some(Duration::ZERO)).is_ok_and(|r| r[0]) {
             return;
         }
-        let mut v: u64 = 0;
-        // SAFETY: reads at most 8 bytes into a live local u64 from our own descriptor,
-        // which is readable (checked above); EAGAIN is fine.
-        let _ = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                (&mut v as *mut u64).cast::<libc::c_void>(),
-                8,
-            )
-        };
+        let mut v = [0u8; 8];
+        let _ = rustix::io::read(&self.fd, &mut v);
     }
 }
 
@@ -72,44 +48,34 @@ impl AsRawFd for EventFd {
     }
 }
 
-/// Wait until one of `fds` is readable or `timeout` passes (None: forever). Returns which
-/// fds are readable (empty on timeout); EINTR counts as a timeout-free early return.
-pub fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> io::Result<Vec<bool>> {
-    let mut pfds: Vec<libc::pollfd> = fds
+impl AsFd for EventFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Wait until one of `fds` is readable (or in error or hung up) or `timeout` passes
+/// (None: forever). Returns which fds are; EINTR counts as an early return with none.
+pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<Vec<bool>> {
+    let mut pfds: Vec<PollFd<'_>> = fds
         .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|fd| PollFd::new(fd, PollFlags::IN))
         .collect();
-    let ts = timeout.map(|d| libc::timespec {
-        tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
-        tv_nsec: d.subsec_nanos() as libc::c_long,
+    let ts = timeout.map(|d| Timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: d.subsec_nanos().into(),
     });
-    let ts_ptr = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `pfds` is a live array of `pfds.len()` pollfd structs; `ts_ptr` is null or
-    // points at a live timespec; a null signal mask keeps the current one.
-    let r = unsafe {
-        libc::ppoll(
-            pfds.as_mut_ptr(),
-            pfds.len() as libc::nfds_t,
-            ts_ptr,
-            std::ptr::null(),
-        )
-    };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(vec![false; fds.len()]);
-        }
-        return Err(e);
+    match rustix::event::poll(&mut pfds, ts.as_ref()) {
+        Ok(_) => {}
+        Err(rustix::io::Errno::INTR) => return Ok(vec![false; fds.len()]),
+        Err(e) => return Err(e.into()),
     }
     Ok(pfds
         .iter()
-        .map(|p| p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0)
+        .map(|p| {
+            p.revents()
+                .intersects(PollFlags::IN | PollFlags::ERR | PollFlags::HUP)
+        })
         .collect())
 }
 
@@ -127,15 +93,6 @@ pub fn random_seed() -> u64 {
 /// Set the calling thread's timer slack (how late the kernel may fire its timed sleeps, to
 /// batch wake-ups). Best effort: without it, sleeps are only less precise.
 pub fn set_timer_slack(slack: Duration) {
-    let ns = slack.as_nanos().clamp(1, libc::c_ulong::MAX as u128) as libc::c_ulong;
-    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
-    unsafe {
-        libc::prctl(
-            libc::PR_SET_TIMERSLACK,
-            ns,
-            0 as libc::c_ulong,
-            0 as libc::c_ulong,
-            0 as libc::c_ulong,
-        )
-    };
+    let ns = slack.as_nanos().clamp(1, u128::from(u64::MAX)) as u64;
+    let _ = rustix::thread::set_current_timer_slack(NonZeroU64::new(ns));
 }

@@ -550,34 +550,24 @@ impl Driver {
     pub fn wait_readable(&self, timeout: Option<Duration>) -> io::Result<bool> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
-            let ms: libc::c_int = match (timeout, deadline) {
-                (None, _) => -1,
+            let left = match (timeout, deadline) {
+                (None, _) => None,
                 // A timeout too large for an Instant waits "forever" in slices.
-                (Some(_), None) => libc::c_int::MAX,
-                (Some(_), Some(d)) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    // Round up so we never wake just before the deadline and report a
-                    // timeout that has not quite happened.
-                    let ms = left.as_nanos().div_ceil(1_000_000);
-                    libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
-                }
+                (Some(_), None) => Some(Duration::from_secs(u32::MAX.into())),
+                (Some(_), Some(d)) => Some(d.saturating_duration_since(Instant::now())),
             };
-            let mut pfd = libc::pollfd {
-                fd: self.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: `pfd` is one live, writable pollfd and we pass a count of 1.
-            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if r > 0 {
-                return Ok(true);
+            let ts = left.map(|d| rustix::event::Timespec {
+                tv_sec: d.as_secs().min(i64::MAX as u64) as i64,
+                tv_nsec: d.subsec_nanos().into(),
+            });
+            let mut pfd = [rustix::event::PollFd::new(
+                &self.fd,
+                rustix::event::PollFlags::IN,
+            )];
+            match rustix::event::poll(&mut pfd, ts.as_ref()) {
+                Ok(n) if n > 0 => return Ok(true),
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
             }
             match deadline {
                 Some(d) if Instant::now() >= d => return Ok(false),

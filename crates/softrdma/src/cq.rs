@@ -10,32 +10,6 @@ use softrdma_transport::verbs::{Arm, ChannelId, CqId, WorkCompletion};
 
 use crate::{Device, Error, Result};
 
-/// Wait until `fd` is readable or `timeout` passes (None: forever).
-pub(crate) fn poll_fd(fd: RawFd, timeout: Option<Duration>) -> Result<bool> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = match timeout {
-        None => -1,
-        Some(t) => {
-            t.as_millis().min(i32::MAX as u128) as i32
-                + i32::from(t.subsec_nanos() % 1_000_000 != 0)
-        }
-    };
-    // SAFETY: `p` is one live pollfd; poll reads and writes only it.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.kind() == std::io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(e.into());
-    }
-    Ok(r > 0)
-}
-
 pub(crate) struct ChanInner {
     pub(crate) dev: Device,
     pub(crate) id: ChannelId,

@@ -249,7 +249,7 @@ impl Device {
                 }
                 None => None,
             };
-            crate::cq::poll_fd(self.async_event_fd(), left)?;
+            self.inner.dev.wait_async_event(left)?;
         }
     }
 }

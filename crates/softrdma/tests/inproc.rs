@@ -145,15 +145,11 @@ fn rc_every_opcode() {
     drop(b.pd);
 }
 
-fn readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    r > 0 && p.revents & libc::POLLIN != 0
+fn readable(fd: std::os::fd::RawFd, ms: u64) -> bool {
+    // SAFETY: the channel that owns `fd` outlives this call (the caller holds it).
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    softrdma_device::poll_readable(&[fd], Some(std::time::Duration::from_millis(ms)))
+        .is_ok_and(|r| r[0])
 }
 
 #[test]
