@@ -1,6 +1,7 @@
 //! Header representations (parse from bytes / emit into bytes) and whole packets.
 
 use crate::opcode::{Opcode, Position};
+use crate::view::BthView;
 use crate::{
     pad_len, Error, Result, AETH_LEN, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN, BTH_LEN, DEFAULT_PKEY,
     DETH_LEN, ICRC_LEN, IETH_LEN, IMMDT_LEN, RETH_LEN,
@@ -98,45 +99,28 @@ impl Bth {
     }
 
     /// Parse the first 12 bytes of `buf`. Reserved bits are ignored; the version is not checked.
+    /// (The bit layout is [`BthView`]'s, the one place that knows it.)
     pub fn parse(buf: &[u8]) -> Result<Self> {
-        need(buf, BTH_LEN)?;
-        let b1 = buf[1];
-        let b4 = buf[4];
-        Ok(Bth {
-            opcode: Opcode(buf[0]),
-            solicited: b1 & 0x80 != 0,
-            mig_req: b1 & 0x40 != 0,
-            pad: (b1 >> 4) & 0x3,
-            tver: b1 & 0xF,
-            pkey: be16(buf, 2),
-            fecn: b4 & 0x80 != 0,
-            becn: b4 & 0x40 != 0,
-            dest_qp: be32(buf, 4) & MASK24,
-            ack_req: buf[8] & 0x80 != 0,
-            psn: be32(buf, 8) & MASK24,
-        })
+        Ok(BthView::new_checked(buf)?.to_repr())
     }
 
     /// Write into the first 12 bytes of `buf`. Fields wider than their wire
     /// width are masked (pad to 2 bits, tver to 4, dest_qp and psn to 24); reserved bits are zero.
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
         need(buf, BTH_LEN)?;
-        buf[0] = self.opcode.0;
-        buf[1] = (u8::from(self.solicited) << 7)
-            | (u8::from(self.mig_req) << 6)
-            | ((self.pad & 0x3) << 4)
-            | (self.tver & 0xF);
-        put16(buf, 2, self.pkey);
-        put32(
-            buf,
-            4,
-            (u32::from(self.fecn) << 31) | (u32::from(self.becn) << 30) | (self.dest_qp & MASK24),
-        );
-        put32(
-            buf,
-            8,
-            (u32::from(self.ack_req) << 31) | (self.psn & MASK24),
-        );
+        buf[..BTH_LEN].fill(0);
+        let mut v = BthView::new_checked(&mut buf[..BTH_LEN])?;
+        v.set_opcode(self.opcode);
+        v.set_solicited(self.solicited);
+        v.set_mig_req(self.mig_req);
+        v.set_pad(self.pad);
+        v.set_tver(self.tver);
+        v.set_pkey(self.pkey);
+        v.set_fecn(self.fecn);
+        v.set_becn(self.becn);
+        v.set_dest_qp(self.dest_qp);
+        v.set_ack_req(self.ack_req);
+        v.set_psn(self.psn);
         Ok(())
     }
 }

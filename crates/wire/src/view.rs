@@ -75,8 +75,19 @@ impl<T: AsRef<[u8]>> BthView<T> {
     }
     /// The whole header as a repr.
     pub fn to_repr(&self) -> Bth {
-        // cannot fail: length checked at construction
-        Bth::parse(self.b()).unwrap_or_else(|_| Bth::new(self.opcode(), 0, 0))
+        Bth {
+            opcode: self.opcode(),
+            solicited: self.solicited(),
+            mig_req: self.mig_req(),
+            pad: self.pad(),
+            tver: self.tver(),
+            pkey: self.pkey(),
+            fecn: self.fecn(),
+            becn: self.becn(),
+            dest_qp: self.dest_qp(),
+            ack_req: self.ack_req(),
+            psn: self.psn(),
+        }
     }
 }
 
