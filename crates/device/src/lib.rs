@@ -40,6 +40,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod log;
 pub mod statsfile;
 mod sys;
 
