@@ -8,8 +8,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use crate::ROCE_PORT;
+use crate::{statsfile, DEFAULT_SPIN, ROCE_PORT};
 
 /// Name of the default device.
 pub const DEFAULT_NAME: &str = "softrdma0";
@@ -150,6 +151,51 @@ pub fn probe_auto_loopback(port: u16) -> SocketAddr {
         }
     }
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+}
+
+/// How to open a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Device name.
+    pub name: String,
+    /// Its address.
+    pub addr: DeviceAddr,
+    /// Never block: the progress thread polls continuously (lowest latency, one core).
+    pub busy_poll: bool,
+    /// How long the progress thread keeps spinning after activity before it blocks.
+    pub spin: Duration,
+    /// Write every datagram sent and received to this pcap file.
+    pub pcap: Option<PathBuf>,
+    /// Seed of key and PSN randomness (random if None).
+    pub seed: Option<u64>,
+    /// Publish the device's counters for `softrdma stats` to a file in this directory
+    /// while it is open ([`statsfile`]); None: don't.
+    pub stats_dir: Option<PathBuf>,
+}
+
+impl DeviceConfig {
+    /// A configuration for `name` at `addr`, with `SOFTRDMA_BUSY_POLL`, `SOFTRDMA_PCAP`
+    /// and the stats directory ([`statsfile::default_dir`]: none if `SOFTRDMA_STATS=0`)
+    /// taken from the environment.
+    pub fn new(name: &str, addr: DeviceAddr) -> DeviceConfig {
+        let busy_poll = std::env::var("SOFTRDMA_BUSY_POLL").is_ok_and(|v| v == "1");
+        let pcap = std::env::var_os("SOFTRDMA_PCAP")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        DeviceConfig {
+            name: name.to_string(),
+            addr,
+            busy_poll,
+            spin: DEFAULT_SPIN,
+            pcap,
+            seed: None,
+            stats_dir: statsfile::default_dir(),
+        }
+    }
+    /// The configuration of a configured device (see [`config::devices`]).
+    pub fn from_entry(e: &DeviceEntry) -> DeviceConfig {
+        DeviceConfig::new(&e.name, e.addr)
+    }
 }
 
 #[cfg(test)]

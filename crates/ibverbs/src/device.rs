@@ -245,7 +245,7 @@ pub unsafe extern "C" fn ibv_get_device_guid(device: *mut sys::ibv_device) -> u6
             return 0;
         };
         let guid = match find_open(&d.entry.name) {
-            Some(sh) => sh.dev.with_read(|r| r.device_attr().node_guid),
+            Some(sh) => sh.dev.inspect(|r| r.device_attr().node_guid),
             None => {
                 // The engine's own GUID rule, for the address the device would take.
                 let gid = Gid::from_ip(device_addr(d).ip());
@@ -339,7 +339,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut sys::ibv_context) -> c_i
 // ------------------------------------------------------------------ queries
 
 pub(crate) fn device_attr(ctx: &Ctx) -> sys::ibv_device_attr {
-    let a = ctx.dev().with_read(|r| r.device_attr().clone());
+    let a = ctx.dev().inspect(|r| r.device_attr().clone());
     let mut o: sys::ibv_device_attr = zeroed();
     fill_cstr(&mut o.fw_ver, &a.fw_ver);
     o.node_guid = a.node_guid.to_be();
@@ -397,7 +397,7 @@ pub unsafe extern "C" fn ibv_query_device(
 fn port_attr(ctx: &Ctx, port: u8) -> Result<sys::ibv_port_attr, i32> {
     let p = ctx
         .dev()
-        .with_read(|r| r.port_attr(port))
+        .inspect(|r| r.port_attr(port))
         .map_err(|e| e.errno.code())?;
     let mut o: sys::ibv_port_attr = zeroed();
     o.state = p.state;
@@ -461,7 +461,7 @@ fn gid_of(ctx: &Ctx, port: u32, index: u32) -> Result<Gid, i32> {
         return Err(libc::EINVAL);
     }
     ctx.dev()
-        .with_read(|r| r.gid(index as u8))
+        .inspect(|r| r.gid(index as u8))
         .map_err(|e| e.errno.code())
 }
 
@@ -546,7 +546,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         if flags != 0 || (entries.is_null() && max_entries > 0) || entry_size == 0 {
             return -(libc::EINVAL as isize);
         }
-        let n = ctx.dev().with_read(|r| r.gids().len());
+        let n = ctx.dev().inspect(|r| r.gids().len());
         if n > max_entries {
             return -(libc::EINVAL as isize);
         }
@@ -605,7 +605,7 @@ pub unsafe extern "C" fn ibv_query_pkey(
         if pkey.is_null() || port_num != 1 || !(0..=0xFFFF).contains(&index) {
             return minus_one(libc::EINVAL);
         }
-        match ctx.dev().with_read(|r| r.pkey(index as u16)) {
+        match ctx.dev().inspect(|r| r.pkey(index as u16)) {
             Ok(p) => {
                 // SAFETY: points at the caller's __be16.
                 unsafe { *pkey = p.to_be() };
@@ -631,7 +631,7 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
             return minus_one(libc::EINVAL);
         }
         let want = u16::from_be(pkey);
-        let found = ctx.dev().with_read(|r| {
+        let found = ctx.dev().inspect(|r| {
             (0..=u16::MAX)
                 .map_while(|i| r.pkey(i).ok().map(|p| (i, p)))
                 .find(|&(_, p)| p == want)

@@ -56,7 +56,7 @@ unsafe extern "C" fn query_device_ex(
         o.orig_attr = device_attr(ctx);
         o.completion_timestamp_mask = u64::MAX;
         o.hca_core_clock = CORE_CLOCK_KHZ;
-        o.max_dm_size = ctx.dev().with_read(|r| r.device_attr().max_dm_size);
+        o.max_dm_size = ctx.dev().inspect(|r| r.device_attr().max_dm_size);
         o.phys_port_cnt_ex = u32::from(o.orig_attr.phys_port_cnt);
         // SAFETY: `attr` has `attr_size` bytes (the caller's sizeof).
         unsafe { copy_prefix(&o, attr, attr_size) };
@@ -659,7 +659,7 @@ unsafe extern "C" fn alloc_dm(
         if a.comp_mask != 0 {
             return null_errno(libc::EINVAL);
         }
-        match ctx.dev().with(|r, _| r.alloc_dm(a.length)) {
+        match ctx.dev().call(|r, _| r.alloc_dm(a.length)) {
             Ok(id) => {
                 let mut c: sys::ibv_dm = zeroed();
                 c.context = context;
@@ -679,7 +679,7 @@ unsafe extern "C" fn free_dm(dm: *mut sys::ibv_dm) -> c_int {
             return libc::EINVAL;
         };
         let id = d.id;
-        match ctx.dev().with(|r, _| r.free_dm(id)) {
+        match ctx.dev().call(|r, _| r.free_dm(id)) {
             Ok(()) => {
                 // SAFETY: allocated by alloc_dm as a Dm, freed once.
                 unsafe { free::<Dm, _>(dm) };
@@ -710,7 +710,7 @@ unsafe extern "C" fn memcpy_to_dm(
             unsafe { std::slice::from_raw_parts(host.cast::<u8>(), length) }
         };
         let id = d.id;
-        match ctx.dev().with(|r, _| r.dm_copy_to(id, offset, data)) {
+        match ctx.dev().call(|r, _| r.dm_copy_to(id, offset, data)) {
             Ok(()) => 0,
             Err(e) => errno(&e),
         }
@@ -732,10 +732,7 @@ unsafe extern "C" fn memcpy_from_dm(
         }
         let mut buf = vec![0u8; length];
         let id = d.id;
-        match ctx
-            .dev()
-            .with_read(|r| r.dm_copy_from(id, offset, &mut buf))
-        {
+        match ctx.dev().inspect(|r| r.dm_copy_from(id, offset, &mut buf)) {
             Ok(()) => {
                 // SAFETY: the caller's buffer holds `length` writable bytes.
                 unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), host.cast::<u8>(), length) };
@@ -772,7 +769,7 @@ unsafe extern "C" fn reg_dm_mr(
         let (pid, did) = (p.id, d.id);
         match ctx
             .dev()
-            .with(|r, _| r.reg_dm_mr(pid, did, offset, length, acc))
+            .call(|r, _| r.reg_dm_mr(pid, did, offset, length, acc))
         {
             Ok(info) => {
                 let mut c: sys::ibv_mr = zeroed();
@@ -811,7 +808,7 @@ unsafe extern "C" fn alloc_mw(pd: *mut sys::ibv_pd, mw_type: sys::ibv_mw_type) -
             _ => return null_errno(libc::EINVAL),
         };
         let pid = p.id;
-        let r = ctx.dev().with(|r, _| {
+        let r = ctx.dev().call(|r, _| {
             let c = r;
             let id = c.alloc_mw(pid, t)?;
             Ok::<_, verbs::Error>((id, c.mw_rkey(id)?))
@@ -842,7 +839,7 @@ unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
             return libc::EINVAL;
         };
         let id = w.id;
-        match ctx.dev().with(|r, _| r.dealloc_mw(id)) {
+        match ctx.dev().call(|r, _| r.dealloc_mw(id)) {
             Ok(()) => {
                 // SAFETY: allocated by alloc_mw as an Mw, freed once.
                 unsafe { free::<Mw, _>(mw) };
@@ -871,8 +868,7 @@ unsafe extern "C" fn bind_mw(
         }
         // SAFETY: as above.
         let b = unsafe { *bind };
-        let old = w.c.rkey;
-        let new_rkey = (old & !0xFF) | (old.wrapping_add(1) & 0xFF);
+        let new_rkey = verbs::inc_rkey(w.c.rkey);
         // SAFETY: as above.
         let mb = match unsafe { mw_bind(mw, new_rkey, &b.bind_info) } {
             Ok(m) => m,

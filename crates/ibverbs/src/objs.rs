@@ -4,8 +4,8 @@
 //! C struct of `<infiniband/verbs.h>` (so the program's pointer is ours), followed by the
 //! engine handle it stands for. Every object's `context` is set.
 
+use softrdma_device::CqPoller;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::AtomicU64;
 
 use softrdma_device::verbs::{
     self, Access, AhAttr, Arm, AsyncEvent, ChannelId, CqId, Gid, GlobalRoute, Mtu, PdId, QpAttr,
@@ -91,7 +91,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut sys::ibv_context) -> *mut sy
         let Some(ctx) = (unsafe { ctx_of(context) }) else {
             return null_errno(libc::EINVAL);
         };
-        match ctx.dev().with(|r, _| r.alloc_pd()) {
+        match ctx.dev().call(|r, _| r.alloc_pd()) {
             Ok(id) => {
                 let mut c: sys::ibv_pd = zeroed();
                 c.context = context;
@@ -111,7 +111,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
             return libc::EINVAL;
         };
         let id = p.id;
-        match ctx.dev().with(|r, _| r.dealloc_pd(id)) {
+        match ctx.dev().call(|r, _| r.dealloc_pd(id)) {
             Ok(()) => {
                 // SAFETY: allocated by ibv_alloc_pd, freed once (the engine PD is gone).
                 unsafe { free::<Pd, _>(pd) };
@@ -161,7 +161,7 @@ unsafe fn reg_mr_common(
         // time meanwhile.
         let r = ctx
             .dev()
-            .with(|r, _| unsafe { r.reg_mr(id, addr.cast(), length, iova, acc) });
+            .call(|r, _| unsafe { r.reg_mr(id, addr.cast(), length, iova, acc) });
         match r {
             Ok(info) => {
                 let mut c: sys::ibv_mr = zeroed();
@@ -226,7 +226,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
             return libc::EINVAL;
         };
         let lkey = m.lkey;
-        match ctx.dev().with(|r, _| r.dereg_mr(lkey)) {
+        match ctx.dev().call(|r, _| r.dereg_mr(lkey)) {
             Ok(()) => {
                 // SAFETY: allocated by a reg_mr call, freed once.
                 unsafe { free::<Mr, _>(mr) };
@@ -254,14 +254,14 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
         let Some(ctx) = (unsafe { ctx_of(context) }) else {
             return null_errno(libc::EINVAL);
         };
-        let id = match ctx.dev().with(|r, _| r.create_channel()) {
+        let id = match ctx.dev().call(|r, _| r.create_channel()) {
             Ok(id) => id,
             Err(e) => return null_errno(errno(&e)),
         };
         let fd = match ctx.dev().add_channel_fd(id) {
             Ok(fd) => fd,
             Err(e) => {
-                let _ = ctx.dev().with(|r, _| r.destroy_channel(id));
+                let _ = ctx.dev().call(|r, _| r.destroy_channel(id));
                 return null_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
             }
         };
@@ -285,7 +285,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut sys::ibv_comp_ch
             return libc::EINVAL;
         };
         let id = ch.id;
-        match ctx.dev().with(|r, _| r.destroy_channel(id)) {
+        match ctx.dev().call(|r, _| r.destroy_channel(id)) {
             Ok(()) => {
                 ctx.dev().remove_channel_fd(id);
                 // SAFETY: allocated by ibv_create_comp_channel, freed once.
@@ -303,8 +303,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut sys::ibv_comp_ch
 pub(crate) struct Cq {
     pub(crate) c: sys::ibv_cq_ex,
     pub(crate) id: CqId,
-    /// The device generation at which the CQ was last found empty (u64::MAX: unknown).
-    pub(crate) empty_at: AtomicU64,
+    pub(crate) poller: CqPoller,
     /// State of the extended polling API (`ibv_start_poll` & co).
     pub(crate) ex: std::cell::UnsafeCell<crate::ex::CqPoll>,
 }
@@ -338,7 +337,7 @@ pub(crate) fn create_cq_obj(
     };
     let (id, cap) = ctx
         .dev()
-        .with(|r, _| r.create_cq(cqe as u32, ch, timestamps))
+        .call(|r, _| r.create_cq(cqe as u32, ch, timestamps))
         .map_err(|e| errno(&e))?;
     let mut c: sys::ibv_cq_ex = zeroed();
     c.context = ctx.c_ptr();
@@ -349,7 +348,7 @@ pub(crate) fn create_cq_obj(
     let p = leak(Cq {
         c,
         id,
-        empty_at: AtomicU64::new(u64::MAX),
+        poller: CqPoller::new(id),
         ex: Default::default(),
     });
     ctx.shared.registry().cqs.insert(id.0, p as usize);
@@ -387,7 +386,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
             return libc::EINVAL;
         };
         let id = q.id;
-        match ctx.dev().with(|r, _| r.destroy_cq(id)) {
+        match ctx.dev().call(|r, _| r.destroy_cq(id)) {
             Ok(()) => {
                 ctx.shared.registry().cqs.remove(&id.0);
                 // SAFETY: allocated by create_cq_obj, freed once.
@@ -413,7 +412,7 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut sys::ibv_cq, cqe: c_int) -> c_in
             return libc::EINVAL;
         }
         let id = q.id;
-        match ctx.dev().with(|r, _| r.resize_cq(id, cqe as u32)) {
+        match ctx.dev().call(|r, _| r.resize_cq(id, cqe as u32)) {
             Ok(cap) => {
                 // SAFETY: `cq` is live; `cqe` is the program-visible capacity.
                 unsafe { (*cq).cqe = cap as c_int };
@@ -440,7 +439,7 @@ unsafe extern "C" fn req_notify_cq(cq: *mut sys::ibv_cq, solicited_only: c_int) 
             Arm::Next
         };
         let id = q.id;
-        let r = ctx.dev().with(|r, _| r.req_notify_cq(id, arm));
+        let r = ctx.dev().call(|r, _| r.req_notify_cq(id, arm));
         // The program may now block on the channel's fd, out of the device's sight.
         ctx.dev().flush();
         match r {
@@ -478,7 +477,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         let nonblocking = crate::fd_nonblocking(ch.c.fd);
         let timeout = nonblocking.then_some(std::time::Duration::ZERO);
         loop {
-            let got = dev.wait_for(timeout, || dev.with_quiet(|r, _| r.get_cq_event(id)));
+            let got = dev.wait_for(timeout, || dev.call_quiet(|r, _| r.get_cq_event(id)));
             let Some(cq_id) = got else {
                 if nonblocking {
                     return minus_one(libc::EAGAIN);
@@ -515,7 +514,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, nevents: u32) {
         let id = q.id;
         if ctx
             .dev()
-            .with_quiet(|r, _| r.ack_cq_events(id, nevents))
+            .call_quiet(|r, _| r.ack_cq_events(id, nevents))
             .is_ok()
         {
             // SAFETY: `cq` is live; the counter is the program-visible one.
@@ -558,7 +557,7 @@ pub unsafe extern "C" fn ibv_create_srq(
         let init = unsafe { &mut *init };
         let a = init.attr;
         let pid = p.id;
-        let r = ctx.dev().with(|r, _| {
+        let r = ctx.dev().call(|r, _| {
             let c = r;
             let id = c.create_srq(pid, a.max_wr, a.max_sge, a.srq_limit)?;
             let actual = c.query_srq(id)?;
@@ -604,7 +603,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
         let max_wr = (mask as u32 & sys::IBV_SRQ_MAX_WR != 0).then_some(a.max_wr);
         let limit = (mask as u32 & sys::IBV_SRQ_LIMIT != 0).then_some(a.srq_limit);
         let id = s.id;
-        match ctx.dev().with(|r, _| r.modify_srq(id, max_wr, limit)) {
+        match ctx.dev().call(|r, _| r.modify_srq(id, max_wr, limit)) {
             Ok(()) => 0,
             Err(e) => errno(&e),
         }
@@ -628,7 +627,7 @@ pub unsafe extern "C" fn ibv_query_srq(
             return libc::EINVAL;
         }
         let id = s.id;
-        match ctx.dev().with_read(|r| r.query_srq(id)) {
+        match ctx.dev().inspect(|r| r.query_srq(id)) {
             Ok((max_wr, max_sge, limit)) => {
                 // SAFETY: `attr` points at the caller's attributes.
                 unsafe {
@@ -656,7 +655,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
             return libc::EINVAL;
         };
         let id = s.id;
-        match ctx.dev().with(|r, _| r.destroy_srq(id)) {
+        match ctx.dev().call(|r, _| r.destroy_srq(id)) {
             Ok(()) => {
                 ctx.shared.registry().srqs.remove(&id.0);
                 // SAFETY: allocated by ibv_create_srq, freed once.
@@ -677,8 +676,6 @@ pub(crate) struct Qp {
     pub(crate) c: sys::ibv_qp_ex,
     pub(crate) qpn: u32,
     pub(crate) qp_type: QpType,
-    /// `max_send_sge` as reported to the program at creation (caps never change).
-    pub(crate) max_send_sge: u32,
     /// The work request being built with the `ibv_wr_*` API.
     pub(crate) ex: std::cell::UnsafeCell<crate::ex::WrBuild>,
 }
@@ -807,7 +804,7 @@ pub(crate) fn create_qp_obj(
     };
     let (qpn, actual) = ctx
         .dev()
-        .with(|r, _| {
+        .call(|r, _| {
             let qpn = r.create_qp(init)?;
             let actual = r.qp_init_attr(qpn).ok().map(|i| i.cap).unwrap_or(init.cap);
             Ok::<_, verbs::Error>((qpn, actual))
@@ -831,7 +828,6 @@ pub(crate) fn create_qp_obj(
         c,
         qpn,
         qp_type: t,
-        max_send_sge: actual.max_send_sge,
         ex: Default::default(),
     });
     ctx.shared.registry().qps.insert(qpn, q as usize);
@@ -935,7 +931,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
             Err(e) => return e,
         };
         let qpn = q.qpn;
-        match ctx.dev().with(|r, now| r.modify_qp(now, qpn, &a, vm)) {
+        match ctx.dev().call(|r, now| r.modify_qp(now, qpn, &a, vm)) {
             Ok(()) => {
                 if vm.contains(QpAttrMask::STATE) {
                     // SAFETY: `qp` is live; `state` is the program-visible copy.
@@ -967,7 +963,7 @@ pub unsafe extern "C" fn ibv_query_qp(
             return libc::EINVAL;
         }
         let qpn = q.qpn;
-        let r = ctx.dev().with_read(|r| {
+        let r = ctx.dev().inspect(|r| {
             let a = r.query_qp(qpn)?;
             let i = r.qp_init_attr(qpn)?;
             Ok::<_, verbs::Error>((a, i))
@@ -1028,7 +1024,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
             return libc::EINVAL;
         };
         let qpn = q.qpn;
-        match ctx.dev().with(|r, _| r.destroy_qp(qpn)) {
+        match ctx.dev().call(|r, _| r.destroy_qp(qpn)) {
             Ok(()) => {
                 ctx.shared.registry().qps.remove(&qpn);
                 // SAFETY: allocated by create_qp_obj, freed once.
@@ -1064,7 +1060,7 @@ pub unsafe extern "C" fn ibv_create_ah(
         // SAFETY: `attr` points at the caller's attributes.
         let a = ah_from_c(unsafe { &*attr });
         let pid = p.id;
-        match ctx.dev().with(|r, _| r.create_ah(pid, &a)) {
+        match ctx.dev().call(|r, _| r.create_ah(pid, &a)) {
             Ok(id) => {
                 let mut c: sys::ibv_ah = zeroed();
                 c.context = p.c.context;
@@ -1089,7 +1085,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut sys::ibv_ah) -> c_int {
             return libc::EINVAL;
         };
         let id = a.id;
-        match ctx.dev().with(|r, _| r.destroy_ah(id)) {
+        match ctx.dev().call(|r, _| r.destroy_ah(id)) {
             Ok(()) => {
                 // SAFETY: allocated by ibv_create_ah, freed once.
                 unsafe { free::<Ah, _>(ah) };
@@ -1142,7 +1138,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         // Our GID the message was sent to is the source GID of the reply.
         let sgid_index = ctx
             .dev()
-            .with_read(|r| r.gids().iter().position(|x| *x == dgid))
+            .inspect(|r| r.gids().iter().position(|x| *x == dgid))
             .unwrap_or(0) as u8;
         let mut o: sys::ibv_ah_attr = zeroed();
         o.grh.dgid.raw = sgid.0;

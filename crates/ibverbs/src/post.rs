@@ -2,7 +2,6 @@
 //! `ibv_post_srq_recv` and `ibv_poll_cq` are static inline calls through these pointers.
 
 use std::ffi::c_int;
-use std::sync::atomic::Ordering;
 
 use softrdma_device::verbs::{
     self, Access, MwBind, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags,
@@ -169,19 +168,14 @@ unsafe fn copy_inline(sg_list: &[Sge]) -> Result<Vec<u8>, c_int> {
 }
 
 /// Post translated WRs in order under one engine lock; on failure, the index that failed
-/// and its errno. More SGEs than the QP's `max_send_sge` is EINVAL in every QP state (the
-/// engine flushes a send posted in ERR without checking it).
+/// and its errno.
 pub(crate) fn post_sends(qp: &Qp, wrs: Vec<SendWr>) -> Result<(), (usize, c_int)> {
     let Some(ctx) = qp.ctx() else {
         return Err((0, libc::EINVAL));
     };
     let qpn = qp.qpn;
-    let max_sge = qp.max_send_sge as usize;
-    ctx.dev().with_post(|r, now| {
+    ctx.dev().post(|r, now| {
         for (i, w) in wrs.into_iter().enumerate() {
-            if w.sg_list.len() > max_sge {
-                return Err((i, libc::EINVAL));
-            }
             r.post_send(now, qpn, w).map_err(|e| (i, errno(&e)))?;
         }
         Ok(())
@@ -281,7 +275,7 @@ pub(crate) unsafe extern "C" fn post_recv(
         // SAFETY: the caller's list is valid.
         let (wrs, ptrs, conv_err) = unsafe { walk(wr, |w| w.next, recv_wr) };
         let qpn = q.qpn;
-        let posted = ctx.dev().with(|r, now| {
+        let posted = ctx.dev().call(|r, now| {
             for (i, w) in wrs.into_iter().enumerate() {
                 r.post_recv(now, qpn, w).map_err(|e| (i, errno(&e)))?;
             }
@@ -308,7 +302,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         // SAFETY: the caller's list is valid.
         let (wrs, ptrs, conv_err) = unsafe { walk(wr, |w| w.next, recv_wr) };
         let id = s.id;
-        let posted = ctx.dev().with(|r, now| {
+        let posted = ctx.dev().call(|r, now| {
             for (i, w) in wrs.into_iter().enumerate() {
                 r.post_srq_recv(now, id, w).map_err(|e| (i, errno(&e)))?;
             }
@@ -342,84 +336,20 @@ pub(crate) fn wc_to_c(w: &WorkCompletion) -> sys::ibv_wc {
     o
 }
 
-/// Whether the CQ is known to be empty: the device generation has not moved since it was
-/// last found empty.
-fn known_empty(cq: &Cq, g: u64) -> bool {
-    cq.empty_at.load(Ordering::Relaxed) == g
-}
-
-/// Poll without driving progress, skipping the engine lock while the CQ is known empty.
+/// Take completions without driving progress ([`softrdma_device::CqPoller::take`]).
 pub(crate) fn poll_quick(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
     let Some(ctx) = cq.ctx() else {
         return Err(verbs::Error::inval("CQ without context"));
     };
-    let dev = ctx.dev();
-    let g = dev.generation();
-    if known_empty(cq, g) {
-        return Ok(0);
-    }
-    let id = cq.id;
-    let n = dev.with_read(|r| r.poll_cq(id, out))?;
-    if n == 0 {
-        cq.empty_at.store(g, Ordering::Relaxed);
-    }
-    Ok(n)
+    cq.poller.take(ctx.dev(), out)
 }
 
-/// Run `poll`; when it finds nothing, drive the device's progress once from this thread and
-/// run it again (a program polling in a loop is what moves the device, as with the Rust
-/// API). A poll that finds completions tells the device an application thread polls.
-fn with_progress(cq: &Cq, mut poll: impl FnMut() -> verbs::Result<usize>) -> verbs::Result<usize> {
-    let n = poll()?;
-    let Some(ctx) = cq.ctx() else {
-        return Ok(n);
-    };
-    if n > 0 {
-        ctx.dev().note_poll();
-        Ok(n)
-    } else if ctx.dev().progress() {
-        poll()
-    } else {
-        Ok(0)
-    }
-}
-
-/// [`poll_quick`], driving progress when the CQ is empty ([`with_progress`]).
+/// Poll, driving progress when the CQ is empty ([`softrdma_device::CqPoller::poll`]).
 pub(crate) fn poll_progress(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
-    with_progress(cq, || poll_quick(cq, out))
-}
-
-/// Completions converted per engine poll: `ibv_poll_cq` is called in tight loops, so its
-/// stack buffer must be small to fill (a 64-entry one cost perftest's poll loop 15% of
-/// its time in `memset`).
-const POLL_CHUNK: usize = 16;
-
-/// Poll up to `want` completions into the caller's `ibv_wc` array, in chunks, without
-/// driving progress. A CQ known to be empty returns before any buffer is touched.
-///
-/// # Safety
-/// `wc` points at `want` writable `ibv_wc` entries.
-unsafe fn poll_into(cq: &Cq, want: usize, wc: *mut sys::ibv_wc) -> verbs::Result<usize> {
-    if let Some(ctx) = cq.ctx() {
-        if known_empty(cq, ctx.dev().generation()) {
-            return Ok(0);
-        }
-    }
-    let mut buf = [WorkCompletion::default(); POLL_CHUNK];
-    let mut got = 0;
-    while got < want {
-        let k = (want - got).min(POLL_CHUNK);
-        let n = poll_quick(cq, &mut buf[..k])?;
-        for (i, w) in buf[..n].iter().enumerate() {
-            // SAFETY: got + i < want, and the caller's array holds `want` entries.
-            unsafe { wc.add(got + i).write(wc_to_c(w)) };
-        }
-        got += n;
-        if n < k {
-            break;
-        }
-    }
-    Ok(got)
+    let Some(ctx) = cq.ctx() else {
+        return Err(verbs::Error::inval("CQ without context"));
+    };
+    cq.poller.poll(ctx.dev(), out)
 }
 
 pub(crate) unsafe extern "C" fn poll_cq(
@@ -438,9 +368,15 @@ pub(crate) unsafe extern "C" fn poll_cq(
         if wc.is_null() {
             return -1;
         }
+        let Some(ctx) = q.ctx() else {
+            return -1;
+        };
         let want = num_entries as usize;
-        // SAFETY: the caller's array holds `num_entries` entries.
-        let polled = with_progress(q, || unsafe { poll_into(q, want, wc) });
+        let polled = q.poller.poll_each(ctx.dev(), want, |i, w| {
+            // SAFETY: `poll_each` hands out indices below `want`, and the caller's array
+            // holds `num_entries` = `want` entries.
+            unsafe { wc.add(i).write(wc_to_c(w)) }
+        });
         match polled {
             Ok(n) => n as c_int,
             Err(_) => -1,

@@ -1,10 +1,11 @@
 //! Completion queues and completion channels.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use softrdma_device::CqPoller;
 use softrdma_transport::verbs::{Arm, ChannelId, CqId, WorkCompletion};
 
 use crate::{Device, Error, Result};
@@ -46,7 +47,7 @@ impl Drop for ChanInner {
         // CQs using the channel hold an Arc of it, so none is left when this runs.
         self.dev.inner.dev.remove_channel_fd(self.id);
         let id = self.id;
-        let _ = self.dev.with(|r, _| r.destroy_channel(id));
+        let _ = self.dev.call(|r, _| r.destroy_channel(id));
     }
 }
 
@@ -66,7 +67,7 @@ impl CompletionChannel {
     /// Acknowledge it later with [`CompletionChannel::ack`].
     pub fn try_get(&self) -> Result<Option<CqId>> {
         let id = self.inner.id;
-        self.inner.dev.with_quiet(|r, _| Ok(r.get_cq_event(id)))
+        self.inner.dev.call_quiet(|r, _| Ok(r.get_cq_event(id)))
     }
     /// Wait for the next CQ event (`None` waits forever); ETIMEDOUT on timeout. Returns the
     /// CQ that has the event (compare with [`CompletionQueue::id`]). The calling thread
@@ -108,14 +109,13 @@ pub(crate) struct CqInner {
     pub(crate) id: CqId,
     pub(crate) cap: u32,
     pub(crate) _chan: Option<Arc<ChanInner>>,
-    /// The device generation at which the CQ was last found empty (u64::MAX: not known).
-    pub(crate) empty_at: AtomicU64,
+    pub(crate) poller: CqPoller,
 }
 
 impl Drop for CqInner {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.dev.with(|r, _| {
+        let _ = self.dev.call(|r, _| {
             let ctx = r;
             // Unacknowledged events would make destroy EBUSY; nobody can ack them after
             // the handle is gone, so ack them here (the count is bounded by events taken).
@@ -152,34 +152,11 @@ impl CompletionQueue {
     /// again: a thread polling in a loop is the one that makes progress, and the device's
     /// progress thread stays out of its way.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        if out.is_empty() {
-            return Ok(0);
-        }
-        let n = self.poll_quick(out)?;
-        if n > 0 {
-            self.inner.dev.rt().note_poll();
-            return Ok(n);
-        }
-        if self.inner.dev.rt().progress() {
-            return self.poll_quick(out);
-        }
-        Ok(0)
+        Ok(self.inner.poller.poll(self.inner.dev.rt(), out)?)
     }
     /// Poll without driving progress; skips the engine lock while the CQ is known empty.
     fn poll_quick(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        let rt = self.inner.dev.rt();
-        let g = rt.generation();
-        if self.inner.empty_at.load(Ordering::Relaxed) == g {
-            return Ok(0);
-        }
-        let id = self.inner.id;
-        let n = self.inner.dev.with_read(|r| r.poll_cq(id, out))?;
-        if n == 0 {
-            // `g` was read before the lock: a completion added after our look bumps the
-            // generation past it.
-            self.inner.empty_at.store(g, Ordering::Relaxed);
-        }
-        Ok(n)
+        Ok(self.inner.poller.take(self.inner.dev.rt(), out)?)
     }
     /// One completion, if any.
     pub fn poll_one(&self) -> Result<Option<WorkCompletion>> {
@@ -252,7 +229,7 @@ impl CompletionQueue {
         } else {
             Arm::Next
         };
-        let r = self.inner.dev.with(|r, _| r.req_notify_cq(id, arm));
+        let r = self.inner.dev.call(|r, _| r.req_notify_cq(id, arm));
         // The caller may now block on the channel's fd, out of the device's sight.
         self.inner.dev.rt().flush();
         r
@@ -260,12 +237,12 @@ impl CompletionQueue {
     /// Acknowledge `n` events taken from its channel.
     pub fn ack_events(&self, n: u32) -> Result<()> {
         let id = self.inner.id;
-        self.inner.dev.with_quiet(|r, _| r.ack_cq_events(id, n))
+        self.inner.dev.call_quiet(|r, _| r.ack_cq_events(id, n))
     }
     /// Completions waiting.
     pub fn len(&self) -> Result<usize> {
         let id = self.inner.id;
-        self.inner.dev.with_read(|r| r.cq_len(id))
+        self.inner.dev.inspect(|r| r.cq_len(id))
     }
     /// Whether no completion is waiting.
     pub fn is_empty(&self) -> Result<bool> {

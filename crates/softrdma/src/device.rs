@@ -1,8 +1,8 @@
 //! Devices: listing, opening, queries, async events.
 
+use softrdma_device::CqPoller;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,8 @@ use softrdma_transport::verbs::{self, AsyncEvent, DeviceAttr, Gid, PortAttr};
 use softrdma_transport::Rnic;
 
 use crate::cq::{ChanInner, CompletionChannel, CompletionQueue, CqInner};
-use crate::mr::{DeviceMemory, DmInner, PdInner, ProtectionDomain};
+use crate::mr::{DeviceMemory, DmInner};
+use crate::pd::{PdInner, ProtectionDomain};
 use crate::{Error, Result};
 
 pub use dev::{DeviceAddr, DeviceConfig, DeviceStats, DriverStats, LinkStats};
@@ -104,18 +105,18 @@ impl Device {
     }
 
     /// Run a closure that only reads or removes engine state; see
-    /// [`softrdma_device::Device::with_read`].
-    pub(crate) fn with_read<R>(&self, f: impl FnOnce(&mut Rnic) -> verbs::Result<R>) -> Result<R> {
-        self.inner.dev.with_read(f).map_err(Error::from)
+    /// [`softrdma_device::Device::inspect`].
+    pub(crate) fn inspect<R>(&self, f: impl FnOnce(&mut Rnic) -> verbs::Result<R>) -> Result<R> {
+        self.inner.dev.inspect(f).map_err(Error::from)
     }
 
     /// Run `f` on the engine, for a closure that adds no completion or event; see
-    /// [`softrdma_device::Device::with_quiet`].
-    pub(crate) fn with_quiet<R>(
+    /// [`softrdma_device::Device::call_quiet`].
+    pub(crate) fn call_quiet<R>(
         &self,
         f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>,
     ) -> Result<R> {
-        self.inner.dev.with_quiet(f).map_err(Error::from)
+        self.inner.dev.call_quiet(f).map_err(Error::from)
     }
 
     /// The runtime device.
@@ -123,17 +124,14 @@ impl Device {
         &self.inner.dev
     }
 
-    /// Post on the engine; see [`softrdma_device::Device::with_post`].
-    pub(crate) fn with_post<R>(
-        &self,
-        f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>,
-    ) -> Result<R> {
-        self.inner.dev.with_post(f).map_err(Error::from)
+    /// Post on the engine; see [`softrdma_device::Device::post`].
+    pub(crate) fn post<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>) -> Result<R> {
+        self.inner.dev.post(f).map_err(Error::from)
     }
 
-    /// Run `f` on the engine; see [`softrdma_device::Device::with`].
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>) -> Result<R> {
-        self.inner.dev.with(f).map_err(Error::from)
+    /// Run `f` on the engine; see [`softrdma_device::Device::call`].
+    pub(crate) fn call<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>) -> Result<R> {
+        self.inner.dev.call(f).map_err(Error::from)
     }
 
     /// Device name.
@@ -150,15 +148,15 @@ impl Device {
     }
     /// Device attributes (`ibv_query_device`).
     pub fn query_device(&self) -> DeviceAttr {
-        self.inner.dev.with(|r, _| r.device_attr().clone())
+        self.inner.dev.call(|r, _| r.device_attr().clone())
     }
     /// Port attributes (`ibv_query_port`); port 1 only.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
-        self.with(|r, _| r.port_attr(port))
+        self.call(|r, _| r.port_attr(port))
     }
     /// GID at `index` (`ibv_query_gid`).
     pub fn query_gid(&self, index: u8) -> Result<Gid> {
-        self.with(|r, _| r.gid(index))
+        self.call(|r, _| r.gid(index))
     }
     /// Engine and runtime counters.
     pub fn stats(&self) -> DeviceStats {
@@ -167,7 +165,7 @@ impl Device {
 
     /// Allocate a protection domain.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
-        let id = self.with(|r, _| r.alloc_pd())?;
+        let id = self.call(|r, _| r.alloc_pd())?;
         Ok(ProtectionDomain {
             inner: Arc::new(PdInner {
                 dev: self.clone(),
@@ -178,11 +176,11 @@ impl Device {
 
     /// Create a completion channel (its fd is readable while CQ events are pending).
     pub fn create_channel(&self) -> Result<CompletionChannel> {
-        let id = self.with(|r, _| r.create_channel())?;
+        let id = self.call(|r, _| r.create_channel())?;
         let fd = match self.inner.dev.add_channel_fd(id) {
             Ok(fd) => fd,
             Err(e) => {
-                let _ = self.with(|r, _| r.destroy_channel(id));
+                let _ = self.call(|r, _| r.destroy_channel(id));
                 return Err(e.into());
             }
         };
@@ -203,21 +201,21 @@ impl Device {
         channel: Option<&CompletionChannel>,
     ) -> Result<CompletionQueue> {
         let ch = channel.map(|c| c.inner.id);
-        let (id, cap) = self.with(|r, _| r.create_cq(cqe, ch, false))?;
+        let (id, cap) = self.call(|r, _| r.create_cq(cqe, ch, false))?;
         Ok(CompletionQueue {
             inner: Arc::new(CqInner {
                 dev: self.clone(),
                 id,
                 cap,
                 _chan: channel.map(|c| Arc::clone(&c.inner)),
-                empty_at: AtomicU64::new(u64::MAX),
+                poller: CqPoller::new(id),
             }),
         })
     }
 
     /// Allocate `len` bytes of device memory (`ibv_alloc_dm`).
     pub fn alloc_dm(&self, len: usize) -> Result<DeviceMemory> {
-        let id = self.with(|r, _| r.alloc_dm(len))?;
+        let id = self.call(|r, _| r.alloc_dm(len))?;
         Ok(DeviceMemory {
             inner: Arc::new(DmInner {
                 dev: self.clone(),

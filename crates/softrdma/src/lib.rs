@@ -27,22 +27,23 @@
 
 #![warn(missing_docs)]
 
+mod ah;
 mod cq;
 mod device;
 mod error;
 mod mr;
+mod pd;
 mod qp;
 pub mod wr;
 
+pub use ah::{ah_attr, AddressHandle};
 pub use cq::{CompletionChannel, CompletionQueue, PollIter};
 pub use device::{
     devices, Device, DeviceAddr, DeviceConfig, DeviceInfo, DeviceStats, DriverStats, LinkStats,
 };
 pub use error::{Error, Result};
-pub use mr::{
-    ah_attr, AddressHandle, DeviceMemory, MemoryRegion, MemoryWindow, MrBuffer, ProtectionDomain,
-    RemoteMemory,
-};
+pub use mr::{DeviceMemory, MemoryRegion, MemoryWindow, MrBuffer, RemoteMemory};
+pub use pd::ProtectionDomain;
 pub use qp::{PathOptions, QpInit, QueuePair, RemoteQp, SharedReceiveQueue, DEFAULT_QKEY};
 pub use softrdma_device::statsfile;
 pub use softrdma_transport::verbs;

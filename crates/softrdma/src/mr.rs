@@ -1,35 +1,12 @@
-//! Protection domains and what lives in them: memory regions, memory windows, address
-//! handles; device memory.
+//! Memory regions, memory windows and device memory.
 
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
-use softrdma_transport::verbs::{
-    self, Access, AhAttr, AhId, DmId, Gid, GlobalRoute, MrInfo, MwId, PdId, Sge, UdDest,
-};
+use softrdma_transport::verbs::{self, Access, DmId, MrInfo, MwId, PdId, Sge};
 
-use crate::cq::CompletionQueue;
-use crate::qp::{QpInit, QueuePair, SharedReceiveQueue};
+use crate::pd::{PdInner, ProtectionDomain};
 use crate::{Device, Error, Result};
-
-pub(crate) struct PdInner {
-    pub(crate) dev: Device,
-    pub(crate) id: PdId,
-}
-
-impl Drop for PdInner {
-    fn drop(&mut self) {
-        // Children hold an Arc of this PD, so none is left when this runs.
-        let id = self.id;
-        let _ = self.dev.with(|r, _| r.dealloc_pd(id));
-    }
-}
-
-/// A protection domain. Cheap to clone (shared); objects made in it keep it alive.
-#[derive(Clone)]
-pub struct ProtectionDomain {
-    pub(crate) inner: Arc<PdInner>,
-}
 
 /// The memory a safe registration owns: a vector, a length of zeroed bytes, or a copy.
 #[derive(Debug)]
@@ -58,15 +35,6 @@ impl From<&[u8]> for MrBuffer {
 }
 
 impl ProtectionDomain {
-    /// The device.
-    pub fn device(&self) -> &Device {
-        &self.inner.dev
-    }
-    /// The verbs handle.
-    pub fn id(&self) -> PdId {
-        self.inner.id
-    }
-
     /// Register memory the region owns (a `Vec<u8>`, a `Box<[u8]>`, a byte count of zeroed
     /// memory, or a copied slice). Its contents are reachable only by copying
     /// ([`MemoryRegion::read`], [`MemoryRegion::write`]) and atomics, so the device may write
@@ -84,7 +52,7 @@ impl ProtectionDomain {
         let r = self
             .inner
             .dev
-            .with(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) });
+            .call(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) });
         match r {
             Ok(info) => Ok(MemoryRegion {
                 pd: Arc::clone(&self.inner),
@@ -120,7 +88,7 @@ impl ProtectionDomain {
         let info = self
             .inner
             .dev
-            .with(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) })?;
+            .call(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) })?;
         Ok(MemoryRegion {
             pd: Arc::clone(&self.inner),
             info,
@@ -141,7 +109,7 @@ impl ProtectionDomain {
         let info = self
             .inner
             .dev
-            .with(|rn, _| rn.reg_dm_mr(pd, id, offset, len, access))?;
+            .call(|rn, _| rn.reg_dm_mr(pd, id, offset, len, access))?;
         Ok(MemoryRegion {
             pd: Arc::clone(&self.inner),
             info,
@@ -150,66 +118,18 @@ impl ProtectionDomain {
         })
     }
 
-    /// Create a queue pair (in RESET).
-    pub fn create_qp(&self, init: &QpInit<'_>) -> Result<QueuePair> {
-        QueuePair::create(self, init)
-    }
-
-    /// Create a shared receive queue.
-    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
-        SharedReceiveQueue::create(self, max_wr, max_sge)
-    }
-
-    /// Create an address handle.
-    pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
-        let pd = self.inner.id;
-        let id = self.inner.dev.with(|r, _| r.create_ah(pd, attr))?;
-        Ok(AddressHandle {
-            pd: Arc::clone(&self.inner),
-            id,
-            attr: *attr,
-        })
-    }
-
-    /// Create an address handle to `gid` with default routing (hop limit 64, traffic
-    /// class 0, source GID index 0).
-    pub fn create_ah_to(&self, gid: Gid) -> Result<AddressHandle> {
-        self.create_ah(&ah_attr(gid, 0))
-    }
-
     /// Allocate a memory window of type 1 or 2.
     pub fn alloc_mw(&self, mw_type: u8) -> Result<MemoryWindow> {
         let pd = self.inner.id;
-        let id = self.inner.dev.with(|r, _| r.alloc_mw(pd, mw_type))?;
+        let id = self.inner.dev.call(|r, _| r.alloc_mw(pd, mw_type))?;
         Ok(MemoryWindow {
             pd: Arc::clone(&self.inner),
             id,
         })
     }
-
-    /// A CQ on this PD's device (a shortcut for `pd.device().create_cq(cqe, None)`).
-    pub fn create_cq(&self, cqe: u32) -> Result<CompletionQueue> {
-        self.inner.dev.create_cq(cqe, None)
-    }
 }
 
-/// An address vector to `gid` on port 1 with the given traffic class (IP DSCP/ECN byte)
-/// and hop limit 64.
-pub fn ah_attr(gid: Gid, traffic_class: u8) -> AhAttr {
-    AhAttr {
-        grh: GlobalRoute {
-            dgid: gid,
-            flow_label: 0,
-            sgid_index: 0,
-            hop_limit: 64,
-            traffic_class,
-        },
-        is_global: true,
-        port_num: 1,
-        ..Default::default()
-    }
-}
-
+/// What a region's memory is, and who frees it.
 enum Backing {
     /// Heap memory from `Box::into_raw`, freed after deregistration.
     Owned(*mut [u8]),
@@ -376,7 +296,7 @@ impl MemoryRegion {
             .dev
             .inner
             .dev
-            .with_read(|r| match r.local_span(pd, &sge, Access::empty()) {
+            .inspect(|r| match r.local_span(pd, &sge, Access::empty()) {
                 Ok(span) => f(&span).ok_or(Error::invalid("misaligned or out of bounds")),
                 Err(_) => Err(Error::new(libc::EFAULT, "region not accessible")),
             })
@@ -455,7 +375,7 @@ impl MemoryRegion {
 
     fn deregister(&mut self) -> Result<()> {
         let lkey = self.info.lkey;
-        self.pd.dev.with(|r, _| r.dereg_mr(lkey))
+        self.pd.dev.call(|r, _| r.dereg_mr(lkey))
     }
 }
 
@@ -488,47 +408,14 @@ impl MemoryWindow {
     /// Its current rkey.
     pub fn rkey(&self) -> Result<u32> {
         let id = self.id;
-        self.pd.dev.with(|r, _| r.mw_rkey(id))
+        self.pd.dev.call(|r, _| r.mw_rkey(id))
     }
 }
 
 impl Drop for MemoryWindow {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.pd.dev.with(|r, _| r.dealloc_mw(id));
-    }
-}
-
-/// An address handle: where UD sends go.
-pub struct AddressHandle {
-    pd: Arc<PdInner>,
-    id: AhId,
-    attr: AhAttr,
-}
-
-impl AddressHandle {
-    /// The verbs handle.
-    pub fn id(&self) -> AhId {
-        self.id
-    }
-    /// Its address vector.
-    pub fn attr(&self) -> &AhAttr {
-        &self.attr
-    }
-    /// A UD destination through this handle.
-    pub fn dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
-        UdDest {
-            ah: self.id,
-            remote_qpn,
-            remote_qkey,
-        }
-    }
-}
-
-impl Drop for AddressHandle {
-    fn drop(&mut self) {
-        let id = self.id;
-        let _ = self.pd.dev.with(|r, _| r.destroy_ah(id));
+        let _ = self.pd.dev.call(|r, _| r.dealloc_mw(id));
     }
 }
 
@@ -541,7 +428,7 @@ pub(crate) struct DmInner {
 impl Drop for DmInner {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.dev.with(|r, _| r.free_dm(id));
+        let _ = self.dev.call(|r, _| r.free_dm(id));
     }
 }
 
@@ -562,11 +449,11 @@ impl DeviceMemory {
     /// Copy `data` in at `offset`.
     pub fn copy_to(&self, offset: u64, data: &[u8]) -> Result<()> {
         let id = self.inner.id;
-        self.inner.dev.with(|r, _| r.dm_copy_to(id, offset, data))
+        self.inner.dev.call(|r, _| r.dm_copy_to(id, offset, data))
     }
     /// Copy out from `offset`.
     pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let id = self.inner.id;
-        self.inner.dev.with(|r, _| r.dm_copy_from(id, offset, out))
+        self.inner.dev.call(|r, _| r.dm_copy_from(id, offset, out))
     }
 }

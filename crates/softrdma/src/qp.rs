@@ -7,8 +7,9 @@ use softrdma_transport::verbs::{
     SrqId,
 };
 
+use crate::ah::ah_attr;
 use crate::cq::{CompletionQueue, CqInner};
-use crate::mr::{ah_attr, PdInner, ProtectionDomain};
+use crate::pd::{PdInner, ProtectionDomain};
 use crate::{Error, Result};
 
 /// The default Q_Key of the UD helpers.
@@ -126,6 +127,18 @@ impl Default for PathOptions {
     }
 }
 
+impl ProtectionDomain {
+    /// Create a queue pair (in RESET).
+    pub fn create_qp(&self, init: &QpInit<'_>) -> Result<QueuePair> {
+        QueuePair::create(self, init)
+    }
+
+    /// Create a shared receive queue.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
+        SharedReceiveQueue::create(self, max_wr, max_sge)
+    }
+}
+
 /// A queue pair. Dropping it destroys it; posted WRs vanish without completions.
 pub struct QueuePair {
     pd: Arc<PdInner>,
@@ -168,7 +181,7 @@ impl QueuePair {
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
         };
-        let (qpn, cap) = dev.with(|r, _| {
+        let (qpn, cap) = dev.call(|r, _| {
             let qpn = r.create_qp(attr)?;
             let cap = r.qp_init_attr(qpn).ok().map(|i| i.cap).unwrap_or(attr.cap);
             Ok((qpn, cap))
@@ -212,7 +225,7 @@ impl QueuePair {
     /// `wr.inline_data`.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
         let qpn = self.qpn;
-        self.pd.dev.with_post(|r, now| r.post_send(now, qpn, wr))
+        self.pd.dev.post(|r, now| r.post_send(now, qpn, wr))
     }
     /// Post several send work requests in order; stops at the first error.
     pub fn post_send_all(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<()> {
@@ -224,17 +237,17 @@ impl QueuePair {
     /// Post a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let qpn = self.qpn;
-        self.pd.dev.with(|r, now| r.post_recv(now, qpn, wr))
+        self.pd.dev.call(|r, now| r.post_recv(now, qpn, wr))
     }
     /// Modify attributes (`ibv_modify_qp`).
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let qpn = self.qpn;
-        self.pd.dev.with(|r, now| r.modify_qp(now, qpn, attr, mask))
+        self.pd.dev.call(|r, now| r.modify_qp(now, qpn, attr, mask))
     }
     /// Current attributes (`ibv_query_qp`).
     pub fn query(&self) -> Result<QpAttr> {
         let qpn = self.qpn;
-        self.pd.dev.with(|r, _| r.query_qp(qpn))
+        self.pd.dev.call(|r, _| r.query_qp(qpn))
     }
     /// Current state.
     pub fn state(&self) -> Result<QpState> {
@@ -339,7 +352,7 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let qpn = self.qpn;
-        let _ = self.pd.dev.with(|r, _| r.destroy_qp(qpn));
+        let _ = self.pd.dev.call(|r, _| r.destroy_qp(qpn));
     }
 }
 
@@ -351,7 +364,7 @@ pub(crate) struct SrqInner {
 impl Drop for SrqInner {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.pd.dev.with(|r, _| r.destroy_srq(id));
+        let _ = self.pd.dev.call(|r, _| r.destroy_srq(id));
     }
 }
 
@@ -369,7 +382,7 @@ impl SharedReceiveQueue {
         let id = pd
             .inner
             .dev
-            .with(|r, _| r.create_srq(p, max_wr, max_sge, 0))?;
+            .call(|r, _| r.create_srq(p, max_wr, max_sge, 0))?;
         Ok(SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 pd: Arc::clone(&pd.inner),
@@ -389,22 +402,22 @@ impl SharedReceiveQueue {
     /// Post a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let id = self.id;
-        self.pd.dev.with(|r, now| r.post_srq_recv(now, id, wr))
+        self.pd.dev.call(|r, now| r.post_srq_recv(now, id, wr))
     }
     /// Grow `max_wr` and/or arm the limit event (`ibv_modify_srq`).
     pub fn modify(&self, max_wr: Option<u32>, limit: Option<u32>) -> Result<()> {
         let id = self.id;
-        self.pd.dev.with(|r, _| r.modify_srq(id, max_wr, limit))
+        self.pd.dev.call(|r, _| r.modify_srq(id, max_wr, limit))
     }
     /// (max_wr, max_sge, limit).
     pub fn query(&self) -> Result<(u32, u32, u32)> {
         let id = self.id;
-        self.pd.dev.with(|r, _| r.query_srq(id))
+        self.pd.dev.call(|r, _| r.query_srq(id))
     }
     /// Receive WRs currently posted.
     pub fn len(&self) -> Result<usize> {
         let id = self.id;
-        self.pd.dev.with(|r, _| r.srq_len(id))
+        self.pd.dev.call(|r, _| r.srq_len(id))
     }
     /// Whether no receive WR is posted.
     pub fn is_empty(&self) -> Result<bool> {

@@ -183,7 +183,7 @@ fn peer_process() {
     }
     // A type-2 window over the first 4 KiB, for SEND_WITH_INV.
     let rkey0 = mw.rkey().unwrap();
-    let new_rkey = (rkey0 & !0xFF) | (rkey0.wrapping_add(1) & 0xFF);
+    let new_rkey = softrdma_transport::verbs::inc_rkey(rkey0);
     let bind = SendWr {
         wr_id: 9,
         op: SendOp::BindMw(MwBind {

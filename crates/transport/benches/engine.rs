@@ -201,9 +201,9 @@ struct Pair {
     pkts_ba: u64,
 }
 
-/// Where one batch of datagrams lives between the two engines: a fixed set of slot
-/// buffers per direction (a driver's sendmmsg slots), filled by `poll_transmit_into`.
-/// With `ENGINE_BENCH_API=vec` the allocating `poll_transmit` is used instead.
+/// Where one batch of datagrams lives between the two engines (a driver's sendmmsg
+/// slots). The sent buffers go back to the sending engine with `recycle`, as the device
+/// does; with `ENGINE_BENCH_API=vec` they are freed instead.
 struct Batch {
     slots: Vec<(SocketAddr, SocketAddr, Vec<u8>)>,
     n: usize,
@@ -259,16 +259,9 @@ fn xfer(from: &mut Side, to: &mut Side, batch: &mut Batch, vec_api: bool, timed:
     batch.n = 0;
     while batch.n < BATCH {
         let slot = &mut batch.slots[batch.n];
-        if vec_api {
-            match from.nic.poll_transmit(0) {
-                Some(t) => *slot = (t.src, t.dst, t.data),
-                None => break,
-            }
-        } else {
-            match from.nic.poll_transmit_into(0, &mut slot.2) {
-                Some(m) => (slot.0, slot.1) = (m.src, m.dst),
-                None => break,
-            }
+        match from.nic.poll_transmit(0) {
+            Some(t) => *slot = (t.src, t.dst, t.data),
+            None => break,
         }
         batch.n += 1;
     }
@@ -284,10 +277,11 @@ fn xfer(from: &mut Side, to: &mut Side, batch: &mut Batch, vec_api: bool, timed:
         to.nic.handle_datagram(0, *src, *dst, data);
     }
     let t2 = clock();
-    if vec_api {
-        // Freeing the sent buffers is the sender's business.
-        for slot in &mut batch.slots[..n] {
-            drop(std::mem::take(&mut slot.2));
+    // The sent buffers are the sender's business: recycled, or freed.
+    for slot in &mut batch.slots[..n] {
+        let buf = std::mem::take(&mut slot.2);
+        if !vec_api {
+            from.nic.recycle(buf);
         }
     }
     if let (Some(t0), Some(t1), Some(t2)) = (t0, t1, t2) {

@@ -68,6 +68,34 @@ pub struct Stats {
     pub out_of_sequence: u64,
 }
 
+/// What a datagram is, for a runtime deciding when to send it (it may hold plain ACKs
+/// back to leave with the next datagram, but not requests or responses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransmitKind {
+    /// A request: SEND, WRITE, READ request, atomic.
+    Request,
+    /// A READ or atomic response.
+    Response,
+    /// A positive acknowledgement (RC ACKNOWLEDGE with an ACK syndrome).
+    Ack,
+    /// A NAK or RNR NAK.
+    Nak,
+}
+
+impl TransmitKind {
+    fn of(h: &Headers) -> TransmitKind {
+        let is_request = h.bth.opcode.info().is_some_and(|i| i.is_request);
+        match (is_request, h.aeth) {
+            (true, _) => TransmitKind::Request,
+            (false, Some(a)) if h.bth.opcode == wire::Opcode::RC_ACKNOWLEDGE => match a.syndrome {
+                wire::Syndrome::Ack { .. } => TransmitKind::Ack,
+                _ => TransmitKind::Nak,
+            },
+            (false, _) => TransmitKind::Response,
+        }
+    }
+}
+
 /// A datagram to send: UDP payload (BTH..ICRC, ICRC already sealed) and addressing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
@@ -77,20 +105,26 @@ pub struct Transmit {
     pub dst: SocketAddr,
     /// IP TOS / traffic class byte.
     pub tos: u8,
+    /// What it is.
+    pub kind: TransmitKind,
     /// The UDP payload.
     pub data: Vec<u8>,
 }
 
-/// Addressing of a datagram handed out by [`Rnic::poll_transmit_into`] (the payload went
-/// into the caller's buffer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TransmitMeta {
-    /// Our address (source IP and UDP source port).
-    pub src: SocketAddr,
-    /// Destination IP and UDP port.
-    pub dst: SocketAddr,
-    /// IP TOS / traffic class byte.
-    pub tos: u8,
+impl Transmit {
+    /// Send it from `src` instead (another UDP source port, say): the ICRC covers the UDP
+    /// header, so it is sealed again for the new address.
+    pub fn resend_from(&mut self, src: SocketAddr) {
+        wire::icrc::seal(&Addrs::new(src, self.dst), &mut self.data);
+        self.src = src;
+    }
+
+    /// Re-seal the ICRC, sealed for IPv4 ID 0, for the IPv4 ID `ip_id` the kernel will give
+    /// this datagram (segment `ip_id` of a UDP GSO message); `cache` keeps the per-length
+    /// work.
+    pub fn reseal_for_ip_id(&mut self, ip_id: u16, cache: &mut wire::icrc::IpIdCache) {
+        cache.get(self.data.len()).reseal(&mut self.data, 0, ip_id);
+    }
 }
 
 /// Packets up to this size are built in "small" buffers, larger ones in "large" buffers,
@@ -116,9 +150,6 @@ pub(crate) struct Env {
     /// Which of requesters and responders continues first at the next refill
     /// (alternating, so neither starves the other).
     pub resp_first: bool,
-    /// UDP source port of every datagram, if fixed ([`Rnic::set_udp_src_port`]);
-    /// otherwise rxe's per-QP port.
-    pub src_port: Option<u16>,
     /// Free packet buffers up to [`SMALL_PKT`] bytes of capacity.
     pub pool_small: Vec<Vec<u8>>,
     /// Free packet buffers of more capacity.
@@ -173,7 +204,7 @@ impl Env {
             return Err(e);
         }
         data[at + plen..].fill(0); // pad and ICRC
-        let sport = self.src_port.unwrap_or_else(|| wire::udp_src_port(src_qpn));
+        let sport = wire::udp_src_port(src_qpn);
         let src = SocketAddr::new(self.addr.ip(), sport);
         wire::icrc::seal(&Addrs::new(src, dst), &mut data);
         self.stats.tx_packets += 1;
@@ -182,6 +213,7 @@ impl Env {
             src,
             dst,
             tos,
+            kind: TransmitKind::of(h),
             data,
         });
         Ok(())
@@ -249,7 +281,6 @@ impl Rnic {
                 tx_wait: VecDeque::new(),
                 resp_wait: VecDeque::new(),
                 resp_first: false,
-                src_port: None,
                 pool_small: Vec::new(),
                 pool_large: Vec::new(),
                 ip_ids: wire::icrc::IpIdCache::default(),
@@ -257,17 +288,6 @@ impl Rnic {
             qps: BTreeMap::new(),
         }
     }
-    /// Send every datagram from UDP source port `port` instead of rxe's per-QP source
-    /// ports (`0xC000 + hash(QPN)`), or back to per-QP ports with `None` (the default).
-    ///
-    /// For a driver whose socket is bound to one port: the ICRC covers the UDP header,
-    /// so with the port the datagrams really leave from, the engine's seal is already
-    /// right and the driver need not compute the ICRC a second time. Receivers accept
-    /// any source port either way.
-    pub fn set_udp_src_port(&mut self, port: Option<u16>) {
-        self.env.src_port = port;
-    }
-
     /// Our address.
     pub fn addr(&self) -> SocketAddr {
         self.env.addr
@@ -391,7 +411,8 @@ impl Rnic {
 
     /// Validate (`verbs::Context::check_send_wr`), ENOMEM when the SQ holds `max_send_wr`
     /// WRs, take the INLINE payload now, queue, and run the requester (which may produce
-    /// packets at once). In ERR the WR is accepted and flushed with `WR_FLUSH_ERR`.
+    /// packets at once). In ERR the WR is accepted and flushed with `WR_FLUSH_ERR` (more SGEs
+    /// than `max_send_sge` is EINVAL in every state).
     ///
     /// INLINE: the payload is `wr.inline_data` when given (the bytes were copied by the
     /// face), else it is gathered at once from registered memory through the SGEs' lkeys
@@ -406,6 +427,11 @@ impl Rnic {
         let Some(qp) = self.qps.get_mut(&qpn) else {
             return Err(verbs::Error::new(verbs::Errno::ENOENT, "no such QP"));
         };
+        if wr.inline_data.is_some() {
+            wr.flags |= SendFlags::INLINE;
+        }
+        // In ERR this checks only what is EINVAL in every state (too many SGEs).
+        self.env.ctx.check_send_wr(qpn, &wr)?;
         if qp.state == QpState::Err {
             let wc = verbs::WorkCompletion {
                 wr_id: wr.wr_id,
@@ -417,10 +443,6 @@ impl Rnic {
             self.env.complete(qp.send_cq, wc, false, now);
             return Ok(());
         }
-        if wr.inline_data.is_some() {
-            wr.flags |= SendFlags::INLINE;
-        }
-        self.env.ctx.check_send_wr(qpn, &wr)?;
         if qp.sq.len() >= qp.max_send_wr as usize {
             return Err(verbs::Error::new(verbs::Errno::ENOMEM, "send queue full"));
         }
@@ -735,21 +757,6 @@ impl Rnic {
     /// peer asks for (a 1 GiB READ, say); one response per received packet may go past it.
     pub fn queued_packets(&self) -> usize {
         self.env.out.len()
-    }
-
-    /// [`Rnic::poll_transmit`] without allocation: the next datagram's UDP payload replaces
-    /// the contents of `buf` (whose old allocation the engine keeps to build later packets
-    /// in), and its addressing is returned. A driver that keeps passing the same buffers
-    /// (for example one per sendmmsg slot) makes the engine's packet path allocation-free.
-    pub fn poll_transmit_into(&mut self, now: u64, buf: &mut Vec<u8>) -> Option<TransmitMeta> {
-        let mut t = self.poll_transmit(now)?;
-        std::mem::swap(buf, &mut t.data);
-        self.env.recycle(t.data);
-        Some(TransmitMeta {
-            src: t.src,
-            dst: t.dst,
-            tos: t.tos,
-        })
     }
 
     /// Give a datagram buffer (for example a sent [`Transmit::data`]) back to the engine,

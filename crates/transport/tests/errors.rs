@@ -263,7 +263,7 @@ fn err_write_invalidated_rkey() {
     let (a, b) = w.pair(&QpCfg::rc());
     let mr = w.mr(1, b.pd, 512, LW | Access::MW_BIND, 0x5A);
     let mw = w.nic(1).alloc_mw(b.pd, 2).unwrap();
-    let rkey = inc_rkey(w.nic(1).mw_rkey(mw).unwrap());
+    let rkey = verbs::inc_rkey(w.nic(1).mw_rkey(mw).unwrap());
     let bind = MwBind {
         mw,
         rkey,
@@ -743,4 +743,27 @@ fn err_corrupted_packets_counted_then_recovered() {
         "receive after corruption",
     );
     assert_bytes(&rb.read(0, 100), &data, "bytes after corruption");
+}
+
+#[test]
+fn too_many_sges_is_einval_in_every_state_error_included() {
+    let mut w = World::two(41);
+    let (a, _b) = w.pair(&QpCfg::rc());
+    let m = w.mr(0, a.pd, 64, Access::LOCAL_WRITE, 0);
+    let max = w.nic(0).qp_init_attr(a.qpn).unwrap().cap.max_send_sge as usize;
+    let too_many = || wr(1, SendOp::Send, vec![m.sge(0, 1); max + 1]);
+    let e = w.try_post_send(&a, too_many()).expect_err("RTS");
+    assert_eq!(e.errno, verbs::Errno::EINVAL, "RTS: {e}");
+    let attr = QpAttr {
+        qp_state: QpState::Err,
+        ..Default::default()
+    };
+    w.modify(&a, &attr, QpAttrMask::STATE).expect("to ERR");
+    let e = w.try_post_send(&a, too_many()).expect_err("ERR");
+    assert_eq!(e.errno, verbs::Errno::EINVAL, "ERR: {e}");
+    w.expect_no_wc(0, a.scq, "a refused post in ERR is not flushed");
+    // Within the limit, a post in ERR is accepted and flushed.
+    w.post_send(&a, wr(2, SendOp::Send, vec![m.sge(0, 1); max]));
+    let c = w.expect_wc(0, a.scq);
+    assert_eq!((c.wr_id, c.status), (2, WcStatus::WrFlushErr));
 }

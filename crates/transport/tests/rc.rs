@@ -284,7 +284,7 @@ fn rc_atomics_compare_swap_and_fetch_add() {
 fn bind_window(w: &mut World, b: &Ep, mr: &Mr, off: usize, len: usize, wr_id: u64) -> (MwId, u32) {
     let mw = w.nic(b.dev).alloc_mw(b.pd, 2).expect("alloc_mw type 2");
     let old = w.nic(b.dev).mw_rkey(mw).expect("mw_rkey");
-    let rkey = inc_rkey(old);
+    let rkey = verbs::inc_rkey(old);
     w.post_send(
         b,
         wr(

@@ -1067,6 +1067,7 @@ fn mw_type1_bind_and_rules() {
     let k1 = c.bind_mw(pd, q, &bind).unwrap();
     assert_eq!(k1 >> 8, k0 >> 8);
     assert_eq!(k1 & 0xFF, (k0 + 1) & 0xFF, "key byte bumped");
+    assert_eq!(k1, inc_rkey(k0), "the rule a face computes at post");
     assert_eq!(c.mw_rkey(mw), Ok(k1));
     // Access via the window: inside only, new key only, any QP of the PD.
     assert!(c
@@ -1282,6 +1283,13 @@ fn mw_type2_bind_qp_and_invalidate() {
     c.dereg_mr(mr.lkey).unwrap();
 }
 
+#[test]
+fn inc_rkey_bumps_the_key_byte_only() {
+    assert_eq!(inc_rkey(0x1234_5600), 0x1234_5601);
+    assert_eq!(inc_rkey(0x1234_56FF), 0x1234_5600, "wraps within the byte");
+    assert_eq!(inc_rkey(0xFFFF_FFFF), 0xFFFF_FF00);
+}
+
 // ------------------------------------------------------------------ DM
 
 #[test]
@@ -1383,6 +1391,11 @@ fn post_recv_errors() {
     c.set_qp_error(q);
     assert_eq!(c.qp(q).unwrap().state, QpState::Err);
     c.post_recv(q, wr(0)).unwrap();
+    assert_eq!(
+        c.post_recv(q, wr(3)).unwrap_err().errno,
+        Errno::EINVAL,
+        "SGEs in ERR"
+    );
     assert!(c.post_recv(0x999_999, wr(0)).is_err());
 }
 
@@ -1497,6 +1510,15 @@ fn check_send_wr_errors() {
         remote_qkey: 0,
     });
     inval(c.check_send_wr(ud, &udw));
+    // ERR: too many SGEs is still EINVAL; everything else is accepted, to be flushed.
+    c.set_qp_error(rc);
+    inval(c.check_send_wr(rc, &w(SendOp::Send, 3)));
+    c.check_send_wr(rc, &w(SendOp::Send, 2)).unwrap();
+    c.check_send_wr(rc, &w(cas, 0)).unwrap();
+    c.check_send_wr(rc, &rinl).unwrap();
+    // RESET, INIT, RTR: too many SGEs is EINVAL there too (as is any post).
+    let fresh = c.create_qp(qp_init(pd, cq, QpType::Rc)).unwrap();
+    inval(c.check_send_wr(fresh, &w(SendOp::Send, 3)));
 }
 
 #[test]

@@ -972,8 +972,3 @@ pub fn assert_all(got: &[u8], byte: u8, ctx: &str) {
         );
     }
 }
-
-/// The type-2 rkey a consumer chooses for the next bind (`ibv_inc_rkey`).
-pub fn inc_rkey(rkey: u32) -> u32 {
-    (rkey & !0xFF) | (rkey.wrapping_add(1) & 0xFF)
-}

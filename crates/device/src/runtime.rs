@@ -1,0 +1,268 @@
+//! The state shared by the progress thread and the application threads: the engine behind
+//! its lock with the send sockets and event fds ([`Engine`]), the receive half of the
+//! socket ([`Rx`]), and the atomics that let threads decide without the lock.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::BufWriter;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use softrdma_net::udp;
+use softrdma_transport::verbs::{AsyncEvent, ChannelId};
+use softrdma_transport::{Rnic, Transmit};
+use softrdma_wire::icrc::IpIdCache;
+use softrdma_wire::{frame, pcap::PcapWriter, Addrs};
+
+use crate::pacing::Seen;
+use crate::sys::EventFd;
+use crate::tx::{Flush, SendSocket};
+use crate::LinkStats;
+
+/// How long a due timer may wait for the socket to be drained first, in nanoseconds.
+const TIMER_GRACE_NS: u64 = 1_000_000;
+
+pub(crate) struct Chan {
+    pub(crate) fd: EventFd,
+    pub(crate) signaled: bool,
+}
+
+/// Everything behind the engine lock.
+pub(crate) struct Engine {
+    pub(crate) rnic: Rnic,
+    /// The send half of the device socket.
+    pub(crate) link: udp::Driver,
+    /// Send-only sockets per UDP source port; `None`: the bind failed, use `link` and reseal.
+    pub(crate) ports: HashMap<u16, Option<udp::Driver>>,
+    /// Per-length ICRC work for sealing GSO segments ([`seal_gso_segments`]).
+    pub(crate) ip_ids: IpIdCache,
+    pub(crate) pcap: Option<PcapWriter<BufWriter<File>>>,
+    pub(crate) channels: HashMap<ChannelId, Chan>,
+    pub(crate) async_q: VecDeque<AsyncEvent>,
+    pub(crate) async_signaled: bool,
+    pub(crate) stats: LinkStats,
+    /// Set while the progress thread blocks: the deadline it sleeps until (u64::MAX: none).
+    pub(crate) sleeping_until: Option<u64>,
+    pub(crate) txq: Vec<Transmit>,
+    pub(crate) via: Vec<SendSocket>,
+    /// ACKs held back (oldest first) so that they leave in one system call with the next
+    /// datagram, or once [`ACK_DEFER`] has passed since the first was held.
+    pub(crate) deferred: Vec<Transmit>,
+    /// Where each of `deferred` leaves from.
+    pub(crate) deferred_via: Vec<SendSocket>,
+}
+
+/// The receive half of the device socket (a duplicate descriptor) and its buffers.
+pub(crate) struct Rx {
+    pub(crate) link: udp::Driver,
+    pub(crate) batch: udp::RecvBatch,
+    pub(crate) errors: u64,
+}
+
+pub(crate) struct Runtime {
+    pub(crate) name: String,
+    pub(crate) addr: SocketAddr,
+    pub(crate) start: Instant,
+    pub(crate) core: Mutex<Engine>,
+    pub(crate) rx: Mutex<Rx>,
+    /// Wakes the progress thread.
+    pub(crate) wake: EventFd,
+    /// Wakes application threads blocked in [`Device::wait_for`].
+    pub(crate) notify: EventFd,
+    pub(crate) async_fd: EventFd,
+    pub(crate) sock_fd: RawFd,
+    pub(crate) stop: AtomicBool,
+    pub(crate) busy_poll: bool,
+    pub(crate) spin: Duration,
+    /// Bumped after every engine step that may have added completions or events.
+    pub(crate) generation: AtomicU64,
+    /// Earliest timer deadline of the engine (u64::MAX: none), as of the last step.
+    pub(crate) next_timer: AtomicU64,
+    /// Application threads inside [`Device::wait_for`].
+    pub(crate) waiters: AtomicUsize,
+    /// Of those, how many block in ppoll.
+    pub(crate) blocked: AtomicUsize,
+    /// Device time of the last application poll or wait.
+    pub(crate) app_active_at: AtomicU64,
+    /// Application threads inside [`Device::progress`] right now.
+    pub(crate) app_in_progress: AtomicUsize,
+    /// Device time by which held-back ACKs must leave (u64::MAX: none held).
+    pub(crate) ack_due: AtomicU64,
+    /// Whether the held-back datagrams include requests or responses (not only ACKs):
+    /// they leave as soon as an application thread drives progress.
+    pub(crate) data_held: AtomicBool,
+}
+
+impl Runtime {
+    pub(crate) fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos().min(u64::MAX as u128) as u64
+    }
+    /// The engine lock. A panic while it was held (a bug) must not make every later call
+    /// panic too, so poisoning is ignored: the engine's state is still memory-safe.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Engine> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// The receive half, if no other thread is receiving.
+    pub(crate) fn try_rx(&self) -> Option<MutexGuard<'_, Rx>> {
+        match self.rx.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+    /// What the progress thread's pacing decisions look at.
+    pub(crate) fn seen(&self) -> Seen {
+        Seen {
+            now: self.now(),
+            app_active_at: self.app_active_at.load(Ordering::Relaxed),
+            waiters: self.waiters.load(Ordering::SeqCst) > 0,
+            ack_due: self.ack_due.load(Ordering::Acquire),
+        }
+    }
+    pub(crate) fn mark_app_active(&self) {
+        // 0 means "never".
+        self.app_active_at
+            .store(self.now().max(1), Ordering::Relaxed);
+    }
+
+    /// One progress step: receive a batch (engine unlocked), then handle it and fire due
+    /// timers under the engine lock. Returns whether anything happened. `app`: an
+    /// application thread runs the step and will look at the completions it makes right
+    /// after, so ACKs it produces are held back ([`Flush::Defer`]) rather than costing a
+    /// system call before the application sees its completion.
+    pub(crate) fn step(&self, rx: &mut Rx, app: bool) -> bool {
+        if self.data_held.load(Ordering::Acquire) {
+            // Posts held back their datagrams to leave together; whoever drives progress
+            // next (the application, done posting for now and looking for completions)
+            // sends them.
+            self.flush_deferred();
+        }
+        let Rx {
+            link,
+            batch,
+            errors,
+        } = rx;
+        let n = match link.recv_batch(batch) {
+            Ok(n) => n,
+            Err(_) => {
+                *errors += 1;
+                0
+            }
+        };
+        let now = self.now();
+        if n == 0
+            && now < self.next_timer.load(Ordering::Acquire)
+            && now < self.ack_due.load(Ordering::Acquire)
+        {
+            return false;
+        }
+        let mut core = self.lock();
+        let core = &mut *core;
+        if n > 0 {
+            core.stats.rx_batches += 1;
+            let ts = if core.pcap.is_some() { wall_ns() } else { 0 };
+            for d in batch.iter().take(n) {
+                core.stats.rx_datagrams += 1;
+                core.stats.rx_bytes += d.data.len() as u64;
+                if let Some(p) = core.pcap.as_mut() {
+                    let f = frame::emit_ip_udp(&Addrs::new(d.src, d.dst), d.tos, d.data);
+                    if p.write_packet(ts, &f).is_err() {
+                        core.stats.pcap_errors += 1;
+                    }
+                }
+                core.rnic
+                    .handle_datagram_tos(now, d.src, d.dst, d.tos, d.data);
+            }
+        }
+        // A full batch means more may be waiting in the socket, perhaps the very ACK that
+        // makes a due retransmission needless: fire timers once the socket is drained, or
+        // when they are overdue by more than TIMER_GRACE (so a flood cannot starve them).
+        let drained = n < batch.capacity();
+        if core
+            .rnic
+            .poll_timeout()
+            .is_some_and(|t| t <= now && (drained || now - t > TIMER_GRACE_NS))
+        {
+            core.rnic.handle_timeout(now);
+        }
+        let flush = if app { Flush::Defer } else { Flush::All };
+        core.after_step_with(self, now, true, flush);
+        true
+    }
+
+    /// Send held-back ACKs now (before blocking, or once they are due).
+    pub(crate) fn flush_deferred(&self) {
+        if self.ack_due.load(Ordering::Acquire) == u64::MAX {
+            return;
+        }
+        let mut core = self.lock();
+        let now = self.now();
+        core.after_step_with(self, now, false, Flush::All);
+    }
+}
+
+impl Engine {
+    /// After every engine step: send what it produced, signal channel and async fds, and
+    /// wake the progress thread if the next timer moved earlier than its sleep. `changed`:
+    /// the step may have added completions (bump the generation, wake blocked waiters).
+    pub(crate) fn after_step(&mut self, sh: &Runtime, now: u64, changed: bool) {
+        self.after_step_with(sh, now, changed, Flush::Due);
+    }
+
+    pub(crate) fn after_step_with(&mut self, sh: &Runtime, now: u64, changed: bool, flush: Flush) {
+        self.flush_tx(sh, now, flush);
+        while let Some(ev) = self.rnic.next_event() {
+            self.async_q.push_back(ev);
+        }
+        let ctx = &self.rnic;
+        for (ch, c) in self.channels.iter_mut() {
+            let pending = ctx.channel_pending(*ch) > 0;
+            if pending != c.signaled {
+                if pending {
+                    c.fd.set();
+                } else {
+                    c.fd.clear();
+                }
+                c.signaled = pending;
+            }
+        }
+        let pending = !self.async_q.is_empty();
+        if pending != self.async_signaled {
+            if pending {
+                sh.async_fd.set();
+            } else {
+                sh.async_fd.clear();
+            }
+            self.async_signaled = pending;
+        }
+        let next = self.rnic.poll_timeout();
+        sh.next_timer
+            .store(next.unwrap_or(u64::MAX), Ordering::Release);
+        if let (Some(sleep), Some(t)) = (self.sleeping_until, next) {
+            if t < sleep {
+                self.sleeping_until = None;
+                self.stats.wakeups += 1;
+                sh.wake.set();
+            }
+        }
+        if changed {
+            // SeqCst pairs with `wait_for`: it counts itself blocked, then rereads the
+            // generation; either it sees this bump or we see it blocked.
+            sh.generation.fetch_add(1, Ordering::SeqCst);
+            if sh.blocked.load(Ordering::SeqCst) > 0 {
+                sh.notify.set();
+            }
+        }
+    }
+}
+
+/// Wall-clock time for pcap records, in nanoseconds since the epoch.
+pub(crate) fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}

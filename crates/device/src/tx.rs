@@ -1,0 +1,253 @@
+//! The send path: what the engine produced leaves from the socket of its UDP source port,
+//! in `sendmmsg` batches and UDP GSO messages, with plain ACKs (and, for posts into a busy
+//! pipe, everything) held back to leave with the next datagrams.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use softrdma_net::udp;
+use softrdma_transport::{Transmit, TransmitKind};
+use softrdma_wire::icrc::IpIdCache;
+use softrdma_wire::{frame, Addrs};
+
+use crate::runtime::{wall_ns, Engine, Runtime};
+use crate::LinkStats;
+
+/// Times a full socket send buffer is retried before the rest of a burst is dropped.
+const TX_FULL_RETRIES: u32 = 64;
+/// Datagrams handed to the driver per send call.
+pub(crate) const TX_CHUNK: usize = 256;
+/// Longest an ACK produced while an application thread drives progress waits to leave
+/// with the next request while that thread keeps calling in (see [`Engine::flush_tx`]); if
+/// it stops, the progress thread sends it when it next looks.
+pub(crate) const ACK_DEFER: Duration = Duration::from_micros(20);
+
+/// Where a datagram leaves from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SendSocket {
+    /// The device socket (port 4791).
+    Main,
+    /// The send-only socket of this source port.
+    Port(u16),
+}
+
+/// What [`Engine::flush_tx`] does with held-back ACKs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flush {
+    /// Send everything now.
+    All,
+    /// Send held-back ACKs with other datagrams, or once due; otherwise keep them.
+    Due,
+    /// Like `Due`, and hold back new ACKs too when they are all there is to send.
+    Defer,
+    /// Hold back everything (a post into a busy pipe), up to a send batch.
+    Hold,
+}
+
+impl Engine {
+    /// Send what the engine produced. ACKs made while an application thread drives
+    /// progress (`Flush::Defer`) are held back when they are all there is, so the
+    /// application sees its completion without waiting for a send system call; they go
+    /// out in the same `sendmmsg` as the next datagram (typically the application's next
+    /// request), or by themselves once [`ACK_DEFER`] has passed, or before any thread
+    /// blocks. The peer gets them at most that much later, far inside its ACK timeout.
+    pub(crate) fn flush_tx(&mut self, sh: &Runtime, now: u64, flush: Flush) {
+        let local = sh.addr;
+        while let Some(mut t) = self.rnic.poll_transmit(now) {
+            let via = if t.src == local {
+                SendSocket::Main
+            } else if t.src.ip() == local.ip() && self.port_socket(t.src) {
+                SendSocket::Port(t.src.port())
+            } else {
+                // No socket for that source port: send from the device socket, and
+                // reseal, since the ICRC covers the UDP header the receiver sees.
+                t.resend_from(local);
+                SendSocket::Main
+            };
+            self.txq.push(t);
+            self.via.push(via);
+        }
+        if !self.deferred.is_empty() || matches!(flush, Flush::Defer | Flush::Hold) {
+            let due = sh.ack_due.load(Ordering::Relaxed);
+            let hold = match flush {
+                Flush::All => false,
+                _ if now >= due => false,
+                Flush::Due => self.txq.is_empty(),
+                Flush::Defer => self.txq.iter().all(|t| t.kind == TransmitKind::Ack),
+                Flush::Hold => self.deferred.len() + self.txq.len() < TX_CHUNK,
+            };
+            if hold {
+                if self.deferred.is_empty() && !self.txq.is_empty() {
+                    let due = now.saturating_add(ACK_DEFER.as_nanos() as u64);
+                    sh.ack_due.store(due, Ordering::Release);
+                }
+                if self.txq.iter().any(|t| t.kind != TransmitKind::Ack) {
+                    sh.data_held.store(true, Ordering::Release);
+                }
+                self.deferred.append(&mut self.txq);
+                self.deferred_via.append(&mut self.via);
+                return;
+            }
+            if !self.deferred.is_empty() {
+                // Held-back ACKs first, in the order they were made. Sending them after
+                // the new datagrams would take one datagram off the critical path of a
+                // ping-pong (on loopback each delivery runs inside this system call), but
+                // a peer would then see our reply before the ACK of its request: its
+                // receive completion before its send completion, an order no hardware
+                // RNIC produces and that sequential verbs programs rely on.
+                self.deferred.append(&mut self.txq);
+                self.deferred_via.append(&mut self.via);
+                std::mem::swap(&mut self.deferred, &mut self.txq);
+                std::mem::swap(&mut self.deferred_via, &mut self.via);
+                sh.ack_due.store(u64::MAX, Ordering::Release);
+                sh.data_held.store(false, Ordering::Release);
+            }
+        }
+        if self.txq.is_empty() {
+            return;
+        }
+        if let Some(p) = self.pcap.as_mut() {
+            let ts = wall_ns();
+            for t in &self.txq {
+                let f = frame::emit_ip_udp(&Addrs::new(t.src, t.dst), t.tos, &t.data);
+                if p.write_packet(ts, &f).is_err() {
+                    self.stats.pcap_errors += 1;
+                }
+            }
+        }
+        // One sendmmsg batch per run of datagrams leaving from the same socket.
+        let mut at = 0;
+        while at < self.txq.len() {
+            let via = self.via[at];
+            let end = self.via[at..]
+                .iter()
+                .position(|v| *v != via)
+                .map_or(self.txq.len(), |k| at + k);
+            let link = match via {
+                SendSocket::Main => &mut self.link,
+                SendSocket::Port(p) => match self.ports.get_mut(&p) {
+                    Some(Some(d)) => d,
+                    _ => &mut self.link,
+                },
+            };
+            send_run(
+                link,
+                &mut self.txq[at..end],
+                &mut self.stats,
+                &mut self.ip_ids,
+            );
+            at = end;
+        }
+        // The buffers go back to the engine, which builds later packets in them: the
+        // packet path allocates nothing in the steady state.
+        for t in self.txq.drain(..) {
+            self.rnic.recycle(t.data);
+        }
+        self.via.clear();
+    }
+
+    /// Whether a send-only socket for source address `src` exists (binding it on first use).
+    fn port_socket(&mut self, src: SocketAddr) -> bool {
+        let gso = self.link.gso_enabled();
+        self.ports
+            .entry(src.port())
+            .or_insert_with(|| {
+                let mut d = udp::Driver::bind_send_only(src).ok()?;
+                d.set_gso(gso);
+                Some(d)
+            })
+            .is_some()
+    }
+}
+
+/// Re-seal the datagrams of `chunk` that `link` will send as segments of a GSO message:
+/// the kernel gives segment *k* IPv4 ID *k* (see [`udp::Driver::gso_run_len`]), and the
+/// ICRC, sealed by the engine for ID 0, covers it. A receiver that sees the IP header
+/// (Linux rxe) checks exactly that; a UDP-socket receiver accepts any ID.
+fn seal_gso_segments(link: &udp::Driver, chunk: &mut [Transmit], ip_ids: &mut IpIdCache) {
+    // (start, length) of each run of more than one datagram, planned as the driver will
+    // send them.
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    {
+        let out: Vec<udp::OutDatagram<'_>> = chunk
+            .iter()
+            .map(|t| udp::OutDatagram {
+                dst: t.dst,
+                tos: t.tos,
+                data: &t.data,
+            })
+            .collect();
+        let mut at = 0;
+        while at < out.len() {
+            let n = link.gso_run_len(&out[at..]).max(1);
+            if n > 1 && out[at].dst.is_ipv4() {
+                runs.push((at, n));
+            }
+            at += n;
+        }
+    }
+    for (start, n) in runs {
+        for (k, t) in chunk[start + 1..start + n].iter_mut().enumerate() {
+            // The last segment may be shorter: its own length, its own effect.
+            t.reseal_for_ip_id((k + 1) as u16, ip_ids);
+        }
+    }
+}
+
+/// Send `txq` from `link`: retry a full socket buffer a few times, then drop the rest as a
+/// congested network would (the transport's retransmissions recover).
+fn send_run(
+    link: &mut udp::Driver,
+    txq: &mut [Transmit],
+    stats: &mut LinkStats,
+    ip_ids: &mut IpIdCache,
+) {
+    let mut out: [udp::OutDatagram<'_>; TX_CHUNK] = [udp::OutDatagram {
+        dst: SocketAddr::from(([0, 0, 0, 0], 0)),
+        tos: 0,
+        data: &[],
+    }; TX_CHUNK];
+    for chunk in txq.chunks_mut(TX_CHUNK) {
+        if link.gso_enabled() {
+            seal_gso_segments(link, chunk, ip_ids);
+        }
+        for (o, t) in out.iter_mut().zip(chunk.iter()) {
+            *o = udp::OutDatagram {
+                dst: t.dst,
+                tos: t.tos,
+                data: &t.data,
+            };
+        }
+        let out = &out[..chunk.len()];
+        let mut at = 0;
+        let mut full = 0;
+        while at < out.len() {
+            stats.tx_batches += 1;
+            match link.send_batch(&out[at..]) {
+                Ok(0) if full < TX_FULL_RETRIES => {
+                    // Socket buffer full: the kernel drains it within microseconds.
+                    full += 1;
+                    std::thread::yield_now();
+                }
+                Ok(0) => {
+                    stats.tx_dropped += (out.len() - at) as u64;
+                    break;
+                }
+                Err(_) => {
+                    // This datagram is refused (too big, bad address): lost like one the
+                    // network drops.
+                    stats.tx_dropped += 1;
+                    at += 1;
+                }
+                Ok(n) => {
+                    for t in &out[at..at + n] {
+                        stats.tx_datagrams += 1;
+                        stats.tx_bytes += t.data.len() as u64;
+                    }
+                    at += n;
+                }
+            }
+        }
+    }
+}

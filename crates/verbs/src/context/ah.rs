@@ -1,0 +1,54 @@
+//! Address handles and the address vector rules they share with connected QPs.
+
+use super::table::Table;
+use super::{einval, enomem, Context};
+use crate::error::Result;
+use crate::types::{AhAttr, AhId, PdId};
+
+/// The address handles, each with its PD and address vector.
+pub(super) type AhTable = Table<AhId, (PdId, AhAttr)>;
+
+impl AhTable {
+    pub(super) fn uses_pd(&self, pd: PdId) -> bool {
+        self.values().any(|a| a.0 == pd)
+    }
+}
+
+impl Context {
+    /// Check an address vector: RoCE needs `is_global`, a valid sgid index, port 1 (0 is
+    /// taken as the default port 1).
+    pub(super) fn check_ah_attr(&self, a: &AhAttr) -> Result<()> {
+        if !a.is_global {
+            return Err(einval("RoCE address vectors need a GRH (is_global)"));
+        }
+        if a.grh.sgid_index as usize >= self.gids.len() {
+            return Err(einval("sgid index out of range"));
+        }
+        if a.port_num > 1 {
+            return Err(einval("no such port"));
+        }
+        Ok(())
+    }
+    /// Create an address handle; RoCE needs `is_global` and a valid sgid index.
+    /// `port_num` must be 1 (0 is taken as port 1).
+    pub fn create_ah(&mut self, pd: PdId, attr: &AhAttr) -> Result<AhId> {
+        self.check_pd(pd)?;
+        self.check_ah_attr(attr)?;
+        if self.ahs.len() >= self.dev.max_ah as usize {
+            return Err(enomem("too many AHs"));
+        }
+        let id = AhId(self.new_id()?);
+        let mut a = *attr;
+        a.port_num = 1;
+        self.ahs.insert(id, (pd, a));
+        Ok(id)
+    }
+    /// The attributes of an AH.
+    pub fn ah(&self, ah: AhId) -> Result<(PdId, AhAttr)> {
+        self.ahs.get(ah).copied().ok_or(einval("no such AH"))
+    }
+    /// Destroy an AH.
+    pub fn destroy_ah(&mut self, ah: AhId) -> Result<()> {
+        self.ahs.remove(ah).map(|_| ()).ok_or(einval("no such AH"))
+    }
+}

@@ -1,0 +1,333 @@
+//! Memory regions: registration, the local and remote key checks, and the copies the
+//! device makes through them.
+
+use std::ptr::NonNull;
+
+use super::mem::{DmaPtr, MemSpan};
+use super::table::IdMap;
+use super::{ebusy, einval, enomem, Context};
+use crate::error::{Errno, Error, Result};
+use crate::types::{Access, DmId, PdId, Qpn, Sge, WcStatus};
+
+/// What registering a memory region returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrInfo {
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
+    /// First address of the region in its address space (the iova).
+    pub addr: u64,
+    /// Length.
+    pub length: u64,
+}
+
+/// Why a remote key check failed; the transport maps this to a NAK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteKeyError {
+    /// Unknown, invalidated, or other-PD key, missing access right or out of bounds:
+    /// all are remote access errors.
+    Access,
+    /// A misaligned atomic address.
+    Misaligned,
+}
+
+#[derive(Debug)]
+pub(super) struct MrObj {
+    pub(super) pd: PdId,
+    key: u32,
+    ptr: DmaPtr,
+    len: usize,
+    iova: u64,
+    pub(super) access: Access,
+    /// Addresses are offsets from 0 (ZERO_BASED or device memory).
+    zero_based: bool,
+    dm: Option<DmId>,
+}
+
+impl MrObj {
+    /// First address of the region's address space.
+    fn base(&self) -> u64 {
+        if self.zero_based {
+            0
+        } else {
+            self.iova
+        }
+    }
+    /// Whether `va..va+len` lies inside the region.
+    pub(super) fn contains(&self, va: u64, len: u64) -> bool {
+        match va.checked_sub(self.base()) {
+            Some(off) => matches!(off.checked_add(len), Some(end) if end <= self.len as u64),
+            None => false,
+        }
+    }
+    /// Host pointer of `va` once `contains(va, _)` holds.
+    fn host(&self, va: u64) -> *mut u8 {
+        let off = va.wrapping_sub(self.base()) as usize;
+        self.ptr.offset(off).get()
+    }
+}
+
+/// The memory regions by key index (key >> 8); windows share the index space (see
+/// [`Context::alloc_key`]).
+#[derive(Debug, Default)]
+pub(super) struct MrTable {
+    by_index: IdMap<u32, MrObj>,
+}
+
+impl MrTable {
+    /// The region whose lkey (= rkey) is `key`.
+    pub(super) fn by_key(&self, key: u32) -> Option<&MrObj> {
+        self.by_index.get(&(key >> 8)).filter(|m| m.key == key)
+    }
+    /// Whether a region holds the key index `index`.
+    pub(super) fn has_index(&self, index: u32) -> bool {
+        self.by_index.contains_key(&index)
+    }
+    pub(super) fn uses_pd(&self, pd: PdId) -> bool {
+        self.by_index.values().any(|m| m.pd == pd)
+    }
+    pub(super) fn uses_dm(&self, dm: DmId) -> bool {
+        self.by_index.values().any(|m| m.dm == Some(dm))
+    }
+}
+
+/// REMOTE_WRITE or REMOTE_ATOMIC need LOCAL_WRITE (IBTA o10-24 / `ib_check_mr_access`).
+fn check_mr_access(access: Access) -> Result<()> {
+    if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+        && !access.contains(Access::LOCAL_WRITE)
+    {
+        return Err(einval("remote write or atomic access needs LOCAL_WRITE"));
+    }
+    Ok(())
+}
+
+impl Context {
+    /// Register `len` bytes at `ptr` as seen at address `iova`.
+    /// REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE is EINVAL.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid for reads and writes until the region is deregistered,
+    /// and the caller accepts that the device reads and writes it at any time, from any
+    /// thread, while registered.
+    pub unsafe fn reg_mr(
+        &mut self,
+        pd: PdId,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrInfo> {
+        let zero_based = access.contains(Access::ZERO_BASED);
+        if !zero_based && iova.checked_add(len as u64).is_none() {
+            return Err(einval("iova + length overflows"));
+        }
+        // SAFETY: `reg_mr`'s own contract: the memory stays valid until deregistration, which
+        // drops the region and its DmaPtr, and may be accessed from any thread meanwhile.
+        let ptr = unsafe { DmaPtr::new(ptr) };
+        self.insert_mr(pd, ptr, len, iova, access, zero_based, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn insert_mr(
+        &mut self,
+        pd: PdId,
+        ptr: DmaPtr,
+        len: usize,
+        iova: u64,
+        access: Access,
+        zero_based: bool,
+        dm: Option<DmId>,
+    ) -> Result<MrInfo> {
+        self.check_pd(pd)?;
+        check_mr_access(access)?;
+        if ptr.get().is_null() && len > 0 {
+            return Err(Error::new(Errno::EFAULT, "null address"));
+        }
+        if (ptr.get() as usize).checked_add(len).is_none() || len > isize::MAX as usize {
+            return Err(Error::new(Errno::EFAULT, "range wraps the address space"));
+        }
+        if self.mrs.by_index.len() >= self.dev.max_mr as usize {
+            return Err(enomem("too many MRs"));
+        }
+        let key = self.alloc_key()?;
+        let ptr = if len == 0 {
+            // SAFETY: addresses no memory: every access to a zero-length region is zero bytes
+            // long, and such accesses get an empty span without reading the region's address.
+            unsafe { DmaPtr::new(NonNull::<u8>::dangling().as_ptr()) }
+        } else {
+            ptr
+        };
+        let mr = MrObj {
+            pd,
+            key,
+            ptr,
+            len,
+            iova,
+            access,
+            zero_based,
+            dm,
+        };
+        let addr = mr.base();
+        self.mrs.by_index.insert(key >> 8, mr);
+        Ok(MrInfo {
+            lkey: key,
+            rkey: key,
+            addr,
+            length: len as u64,
+        })
+    }
+    /// Deregister by lkey; EBUSY while windows are bound to it.
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
+        if self.mrs.by_key(lkey).is_none() {
+            return Err(einval("no such MR"));
+        }
+        if self.mws.bound_to_mr(lkey) {
+            return Err(ebusy("memory windows are bound to the MR"));
+        }
+        self.mrs.by_index.remove(&(lkey >> 8));
+        Ok(())
+    }
+    /// Check a local SGE for the QP's PD and the access needed (LOCAL_WRITE when the device
+    /// writes it); LocProtErr on failure.
+    pub fn local_span(
+        &self,
+        pd: PdId,
+        sge: &Sge,
+        need: Access,
+    ) -> core::result::Result<MemSpan<'_>, WcStatus> {
+        if sge.length == 0 {
+            return Ok(MemSpan::empty());
+        }
+        let mr = self.mrs.by_key(sge.lkey).ok_or(WcStatus::LocProtErr)?;
+        if mr.pd != pd || !mr.access.contains(need) || !mr.contains(sge.addr, sge.length as u64) {
+            return Err(WcStatus::LocProtErr);
+        }
+        Ok(MemSpan::new(mr.host(sge.addr), sge.length as usize))
+    }
+    /// Walk `len` bytes starting at message `offset` over `sg_list`, calling `f` with each
+    /// piece's span and the position of the piece in the caller's buffer.
+    fn walk_sgl(
+        &self,
+        pd: PdId,
+        sg_list: &[Sge],
+        offset: usize,
+        len: usize,
+        need: Access,
+        mut f: impl FnMut(&MemSpan<'_>, usize, usize, usize) -> bool,
+    ) -> core::result::Result<(), WcStatus> {
+        let total: u64 = sg_list.iter().map(|s| s.length as u64).sum();
+        let end = (offset as u64)
+            .checked_add(len as u64)
+            .ok_or(WcStatus::LocLenErr)?;
+        if end > total {
+            return Err(WcStatus::LocLenErr);
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let mut skip = offset as u64; // bytes still to skip
+        let mut done = 0usize;
+        for sge in sg_list {
+            let sl = sge.length as u64;
+            if skip >= sl {
+                skip -= sl;
+                continue;
+            }
+            let span = self.local_span(pd, sge, need)?;
+            let in_sge = skip as usize;
+            let n = (sl - skip).min((len - done) as u64) as usize;
+            if !f(&span, in_sge, done, n) {
+                return Err(WcStatus::LocProtErr);
+            }
+            done += n;
+            skip = 0;
+            if done == len {
+                break;
+            }
+        }
+        Ok(())
+    }
+    /// Write `data` at byte `offset` of the message laid out over `sg_list`.
+    /// LocLenErr if it runs past the list, LocProtErr if a key fails.
+    pub fn scatter(
+        &self,
+        pd: PdId,
+        sg_list: &[Sge],
+        offset: usize,
+        data: &[u8],
+    ) -> core::result::Result<(), WcStatus> {
+        self.walk_sgl(
+            pd,
+            sg_list,
+            offset,
+            data.len(),
+            Access::LOCAL_WRITE,
+            |span, at, pos, n| match data.get(pos..pos + n) {
+                Some(chunk) => span.write(at, chunk),
+                None => false,
+            },
+        )
+    }
+    /// Read the bytes `offset..offset+out.len()` of the message laid out over `sg_list`.
+    pub fn gather(
+        &self,
+        pd: PdId,
+        sg_list: &[Sge],
+        offset: usize,
+        out: &mut [u8],
+    ) -> core::result::Result<(), WcStatus> {
+        let len = out.len();
+        self.walk_sgl(
+            pd,
+            sg_list,
+            offset,
+            len,
+            Access::empty(),
+            |span, at, pos, n| match out.get_mut(pos..pos + n) {
+                Some(chunk) => span.read(at, chunk),
+                None => false,
+            },
+        )
+    }
+    /// Check a remote key (MR or memory window) for a request arriving on `qpn` of `pd`:
+    /// valid, same PD (type-2 windows: bound to this QP), the access right, bounds.
+    ///
+    /// As in rxe, a zero-length request checks no key and yields an empty span. Atomics
+    /// (`need` containing REMOTE_ATOMIC) also need an 8-byte aligned address, both `va` and
+    /// the host address it maps to: Misaligned otherwise.
+    /// The QP's own `qp_access_flags` are the transport's to check.
+    pub fn remote_span(
+        &self,
+        pd: PdId,
+        qpn: Qpn,
+        rkey: u32,
+        va: u64,
+        len: usize,
+        need: Access,
+    ) -> core::result::Result<MemSpan<'_>, RemoteKeyError> {
+        use RemoteKeyError::Access as Denied;
+        if len == 0 {
+            return Ok(MemSpan::empty());
+        }
+        let len64 = len as u64;
+        let (mr, mr_va) = if let Some(mr) = self.mrs.by_key(rkey) {
+            if mr.pd != pd || !mr.access.contains(need) {
+                return Err(Denied);
+            }
+            (mr, va)
+        } else {
+            let mw = self.mws.by_rkey(rkey).ok_or(Denied)?;
+            let (mr_key, mr_va) = mw.reach(pd, qpn, va, len64, need).ok_or(Denied)?;
+            (self.mrs.by_key(mr_key).ok_or(Denied)?, mr_va)
+        };
+        if !mr.contains(mr_va, len64) {
+            return Err(Denied);
+        }
+        let host = mr.host(mr_va);
+        if need.contains(Access::REMOTE_ATOMIC) && (va % 8 != 0 || (host as usize) % 8 != 0) {
+            return Err(RemoteKeyError::Misaligned);
+        }
+        Ok(MemSpan::new(host, len))
+    }
+}
