@@ -273,6 +273,7 @@ fn run(cli: Cli) -> CmdResult {
 }
 
 fn main() -> ExitCode {
+    softrdma_device::log::init_from_env();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

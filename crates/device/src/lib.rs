@@ -47,6 +47,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod log;
 mod pacing;
 mod poller;
 mod progress;

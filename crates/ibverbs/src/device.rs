@@ -149,6 +149,7 @@ fn configured() -> Vec<DeviceEntry> {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut sys::ibv_device {
     guard(std::ptr::null_mut(), || {
+        softrdma_device::log::init_from_env();
         let entries = configured();
         let mut all = lock(&DEVICES);
         let mut v: Vec<*mut sys::ibv_device> = entries

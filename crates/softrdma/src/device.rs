@@ -92,6 +92,7 @@ impl Device {
 
     /// Open a device from an explicit configuration.
     pub fn open_with(cfg: &DeviceConfig) -> Result<Device> {
+        dev::log::init_from_env();
         let d = dev::Device::open(cfg).map_err(|e| {
             Error::new(
                 e.raw_os_error().unwrap_or(libc::EIO),

@@ -3,6 +3,7 @@
 //! flushes on errors.
 
 use softrdma_wire::{psn, Headers, NakCode, OpKind, Position, Syndrome};
+use tracing::{debug, trace, warn};
 
 use crate::qp::{rnr_timer_ns, QpCtx, ReqState, SendWqe};
 use crate::requester;
@@ -57,7 +58,7 @@ pub(crate) fn complete_front(qp: &mut QpCtx, env: &mut Env, now: u64) {
             // WQE carries an error but the QP is not yet failed.
             qp.sq.push_front(w);
             qp.req.cur += 1;
-            fail(qp, env, now, None);
+            fail(qp, env, now, None, "a work request completed in error");
             return;
         }
         if qp.sq_sig_all || w.wr.flags.contains(SendFlags::SIGNALED) {
@@ -82,12 +83,28 @@ pub(crate) fn check_drained(qp: &mut QpCtx, env: &mut Env) {
 }
 
 /// The QP fails: the first unfinished WQE gets `status` (if given), the QP goes to ERR
-/// and everything outstanding and posted is flushed.
-pub(crate) fn fail(qp: &mut QpCtx, env: &mut Env, now: u64, status: Option<WcStatus>) {
+/// and everything outstanding and posted is flushed. `cause` says why, for the log.
+pub(crate) fn fail(
+    qp: &mut QpCtx,
+    env: &mut Env,
+    now: u64,
+    status: Option<WcStatus>,
+    cause: &'static str,
+) {
     if let Some(s) = status {
         if let Some(w) = qp.sq.iter_mut().find(|w| !w.done || w.status.is_some()) {
             w.status = Some(s);
         }
+    }
+    if qp.state != QpState::Err {
+        warn!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            from = ?qp.state,
+            status = qp.sq.iter().find_map(|w| w.status).map(tracing::field::debug),
+            wr_id = qp.sq.iter().find(|w| w.status.is_some()).map(|w| w.wr.wr_id),
+            cause,
+            "QP to ERROR"
+        );
     }
     env.ctx.set_qp_error(qp.qpn);
     qp.state = QpState::Err;
@@ -174,6 +191,14 @@ pub(crate) fn rewind(qp: &mut QpCtx) {
     }
 }
 
+/// PSN of the oldest request packet not yet acknowledged, if any is in flight.
+fn oldest_unacked(qp: &QpCtx) -> Option<u32> {
+    qp.sq
+        .iter()
+        .find(|w| w.started && !w.done)
+        .map(|w| psn::add(w.first_psn, w.acked_pkts))
+}
+
 /// Whether any WQE has packets in flight.
 fn outstanding(qp: &QpCtx) -> bool {
     qp.sq.iter().any(|w| w.started && !w.done)
@@ -227,9 +252,9 @@ fn ack_upto(qp: &mut QpCtx, p: u32, inclusive: bool) -> Acked {
 }
 
 /// Count a transport retry; false (and the QP failed with RETRY_EXC_ERR) when none are left.
-fn use_retry(qp: &mut QpCtx, env: &mut Env, now: u64) -> bool {
+fn use_retry(qp: &mut QpCtx, env: &mut Env, now: u64, cause: &'static str) -> bool {
     if qp.req.retry_left == 0 {
-        fail(qp, env, now, Some(WcStatus::RetryExcErr));
+        fail(qp, env, now, Some(WcStatus::RetryExcErr), cause);
         return false;
     }
     qp.req.retry_left -= 1;
@@ -240,14 +265,21 @@ fn use_retry(qp: &mut QpCtx, env: &mut Env, now: u64) -> bool {
 /// atomic that got no response). Once such a retry started, further evidence of the same
 /// loss (the ACKs and NAKs already on their way) is ignored until progress is made, as
 /// rxe does with `started_retry`; otherwise one loss would burn several retries. False if
-/// the QP failed for lack of retries.
-fn retry_from_response(qp: &mut QpCtx, env: &mut Env, now: u64) -> bool {
+/// the QP failed for lack of retries. `why` names the evidence, for the log.
+fn retry_from_response(qp: &mut QpCtx, env: &mut Env, now: u64, why: &'static str) -> bool {
     if qp.req.retrying {
         return true;
     }
-    if !use_retry(qp, env, now) {
+    if !use_retry(qp, env, now, "retry count exceeded after a loss") {
         return false;
     }
+    debug!(
+        qpn = format_args!("{:#x}", qp.qpn),
+        psn = oldest_unacked(qp),
+        retries_left = qp.req.retry_left,
+        why,
+        "go back N"
+    );
     rewind(qp);
     qp.req.retrying = true;
     true
@@ -262,6 +294,14 @@ pub(crate) fn handle_response(
     payload: &[u8],
 ) {
     let Some(info) = h.bth.opcode.info() else {
+        debug!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = h.bth.psn,
+            opcode = %h.bth.opcode,
+            counter = "malformed",
+            reason = "unknown opcode",
+            "packet dropped"
+        );
         env.stats.malformed += 1;
         return;
     };
@@ -269,6 +309,14 @@ pub(crate) fn handle_response(
     // A response to a PSN we never sent (past the highest PSN handed to the wire, even
     // if already assigned to a WQE still being segmented) is stale or forged.
     if !psn::lt(p, qp.req.high_psn) || !outstanding(qp) {
+        trace!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = p,
+            opcode = %h.bth.opcode,
+            counter = "duplicates",
+            reason = "response to no outstanding request",
+            "packet dropped"
+        );
         env.stats.duplicates += 1;
         return;
     }
@@ -276,6 +324,14 @@ pub(crate) fn handle_response(
     match info.kind {
         OpKind::Acknowledge => {
             let Some(aeth) = h.aeth else {
+                debug!(
+                    qpn = format_args!("{:#x}", qp.qpn),
+                    psn = p,
+                    opcode = %h.bth.opcode,
+                    counter = "malformed",
+                    reason = "acknowledge without an AETH",
+                    "packet dropped"
+                );
                 env.stats.malformed += 1;
                 return;
             };
@@ -283,7 +339,12 @@ pub(crate) fn handle_response(
                 Syndrome::Ack { .. } => match ack_upto(qp, p, true) {
                     Acked::Ok(pr) => progress = pr,
                     Acked::LostResponse => {
-                        if !retry_from_response(qp, env, now) {
+                        if !retry_from_response(
+                            qp,
+                            env,
+                            now,
+                            "ACK past a lost READ/atomic response",
+                        ) {
                             return;
                         }
                     }
@@ -300,16 +361,36 @@ pub(crate) fn handle_response(
                     }
                     if qp.attr.rnr_retry != 7 {
                         if qp.req.rnr_left == 0 {
-                            fail(qp, env, now, Some(WcStatus::RnrRetryExcErr));
+                            fail(
+                                qp,
+                                env,
+                                now,
+                                Some(WcStatus::RnrRetryExcErr),
+                                "RNR retry count exceeded",
+                            );
                             return;
                         }
                         qp.req.rnr_left -= 1;
                     }
+                    debug!(
+                        qpn = format_args!("{:#x}", qp.qpn),
+                        psn = p,
+                        timer,
+                        wait_ns = rnr_timer_ns(timer),
+                        rnr_retries_left = qp.req.rnr_left,
+                        "RNR NAK received; waiting before resending"
+                    );
                     rewind(qp);
                     qp.req.rnr_until = Some(now.saturating_add(rnr_timer_ns(timer)));
                     return;
                 }
                 Syndrome::Nak(code) => {
+                    debug!(
+                        qpn = format_args!("{:#x}", qp.qpn),
+                        psn = p,
+                        kind = ?code,
+                        "NAK received"
+                    );
                     match code {
                         NakCode::PsnSequenceError => env.stats.naks_rcvd_seq += 1,
                         NakCode::InvalidRequest | NakCode::InvalidRdRequest => {
@@ -340,11 +421,16 @@ pub(crate) fn handle_response(
                     };
                     match status {
                         Some(s) if !lost => {
-                            fail(qp, env, now, Some(s));
+                            fail(qp, env, now, Some(s), "NAK received");
                             return;
                         }
                         _ => {
-                            if !retry_from_response(qp, env, now) {
+                            let why = if lost {
+                                "NAK past a lost READ/atomic response"
+                            } else {
+                                "PSN sequence error NAK"
+                            };
+                            if !retry_from_response(qp, env, now, why) {
                                 return;
                             }
                         }
@@ -356,7 +442,12 @@ pub(crate) fn handle_response(
             match ack_upto(qp, p, false) {
                 Acked::Ok(pr) => progress = pr,
                 Acked::LostResponse => {
-                    if retry_from_response(qp, env, now) {
+                    if retry_from_response(
+                        qp,
+                        env,
+                        now,
+                        "response past a lost READ/atomic response",
+                    ) {
                         after(qp, env, now, false);
                     }
                     return;
@@ -371,7 +462,12 @@ pub(crate) fn handle_response(
             match ack_upto(qp, p, false) {
                 Acked::Ok(pr) => progress = pr,
                 Acked::LostResponse => {
-                    if retry_from_response(qp, env, now) {
+                    if retry_from_response(
+                        qp,
+                        env,
+                        now,
+                        "response past a lost READ/atomic response",
+                    ) {
                         after(qp, env, now, false);
                     }
                     return;
@@ -389,7 +485,13 @@ pub(crate) fn handle_response(
                             }
                             Err(s) => {
                                 w.status = Some(s);
-                                fail(qp, env, now, None);
+                                fail(
+                                    qp,
+                                    env,
+                                    now,
+                                    None,
+                                    "atomic result not written to local memory",
+                                );
                                 return;
                             }
                         }
@@ -398,6 +500,14 @@ pub(crate) fn handle_response(
             }
         }
         _ => {
+            debug!(
+                qpn = format_args!("{:#x}", qp.qpn),
+                psn = p,
+                opcode = %h.bth.opcode,
+                counter = "dropped",
+                reason = "not a response opcode",
+                "packet dropped"
+            );
             env.stats.dropped += 1;
             return;
         }
@@ -447,6 +557,14 @@ fn read_response(
     if k >= w.npkts || p != psn::add(w.first_psn, k) {
         // Not the next response expected: a duplicate, or one after a loss (the timer
         // or the next response past the gap recovers).
+        trace!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = p,
+            expected = psn::add(w.first_psn, k),
+            counter = "duplicates",
+            reason = "READ response not the next one expected",
+            "packet dropped"
+        );
         env.stats.duplicates += 1;
         return false;
     }
@@ -463,13 +581,29 @@ fn read_response(
     let offset = (k as usize).saturating_mul(mtu);
     let want_len = w.len.saturating_sub(offset).min(mtu);
     if !pos_ok || payload.len() != want_len {
+        debug!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = p,
+            opcode = %h.bth.opcode,
+            len = payload.len(),
+            want_len,
+            counter = "malformed",
+            reason = "READ response of the wrong position or length",
+            "packet dropped"
+        );
         env.stats.malformed += 1;
         return false;
     }
     if !payload.is_empty() {
         if let Err(s) = env.ctx.scatter(pd, &w.wr.sg_list, offset, payload) {
             w.status = Some(s);
-            fail(qp, env, now, None);
+            fail(
+                qp,
+                env,
+                now,
+                None,
+                "READ response not written to local memory",
+            );
             return false;
         }
     }
@@ -484,6 +618,7 @@ fn read_response(
 pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Env, now: u64) {
     if qp.req.rnr_until.is_some_and(|t| t <= now) {
         qp.req.rnr_until = None;
+        trace!(qpn = format_args!("{:#x}", qp.qpn), "RNR wait over");
         if matches!(qp.state, QpState::Rts | QpState::Sqd) {
             requester::run(qp, env, now);
         }
@@ -494,7 +629,18 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Env, now: u64) {
             return;
         }
         env.stats.timeouts += 1;
-        if use_retry(qp, env, now) {
+        debug!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = oldest_unacked(qp),
+            retries_left = qp.req.retry_left,
+            "retransmission timeout"
+        );
+        if use_retry(
+            qp,
+            env,
+            now,
+            "retry count exceeded: no ACK before the timeout",
+        ) {
             rewind(qp);
             qp.req.retrying = true;
             requester::run(qp, env, now);

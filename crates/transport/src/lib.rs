@@ -187,6 +187,13 @@ impl Env {
         let at = match h.emit_header(plen, &mut data) {
             Ok(n) => n,
             Err(_) => {
+                tracing::warn!(
+                    qpn = format_args!("{src_qpn:#x}"),
+                    opcode = %h.bth.opcode,
+                    psn = h.bth.psn,
+                    counter = "dropped",
+                    "packet not sent: headers do not fit their opcode (internal error)"
+                );
                 self.stats.dropped += 1;
                 self.recycle(data);
                 return Ok(());
@@ -345,6 +352,13 @@ impl Rnic {
     ) -> verbs::Result<()> {
         use verbs::QpAttrMask as M;
         let (old, new) = self.env.ctx.modify_qp(qpn, attr, mask)?;
+        tracing::debug!(
+            qpn = format_args!("{qpn:#x}"),
+            ?old,
+            ?new,
+            ?mask,
+            "modify_qp"
+        );
         let Some(qp) = self.qps.get_mut(&qpn) else {
             return Ok(());
         };
@@ -526,6 +540,13 @@ impl Rnic {
         env.stats.rx_packets += 1;
         env.stats.rx_bytes += data.len() as u64;
         if data.len() < wire::BTH_LEN + wire::ICRC_LEN {
+            tracing::debug!(
+                peer = %src,
+                len = data.len(),
+                counter = "malformed",
+                reason = "shorter than a BTH and an ICRC",
+                "packet dropped"
+            );
             env.stats.malformed += 1;
             return;
         }
@@ -535,23 +556,71 @@ impl Rnic {
         // when some ID makes the ICRC right: corruption still fails except with
         // probability about 2^-16 per corrupted IPv4 packet.
         if wire::icrc::verify_unknown_ip_id_with(&mut env.ip_ids, &addrs, data).is_none() {
+            // The header fields may be the corrupted ones: they are what the packet claims.
+            tracing::debug!(
+                peer = %src,
+                len = data.len(),
+                qpn = format_args!(
+                    "{:#x}",
+                    wire::BthView::new_checked(data).map_or(0, |b| b.dest_qp())
+                ),
+                psn = wire::BthView::new_checked(data).map_or(0, |b| b.psn()),
+                opcode = %wire::BthView::new_checked(data).map_or(wire::Opcode(0), |b| b.opcode()),
+                counter = "icrc_errors",
+                reason = "bad ICRC",
+                "packet dropped"
+            );
             env.stats.icrc_errors += 1;
             return;
         }
         let Ok((h, payload)) = Headers::parse(data) else {
+            tracing::debug!(
+                peer = %src,
+                len = data.len(),
+                opcode = %wire::BthView::new_checked(data).map_or(wire::Opcode(0), |b| b.opcode()),
+                counter = "malformed",
+                reason = %Headers::parse(data).err().unwrap_or(wire::Error::Truncated),
+                "packet dropped"
+            );
             env.stats.malformed += 1;
             return;
         };
         let Some(info) = h.bth.opcode.info() else {
+            tracing::debug!(
+                peer = %src,
+                opcode = %h.bth.opcode,
+                counter = "malformed",
+                reason = "unknown opcode",
+                "packet dropped"
+            );
             env.stats.malformed += 1;
             return;
         };
         // Full or limited member of the default partition: the only one we have.
         if h.bth.pkey & 0x7FFF != wire::DEFAULT_PKEY & 0x7FFF {
+            tracing::debug!(
+                peer = %src,
+                qpn = format_args!("{:#x}", h.bth.dest_qp),
+                psn = h.bth.psn,
+                opcode = %h.bth.opcode,
+                pkey = format_args!("{:#06x}", h.bth.pkey),
+                counter = "dropped",
+                reason = "P_Key not in the default partition",
+                "packet dropped"
+            );
             env.stats.dropped += 1;
             return;
         }
         let Some(qp) = self.qps.get_mut(&h.bth.dest_qp) else {
+            tracing::debug!(
+                peer = %src,
+                qpn = format_args!("{:#x}", h.bth.dest_qp),
+                psn = h.bth.psn,
+                opcode = %h.bth.opcode,
+                counter = "dropped",
+                reason = "unknown QP",
+                "packet dropped"
+            );
             env.stats.dropped += 1;
             return;
         };
@@ -575,6 +644,24 @@ impl Rnic {
             None => true,
         };
         if !service_ok || !state_ok || !peer_ok {
+            tracing::debug!(
+                peer = %src,
+                qpn = format_args!("{:#x}", h.bth.dest_qp),
+                psn = h.bth.psn,
+                opcode = %h.bth.opcode,
+                state = ?qp.state,
+                qp_type = ?qp.qp_type,
+                connected_peer = ?qp.peer,
+                counter = "dropped",
+                reason = if !service_ok {
+                    "transport service differs from the QP type"
+                } else if !state_ok {
+                    "QP state does not accept it"
+                } else {
+                    "not from the connected peer"
+                },
+                "packet dropped"
+            );
             env.stats.dropped += 1;
             return;
         }

@@ -140,7 +140,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
                 qp.req.cur += 1;
                 if let Err(s) = r {
                     w.status = Some(s);
-                    completer::fail(qp, env, now, None);
+                    completer::fail(qp, env, now, None, "local invalidate failed");
                     return;
                 }
                 continue;
@@ -152,7 +152,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
                 qp.req.cur += 1;
                 if let Err(s) = r {
                     w.status = Some(s);
-                    completer::fail(qp, env, now, None);
+                    completer::fail(qp, env, now, None, "memory window bind failed");
                     return;
                 }
                 continue;
@@ -173,7 +173,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
         };
         let Some((dst, tos, dqpn)) = dst_tos else {
             w.status = Some(WcStatus::LocQpOpErr);
-            completer::fail(qp, env, now, None);
+            completer::fail(qp, env, now, None, "no destination for the work request");
             return;
         };
         let is_rc = qp.qp_type == QpType::Rc;
@@ -258,7 +258,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
                 let p = pos(idx, w.npkts);
                 let Some(opcode) = data_opcode(qp.qp_type, &w.wr.op, p) else {
                     w.status = Some(WcStatus::LocQpOpErr);
-                    completer::fail(qp, env, now, None);
+                    completer::fail(qp, env, now, None, "operation not valid for the QP type");
                     return;
                 };
                 pkt_psn = psn::add(w.first_psn, idx);
@@ -316,7 +316,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
                 });
                 if let Err(s) = sent {
                     w.status = Some(s);
-                    completer::fail(qp, env, now, None);
+                    completer::fail(qp, env, now, None, "send data not read from local memory");
                     return;
                 }
                 qp.req.offset = offset + plen;

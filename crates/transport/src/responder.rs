@@ -13,6 +13,21 @@ use crate::verbs::{
     Access, QpType, RecvWr, RemoteKeyError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::Env;
+use tracing::{debug, trace};
+
+/// A request the responder will not act on: one event, named by the counter it raises.
+macro_rules! drop_event {
+    ($qp:expr, $h:expr, $counter:literal, $reason:expr) => {
+        debug!(
+            qpn = format_args!("{:#x}", $qp.qpn),
+            psn = $h.bth.psn,
+            opcode = %$h.bth.opcode,
+            counter = $counter,
+            reason = $reason,
+            "packet dropped"
+        )
+    };
+}
 
 /// A request packet for this QP (service type, state and peer already checked), that
 /// came with IP TOS `tos`.
@@ -176,6 +191,13 @@ pub(crate) fn pump(qp: &mut QpCtx, env: &mut Env, now: u64) {
                     qp.resp.pending.pop_front();
                     flush_ack(qp, env);
                     env.stats.naks_sent_access += 1;
+                    debug!(
+                        qpn = format_args!("{:#x}", qp.qpn),
+                        psn = first_psn,
+                        kind = ?NakCode::RemoteAccessError,
+                        reason = "rkey invalidated under a READ response stream",
+                        "NAK sent"
+                    );
                     let msn = qp.resp.msn;
                     emit_aeth(
                         qp,
@@ -184,7 +206,7 @@ pub(crate) fn pump(qp: &mut QpCtx, env: &mut Env, now: u64) {
                         msn,
                         Syndrome::Nak(NakCode::RemoteAccessError),
                     );
-                    completer::fail(qp, env, now, None);
+                    completer::fail(qp, env, now, None, "rkey invalidated under a READ");
                     return;
                 }
                 if next == last_psn {
@@ -206,7 +228,7 @@ pub(crate) fn pump(qp: &mut QpCtx, env: &mut Env, now: u64) {
                 qp.resp.pending.pop_front();
                 emit_aeth(qp, env, psn, msn, syndrome);
                 if fatal {
-                    completer::fail(qp, env, now, None);
+                    completer::fail(qp, env, now, None, "fatal NAK sent");
                     return;
                 }
             }
@@ -267,7 +289,7 @@ fn schedule_ack(qp: &mut QpCtx, env: &mut Env, p: u32) {
 
 /// A class A/C error (IBTA 9.9.3): NAK `p`, complete a held receive WQE with `recv_status`,
 /// and the responder QP goes to ERR — once the responses owed before it are sent (new
-/// requests are dropped meanwhile).
+/// requests are dropped meanwhile). `reason` says what was wrong, for the log.
 fn fatal_nak(
     qp: &mut QpCtx,
     env: &mut Env,
@@ -275,6 +297,7 @@ fn fatal_nak(
     code: NakCode,
     p: u32,
     recv_status: Option<WcStatus>,
+    reason: &'static str,
 ) {
     match code {
         NakCode::PsnSequenceError => env.stats.naks_sent_seq += 1,
@@ -282,6 +305,14 @@ fn fatal_nak(
         NakCode::RemoteAccessError => env.stats.naks_sent_access += 1,
         NakCode::RemoteOperationalError => env.stats.naks_sent_op += 1,
     }
+    debug!(
+        qpn = format_args!("{:#x}", qp.qpn),
+        psn = p,
+        kind = ?code,
+        recv_status = recv_status.map(tracing::field::debug),
+        reason,
+        "NAK sent"
+    );
     if let (Some(s), Some(r)) = (recv_status, qp.resp.recv.take()) {
         let wc = recv_wc(qp, &r, s);
         env.complete(qp.recv_cq, wc, false, now);
@@ -290,7 +321,7 @@ fn fatal_nak(
         flush_ack(qp, env);
         let msn = qp.resp.msn;
         emit_aeth(qp, env, p, msn, Syndrome::Nak(code));
-        completer::fail(qp, env, now, None);
+        completer::fail(qp, env, now, None, reason);
     } else {
         qp.resp.fatal = true;
         let msn = qp.resp.msn;
@@ -311,6 +342,12 @@ fn fatal_nak(
 fn rnr_nak(qp: &mut QpCtx, env: &mut Env, now: u64, p: u32) {
     env.stats.rnr_naks_sent += 1;
     let timer = qp.attr.min_rnr_timer & 0x1F;
+    debug!(
+        qpn = format_args!("{:#x}", qp.qpn),
+        psn = p,
+        timer,
+        "RNR NAK sent: no receive WQE posted"
+    );
     send_aeth(qp, env, now, p, Syndrome::RnrNak { timer });
 }
 
@@ -415,22 +452,59 @@ fn rc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
     };
     if qp.resp.fatal {
         // A fatal NAK waits behind READ responses: the QP is failing.
+        drop_event!(qp, h, "dropped", "QP failing: a fatal NAK waits to be sent");
         env.stats.dropped += 1;
         return;
     }
     let p = h.bth.psn;
     let d = psn::diff(p, qp.resp.epsn);
     if d > 0 {
+        // Only the first packet past a loss gets a NAK; the rest of the burst is routine.
+        if qp.resp.nak_sent {
+            trace!(
+                qpn = format_args!("{:#x}", qp.qpn),
+                psn = p,
+                epsn = qp.resp.epsn,
+                opcode = %h.bth.opcode,
+                counter = "out_of_sequence",
+                reason = "PSN ahead of the expected one (NAK already sent)",
+                "packet dropped"
+            );
+        } else {
+            debug!(
+                qpn = format_args!("{:#x}", qp.qpn),
+                psn = p,
+                epsn = qp.resp.epsn,
+                opcode = %h.bth.opcode,
+                counter = "out_of_sequence",
+                reason = "PSN ahead of the expected one",
+                "packet dropped"
+            );
+        }
         env.stats.out_of_sequence += 1;
         if !qp.resp.nak_sent {
             qp.resp.nak_sent = true;
             env.stats.naks_sent_seq += 1;
+            debug!(
+                qpn = format_args!("{:#x}", qp.qpn),
+                psn = qp.resp.epsn,
+                kind = ?NakCode::PsnSequenceError,
+                "NAK sent"
+            );
             let e = qp.resp.epsn;
             send_aeth(qp, env, now, e, Syndrome::Nak(NakCode::PsnSequenceError));
         }
         return;
     }
     if d < 0 {
+        trace!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = p,
+            epsn = qp.resp.epsn,
+            opcode = %h.bth.opcode,
+            counter = "duplicates",
+            "duplicate request"
+        );
         env.stats.duplicates += 1;
         duplicate(qp, env, now, h, info.kind);
         return;
@@ -460,6 +534,7 @@ fn rc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
             NakCode::InvalidRequest,
             p,
             Some(WcStatus::RemInvReqErr),
+            "opcode out of sequence within a message",
         );
         return;
     }
@@ -467,7 +542,15 @@ fn rc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
     // (rxe answers invalid request here).
     let need = kind_access(info.kind);
     if !need.is_empty() && !qp.attr.qp_access_flags.contains(need) {
-        fatal_nak(qp, env, now, NakCode::RemoteAccessError, p, None);
+        fatal_nak(
+            qp,
+            env,
+            now,
+            NakCode::RemoteAccessError,
+            p,
+            None,
+            "operation not enabled in the QP's access flags",
+        );
         return;
     }
     if !length_ok(info.position, payload.len(), qp.mtu(), info.has_payload) {
@@ -478,6 +561,7 @@ fn rc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
             NakCode::InvalidRequest,
             p,
             Some(WcStatus::RemInvReqErr),
+            "payload length wrong for its position",
         );
         return;
     }
@@ -494,7 +578,10 @@ fn rc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
         }
         OpKind::ReadRequest => rc_read(qp, env, now, h),
         OpKind::Atomic => rc_atomic(qp, env, now, h),
-        _ => env.stats.dropped += 1,
+        _ => {
+            drop_event!(qp, h, "dropped", "not a request opcode");
+            env.stats.dropped += 1
+        }
     }
 }
 
@@ -545,7 +632,15 @@ fn rc_send(
         qp.resp.offset = 0;
     }
     let Some(r) = qp.resp.recv.as_ref() else {
-        fatal_nak(qp, env, now, NakCode::InvalidRequest, p, None);
+        fatal_nak(
+            qp,
+            env,
+            now,
+            NakCode::InvalidRequest,
+            p,
+            None,
+            "SEND continues no message with a receive WQE",
+        );
         return false;
     };
     if !payload.is_empty() {
@@ -555,7 +650,15 @@ fn rc_send(
             } else {
                 (NakCode::RemoteOperationalError, s)
             };
-            fatal_nak(qp, env, now, code, p, Some(status));
+            fatal_nak(
+                qp,
+                env,
+                now,
+                code,
+                p,
+                Some(status),
+                "SEND not placed in the receive WQE",
+            );
             return false;
         }
     }
@@ -564,7 +667,15 @@ fn rc_send(
     if matches!(position, Position::Last | Position::Only) {
         if let Some(rkey) = h.ieth {
             if let Err(s) = env.ctx.invalidate_rkey(qp.pd, rkey) {
-                fatal_nak(qp, env, now, NakCode::InvalidRequest, p, Some(s));
+                fatal_nak(
+                    qp,
+                    env,
+                    now,
+                    NakCode::InvalidRequest,
+                    p,
+                    Some(s),
+                    "SEND with invalidate of an rkey it may not invalidate",
+                );
                 return false;
             }
         }
@@ -605,7 +716,15 @@ fn rc_write(
     }
     if matches!(position, Position::First | Position::Only) {
         let Some(reth) = h.reth else {
-            fatal_nak(qp, env, now, NakCode::InvalidRequest, p, None);
+            fatal_nak(
+                qp,
+                env,
+                now,
+                NakCode::InvalidRequest,
+                p,
+                None,
+                "WRITE without a RETH",
+            );
             return false;
         };
         if reth.dma_len > 0 {
@@ -617,7 +736,15 @@ fn rc_write(
                 reth.dma_len as usize,
                 Access::REMOTE_WRITE,
             ) {
-                fatal_nak(qp, env, now, remote_error(e), p, None);
+                fatal_nak(
+                    qp,
+                    env,
+                    now,
+                    remote_error(e),
+                    p,
+                    None,
+                    "WRITE refused by its rkey check",
+                );
                 return false;
             }
         }
@@ -629,13 +756,29 @@ fn rc_write(
         qp.resp.offset = 0;
     }
     let Some(InMsg::Write { va, rkey, len }) = qp.resp.in_msg else {
-        fatal_nak(qp, env, now, NakCode::InvalidRequest, p, None);
+        fatal_nak(
+            qp,
+            env,
+            now,
+            NakCode::InvalidRequest,
+            p,
+            None,
+            "WRITE continues no WRITE in progress",
+        );
         return false;
     };
     let off = qp.resp.offset;
     let end = off + payload.len();
     if end > len as usize || (last && end != len as usize) {
-        fatal_nak(qp, env, now, NakCode::InvalidRequest, p, None);
+        fatal_nak(
+            qp,
+            env,
+            now,
+            NakCode::InvalidRequest,
+            p,
+            None,
+            "WRITE past or short of its RETH length",
+        );
         return false;
     }
     if !payload.is_empty() {
@@ -653,11 +796,27 @@ fn rc_write(
         match wrote {
             Ok(true) => {}
             Ok(false) => {
-                fatal_nak(qp, env, now, NakCode::RemoteAccessError, p, None);
+                fatal_nak(
+                    qp,
+                    env,
+                    now,
+                    NakCode::RemoteAccessError,
+                    p,
+                    None,
+                    "WRITE not placed: memory not writable",
+                );
                 return false;
             }
             Err(e) => {
-                fatal_nak(qp, env, now, remote_error(e), p, None);
+                fatal_nak(
+                    qp,
+                    env,
+                    now,
+                    remote_error(e),
+                    p,
+                    None,
+                    "WRITE refused by its rkey check",
+                );
                 return false;
             }
         }
@@ -702,17 +861,41 @@ fn read_len_ok(len: usize, mtu: usize) -> bool {
 fn rc_read(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
     let p = h.bth.psn;
     let Some(reth) = h.reth else {
-        fatal_nak(qp, env, now, NakCode::InvalidRequest, p, None);
+        fatal_nak(
+            qp,
+            env,
+            now,
+            NakCode::InvalidRequest,
+            p,
+            None,
+            "READ without a RETH",
+        );
         return;
     };
     // A responder that accepts no READ/atomic resources treats one as an invalid request.
     if qp.attr.max_dest_rd_atomic == 0 {
-        fatal_nak(qp, env, now, NakCode::InvalidRequest, p, None);
+        fatal_nak(
+            qp,
+            env,
+            now,
+            NakCode::InvalidRequest,
+            p,
+            None,
+            "READ while max_dest_rd_atomic is 0",
+        );
         return;
     }
     let len = reth.dma_len as usize;
     if !read_len_ok(len, qp.mtu()) {
-        fatal_nak(qp, env, now, NakCode::InvalidRequest, p, None);
+        fatal_nak(
+            qp,
+            env,
+            now,
+            NakCode::InvalidRequest,
+            p,
+            None,
+            "READ longer than the IBTA allows",
+        );
         return;
     }
     if len > 0 {
@@ -720,7 +903,15 @@ fn rc_read(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
             env.ctx
                 .remote_span(qp.pd, qp.qpn, reth.rkey, reth.va, len, Access::REMOTE_READ)
         {
-            fatal_nak(qp, env, now, remote_error(e), p, None);
+            fatal_nak(
+                qp,
+                env,
+                now,
+                remote_error(e),
+                p,
+                None,
+                "READ refused by its rkey check",
+            );
             return;
         }
     }
@@ -760,11 +951,27 @@ fn rc_read(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
 fn rc_atomic(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
     let p = h.bth.psn;
     let Some(a) = h.atomic_eth else {
-        fatal_nak(qp, env, now, NakCode::InvalidRequest, p, None);
+        fatal_nak(
+            qp,
+            env,
+            now,
+            NakCode::InvalidRequest,
+            p,
+            None,
+            "atomic without an AtomicETH",
+        );
         return;
     };
     if qp.attr.max_dest_rd_atomic == 0 {
-        fatal_nak(qp, env, now, NakCode::InvalidRequest, p, None);
+        fatal_nak(
+            qp,
+            env,
+            now,
+            NakCode::InvalidRequest,
+            p,
+            None,
+            "atomic while max_dest_rd_atomic is 0",
+        );
         return;
     }
     let res = match env
@@ -784,7 +991,15 @@ fn rc_atomic(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
     let orig = match res {
         Ok(v) => v,
         Err(code) => {
-            fatal_nak(qp, env, now, code, p, None);
+            fatal_nak(
+                qp,
+                env,
+                now,
+                code,
+                p,
+                None,
+                "atomic refused: rkey check or misaligned address",
+            );
             return;
         }
     };
@@ -827,6 +1042,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, kind: OpKind)
         }
         OpKind::ReadRequest => {
             if h.reth.is_none() {
+                drop_event!(qp, h, "malformed", "duplicate READ request without a RETH");
                 env.stats.malformed += 1;
                 return;
             }
@@ -843,6 +1059,12 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, kind: OpKind)
                 _ => None,
             });
             let Some((first_psn, last_psn, va, rkey, len)) = found else {
+                drop_event!(
+                    qp,
+                    h,
+                    "dropped",
+                    "duplicate READ request no longer remembered"
+                );
                 env.stats.dropped += 1;
                 return;
             };
@@ -873,10 +1095,16 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, kind: OpKind)
                     let msn = qp.resp.msn;
                     respond(qp, env, now, Pending::AtomicAck { psn: p, orig, msn });
                 }
-                None => env.stats.dropped += 1,
+                None => {
+                    drop_event!(qp, h, "dropped", "duplicate atomic not in the replay cache");
+                    env.stats.dropped += 1
+                }
             }
         }
-        _ => env.stats.dropped += 1,
+        _ => {
+            drop_event!(qp, h, "dropped", "duplicate of an unexpected opcode");
+            env.stats.dropped += 1
+        }
     }
 }
 
@@ -889,6 +1117,14 @@ fn uc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
     };
     let p = h.bth.psn;
     if p != qp.resp.epsn {
+        debug!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = p,
+            epsn = qp.resp.epsn,
+            opcode = %h.bth.opcode,
+            counter = "out_of_sequence",
+            "UC PSN gap: message in progress abandoned"
+        );
         env.stats.out_of_sequence += 1;
         qp.resp.in_msg = None;
         qp.resp.offset = 0;
@@ -905,6 +1141,7 @@ fn uc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
         qp.resp.offset = 0;
     } else if !cont {
         qp.resp.in_msg = None;
+        drop_event!(qp, h, "dropped", "continues no message in progress");
         env.stats.dropped += 1;
         return;
     }
@@ -913,6 +1150,16 @@ fn uc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
         || !length_ok(info.position, payload.len(), qp.mtu(), info.has_payload)
     {
         qp.resp.in_msg = None;
+        drop_event!(
+            qp,
+            h,
+            "dropped",
+            if need.is_empty() || qp.attr.qp_access_flags.contains(need) {
+                "payload length wrong for its position"
+            } else {
+                "operation not enabled in the QP's access flags"
+            }
+        );
         env.stats.dropped += 1;
         return;
     }
@@ -923,18 +1170,26 @@ fn uc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
                 match env.ctx.take_recv(qp.qpn) {
                     Some(r) => qp.resp.recv = Some(r),
                     None => {
+                        drop_event!(qp, h, "dropped", "no receive WQE posted");
                         env.stats.dropped += 1;
                         return;
                     }
                 }
             }
             let Some(r) = qp.resp.recv.as_ref() else {
+                drop_event!(qp, h, "dropped", "no receive WQE for the message");
                 env.stats.dropped += 1;
                 return;
             };
             if !payload.is_empty() {
                 if let Err(s) = env.ctx.scatter(qp.pd, &r.sg_list, qp.resp.offset, payload) {
                     // The receive WQE completes in error; the rest of the message is dropped.
+                    debug!(
+                        qpn = format_args!("{:#x}", qp.qpn),
+                        psn = p,
+                        status = ?s,
+                        "UC SEND not placed: receive WQE completed in error"
+                    );
                     if let Some(r) = qp.resp.recv.take() {
                         let wc = recv_wc(qp, &r, s);
                         env.complete(qp.recv_cq, wc, false, now);
@@ -985,6 +1240,12 @@ fn uc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
             }
             if !ok {
                 qp.resp.in_msg = None;
+                drop_event!(
+                    qp,
+                    h,
+                    "dropped",
+                    "UC WRITE outside its length or its rkey's bounds"
+                );
                 env.stats.dropped += 1;
                 return;
             }
@@ -1003,14 +1264,20 @@ fn uc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
                             WcOpcode::RecvRdmaWithImm,
                             len as usize,
                         ),
-                        None => env.stats.dropped += 1,
+                        None => {
+                            drop_event!(qp, h, "dropped", "no receive WQE for the immediate");
+                            env.stats.dropped += 1
+                        }
                     }
                 }
             } else {
                 // keep the write state for the next MIDDLE/LAST
             }
         }
-        _ => env.stats.dropped += 1,
+        _ => {
+            drop_event!(qp, h, "dropped", "not a UC request opcode");
+            env.stats.dropped += 1
+        }
     }
 }
 
@@ -1030,14 +1297,37 @@ fn ud_request(
     udp_len: usize,
 ) {
     let Some(deth) = h.deth else {
+        drop_event!(qp, h, "malformed", "UD request without a DETH");
         env.stats.malformed += 1;
         return;
     };
     if deth.qkey != qp.attr.qkey {
+        debug!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = h.bth.psn,
+            opcode = %h.bth.opcode,
+            peer = %addrs.src,
+            src_qpn = format_args!("{:#x}", deth.src_qp),
+            qkey = format_args!("{:#x}", deth.qkey),
+            expected = format_args!("{:#x}", qp.attr.qkey),
+            counter = "dropped",
+            reason = "Q_Key mismatch",
+            "packet dropped"
+        );
         env.stats.dropped += 1;
         return;
     }
     let Some(r) = env.ctx.take_recv(qp.qpn) else {
+        debug!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = h.bth.psn,
+            opcode = %h.bth.opcode,
+            peer = %addrs.src,
+            src_qpn = format_args!("{:#x}", deth.src_qp),
+            counter = "dropped",
+            reason = "no receive WQE posted",
+            "packet dropped"
+        );
         env.stats.dropped += 1;
         return;
     };
