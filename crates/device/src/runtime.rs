@@ -147,8 +147,9 @@ impl Runtime {
         } = rx;
         let n = match link.recv_batch(batch) {
             Ok(n) => n,
-            Err(_) => {
+            Err(e) => {
                 *errors += 1;
+                tracing::debug!(error = %e, "receive failed");
                 0
             }
         };

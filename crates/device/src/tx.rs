@@ -152,10 +152,18 @@ impl Engine {
         let gso = self.link.gso_enabled();
         self.ports
             .entry(src.port())
-            .or_insert_with(|| {
-                let mut d = udp::Driver::bind_send_only(src).ok()?;
-                d.set_gso(gso);
-                Some(d)
+            .or_insert_with(|| match udp::Driver::bind_send_only(src) {
+                Ok(mut d) => {
+                    d.set_gso(gso);
+                    Some(d)
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        %src, error = %e,
+                        "no socket for this source port: its datagrams leave from the device port"
+                    );
+                    None
+                }
             })
             .is_some()
     }
@@ -232,12 +240,18 @@ fn send_run(
                 }
                 Ok(0) => {
                     stats.tx_dropped += (out.len() - at) as u64;
+                    tracing::debug!(
+                        dropped = out.len() - at,
+                        "datagrams dropped: the socket send buffer stayed full"
+                    );
                     break;
                 }
-                Err(_) => {
+                Err(e) => {
                     // This datagram is refused (too big, bad address): lost like one the
                     // network drops.
                     stats.tx_dropped += 1;
+                    tracing::debug!(dst = %out[at].dst, len = out[at].data.len(), error = %e,
+                        "datagram refused by the socket, dropped");
                     at += 1;
                 }
                 Ok(n) => {

@@ -8,7 +8,7 @@ use tracing::{debug, trace, warn};
 use crate::qp::{rnr_timer_ns, QpCtx, ReqState, SendWqe};
 use crate::requester;
 use crate::verbs::{AsyncEvent, QpState, SendFlags, WcOpcode, WcStatus, WorkCompletion};
-use crate::Env;
+use crate::Nic;
 
 /// The send completion of a WQE.
 fn send_wc(qp: &QpCtx, w: &SendWqe, status: WcStatus) -> WorkCompletion {
@@ -39,7 +39,7 @@ fn mark_done(req: &mut ReqState, w: &mut SendWqe) {
 
 /// Pop finished WQEs from the front of the SQ and report them, in posting order.
 /// Successful ones only when signaled (or sq_sig_all); errors always.
-pub(crate) fn complete_front(qp: &mut QpCtx, env: &mut Env, now: u64) {
+pub(crate) fn complete_front(qp: &mut QpCtx, env: &mut Nic, now: u64) {
     let mut budget = qp.sq.len();
     while budget > 0 {
         budget -= 1;
@@ -70,7 +70,7 @@ pub(crate) fn complete_front(qp: &mut QpCtx, env: &mut Env, now: u64) {
 }
 
 /// In SQD, tell the consumer once the SQ has nothing in flight.
-pub(crate) fn check_drained(qp: &mut QpCtx, env: &mut Env) {
+pub(crate) fn check_drained(qp: &mut QpCtx, env: &mut Nic) {
     if qp.state == QpState::Sqd
         && !qp.req.sqd_notified
         && !qp.sq.iter().any(|w| w.started && !w.done)
@@ -86,7 +86,7 @@ pub(crate) fn check_drained(qp: &mut QpCtx, env: &mut Env) {
 /// and everything outstanding and posted is flushed. `cause` says why, for the log.
 pub(crate) fn fail(
     qp: &mut QpCtx,
-    env: &mut Env,
+    env: &mut Nic,
     now: u64,
     status: Option<WcStatus>,
     cause: &'static str,
@@ -114,7 +114,7 @@ pub(crate) fn fail(
 /// Flush a QP in ERR: every SQ WQE completes (its own error status, else WR_FLUSH_ERR),
 /// then the receive side (own RQ, and a receive WQE held for a message in progress; an
 /// SRQ keeps its WQEs).
-pub(crate) fn flush(qp: &mut QpCtx, env: &mut Env, now: u64) {
+pub(crate) fn flush(qp: &mut QpCtx, env: &mut Nic, now: u64) {
     qp.state = QpState::Err;
     let sq = std::mem::take(&mut qp.sq);
     for w in &sq {
@@ -150,7 +150,7 @@ pub(crate) fn flush(qp: &mut QpCtx, env: &mut Env, now: u64) {
 }
 
 /// Flush the QP's own receive queue with WR_FLUSH_ERR.
-pub(crate) fn flush_rq(qp: &mut QpCtx, env: &mut Env, now: u64) {
+pub(crate) fn flush_rq(qp: &mut QpCtx, env: &mut Nic, now: u64) {
     if qp.has_srq {
         return;
     }
@@ -252,7 +252,7 @@ fn ack_upto(qp: &mut QpCtx, p: u32, inclusive: bool) -> Acked {
 }
 
 /// Count a transport retry; false (and the QP failed with RETRY_EXC_ERR) when none are left.
-fn use_retry(qp: &mut QpCtx, env: &mut Env, now: u64, cause: &'static str) -> bool {
+fn use_retry(qp: &mut QpCtx, env: &mut Nic, now: u64, cause: &'static str) -> bool {
     if qp.req.retry_left == 0 {
         fail(qp, env, now, Some(WcStatus::RetryExcErr), cause);
         return false;
@@ -266,7 +266,7 @@ fn use_retry(qp: &mut QpCtx, env: &mut Env, now: u64, cause: &'static str) -> bo
 /// loss (the ACKs and NAKs already on their way) is ignored until progress is made, as
 /// rxe does with `started_retry`; otherwise one loss would burn several retries. False if
 /// the QP failed for lack of retries. `why` names the evidence, for the log.
-fn retry_from_response(qp: &mut QpCtx, env: &mut Env, now: u64, why: &'static str) -> bool {
+fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static str) -> bool {
     if qp.req.retrying {
         return true;
     }
@@ -288,7 +288,7 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Env, now: u64, why: &'static st
 /// A response (ACK, NAK, READ response, atomic ACK) for an RC QP.
 pub(crate) fn handle_response(
     qp: &mut QpCtx,
-    env: &mut Env,
+    env: &mut Nic,
     now: u64,
     h: &Headers,
     payload: &[u8],
@@ -516,7 +516,7 @@ pub(crate) fn handle_response(
 }
 
 /// After a response: complete what finished, re-arm the timer, keep sending.
-fn after(qp: &mut QpCtx, env: &mut Env, now: u64, progress: bool) {
+fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
     complete_front(qp, env, now);
     if qp.state == QpState::Err {
         return;
@@ -538,7 +538,7 @@ fn after(qp: &mut QpCtx, env: &mut Env, now: u64, progress: bool) {
 /// One READ response packet: must be the next one the oldest READ expects. Returns progress.
 fn read_response(
     qp: &mut QpCtx,
-    env: &mut Env,
+    env: &mut Nic,
     now: u64,
     h: &Headers,
     position: Position,
@@ -615,7 +615,7 @@ fn read_response(
 }
 
 /// Fire due timers of one QP.
-pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Env, now: u64) {
+pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
     if qp.req.rnr_until.is_some_and(|t| t <= now) {
         qp.req.rnr_until = None;
         trace!(qpn = format_args!("{:#x}", qp.qpn), "RNR wait over");

@@ -133,9 +133,9 @@ const SMALL_PKT: usize = 256;
 /// Free buffers kept per size class (at most; the rest are freed).
 const POOL_MAX: usize = 4096;
 
-/// Everything the protocol handlers share besides the QP they work on: split from the QP
-/// table so a handler can hold `&mut QpCtx` and `&mut Env` at once.
-pub(crate) struct Env {
+/// The NIC-wide state every protocol handler works with besides its QP: split from the QP
+/// table so a handler can hold `&mut QpCtx` and `&mut Nic` at once.
+pub(crate) struct Nic {
     pub addr: SocketAddr,
     pub ctx: verbs::Context,
     pub out: VecDeque<Transmit>,
@@ -159,7 +159,7 @@ pub(crate) struct Env {
     pub ip_ids: wire::icrc::IpIdCache,
 }
 
-impl Env {
+impl Nic {
     /// Build, seal and queue one packet from QP `src_qpn` to `dst`. Emission only fails
     /// on an internal inconsistency; such a packet is counted as dropped, never sent.
     pub fn send(&mut self, src_qpn: u32, dst: SocketAddr, tos: u8, h: &Headers, payload: &[u8]) {
@@ -262,7 +262,7 @@ impl Env {
 /// "retry forever", so a dead peer always ends in `RETRY_EXC_ERR`. `rnr_retry` 7 is
 /// infinite, as the IBTA says.
 pub struct Rnic {
-    env: Env,
+    env: Nic,
     qps: BTreeMap<verbs::Qpn, QpCtx>,
 }
 
@@ -272,7 +272,7 @@ impl Rnic {
     pub fn new(addr: SocketAddr, seed: u64) -> Rnic {
         let ctx = verbs::Context::new(vec![verbs::Gid::from_ip(addr.ip())], seed);
         Rnic {
-            env: Env {
+            env: Nic {
                 addr,
                 ctx,
                 out: VecDeque::new(),
@@ -747,7 +747,7 @@ impl Rnic {
             };
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 qp.resp.tx_wait = false;
-                responder::pump(qp, &mut self.env, now);
+                responder::send_waiting_responses(qp, &mut self.env, now);
             }
         }
     }

@@ -131,7 +131,7 @@ pub(crate) struct ReqState {
     pub retrying: bool,
     /// SQ drained event already given for the current SQD period.
     pub sqd_notified: bool,
-    /// Stopped at a full outbox; queued in `Env::tx_wait` to continue when it drains.
+    /// Stopped at a full outbox; queued in `Nic::tx_wait` to continue when it drains.
     pub tx_wait: bool,
 }
 
@@ -225,7 +225,7 @@ pub(crate) struct RespState {
     /// `reads` (an evicted resource's entry goes with it), one per atomic replay entry,
     /// one ACK/NAK and one fatal NAK: a remote peer cannot make it grow.
     pub pending: VecDeque<Pending>,
-    /// Queued in `Env::resp_wait` to continue `pending` when the outbox drains.
+    /// Queued in `Nic::resp_wait` to continue `pending` when the outbox drains.
     pub tx_wait: bool,
     /// A fatal NAK waits in `pending`: requests are dropped until it is sent and the QP
     /// fails.

@@ -7,7 +7,7 @@ use softrdma_wire::{psn, AtomicEth, Bth, Deth, Headers, Opcode, Reth};
 use crate::completer;
 use crate::qp::{QpCtx, MAX_INFLIGHT_PSNS, MAX_PKT_PER_ACK, OUTBOX_MAX};
 use crate::verbs::{QpState, QpType, SendFlags, SendOp, WcStatus};
-use crate::Env;
+use crate::Nic;
 
 /// Position of packet `idx` among `n`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -72,7 +72,7 @@ fn oldest_unacked(qp: &QpCtx) -> Option<u32> {
 
 /// Run the requester: send as much of the SQ as the rules allow. Every iteration either
 /// sends a packet, executes a local op, or advances past a WQE, and the budget bounds it.
-pub(crate) fn run(qp: &mut QpCtx, env: &mut Env, now: u64) {
+pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
     let mut budget: usize = 1 << 22;
     let mut in_wqe = qp.req.offset > 0;
     while budget > 0 {

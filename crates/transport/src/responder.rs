@@ -12,7 +12,7 @@ use crate::qp::{InMsg, Pending, QpCtx, Resource, ATOMIC_REPLAY_MIN, OUTBOX_MAX};
 use crate::verbs::{
     Access, QpType, RecvWr, RemoteKeyError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
-use crate::Env;
+use crate::Nic;
 use tracing::{debug, trace};
 
 /// A request the responder will not act on: one event, named by the counter it raises.
@@ -34,7 +34,7 @@ macro_rules! drop_event {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn handle_request(
     qp: &mut QpCtx,
-    env: &mut Env,
+    env: &mut Nic,
     now: u64,
     addrs: &Addrs,
     tos: u8,
@@ -59,14 +59,14 @@ pub(crate) fn handle_request(
 // executed at once (without a fence, IBTA lets a later WRITE / SEND pass a READ).
 
 /// Send an ACK / NAK / RNR NAK now.
-fn emit_aeth(qp: &QpCtx, env: &mut Env, psn: u32, msn: u32, syndrome: Syndrome) {
+fn emit_aeth(qp: &QpCtx, env: &mut Nic, psn: u32, msn: u32, syndrome: Syndrome) {
     let Some(dst) = qp.peer else { return };
     let mut h = Headers::new(Bth::new(Opcode::RC_ACKNOWLEDGE, qp.attr.dest_qp_num, psn));
     h.aeth = Some(Aeth { syndrome, msn });
     env.send(qp.qpn, dst, qp.attr.ah_attr.grh.traffic_class, &h, &[]);
 }
 
-fn emit_atomic_ack(qp: &QpCtx, env: &mut Env, p: u32, orig: u64, msn: u32) {
+fn emit_atomic_ack(qp: &QpCtx, env: &mut Nic, p: u32, orig: u64, msn: u32) {
     let Some(dst) = qp.peer else { return };
     let mut h = Headers::new(Bth::new(
         Opcode::RC_ATOMIC_ACKNOWLEDGE,
@@ -109,7 +109,7 @@ fn enqueue(qp: &mut QpCtx, e: Pending) {
 
 /// Give a response: sent now when nothing waits ahead of it, queued otherwise; then
 /// send what the outbox has room for.
-fn respond(qp: &mut QpCtx, env: &mut Env, now: u64, e: Pending) {
+fn respond(qp: &mut QpCtx, env: &mut Nic, now: u64, e: Pending) {
     if qp.resp.pending.is_empty() {
         match e {
             Pending::Aeth {
@@ -145,13 +145,13 @@ fn respond(qp: &mut QpCtx, env: &mut Env, now: u64, e: Pending) {
         );
     }
     enqueue(qp, e);
-    pump(qp, env, now);
+    send_waiting_responses(qp, env, now);
 }
 
 /// Send waiting responses in order while the outbox has room; if some remain, wait for
 /// `Rnic::poll_transmit` to drain the outbox (meanwhile a duplicate request for a
 /// waiting response replaces it, so floods do not grow the queue).
-pub(crate) fn pump(qp: &mut QpCtx, env: &mut Env, now: u64) {
+pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
     loop {
         let Some(front) = qp.resp.pending.front_mut() else {
             return;
@@ -241,7 +241,7 @@ pub(crate) fn pump(qp: &mut QpCtx, env: &mut Env, now: u64) {
 }
 
 /// Send an ACK / NAK / RNR NAK with the current MSN (in order behind waiting responses).
-fn send_aeth(qp: &mut QpCtx, env: &mut Env, now: u64, psn: u32, syndrome: Syndrome) {
+fn send_aeth(qp: &mut QpCtx, env: &mut Nic, now: u64, psn: u32, syndrome: Syndrome) {
     let msn = qp.resp.msn;
     respond(
         qp,
@@ -258,7 +258,7 @@ fn send_aeth(qp: &mut QpCtx, env: &mut Env, now: u64, psn: u32, syndrome: Syndro
 
 /// Send the coalesced ACK now, if one waits (before any other response, to keep the
 /// response stream in PSN order); behind the waiting responses if there are some.
-pub(crate) fn flush_ack(qp: &mut QpCtx, env: &mut Env) {
+pub(crate) fn flush_ack(qp: &mut QpCtx, env: &mut Nic) {
     if let Some((p, msn)) = qp.resp.ack.take() {
         let syndrome = Syndrome::Ack {
             credits: AETH_CREDITS_INVALID,
@@ -280,7 +280,7 @@ pub(crate) fn flush_ack(qp: &mut QpCtx, env: &mut Env) {
 }
 
 /// Ask for an ACK of everything up to `p` (a later ACK replaces an earlier one).
-fn schedule_ack(qp: &mut QpCtx, env: &mut Env, p: u32) {
+fn schedule_ack(qp: &mut QpCtx, env: &mut Nic, p: u32) {
     if qp.resp.ack.is_none() {
         env.ack_queue.push_back(qp.qpn);
     }
@@ -292,7 +292,7 @@ fn schedule_ack(qp: &mut QpCtx, env: &mut Env, p: u32) {
 /// requests are dropped meanwhile). `reason` says what was wrong, for the log.
 fn fatal_nak(
     qp: &mut QpCtx,
-    env: &mut Env,
+    env: &mut Nic,
     now: u64,
     code: NakCode,
     p: u32,
@@ -339,7 +339,7 @@ fn fatal_nak(
     }
 }
 
-fn rnr_nak(qp: &mut QpCtx, env: &mut Env, now: u64, p: u32) {
+fn rnr_nak(qp: &mut QpCtx, env: &mut Nic, now: u64, p: u32) {
     env.stats.rnr_naks_sent += 1;
     let timer = qp.attr.min_rnr_timer & 0x1F;
     debug!(
@@ -391,7 +391,7 @@ fn read_resp_opcode(idx: u32, n: u32) -> Opcode {
 #[allow(clippy::too_many_arguments)]
 fn read_response(
     qp: &QpCtx,
-    env: &mut Env,
+    env: &mut Nic,
     p: u32,
     opcode: Opcode,
     msn: u32,
@@ -446,7 +446,7 @@ fn length_ok(position: Position, plen: usize, mtu: usize, has_payload: bool) -> 
     }
 }
 
-fn rc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u8]) {
+fn rc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u8]) {
     let Some(info) = h.bth.opcode.info() else {
         return;
     };
@@ -588,7 +588,7 @@ fn rc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
 /// Complete a receive WQE for a finished SEND (or WRITE with immediate).
 fn complete_recv(
     qp: &QpCtx,
-    env: &mut Env,
+    env: &mut Nic,
     now: u64,
     r: &RecvWr,
     h: &Headers,
@@ -612,7 +612,7 @@ fn complete_recv(
 /// SEND packet in sequence. Returns true if accepted (epsn advanced).
 fn rc_send(
     qp: &mut QpCtx,
-    env: &mut Env,
+    env: &mut Nic,
     now: u64,
     h: &Headers,
     position: Position,
@@ -701,7 +701,7 @@ fn remote_error(e: RemoteKeyError) -> NakCode {
 /// WRITE packet in sequence. Returns true if accepted.
 fn rc_write(
     qp: &mut QpCtx,
-    env: &mut Env,
+    env: &mut Nic,
     now: u64,
     h: &Headers,
     position: Position,
@@ -858,7 +858,7 @@ fn read_len_ok(len: usize, mtu: usize) -> bool {
     len <= MAX_MSG_LEN && len.div_ceil(mtu.max(1)) < (1 << 22)
 }
 
-fn rc_read(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
+fn rc_read(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
     let p = h.bth.psn;
     let Some(reth) = h.reth else {
         fatal_nak(
@@ -930,7 +930,7 @@ fn rc_read(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
     qp.resp.epsn = psn::add(last, 1);
     qp.resp.msn = psn::add(qp.resp.msn, 1);
     let msn = qp.resp.msn;
-    // The responses go out a batch at a time (see `pump`).
+    // The responses go out a batch at a time (see `send_waiting_responses`).
     respond(
         qp,
         env,
@@ -948,7 +948,7 @@ fn rc_read(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
     );
 }
 
-fn rc_atomic(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
+fn rc_atomic(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
     let p = h.bth.psn;
     let Some(a) = h.atomic_eth else {
         fatal_nak(
@@ -1025,7 +1025,7 @@ fn rc_atomic(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers) {
 /// answered from the replay cache, never applied twice. Requests not found among the
 /// resources are dropped. Nothing here grows state: a flood of duplicates costs
 /// responses, not memory.
-fn duplicate(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, kind: OpKind) {
+fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind) {
     let p = h.bth.psn;
     match kind {
         OpKind::Send | OpKind::Write => {
@@ -1111,7 +1111,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, kind: OpKind)
 // ---------------------------------------------------------------- UC
 
 /// UC: no ACKs. A gap abandons the message in progress; the next FIRST/ONLY resynchronises.
-fn uc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u8]) {
+fn uc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u8]) {
     let Some(info) = h.bth.opcode.info() else {
         return;
     };
@@ -1288,7 +1288,7 @@ fn uc_request(qp: &mut QpCtx, env: &mut Env, now: u64, h: &Headers, payload: &[u
 #[allow(clippy::too_many_arguments)]
 fn ud_request(
     qp: &mut QpCtx,
-    env: &mut Env,
+    env: &mut Nic,
     now: u64,
     addrs: &Addrs,
     tos: u8,
