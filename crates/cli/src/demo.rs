@@ -10,7 +10,8 @@ use serde::Serialize;
 use softrdma::{wr, Device, DeviceAddr, DeviceConfig, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::perf::{self, Rows, Side, Test};
-use crate::util::{self, Poller};
+use crate::session::{self, Poller};
+use crate::{output, tcp};
 use crate::{CmdResult, PerfTest};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,9 +58,9 @@ pub fn serve(sessions: u32) -> CmdResult {
         std::process::id(),
         describe(&dev)
     );
-    util::flush_stdout();
+    output::flush_stdout();
     for _ in 0..sessions {
-        let (s, peer) = util::accept(&l)?;
+        let (s, peer) = tcp::accept(&l)?;
         perf::serve_session(&dev, s, peer, TIMEOUT)?;
     }
     Ok(())
@@ -91,7 +92,7 @@ fn wait_one(side: &Side, poller: &mut Poller, want: WcOpcode) -> CmdResult<WorkC
         poller.poll(&side.cq, &mut wcs)?;
         let wc = wcs[0];
         if wc.status != WcStatus::Success {
-            return Err(util::wc_error(&wc));
+            return Err(session::wc_error(&wc));
         }
         if wc.opcode == want {
             return Ok(wc);
@@ -161,7 +162,7 @@ pub fn run(json: bool) -> CmdResult {
     }
 
     // Round trips on one RC QP.
-    let s = util::connect("127.0.0.1", port)?;
+    let s = tcp::connect("127.0.0.1", port)?;
     let (run, side, ch) = perf::client_session(
         &dev,
         s,
@@ -279,7 +280,7 @@ pub fn run(json: bool) -> CmdResult {
     let mut lat_rows = Vec::new();
     let mut results = Vec::new();
     for &(t, size, iters) in BENCH {
-        let s = util::connect("127.0.0.1", port)?;
+        let s = tcp::connect("127.0.0.1", port)?;
         let (r, _side, ch) = perf::client_session(
             &dev,
             s,
@@ -306,7 +307,7 @@ pub fn run(json: bool) -> CmdResult {
     drop(child);
 
     if json {
-        return util::print_json(&DemoJson {
+        return output::print_json(&DemoJson {
             round_trips: trips
                 .iter()
                 .map(|(op, n, t, note)| TripJson {

@@ -13,7 +13,7 @@ use std::net::TcpStream;
 
 use softrdma::Gid;
 
-use crate::util::read_exact;
+use crate::tcp::read_exact;
 use crate::CmdResult;
 
 /// Bytes of one address message, NUL included.

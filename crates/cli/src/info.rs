@@ -5,7 +5,7 @@ use std::net::Ipv6Addr;
 use serde::Serialize;
 use softrdma::{DeviceAttr, DeviceInfo, Gid, Mtu, PortAttr};
 
-use crate::util;
+use crate::{output, session};
 use crate::{CmdResult, DevOpts};
 
 fn gid_text(g: &Gid) -> String {
@@ -61,7 +61,7 @@ struct DeviceJson<'a> {
 pub fn devices(json: bool) -> CmdResult {
     let l = list()?;
     if json {
-        return util::print_json(&DeviceList {
+        return output::print_json(&DeviceList {
             devices: l
                 .iter()
                 .map(|d| DeviceJson {
@@ -252,7 +252,7 @@ pub fn devinfo(only: Option<&str>, verbose: bool, json: bool) -> CmdResult {
             device: Some(d.name.clone()),
             ..Default::default()
         };
-        let mut cfg = util::device_config(&opts)?;
+        let mut cfg = session::device_config(&opts)?;
         cfg.pcap = None;
         let dev = softrdma::Device::open_with(&cfg);
         let state = match dev {
@@ -358,7 +358,7 @@ pub fn devinfo(only: Option<&str>, verbose: bool, json: bool) -> CmdResult {
         });
     }
     if json {
-        util::print_json(&DeviceList { devices: out })?;
+        output::print_json(&DeviceList { devices: out })?;
     }
     Ok(())
 }

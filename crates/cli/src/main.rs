@@ -8,10 +8,12 @@ mod cabi;
 mod demo;
 mod exch;
 mod info;
+mod output;
 mod perf;
 mod pingpong;
+mod session;
 mod stats;
-mod util;
+mod tcp;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -303,7 +305,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            util::flush_stdout();
+            output::flush_stdout();
             eprintln!("softrdma: {msg}");
             ExitCode::FAILURE
         }

@@ -30,7 +30,8 @@ use softrdma::{
 };
 
 use crate::exch::{gid_to_wire, wire_to_gid};
-use crate::util::{self, Poller};
+use crate::session::{self, Poller};
+use crate::{output, tcp};
 use crate::{stats, CmdResult, PerfArgs, PerfTest};
 
 const MAGIC: &str = "softrdma-perf 1";
@@ -164,7 +165,7 @@ impl Side {
             cq,
             mr,
             half,
-            psn: util::random_psn(),
+            psn: session::random_psn(),
             memory_wait: false,
         })
     }
@@ -333,7 +334,7 @@ pub fn serve_session(
     let mtu = match field(&words, "mtu")
         .ok()
         .and_then(|m| m.parse().ok())
-        .map(util::mtu_of)
+        .map(session::mtu_of)
     {
         Some(Ok(m)) => m,
         _ => return reject(&mut w, "bad mtu".into()),
@@ -422,7 +423,7 @@ fn serve_recv(side: &Side, r: &mut BufReader<TcpStream>, echo: bool) -> CmdResul
             .map_err(|e| format!("poll CQ failed: {e}"))?;
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
-                return Err(util::wc_error(wc));
+                return Err(session::wc_error(wc));
             }
             if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
                 if echo {
@@ -491,7 +492,7 @@ fn wait_byte(
             .map_err(|e| format!("poll CQ failed: {e}"))?;
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
-                return Err(util::wc_error(wc));
+                return Err(session::wc_error(wc));
             }
             *outstanding = outstanding.saturating_sub(1);
         }
@@ -589,7 +590,7 @@ struct Progress {
 impl Progress {
     fn new() -> Progress {
         Progress {
-            on: util::stderr_is_tty(),
+            on: output::stderr_is_tty(),
             last: Instant::now(),
         }
     }
@@ -680,7 +681,7 @@ fn run_bw(
         let k = poller.poll(&side.cq, &mut wcs)?;
         for wc in &wcs[..k] {
             if wc.status != WcStatus::Success {
-                return Err(util::wc_error(wc));
+                return Err(session::wc_error(wc));
             }
             done = done.max(wc.wr_id + 1);
         }
@@ -747,7 +748,7 @@ fn wait_wc(
         poller.poll(&side.cq, &mut wcs)?;
         let wc = wcs[0];
         if wc.status != WcStatus::Success {
-            return Err(util::wc_error(&wc));
+            return Err(session::wc_error(&wc));
         }
         let is_recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
         if !is_recv {
@@ -887,7 +888,7 @@ pub fn client_session(
     announce: bool,
     memory_wait: bool,
 ) -> CmdResult<(ClientRun, Side, Channel)> {
-    let mtu_v = util::mtu_of(mtu)?;
+    let mtu_v = session::mtu_of(mtu)?;
     let max = sizes.iter().copied().max().unwrap_or(64);
     let mut side = Side::new(dev, max)?;
     side.memory_wait = memory_wait;
@@ -1040,7 +1041,7 @@ pub fn run(a: &PerfArgs) -> CmdResult {
     if a.tx_depth == 0 || a.tx_depth > SQ_DEPTH {
         return Err(format!("tx-depth must be 1..={SQ_DEPTH}"));
     }
-    util::mtu_of(a.mtu)?;
+    session::mtu_of(a.mtu)?;
     if a.memory_wait && a.test != PerfTest::WriteLat {
         return Err("--memory-wait applies to write-lat only".into());
     }
@@ -1059,12 +1060,12 @@ pub fn run(a: &PerfArgs) -> CmdResult {
             cfg.pcap = None;
             let dev = Device::open_with(&cfg)
                 .map_err(|e| format!("cannot open the loopback server's device: {e}"))?;
-            let (s, peer) = util::accept(&l)?;
+            let (s, peer) = tcp::accept(&l)?;
             serve_session(&dev, s, peer, timeout).map(|_| ())
         });
         let mut opts = a.dev.clone();
         opts.device = None;
-        let mut cfg = util::device_config(&opts)?;
+        let mut cfg = session::device_config(&opts)?;
         cfg.addr = softrdma::DeviceAddr::AutoLoopback(4791);
         let dev = Device::open_with(&cfg).map_err(|e| format!("cannot open device: {e}"))?;
         let res = client(a, &dev, "127.0.0.1", port, test, &sizes, iters, timeout);
@@ -1075,22 +1076,22 @@ pub fn run(a: &PerfArgs) -> CmdResult {
         return srv;
     }
 
-    let dev = util::open_device(&a.dev)?;
+    let dev = session::open_device(&a.dev)?;
     match &a.peer {
         Some(host) => client(a, &dev, host, a.port, test, &sizes, iters, timeout),
         None => {
-            let l = util::listen(a.port)?;
+            let l = tcp::listen(a.port)?;
             if !a.json {
                 println!(
                     "************************************\n* Waiting for client to connect... *\n************************************"
                 );
-                util::flush_stdout();
+                output::flush_stdout();
             }
-            let (s, peer) = util::accept(&l)?;
+            let (s, peer) = tcp::accept(&l)?;
             drop(l);
             let sv = serve_session(&dev, s, peer, timeout)?;
             if a.json {
-                util::print_json(&ServerJson {
+                output::print_json(&ServerJson {
                     role: "server",
                     test: sv.test.name(),
                     client: sv.peer.to_string(),
@@ -1122,7 +1123,7 @@ fn client(
     iters: u32,
     timeout: Duration,
 ) -> CmdResult {
-    let s = util::connect(host, port)?;
+    let s = tcp::connect(host, port)?;
     let (run, _side, ch) = client_session(
         dev,
         s,
@@ -1137,7 +1138,7 @@ fn client(
     )?;
     ch.finish();
     if a.json {
-        util::print_json(&ClientJson {
+        output::print_json(&ClientJson {
             role: "client",
             test: test.name(),
             local: (&run.local).into(),

@@ -13,7 +13,8 @@ use softrdma::{
 };
 
 use crate::exch::{self, Dest};
-use crate::util::{self, Poller};
+use crate::session::{self, Poller};
+use crate::{output, tcp};
 use crate::{stats, CmdResult, PingpongArgs, PpType};
 
 const RECV_WRID: u64 = 1;
@@ -193,7 +194,7 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     if a.rx_depth < 1 {
         return Err("rx-depth must be at least 1".into());
     }
-    let mtu = util::mtu_of(a.mtu)?;
+    let mtu = session::mtu_of(a.mtu)?;
     let nqp = if ty == PpType::Srq { a.num_qp } else { 1 };
     if ty == PpType::Srq {
         if nqp < 1 || nqp as usize > exch::SRQ_MAX_QP {
@@ -208,7 +209,7 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     }
     let size_us = size as usize;
 
-    let dev = util::open_device(&a.dev)?;
+    let dev = session::open_device(&a.dev)?;
     let port = dev
         .query_port(1)
         .map_err(|e| format!("couldn't get port info: {e}"))?;
@@ -305,7 +306,7 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
         .map(|q| Dest {
             lid: port.lid,
             qpn: q.qpn(),
-            psn: util::random_psn(),
+            psn: session::random_psn(),
             gid: my_gid,
         })
         .collect();
@@ -313,7 +314,7 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
         for d in &mine {
             print_dest("local address: ", d);
         }
-        util::flush_stdout();
+        output::flush_stdout();
     }
 
     let count = if ty == PpType::Srq {
@@ -353,18 +354,18 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     let mut ah = None;
     let theirs = match &a.peer {
         Some(host) => {
-            let mut s = util::connect(host, a.port)?;
+            let mut s = tcp::connect(host, a.port)?;
             let peer = s
                 .peer_addr()
-                .map(util::canonical)
+                .map(tcp::canonical)
                 .map_err(|e| e.to_string())?;
             let mut theirs = exch::client(&mut s, &mine, count)?;
             fix_gids(&mut theirs, peer)?;
             theirs
         }
         None => {
-            let l = util::listen(a.port)?;
-            let (mut s, peer) = util::accept(&l)?;
+            let l = tcp::listen(a.port)?;
+            let (mut s, peer) = tcp::accept(&l)?;
             drop(l);
             let mut theirs = exch::server_read(&mut s, count)?;
             fix_gids(&mut theirs, peer)?;
@@ -379,7 +380,7 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
         for d in &theirs {
             print_dest("remote address:", d);
         }
-        util::flush_stdout();
+        output::flush_stdout();
     }
     if a.peer.is_some() {
         ah = conn.connect(&pd, &mine, &theirs)?;
@@ -441,7 +442,7 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
         };
         for wc in &wcs[..ne] {
             if wc.status != WcStatus::Success {
-                return Err(util::wc_error(wc));
+                return Err(session::wc_error(wc));
             }
             let Some(qi) = qps.iter().position(|q| q.qpn() == wc.qp_num) else {
                 return Err(format!("couldn't find QPN {:06x}", wc.qp_num));
@@ -474,7 +475,7 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     let _ = cq.ack_events(num_cq_events);
 
     if a.json {
-        util::print_json(&PingpongJson {
+        output::print_json(&PingpongJson {
             ty: type_name(ty),
             role: if a.peer.is_some() { "client" } else { "server" },
             size,

@@ -10,7 +10,7 @@ use serde::{Serialize, Serializer};
 use softrdma::statsfile::{self, Record};
 use softrdma::Device;
 
-use crate::util;
+use crate::output;
 use crate::CmdResult;
 
 fn record_of(dev: &Device) -> Record {
@@ -119,7 +119,7 @@ pub fn show(json: bool, all: bool) -> CmdResult {
     let dir = statsfile::stats_dir();
     let recs = statsfile::read_all(&dir, all);
     if json {
-        return util::print_json(&StatsList {
+        return output::print_json(&StatsList {
             dir: dir.display().to_string(),
             devices: recs.into_iter().map(StatsJson::from).collect(),
         });
