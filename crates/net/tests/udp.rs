@@ -3,6 +3,10 @@
 //! Every test binds its own addresses (port 0 unless the port is the point), so tests
 //! can run in parallel with each other and with other programs on the host. Waits are
 //! bounded: a lost datagram fails a test within seconds, it never hangs.
+//!
+//! UDP GSO, UDP GRO and `::1` are required: a kernel without them fails these tests
+//! instead of passing them untested. The one check that needs root (a raw socket) is
+//! `#[ignore]`d, so that it shows in the counts, and `scripts/test` runs it as root.
 #![cfg(target_os = "linux")]
 
 use std::io;
@@ -68,6 +72,23 @@ fn payload(i: usize, len: usize) -> Vec<u8> {
 
 fn lo(host: u8) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, host], 0))
+}
+
+/// UDP GSO (Linux 4.18) is a requirement of these tests, not an option: a kernel
+/// without it must fail them rather than pass them untested.
+fn require_gso(d: &mut Driver) {
+    assert!(
+        d.set_gso(true),
+        "this kernel has no UDP GSO (Linux >= 4.18 needed)"
+    );
+}
+
+/// UDP GRO (Linux 5.0), likewise.
+fn require_gro(d: &mut Driver) {
+    assert!(
+        d.set_gro(true).unwrap(),
+        "this kernel has no UDP GRO (Linux >= 5.0 needed)"
+    );
 }
 
 fn getsockopt_int(fd: i32, level: i32, name: i32) -> i32 {
@@ -172,12 +193,9 @@ fn gso_run_arrives_as_separate_datagrams_with_and_without_gro() {
     for gro in [false, true] {
         let mut a = Driver::bind(lo(16)).unwrap();
         let mut b = Driver::bind(lo(17)).unwrap();
-        if !a.set_gso(true) {
-            println!("SKIP part: this kernel has no UDP GSO; sending one by one instead");
-        }
-        let gro_on = b.set_gro(gro).unwrap();
-        if gro && !gro_on {
-            println!("SKIP part: this kernel has no UDP GRO");
+        require_gso(&mut a);
+        if gro {
+            require_gro(&mut b);
         }
         // 150 equal datagrams (several GSO runs, since a run holds at most 64), a
         // shorter one that must end its run (the kernel cuts a GSO buffer by size, so a
@@ -201,20 +219,18 @@ fn gso_run_arrives_as_separate_datagrams_with_and_without_gro() {
                 data: d,
             })
             .collect();
-        if a.gso_enabled() {
-            // The runs a caller plans (to seal each segment for its IP ID) are the
-            // messages sent: counted below as GSO batches.
-            let mut plan = Vec::new();
-            let mut at = 0;
-            while at < pkts.len() {
-                let n = a.gso_run_len(&pkts[at..]);
-                plan.push(n);
-                at += n;
-            }
-            assert_eq!(plan, [59, 59, 33, 10, 20]);
+        // The runs a caller plans (to seal each segment for its IP ID) are the
+        // messages sent: counted below as GSO batches.
+        let mut plan = Vec::new();
+        let mut at = 0;
+        while at < pkts.len() {
+            let n = a.gso_run_len(&pkts[at..]);
+            plan.push(n);
+            at += n;
         }
+        assert_eq!(plan, [59, 59, 33, 10, 20]);
         send_all(&mut a, &pkts);
-        let slot = if gro_on { GRO_BUF_SIZE } else { 2048 };
+        let slot = if gro { GRO_BUF_SIZE } else { 2048 };
         let got = recv_n(&mut b, &mut RecvBatch::new(32, slot), pkts.len());
         assert_eq!(got.len(), pkts.len(), "gro={gro}: datagrams lost or merged");
         for (i, g) in got.iter().enumerate() {
@@ -225,13 +241,15 @@ fn gso_run_arrives_as_separate_datagrams_with_and_without_gro() {
         let (sa, sb) = (a.stats(), b.stats());
         println!("gro={gro}: sender {sa:?}\n         receiver {sb:?}");
         assert_eq!(sa.sent_datagrams, pkts.len() as u64);
-        if a.gso_enabled() {
-            // Runs of <= 59 (64 KiB) ending at the short datagram make 3 GSO messages, the
-            // 10 after it one more, the 20 after the TOS change one more.
-            assert_eq!(sa.gso_batches, 5, "gro={gro}: {sa:?}");
-        }
+        // Runs of <= 59 (64 KiB) ending at the short datagram make 3 GSO messages, the
+        // 10 after it one more, the 20 after the TOS change one more.
+        assert_eq!(sa.gso_batches, 5, "gro={gro}: {sa:?}");
         assert_eq!(sb.recv_datagrams, pkts.len() as u64);
-        if !gro_on {
+        if gro {
+            // Loopback hands a GSO message to a GRO socket whole: the split under test
+            // really ran.
+            assert!(sb.gro_segments > 0, "{sb:?}");
+        } else {
             assert_eq!(sb.gro_segments, 0);
         }
         assert_eq!(sa.errors + sb.errors, 0);
@@ -242,10 +260,7 @@ fn gso_run_arrives_as_separate_datagrams_with_and_without_gro() {
 fn gso_runs_are_never_split_across_send_calls() {
     let mut a = Driver::bind(lo(19)).unwrap();
     let mut b = Driver::bind(lo(20)).unwrap();
-    if !a.set_gso(true) {
-        println!("SKIP: this kernel has no UDP GSO");
-        return;
-    }
+    require_gso(&mut a);
     // 10 datagrams of growing size (a run each), then 300 equal ones (runs of 64, 64,
     // 64, 64, 44). One call takes 256 datagrams at most: 10 + 3 x 64 leaves room for 54
     // of the fourth run, which must then start whole in the next call instead of being
@@ -287,10 +302,7 @@ fn gso_runs_are_never_split_across_send_calls() {
 #[test]
 fn gro_refuses_slots_too_small_for_a_coalesced_buffer() {
     let mut b = Driver::bind(lo(18)).unwrap();
-    if !b.set_gro(true).unwrap() {
-        println!("SKIP: this kernel has no UDP GRO");
-        return;
-    }
+    require_gro(&mut b);
     let err = b.recv_batch(&mut RecvBatch::new(4, 2048)).unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     assert_eq!(
@@ -366,23 +378,22 @@ fn df_is_set_and_oversize_datagrams_are_errors() {
     assert_eq!(a.send_batch(&pkts[2..]).unwrap(), 1);
 
     // With GSO on, an oversize first datagram is still an error, not a panic.
-    if a.set_gso(true) {
-        let e = a
-            .send_batch(&[
-                OutDatagram {
-                    dst,
-                    tos: 0,
-                    data: &big,
-                },
-                OutDatagram {
-                    dst,
-                    tos: 0,
-                    data: &big,
-                },
-            ])
-            .unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EMSGSIZE), "{e}");
-    }
+    require_gso(&mut a);
+    let e = a
+        .send_batch(&[
+            OutDatagram {
+                dst,
+                tos: 0,
+                data: &big,
+            },
+            OutDatagram {
+                dst,
+                tos: 0,
+                data: &big,
+            },
+        ])
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EMSGSIZE), "{e}");
 
     let got = recv_n(&mut b, &mut RecvBatch::new(4, GRO_BUF_SIZE), 2);
     assert_eq!(got.len(), 2);
@@ -494,9 +505,9 @@ fn wait_readable_times_out_then_wakes_for_data() {
     assert!(b.wait_readable(Some(Duration::ZERO)).unwrap());
 }
 
-/// Raw IPv4 UDP socket that sees every UDP packet on the host's loopback, or `None`
-/// (with the reason printed) if we may not open one.
-fn raw_udp_socket() -> Option<std::os::fd::OwnedFd> {
+/// Raw IPv4 UDP socket that sees every UDP packet on the host's loopback; needs root
+/// (CAP_NET_RAW).
+fn raw_udp_socket() -> std::os::fd::OwnedFd {
     use std::os::fd::FromRawFd;
     // SAFETY: plain syscall; the result is checked.
     let fd = unsafe {
@@ -509,10 +520,10 @@ fn raw_udp_socket() -> Option<std::os::fd::OwnedFd> {
     if fd < 0 {
         let e = io::Error::last_os_error();
         match e.raw_os_error() {
-            Some(libc::EPERM) | Some(libc::EACCES) => {
-                println!("SKIP: cannot open a raw socket to read the IP header ({e}); run as root to check the IP ID");
-                return None;
-            }
+            Some(libc::EPERM) | Some(libc::EACCES) => panic!(
+                "cannot open a raw socket to read the IP header ({e}): run this test as root \
+                 (sudo cargo test -p softrdma-net --test udp -- --ignored)"
+            ),
             _ => panic!("raw socket: {e}"),
         }
     }
@@ -545,12 +556,14 @@ fn raw_udp_socket() -> Option<std::os::fd::OwnedFd> {
         )
     };
     assert_eq!(r, 0);
-    Some(fd)
+    fd
 }
 
+// Root only, so ignored by default; scripts/test runs it with `--ignored` as root.
 #[test]
+#[ignore = "needs root for a raw socket: sudo cargo test -p softrdma-net --test udp -- --ignored"]
 fn ipv4_id_is_zero_and_df_set_on_the_wire() {
-    let Some(raw) = raw_udp_socket() else { return };
+    let raw = raw_udp_socket();
     let mut a = Driver::bind(lo(28)).unwrap();
     let b = Driver::bind(lo(29)).unwrap();
     let (src, dst) = (a.local_addr(), b.local_addr());
@@ -610,13 +623,8 @@ fn ipv4_id_is_zero_and_df_set_on_the_wire() {
 #[test]
 fn ipv6_loopback_send_and_receive() {
     let any6 = SocketAddr::from((Ipv6Addr::LOCALHOST, 0));
-    let mut a = match Driver::bind(any6) {
-        Ok(d) => d,
-        Err(e) => {
-            println!("SKIP: ::1 is unavailable here ({e})");
-            return;
-        }
-    };
+    let mut a = Driver::bind(any6)
+        .unwrap_or_else(|e| panic!("cannot bind ::1 ({e}): IPv6 loopback is required"));
     let mut b = Driver::bind(any6).unwrap();
     for (level, name, want) in [
         (
