@@ -83,7 +83,7 @@ pub use sys::{poll_readable, EventFd};
 use tx::Flush;
 
 /// The RoCEv2 UDP port.
-pub const ROCE_PORT: u16 = 4791;
+pub use softrdma_wire::ROCEV2_UDP_PORT as ROCE_PORT;
 /// Default spin time of the progress thread after activity, before it blocks.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// Datagrams per receive batch.

@@ -43,7 +43,7 @@ use std::ptr;
 use std::time::{Duration, Instant};
 
 /// UDP destination port of RoCEv2.
-pub const ROCE_PORT: u16 = 4791;
+pub use softrdma_wire::ROCEV2_UDP_PORT as ROCE_PORT;
 
 /// Largest UDP payload of one IPv4 datagram: 65535 − 20 (IP header) − 8 (UDP header).
 pub const MAX_PAYLOAD_V4: usize = 65_507;
