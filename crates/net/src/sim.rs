@@ -10,7 +10,6 @@
 //! The network moves opaque UDP payloads; it knows nothing about what they carry.
 
 mod driver;
-mod rng;
 #[cfg(test)]
 mod tests;
 
@@ -19,7 +18,7 @@ use std::collections::{BTreeSet, BinaryHeap};
 use std::net::{IpAddr, SocketAddr};
 
 pub use driver::{Endpoint, Sim};
-use rng::Rng;
+use softrdma_wire::SplitMix64;
 
 /// A datagram in flight: UDP payload plus its addressing and IP TOS byte (the ICRC
 /// covers the addresses and ports).
@@ -141,7 +140,7 @@ impl Ord for InFlight {
 #[derive(Debug)]
 pub struct Network {
     faults: Faults,
-    rng: Rng,
+    rng: SplitMix64,
     queue: BinaryHeap<InFlight>,
     /// Cut IP pairs, stored with the smaller address first so one entry covers both
     /// directions. A `BTreeSet` keeps iteration order deterministic.
@@ -163,7 +162,7 @@ impl Network {
     pub fn new(seed: u64, faults: Faults) -> Self {
         Network {
             faults,
-            rng: Rng::new(seed),
+            rng: SplitMix64::new(seed),
             queue: BinaryHeap::new(),
             partitions: BTreeSet::new(),
             next_seq: 0,

@@ -5,6 +5,7 @@ use verbs::{
     Access, AhAttr, CqId, Gid, GlobalRoute, Mtu, PdId, QpAttr, QpAttrMask as M, QpCap, QpInitAttr,
     RecvWr, SendOp, SendWr, Sge, WcOpcode, WorkCompletion,
 };
+use wire::SplitMix64;
 
 pub(crate) struct Node {
     pub nic: Rnic,
@@ -667,23 +668,8 @@ fn bad_icrc_and_garbage_are_counted() {
     }
 }
 
-/// Deterministic pseudo-random numbers for the lossy runs (splitmix64).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// Like `pump`, but the network loses, duplicates and reorders packets.
-fn lossy_pump(a: &mut Node, b: &mut Node, now: &mut u64, rng: &mut Rng, loss: u64) {
+fn lossy_pump(a: &mut Node, b: &mut Node, now: &mut u64, rng: &mut SplitMix64, loss: u64) {
     let mut held: Vec<(bool, Transmit)> = Vec::new();
     for _ in 0..1_000_000 {
         let mut batch: Vec<(bool, Transmit)> = Vec::new();
@@ -737,7 +723,7 @@ fn lossy_pump(a: &mut Node, b: &mut Node, now: &mut u64, rng: &mut Rng, loss: u6
 #[test]
 fn rc_exactly_once_in_order_under_loss_dup_reorder() {
     for seed in 0..400u64 {
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64::new(seed);
         let cfg = Cfg {
             mtu: Mtu::Mtu256,
             psn_a: 0xFF_FF00 + seed as u32,
@@ -745,9 +731,9 @@ fn rc_exactly_once_in_order_under_loss_dup_reorder() {
             ..Default::default()
         };
         let (mut a, mut b) = pair(QpType::Rc, &cfg);
-        let src: Vec<u8> = (0..32768).map(|_| rng.next() as u8).collect();
+        let src: Vec<u8> = (0..32768).map(|_| rng.next_u64() as u8).collect();
         a.write(0, &src);
-        let rsrc: Vec<u8> = (0..4000).map(|_| rng.next() as u8).collect();
+        let rsrc: Vec<u8> = (0..4000).map(|_| rng.next_u64() as u8).collect();
         b.write(56_000, &rsrc);
         b.write(64_000, &0u64.to_ne_bytes());
         for i in 0..12 {
@@ -822,7 +808,7 @@ fn rc_exactly_once_in_order_under_loss_dup_reorder() {
             op.unwrap();
         }
         let mut now = 0;
-        let mut net = Rng(seed ^ 0xdead);
+        let mut net = SplitMix64::new(seed ^ 0xdead);
         lossy_pump(&mut a, &mut b, &mut now, &mut net, 10);
         let wa = a.wcs();
         if wa.iter().any(|w| w.status != WcStatus::Success) {

@@ -97,14 +97,19 @@ impl Op {
     }
 }
 
+/// Uniform in `0..=max`.
+fn up_to(rng: &mut Rng, max: usize) -> usize {
+    rng.up_to(max as u64) as usize
+}
+
 fn gen_len(rng: &mut Rng, mtu: usize) -> usize {
     let max = 3 * mtu + 1;
     if rng.chance(0.35) {
-        let k = rng.range(0, 3) * mtu;
-        let d = rng.range(0, 2);
+        let k = up_to(rng, 3) * mtu;
+        let d = up_to(rng, 2);
         (k + d).saturating_sub(1).min(max)
     } else {
-        rng.range(0, max)
+        up_to(rng, max)
     }
 }
 
@@ -130,12 +135,12 @@ fn gen_op(
     faa_sum: &mut u64,
 ) -> Op {
     let len = gen_len(rng, mtu);
-    let src_off = rng.range(0, SRC_LEN - len);
+    let src_off = up_to(rng, SRC_LEN - len);
     let pick = rng.below(100);
     let overlaps = |reads: &Vec<(usize, usize)>, lo: usize, hi: usize| {
         reads.iter().any(|&(a, b)| lo < b && a < hi)
     };
-    let rand_word = |rng: &mut Rng| rng.range(0, COUNTER / 8 - 1) * 8;
+    let rand_word = |rng: &mut Rng| up_to(rng, COUNTER / 8 - 1) * 8;
     let (kind, len, lo_hi) = if pick < 20 {
         (Kind::Send { imm: None }, len, None)
     } else if pick < 30 {
@@ -152,11 +157,11 @@ fn gen_op(
         } else {
             Some(rng.next_u64() as u32)
         };
-        let dst = rng.range(0, COUNTER - len);
+        let dst = up_to(rng, COUNTER - len);
         model[dst..dst + len].copy_from_slice(&src[src_off..src_off + len]);
         (Kind::Write { dst, imm }, len, Some((dst, dst + len)))
     } else if pick < 75 {
-        let off = rng.range(0, TGT_LEN - len);
+        let off = up_to(rng, TGT_LEN - len);
         let expect = model[off..off + len].to_vec();
         reads.push((off, off + len));
         (Kind::Read { off, expect }, len, None)
@@ -223,7 +228,7 @@ fn gen_op(
 }
 
 fn run_case(seed: u64, n_ops: usize) {
-    let mut rng = Rng::new(seed);
+    let mut rng = test_rng(seed);
     let mtu = if rng.chance(0.5) {
         Mtu::Mtu256
     } else {

@@ -8,7 +8,6 @@
 mod context;
 mod error;
 mod qp_table;
-mod rng;
 #[cfg(test)]
 mod tests;
 mod types;

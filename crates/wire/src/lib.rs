@@ -38,6 +38,7 @@
 
 mod headers;
 mod opcode;
+mod rng;
 mod view;
 
 pub mod frame;
@@ -50,6 +51,7 @@ pub use headers::{
     AETH_CREDITS_INVALID,
 };
 pub use opcode::{OpKind, Opcode, OpcodeInfo, Position, ServiceType};
+pub use rng::SplitMix64;
 pub use view::BthView;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

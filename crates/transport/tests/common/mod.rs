@@ -240,39 +240,17 @@ impl Mr {
 
 /// Deterministic pseudo-random bytes (splitmix64 stream).
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng::new(seed);
+    let mut r = test_rng(seed);
     (0..len).map(|_| r.next_u64() as u8).collect()
 }
 
-/// Small deterministic PRNG (splitmix64) for tests.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
+/// The tests' generator.
+pub use wire::SplitMix64 as Rng;
 
-impl Rng {
-    /// Seeded.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x5DEE_CE66_D1CE_F00D)
-    }
-    /// Next value.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below((hi - lo + 1) as u64) as usize
-    }
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
+/// A generator for test data from `seed`. A [`World`]'s network draws from the same
+/// seed, so the stream is offset to stay independent of the network's decisions.
+pub fn test_rng(seed: u64) -> Rng {
+    Rng::new(seed ^ 0x5DEE_CE66_D1CE_F00D)
 }
 
 /// How a QP is created and connected.

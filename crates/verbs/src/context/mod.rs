@@ -30,8 +30,8 @@ pub use mw::inc_rkey;
 pub use qp::Qp;
 
 use crate::error::{Errno, Error, Result};
-use crate::rng::SplitMix64;
 use crate::types::{AsyncEvent, Gid};
+use softrdma_wire::SplitMix64;
 
 /// Default sizes, after rxe's `rxe_param.h` where that makes sense for a user-space device.
 mod limits {
