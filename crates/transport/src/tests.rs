@@ -1,6 +1,9 @@
-//! Two devices wired back to back through a queue, in virtual time.
+//! Two devices on the `sim` network, in virtual time.
+
+use std::cell::RefCell;
 
 use super::*;
+use softrdma_net::sim::{Endpoint, Faults, Network, Packet, Sim};
 use verbs::{
     Access, AhAttr, CqId, Gid, GlobalRoute, Mtu, PdId, QpAttr, QpAttrMask as M, QpCap, QpInitAttr,
     RecvWr, SendOp, SendWr, Sge, WcOpcode, WorkCompletion,
@@ -214,50 +217,99 @@ pub(crate) fn pair(t: QpType, cfg: &Cfg) -> (Node, Node) {
     (a, b)
 }
 
-/// Move packets both ways until quiet, firing timers in virtual time. `drop` sees
-/// (sender is a, packet) and returns true to lose it.
+/// Virtual time a run may take before it counts as hung.
+const RUN_LIMIT: u64 = 60_000_000_000;
+
+/// A node attached to the sim network. Both sides share `drop`, which sees (sender is
+/// a, packet) in the order the sim takes packets and returns true to lose it, so a test
+/// can lose exactly the packet it means to.
+struct Side<'a, F> {
+    node: &'a mut Node,
+    is_a: bool,
+    drop: &'a RefCell<F>,
+}
+
+impl<F: FnMut(bool, &Transmit) -> bool> Endpoint for Side<'_, F> {
+    fn addr(&self) -> SocketAddr {
+        self.node.nic.addr()
+    }
+    fn handle_packet(&mut self, now: u64, pkt: Packet) {
+        self.node
+            .nic
+            .handle_datagram(now, pkt.src, pkt.dst, &pkt.data);
+    }
+    fn poll_transmit(&mut self, now: u64) -> Option<Packet> {
+        loop {
+            let t = self.node.nic.poll_transmit(now)?;
+            // With two nodes, a packet to anyone but ourselves is for the peer; one to
+            // nobody is counted by the sim and checked by `run`.
+            assert_ne!(t.dst, self.node.nic.addr(), "packet to itself");
+            if (self.drop.borrow_mut())(self.is_a, &t) {
+                continue;
+            }
+            return Some(Packet {
+                src: t.src,
+                dst: t.dst,
+                tos: t.tos,
+                data: t.data,
+            });
+        }
+    }
+    fn poll_timeout(&self) -> Option<u64> {
+        self.node.nic.poll_timeout()
+    }
+    fn handle_timeout(&mut self, now: u64) {
+        self.node.nic.handle_timeout(now);
+    }
+}
+
+/// Run `a` and `b` on `net` from `*now` until nothing is in flight and no timer is
+/// armed, firing timers in virtual time; `*now` is where the run ended.
+fn run(
+    a: &mut Node,
+    b: &mut Node,
+    now: &mut u64,
+    net: Network,
+    drop: impl FnMut(bool, &Transmit) -> bool,
+) {
+    let drop = RefCell::new(drop);
+    let mut sim = Sim::new(net);
+    sim.now = *now;
+    sim.add(Side {
+        node: a,
+        is_a: true,
+        drop: &drop,
+    });
+    sim.add(Side {
+        node: b,
+        is_a: false,
+        drop: &drop,
+    });
+    let settled = sim.run_to_idle(now.saturating_add(RUN_LIMIT));
+    *now = sim.now;
+    assert!(settled, "the nodes did not settle: {:?}", sim.net.stats());
+    assert_eq!(
+        sim.net.stats().dropped_no_endpoint,
+        0,
+        "packet to a stranger"
+    );
+}
+
+/// Move packets both ways until quiet over a perfect link, firing timers in virtual
+/// time. `drop` sees (sender is a, packet) and returns true to lose it. The link has no
+/// delay so that virtual time moves only with the engines' timers, which some tests
+/// check to the nanosecond.
 pub(crate) fn pump(
     a: &mut Node,
     b: &mut Node,
     now: &mut u64,
-    mut drop: impl FnMut(bool, &Transmit) -> bool,
-) -> usize {
-    let mut delivered = 0;
-    for _ in 0..100_000 {
-        let mut moved = false;
-        while let Some(t) = a.nic.poll_transmit(*now) {
-            moved = true;
-            if !drop(true, &t) {
-                delivered += 1;
-                assert_eq!(t.dst, b.nic.addr());
-                b.nic.handle_datagram(*now, t.src, t.dst, &t.data);
-            }
-        }
-        while let Some(t) = b.nic.poll_transmit(*now) {
-            moved = true;
-            if !drop(false, &t) {
-                delivered += 1;
-                assert_eq!(t.dst, a.nic.addr());
-                a.nic.handle_datagram(*now, t.src, t.dst, &t.data);
-            }
-        }
-        if moved {
-            continue;
-        }
-        let next = [a.nic.poll_timeout(), b.nic.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min();
-        match next {
-            Some(t) => {
-                *now = (*now).max(t);
-                a.nic.handle_timeout(*now);
-                b.nic.handle_timeout(*now);
-            }
-            None => return delivered,
-        }
-    }
-    panic!("pump did not settle");
+    drop: impl FnMut(bool, &Transmit) -> bool,
+) {
+    let link = Faults {
+        delay_ns: 0,
+        ..Faults::default()
+    };
+    run(a, b, now, Network::new(0, link), drop);
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -668,56 +720,17 @@ fn bad_icrc_and_garbage_are_counted() {
     }
 }
 
-/// Like `pump`, but the network loses, duplicates and reorders packets.
-fn lossy_pump(a: &mut Node, b: &mut Node, now: &mut u64, rng: &mut SplitMix64, loss: u64) {
-    let mut held: Vec<(bool, Transmit)> = Vec::new();
-    for _ in 0..1_000_000 {
-        let mut batch: Vec<(bool, Transmit)> = Vec::new();
-        while let Some(t) = a.nic.poll_transmit(*now) {
-            batch.push((true, t));
-        }
-        while let Some(t) = b.nic.poll_transmit(*now) {
-            batch.push((false, t));
-        }
-        let moved = !batch.is_empty() || !held.is_empty();
-        // Packets held back last round go after this round's: reordering.
-        batch.append(&mut held);
-        for (from_a, t) in batch {
-            let r = rng.below(100);
-            if r < loss {
-                continue;
-            }
-            if r < loss + 5 {
-                held.push((from_a, t));
-                continue;
-            }
-            let copies = if r < loss + 10 { 2 } else { 1 };
-            for _ in 0..copies {
-                if from_a {
-                    b.nic.handle_datagram(*now, t.src, t.dst, &t.data);
-                } else {
-                    a.nic.handle_datagram(*now, t.src, t.dst, &t.data);
-                }
-            }
-        }
-        if moved {
-            *now += 1000;
-            continue;
-        }
-        let next = [a.nic.poll_timeout(), b.nic.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min();
-        match next {
-            Some(t) => {
-                *now = (*now).max(t);
-                a.nic.handle_timeout(*now);
-                b.nic.handle_timeout(*now);
-            }
-            None => return,
-        }
-    }
-    panic!("lossy pump did not settle");
+/// Like `pump`, but over a 1 µs link that loses 10% of the packets, duplicates 5% and
+/// holds 5% back behind later ones.
+fn lossy_pump(a: &mut Node, b: &mut Node, now: &mut u64, seed: u64) {
+    let faults = Faults {
+        loss: 0.10,
+        duplicate: 0.05,
+        reorder: 0.05,
+        delay_ns: 1_000,
+        ..Faults::default()
+    };
+    run(a, b, now, Network::new(seed, faults), |_, _| false);
 }
 
 #[test]
@@ -808,8 +821,7 @@ fn rc_exactly_once_in_order_under_loss_dup_reorder() {
             op.unwrap();
         }
         let mut now = 0;
-        let mut net = SplitMix64::new(seed ^ 0xdead);
-        lossy_pump(&mut a, &mut b, &mut now, &mut net, 10);
+        lossy_pump(&mut a, &mut b, &mut now, seed ^ 0xdead);
         let wa = a.wcs();
         if wa.iter().any(|w| w.status != WcStatus::Success) {
             eprintln!("seed {seed} a {:?}\nb {:?}", a.nic.stats(), b.nic.stats());
