@@ -192,7 +192,7 @@ impl DeviceConfig {
             stats_dir: statsfile::default_dir(),
         }
     }
-    /// The configuration of a configured device (see [`config::devices`]).
+    /// The configuration of a configured device (see [`devices`]).
     pub fn from_entry(e: &DeviceEntry) -> DeviceConfig {
         DeviceConfig::new(&e.name, e.addr)
     }

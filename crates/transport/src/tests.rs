@@ -70,11 +70,18 @@ impl Node {
     }
     pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
         // Copy out through the raw pointer: the device writes this memory behind the Vec.
+        assert!(off + len <= BUF, "read past the buffer");
         let mut v = vec![0u8; len];
+        // SAFETY: `off + len <= BUF` (checked above) bytes of the Vec's heap block, which
+        // outlives `self`; `Vec::as_ptr` makes no reference the engine's writes could alias,
+        // and the engine runs only inside our calls, never concurrently with this copy.
         unsafe { std::ptr::copy_nonoverlapping(self.buf.as_ptr().add(off), v.as_mut_ptr(), len) };
         v
     }
     pub fn write(&mut self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= BUF, "write past the buffer");
+        // SAFETY: as in `read`: in bounds, through the raw pointer, not concurrent with
+        // the engine.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.buf.as_mut_ptr().add(off), data.len())
         };
