@@ -208,8 +208,10 @@ fn outstanding(qp: &QpCtx) -> bool {
 enum Acked {
     /// Whether anything new was acknowledged.
     Ok(bool),
-    /// It covers a READ/atomic whose response never came: those were lost.
-    LostResponse,
+    /// It covers a READ/atomic whose response never came: those were lost. The flag says
+    /// whether WQEs before that READ/atomic were newly acknowledged on the way (progress,
+    /// which renews the retries as any other progress does).
+    LostResponse(bool),
 }
 
 /// Apply an acknowledgement of every request packet before `p` (and `p` itself when
@@ -232,7 +234,7 @@ fn ack_upto(qp: &mut QpCtx, p: u32, inclusive: bool) -> Acked {
         };
         if w.is_rd_atomic() {
             if covered {
-                return Acked::LostResponse;
+                return Acked::LostResponse(progress);
             }
             break;
         }
@@ -259,6 +261,13 @@ fn use_retry(qp: &mut QpCtx, env: &mut Nic, now: u64, cause: &'static str) -> bo
     }
     qp.req.retry_left -= 1;
     true
+}
+
+/// Progress: a later loss is a new one, with its own go-back-N and a fresh retry count.
+fn renew_retries(qp: &mut QpCtx) {
+    qp.req.retrying = false;
+    qp.req.retry_left = qp.attr.retry_cnt;
+    qp.req.rnr_left = qp.attr.rnr_retry;
 }
 
 /// Go back N because a response showed a loss (sequence NAK, or an ACK past a READ or
@@ -338,7 +347,10 @@ pub(crate) fn handle_response(
             match aeth.syndrome {
                 Syndrome::Ack { .. } => match ack_upto(qp, p, true) {
                     Acked::Ok(pr) => progress = pr,
-                    Acked::LostResponse => {
+                    Acked::LostResponse(pr) => {
+                        if pr {
+                            renew_retries(qp);
+                        }
                         if !retry_from_response(
                             qp,
                             env,
@@ -351,7 +363,7 @@ pub(crate) fn handle_response(
                 },
                 Syndrome::RnrNak { timer } => {
                     env.stats.rnr_naks_rcvd += 1;
-                    if let Acked::Ok(true) = ack_upto(qp, p, false) {
+                    if let Acked::Ok(true) | Acked::LostResponse(true) = ack_upto(qp, p, false) {
                         // Progress before the NAK'd packet renews the transport retries.
                         qp.req.retry_left = qp.attr.retry_cnt;
                     }
@@ -400,13 +412,11 @@ pub(crate) fn handle_response(
                         NakCode::RemoteOperationalError => env.stats.naks_rcvd_op += 1,
                     }
                     let acked = ack_upto(qp, p, false);
-                    let lost = matches!(acked, Acked::LostResponse);
-                    if let Acked::Ok(true) = acked {
+                    let lost = matches!(acked, Acked::LostResponse(_));
+                    if let Acked::Ok(true) | Acked::LostResponse(true) = acked {
                         // The NAK acknowledges everything before it: progress, so this is
                         // a new loss that deserves its own go-back-N and fresh retries.
-                        qp.req.retrying = false;
-                        qp.req.retry_left = qp.attr.retry_cnt;
-                        qp.req.rnr_left = qp.attr.rnr_retry;
+                        renew_retries(qp);
                     }
                     complete_front(qp, env, now);
                     if qp.state == QpState::Err {
@@ -441,7 +451,10 @@ pub(crate) fn handle_response(
         OpKind::ReadResponse => {
             match ack_upto(qp, p, false) {
                 Acked::Ok(pr) => progress = pr,
-                Acked::LostResponse => {
+                Acked::LostResponse(pr) => {
+                    if pr {
+                        renew_retries(qp);
+                    }
                     if retry_from_response(
                         qp,
                         env,
@@ -461,7 +474,10 @@ pub(crate) fn handle_response(
         OpKind::AtomicAcknowledge => {
             match ack_upto(qp, p, false) {
                 Acked::Ok(pr) => progress = pr,
-                Acked::LostResponse => {
+                Acked::LostResponse(pr) => {
+                    if pr {
+                        renew_retries(qp);
+                    }
                     if retry_from_response(
                         qp,
                         env,
@@ -522,9 +538,7 @@ fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
         return;
     }
     if progress {
-        qp.req.retrying = false;
-        qp.req.retry_left = qp.attr.retry_cnt;
-        qp.req.rnr_left = qp.attr.rnr_retry;
+        renew_retries(qp);
         qp.req.rto = None;
     }
     if !outstanding(qp) {

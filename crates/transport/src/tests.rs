@@ -482,6 +482,83 @@ fn rc_retransmit_after_lost_last_packet_by_timeout() {
     assert!(now >= 4096 << 14);
 }
 
+/// An acknowledgement that both acknowledges a WRITE (progress) and lands past a READ whose
+/// response was lost is new evidence of a new loss: the retries are renewed by the progress
+/// and the READ is asked again at once. Here the WRITE's first transmission is lost (a
+/// sequence NAK spends the only retry), then on the resend the WRITE's ACK and the READ
+/// response are lost, and the ACK of the WRITE after the READ arrives. Before the fix the
+/// progress this ACK made was dropped on the way to the lost READ: the retry under way
+/// swallowed the evidence, the timer fired with no retry left, and the READ completed with
+/// RETRY_EXC_ERR after one retry per loss — which is what `retry_cnt = 1` allows.
+#[test]
+fn ack_past_lost_read_response_after_progress_renews_retries() {
+    use wire::{Headers, Opcode, Syndrome};
+    let cfg = Cfg {
+        retry: 1,
+        ..Default::default()
+    };
+    let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    let p = cfg.psn_a;
+    a.write(0, &pattern(64, 1));
+    b.write(4096, &pattern(100, 2));
+    let mut now = 0;
+    let write = |b: &Node, off: u64| SendOp::Write {
+        remote_addr: b.base + off,
+        rkey: b.rkey,
+    };
+    let w1 = write(&b, 0);
+    a.send(now, 1, w1, vec![a.sge(0, 64)]).unwrap();
+    let read = SendOp::Read {
+        remote_addr: b.base + 4096,
+        rkey: b.rkey,
+    };
+    a.send(now, 2, read, vec![a.sge(8192, 100)]).unwrap();
+    let w2 = write(&b, 256);
+    a.send(now, 3, w2, vec![a.sge(0, 64)]).unwrap();
+    let (mut lost_write, mut lost_ack, mut lost_resp) = (false, false, false);
+    pump(&mut a, &mut b, &mut now, |from_a, t| {
+        let (h, _) = Headers::parse(&t.data).unwrap();
+        let (op, psn) = (h.bth.opcode, h.bth.psn);
+        let lose = if from_a {
+            op == Opcode::RC_RDMA_WRITE_ONLY && psn == p && !lost_write
+        } else if op == Opcode::RC_RDMA_READ_RESPONSE_ONLY {
+            !lost_resp
+        } else {
+            // The ACK of the first WRITE (not the sequence NAK of the same PSN).
+            let is_ack = matches!(h.aeth.map(|a| a.syndrome), Some(Syndrome::Ack { .. }));
+            op == Opcode::RC_ACKNOWLEDGE && psn == p && is_ack && !lost_ack
+        };
+        if lose {
+            if from_a {
+                lost_write = true;
+            } else if op == Opcode::RC_RDMA_READ_RESPONSE_ONLY {
+                lost_resp = true;
+            } else {
+                lost_ack = true;
+            }
+        }
+        lose
+    });
+    assert!(
+        lost_write && lost_ack && lost_resp,
+        "every planned loss happened"
+    );
+    let w = a.wcs();
+    let got: Vec<(u64, WcStatus)> = w.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+    assert_eq!(a.read(8192, 100), pattern(100, 2), "READ data");
+    assert_eq!(a.nic.stats().naks_rcvd_seq, 1);
+    // The lost READ response was recovered from the ACK's evidence, not by the timer.
+    assert_eq!(a.nic.stats().timeouts, 0);
+}
+
 #[test]
 fn duplicate_atomic_applied_once() {
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
