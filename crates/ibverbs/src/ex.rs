@@ -10,9 +10,8 @@ use softrdma_device::verbs::{
 };
 
 use crate::device::{device_attr, Ctx};
-use crate::objs::{
-    create_cq_obj, create_qp_obj, ctx_of, errno, free, leak, obj, pd_ctx, Ah, Cq, Mr, Qp,
-};
+use crate::object::{ctx_of, errno, free, leak, obj};
+use crate::objs::{create_cq_obj, create_qp_obj, pd_ctx, Ah, Cq, Mr, Qp};
 use crate::post::{mw_bind, poll_progress, poll_quick, post_sends, wc_to_c};
 use crate::{copy_prefix, guard, null_errno, set_errno, sys, zeroed};
 

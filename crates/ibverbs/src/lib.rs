@@ -25,6 +25,7 @@
 
 mod device;
 mod ex;
+mod object;
 mod objs;
 mod post;
 mod stubs;

@@ -1,8 +1,4 @@
 //! PDs, MRs, completion channels and CQs, SRQs, QPs, AHs and async events.
-//!
-//! Each C object this library hands out is a `#[repr(C)]` struct whose first field is the
-//! C struct of `<infiniband/verbs.h>` (so the program's pointer is ours), followed by the
-//! engine handle it stands for. Every object's `context` is set.
 
 use softrdma_device::CqPoller;
 use std::ffi::{c_int, c_void};
@@ -13,50 +9,11 @@ use softrdma_device::verbs::{
 };
 
 use crate::device::Ctx;
+use crate::object::{ctx_of, errno, free, leak, obj};
 use crate::{guard, minus_one, null_errno, sys, zeroed};
 
 /// Access bits rdma-core lets a provider ignore (`IBV_ACCESS_OPTIONAL_RANGE`).
 const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
-
-pub(crate) fn errno(e: &verbs::Error) -> c_int {
-    e.errno.code()
-}
-
-/// Box an object and hand out its address.
-pub(crate) fn leak<T>(v: T) -> *mut T {
-    Box::into_raw(Box::new(v))
-}
-
-/// Our object behind a C pointer of its first field.
-///
-/// # Safety
-/// `p` is null or points at the first field of a live `T` this library allocated.
-pub(crate) unsafe fn obj<'a, T, C>(p: *const C) -> Option<&'a T> {
-    if p.is_null() {
-        None
-    } else {
-        // SAFETY: per the contract, `p` is the address of a live `T` (first field at 0).
-        Some(unsafe { &*p.cast::<T>() })
-    }
-}
-
-/// Free an object made by [`leak`].
-///
-/// # Safety
-/// `p` came from [`leak`] as a `T` and is freed once.
-pub(crate) unsafe fn free<T, C>(p: *mut C) {
-    // SAFETY: per the contract.
-    drop(unsafe { Box::from_raw(p.cast::<T>()) });
-}
-
-/// The context an object belongs to.
-///
-/// # Safety
-/// `c` is null or a live context of this library.
-pub(crate) unsafe fn ctx_of<'a>(c: *mut sys::ibv_context) -> Option<&'a Ctx> {
-    // SAFETY: per the contract.
-    unsafe { Ctx::from_ptr(c) }
-}
 
 pub(crate) fn init_ops(v: &mut sys::verbs_context) {
     let ops = &mut v.context.ops;

@@ -8,7 +8,8 @@ use softrdma_device::verbs::{
     WorkCompletion,
 };
 
-use crate::objs::{errno, obj, Ah, Cq, Mr, Qp, Srq};
+use crate::object::{errno, obj};
+use crate::objs::{Ah, Cq, Mr, Qp, Srq};
 use crate::{guard, sys, zeroed};
 
 /// The scatter/gather list of a C work request.
