@@ -792,29 +792,7 @@ pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
     RATES.iter().find(|r| r.2 == mbps).map_or(0, |r| r.0)
 }
 
-// ------------------------------------------------------------------ fork, sysfs
-
-/// Registered memory is plain process memory read by the device thread; fork needs no
-/// special care (a child simply does not see the parent's device).
-#[no_mangle]
-pub extern "C" fn ibv_fork_init() -> c_int {
-    0
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_is_fork_initialized() -> c_int {
-    2 // IBV_FORK_UNNEEDED
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
-    0
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
-    0
-}
+// ------------------------------------------------------------------ sysfs
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {

@@ -6,25 +6,27 @@
 use std::ffi::{c_int, c_void};
 
 use softrdma_device::verbs::{
-    self, DmId, MwId, QpType, SendFlags, SendOp, SendWr, Sge, UdDest, WorkCompletion,
+    self, QpType, SendFlags, SendOp, SendWr, Sge, UdDest, WorkCompletion,
 };
 
-use crate::device::{device_attr, Ctx};
-use crate::object::{ctx_of, errno, free, leak, obj};
-use crate::objs::{create_cq_obj, create_qp_obj, pd_ctx, Ah, Cq, Mr, Qp};
-use crate::post::{mw_bind, poll_progress, poll_quick, post_sends, wc_to_c};
+use crate::ah::Ah;
+use crate::device::device_attr;
+use crate::mw::{mw_bind, Mw};
+use crate::object::{ctx_of, errno, obj};
+use crate::objs::{create_cq_obj, create_qp_obj, Cq, Qp};
+use crate::post::{poll_progress, poll_quick, post_sends, wc_to_c};
 use crate::{copy_prefix, guard, null_errno, set_errno, sys, zeroed};
 
 pub(crate) fn init_ops(v: &mut sys::verbs_context) {
     v.query_device_ex = Some(query_device_ex);
     v.create_cq_ex = Some(create_cq_ex);
     v.create_qp_ex = Some(create_qp_ex);
-    v.alloc_dm = Some(alloc_dm);
-    v.free_dm = Some(free_dm);
-    v.reg_dm_mr = Some(reg_dm_mr);
+    v.alloc_dm = Some(crate::dm::alloc_dm);
+    v.free_dm = Some(crate::dm::free_dm);
+    v.reg_dm_mr = Some(crate::dm::reg_dm_mr);
     let ops = &mut v.context.ops;
-    ops.alloc_mw = Some(alloc_mw);
-    ops.dealloc_mw = Some(dealloc_mw);
+    ops.alloc_mw = Some(crate::mw::alloc_mw);
+    ops.dealloc_mw = Some(crate::mw::dealloc_mw);
     ops.bind_mw = Some(bind_mw);
 }
 
@@ -621,230 +623,6 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut sys::ibv_qp) -> *mut sys::ibv_
         match unsafe { obj::<Qp, _>(qp) } {
             Some(q) if q.qp_type != QpType::Ud || !qp.is_null() => qp.cast(),
             _ => null_errno(libc::EINVAL),
-        }
-    })
-}
-
-// ------------------------------------------------------------------ device memory
-
-#[repr(C)]
-pub(crate) struct Dm {
-    pub(crate) c: sys::ibv_dm,
-    pub(crate) id: DmId,
-}
-
-fn dm_parts<'a>(dm: *mut sys::ibv_dm) -> Option<(&'a Dm, &'a Ctx)> {
-    // SAFETY: the caller passes a DM of this library.
-    let d: &Dm = unsafe { obj(dm) }?;
-    // SAFETY: a DM's context is a live context.
-    let ctx = unsafe { ctx_of(d.c.context) }?;
-    Some((d, ctx))
-}
-
-unsafe extern "C" fn alloc_dm(
-    context: *mut sys::ibv_context,
-    attr: *mut sys::ibv_alloc_dm_attr,
-) -> *mut sys::ibv_dm {
-    guard(std::ptr::null_mut(), || {
-        // SAFETY: the caller passes a live context.
-        let Some(ctx) = (unsafe { ctx_of(context) }) else {
-            return null_errno(libc::EINVAL);
-        };
-        if attr.is_null() {
-            return null_errno(libc::EINVAL);
-        }
-        // SAFETY: `attr` points at the caller's attributes.
-        let a = unsafe { *attr };
-        if a.comp_mask != 0 {
-            return null_errno(libc::EINVAL);
-        }
-        match ctx.dev().call(|r, _| r.alloc_dm(a.length)) {
-            Ok(id) => {
-                let mut c: sys::ibv_dm = zeroed();
-                c.context = context;
-                c.memcpy_to_dm = Some(memcpy_to_dm);
-                c.memcpy_from_dm = Some(memcpy_from_dm);
-                c.handle = id.0;
-                leak(Dm { c, id }).cast()
-            }
-            Err(e) => null_errno(errno(&e)),
-        }
-    })
-}
-
-unsafe extern "C" fn free_dm(dm: *mut sys::ibv_dm) -> c_int {
-    guard(libc::EIO, || {
-        let Some((d, ctx)) = dm_parts(dm) else {
-            return libc::EINVAL;
-        };
-        let id = d.id;
-        match ctx.dev().call(|r, _| r.free_dm(id)) {
-            Ok(()) => {
-                // SAFETY: allocated by alloc_dm as a Dm, freed once.
-                unsafe { free::<Dm, _>(dm) };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
-}
-
-unsafe extern "C" fn memcpy_to_dm(
-    dm: *mut sys::ibv_dm,
-    offset: u64,
-    host: *const c_void,
-    length: usize,
-) -> c_int {
-    guard(libc::EIO, || {
-        let Some((d, ctx)) = dm_parts(dm) else {
-            return libc::EINVAL;
-        };
-        if length > 0 && host.is_null() {
-            return libc::EINVAL;
-        }
-        let data = if length == 0 {
-            &[][..]
-        } else {
-            // SAFETY: the caller's buffer holds `length` readable bytes.
-            unsafe { std::slice::from_raw_parts(host.cast::<u8>(), length) }
-        };
-        let id = d.id;
-        match ctx.dev().call(|r, _| r.dm_copy_to(id, offset, data)) {
-            Ok(()) => 0,
-            Err(e) => errno(&e),
-        }
-    })
-}
-
-unsafe extern "C" fn memcpy_from_dm(
-    host: *mut c_void,
-    dm: *mut sys::ibv_dm,
-    offset: u64,
-    length: usize,
-) -> c_int {
-    guard(libc::EIO, || {
-        let Some((d, ctx)) = dm_parts(dm) else {
-            return libc::EINVAL;
-        };
-        if length > 0 && host.is_null() {
-            return libc::EINVAL;
-        }
-        let mut buf = vec![0u8; length];
-        let id = d.id;
-        match ctx.dev().inspect(|r| r.dm_copy_from(id, offset, &mut buf)) {
-            Ok(()) => {
-                // SAFETY: the caller's buffer holds `length` writable bytes.
-                unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), host.cast::<u8>(), length) };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
-}
-
-unsafe extern "C" fn reg_dm_mr(
-    pd: *mut sys::ibv_pd,
-    dm: *mut sys::ibv_dm,
-    offset: u64,
-    length: usize,
-    access: u32,
-) -> *mut sys::ibv_mr {
-    guard(std::ptr::null_mut(), || {
-        // SAFETY: the caller passes a PD of this library.
-        let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
-            return null_errno(libc::EINVAL);
-        };
-        let Some((d, _)) = dm_parts(dm) else {
-            return null_errno(libc::EINVAL);
-        };
-        // verbs.h: device memory MRs are zero-based.
-        if access & sys::IBV_ACCESS_ZERO_BASED == 0 {
-            return null_errno(libc::EINVAL);
-        }
-        let acc = match crate::objs::access_flags(access) {
-            Ok(a) => a,
-            Err(e) => return null_errno(e),
-        };
-        let (pid, did) = (p.id, d.id);
-        match ctx
-            .dev()
-            .call(|r, _| r.reg_dm_mr(pid, did, offset, length, acc))
-        {
-            Ok(info) => {
-                let mut c: sys::ibv_mr = zeroed();
-                c.context = p.c.context;
-                c.pd = pd;
-                c.addr = std::ptr::null_mut();
-                c.length = length;
-                c.handle = info.lkey;
-                c.lkey = info.lkey;
-                c.rkey = info.rkey;
-                leak(Mr { c, lkey: info.lkey }).cast()
-            }
-            Err(e) => null_errno(errno(&e)),
-        }
-    })
-}
-
-// ------------------------------------------------------------------ memory windows
-
-/// A memory window.
-#[repr(C)]
-pub(crate) struct Mw {
-    pub(crate) c: sys::ibv_mw,
-    pub(crate) id: MwId,
-}
-
-unsafe extern "C" fn alloc_mw(pd: *mut sys::ibv_pd, mw_type: sys::ibv_mw_type) -> *mut sys::ibv_mw {
-    guard(std::ptr::null_mut(), || {
-        // SAFETY: the caller passes a PD of this library.
-        let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
-            return null_errno(libc::EINVAL);
-        };
-        let t = match mw_type {
-            sys::IBV_MW_TYPE_1 => 1,
-            sys::IBV_MW_TYPE_2 => 2,
-            _ => return null_errno(libc::EINVAL),
-        };
-        let pid = p.id;
-        let r = ctx.dev().call(|r, _| {
-            let c = r;
-            let id = c.alloc_mw(pid, t)?;
-            Ok::<_, verbs::Error>((id, c.mw_rkey(id)?))
-        });
-        match r {
-            Ok((id, rkey)) => {
-                let mut c: sys::ibv_mw = zeroed();
-                c.context = p.c.context;
-                c.pd = pd;
-                c.rkey = rkey;
-                c.handle = id.0;
-                c.type_ = mw_type;
-                leak(Mw { c, id }).cast()
-            }
-            Err(e) => null_errno(errno(&e)),
-        }
-    })
-}
-
-unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes an MW of this library.
-        let Some(w) = (unsafe { obj::<Mw, _>(mw) }) else {
-            return libc::EINVAL;
-        };
-        // SAFETY: an MW's context is a live context.
-        let Some(ctx) = (unsafe { ctx_of(w.c.context) }) else {
-            return libc::EINVAL;
-        };
-        let id = w.id;
-        match ctx.dev().call(|r, _| r.dealloc_mw(id)) {
-            Ok(()) => {
-                // SAFETY: allocated by alloc_mw as an Mw, freed once.
-                unsafe { free::<Mw, _>(mw) };
-                0
-            }
-            Err(e) => errno(&e),
         }
     })
 }

@@ -23,10 +23,15 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+mod ah;
 mod device;
+mod dm;
 mod ex;
+mod mr;
+mod mw;
 mod object;
 mod objs;
+mod pd;
 mod post;
 mod stubs;
 #[allow(unsafe_code)]

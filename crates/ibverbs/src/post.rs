@@ -4,12 +4,13 @@
 use std::ffi::c_int;
 
 use softrdma_device::verbs::{
-    self, Access, MwBind, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags,
-    WorkCompletion,
+    self, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
 };
 
+use crate::ah::Ah;
+use crate::mw::mw_bind;
 use crate::object::{errno, obj};
-use crate::objs::{Ah, Cq, Mr, Qp, Srq};
+use crate::objs::{Cq, Qp, Srq};
 use crate::{guard, sys, zeroed};
 
 /// The scatter/gather list of a C work request.
@@ -32,33 +33,6 @@ unsafe fn sges(sg: *const sys::ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
             lkey: e.lkey,
         })
         .collect())
-}
-
-/// The window and region of a bind, as the engine names them.
-///
-/// # Safety
-/// `mw` and `mr` are null or objects of this library.
-pub(crate) unsafe fn mw_bind(
-    mw: *mut sys::ibv_mw,
-    rkey: u32,
-    info: &sys::ibv_mw_bind_info,
-) -> Result<MwBind, c_int> {
-    // SAFETY: per the contract.
-    let w = unsafe { obj::<crate::ex::Mw, _>(mw) }.ok_or(libc::EINVAL)?;
-    let lkey = if info.mr.is_null() {
-        0
-    } else {
-        // SAFETY: per the contract.
-        unsafe { obj::<Mr, _>(info.mr) }.ok_or(libc::EINVAL)?.lkey
-    };
-    Ok(MwBind {
-        mw: w.id,
-        rkey,
-        mr_lkey: lkey,
-        addr: info.addr,
-        length: info.length,
-        access: Access::from_bits_truncate(info.mw_access_flags),
-    })
 }
 
 /// Translate one `ibv_send_wr`.
