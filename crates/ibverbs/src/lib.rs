@@ -33,9 +33,11 @@ mod object;
 mod objs;
 mod pd;
 mod post;
+mod srq;
 mod stubs;
 #[allow(unsafe_code)]
 pub mod sys;
+mod wr_list;
 
 use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;

@@ -5,13 +5,14 @@ use std::ffi::{c_int, c_void};
 
 use softrdma_device::verbs::{
     self, Access, Arm, AsyncEvent, ChannelId, CqId, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr,
-    QpState, QpType, SrqId,
+    QpState, QpType,
 };
 
 use crate::ah::{ah_from_c, ah_to_c};
 use crate::device::Ctx;
 use crate::object::{ctx_of, errno, free, leak, obj};
 use crate::pd::{pd_ctx, Pd};
+use crate::srq::Srq;
 use crate::{guard, minus_one, null_errno, sys, zeroed};
 
 pub(crate) fn init_ops(v: &mut sys::verbs_context) {
@@ -20,7 +21,7 @@ pub(crate) fn init_ops(v: &mut sys::verbs_context) {
     ops.req_notify_cq = Some(req_notify_cq);
     ops.post_send = Some(crate::post::post_send);
     ops.post_recv = Some(crate::post::post_recv);
-    ops.post_srq_recv = Some(crate::post::post_srq_recv);
+    ops.post_srq_recv = Some(crate::srq::post_srq_recv);
 }
 
 // ------------------------------------------------------------------ channels and CQs
@@ -307,148 +308,6 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, nevents: u32) {
             unsafe {
                 (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents)
             };
-        }
-    })
-}
-
-// ------------------------------------------------------------------ SRQ
-
-#[repr(C)]
-pub(crate) struct Srq {
-    pub(crate) c: sys::ibv_srq,
-    pub(crate) id: SrqId,
-}
-
-impl Srq {
-    pub(crate) fn ctx(&self) -> Option<&Ctx> {
-        // SAFETY: an SRQ's context is a live context.
-        unsafe { ctx_of(self.c.context) }
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_srq(
-    pd: *mut sys::ibv_pd,
-    init: *mut sys::ibv_srq_init_attr,
-) -> *mut sys::ibv_srq {
-    guard(std::ptr::null_mut(), || {
-        // SAFETY: the caller passes a PD of this library.
-        let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
-            return null_errno(libc::EINVAL);
-        };
-        if init.is_null() {
-            return null_errno(libc::EINVAL);
-        }
-        // SAFETY: `init` points at the caller's attributes.
-        let init = unsafe { &mut *init };
-        let a = init.attr;
-        let pid = p.id;
-        let r = ctx.dev().call(|r, _| {
-            let c = r;
-            let id = c.create_srq(pid, a.max_wr, a.max_sge, a.srq_limit)?;
-            let actual = c.query_srq(id)?;
-            Ok::<_, verbs::Error>((id, actual))
-        });
-        match r {
-            Ok((id, (max_wr, max_sge, _))) => {
-                init.attr.max_wr = max_wr;
-                init.attr.max_sge = max_sge;
-                let mut c: sys::ibv_srq = zeroed();
-                c.context = p.c.context;
-                c.srq_context = init.srq_context;
-                c.pd = pd;
-                c.handle = id.0;
-                let s = leak(Srq { c, id });
-                ctx.shared.registry().srqs.insert(id.0, s as usize);
-                s.cast()
-            }
-            Err(e) => null_errno(errno(&e)),
-        }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_modify_srq(
-    srq: *mut sys::ibv_srq,
-    attr: *mut sys::ibv_srq_attr,
-    mask: c_int,
-) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes an SRQ of this library.
-        let Some(s) = (unsafe { obj::<Srq, _>(srq) }) else {
-            return libc::EINVAL;
-        };
-        let Some(ctx) = s.ctx() else {
-            return libc::EINVAL;
-        };
-        if attr.is_null() || mask as u32 & !(sys::IBV_SRQ_MAX_WR | sys::IBV_SRQ_LIMIT) != 0 {
-            return libc::EINVAL;
-        }
-        // SAFETY: `attr` points at the caller's attributes.
-        let a = unsafe { *attr };
-        let max_wr = (mask as u32 & sys::IBV_SRQ_MAX_WR != 0).then_some(a.max_wr);
-        let limit = (mask as u32 & sys::IBV_SRQ_LIMIT != 0).then_some(a.srq_limit);
-        let id = s.id;
-        match ctx.dev().call(|r, _| r.modify_srq(id, max_wr, limit)) {
-            Ok(()) => 0,
-            Err(e) => errno(&e),
-        }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_query_srq(
-    srq: *mut sys::ibv_srq,
-    attr: *mut sys::ibv_srq_attr,
-) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes an SRQ of this library.
-        let Some(s) = (unsafe { obj::<Srq, _>(srq) }) else {
-            return libc::EINVAL;
-        };
-        let Some(ctx) = s.ctx() else {
-            return libc::EINVAL;
-        };
-        if attr.is_null() {
-            return libc::EINVAL;
-        }
-        let id = s.id;
-        match ctx.dev().inspect(|r| r.query_srq(id)) {
-            Ok((max_wr, max_sge, limit)) => {
-                // SAFETY: `attr` points at the caller's attributes.
-                unsafe {
-                    *attr = sys::ibv_srq_attr {
-                        max_wr,
-                        max_sge,
-                        srq_limit: limit,
-                    }
-                };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes an SRQ of this library.
-        let Some(s) = (unsafe { obj::<Srq, _>(srq) }) else {
-            return libc::EINVAL;
-        };
-        let Some(ctx) = s.ctx() else {
-            return libc::EINVAL;
-        };
-        let id = s.id;
-        match ctx.dev().call(|r, _| r.destroy_srq(id)) {
-            Ok(()) => {
-                ctx.shared.registry().srqs.remove(&id.0);
-                // SAFETY: allocated by ibv_create_srq, freed once.
-                unsafe { free::<Srq, _>(srq) };
-                0
-            }
-            Err(e) => errno(&e),
         }
     })
 }

@@ -4,36 +4,15 @@
 use std::ffi::c_int;
 
 use softrdma_device::verbs::{
-    self, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
+    self, QpType, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
 };
 
 use crate::ah::Ah;
 use crate::mw::mw_bind;
 use crate::object::{errno, obj};
-use crate::objs::{Cq, Qp, Srq};
+use crate::objs::{Cq, Qp};
+use crate::wr_list::{finish, recv_wr, sges, walk};
 use crate::{guard, sys, zeroed};
-
-/// The scatter/gather list of a C work request.
-///
-/// # Safety
-/// `sg` points at `n` SGEs (or `n` is 0).
-unsafe fn sges(sg: *const sys::ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
-    if n < 0 || (n > 0 && sg.is_null()) {
-        return Err(libc::EINVAL);
-    }
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    // SAFETY: per the contract.
-    let s = unsafe { std::slice::from_raw_parts(sg, n as usize) };
-    Ok(s.iter()
-        .map(|e| Sge {
-            addr: e.addr,
-            length: e.length,
-            lkey: e.lkey,
-        })
-        .collect())
-}
 
 /// Translate one `ibv_send_wr`.
 ///
@@ -157,57 +136,6 @@ pub(crate) fn post_sends(qp: &Qp, wrs: Vec<SendWr>) -> Result<(), (usize, c_int)
     })
 }
 
-/// Walk a C list, translating each element until one fails.
-///
-/// # Safety
-/// `first` is null or a valid list whose `next` pointers are valid.
-unsafe fn walk<C, T>(
-    first: *mut C,
-    next: impl Fn(&C) -> *mut C,
-    mut conv: impl FnMut(&C) -> Result<T, c_int>,
-) -> (Vec<T>, Vec<*mut C>, Option<c_int>) {
-    let mut out = Vec::new();
-    let mut ptrs = Vec::new();
-    let mut p = first;
-    while !p.is_null() {
-        // SAFETY: per the contract.
-        let c = unsafe { &*p };
-        ptrs.push(p);
-        match conv(c) {
-            Ok(t) => out.push(t),
-            Err(e) => return (out, ptrs, Some(e)),
-        }
-        p = next(c);
-    }
-    (out, ptrs, None)
-}
-
-/// Finish a post: report the first failing WR through `bad`.
-///
-/// # Safety
-/// `bad` is null or a valid out pointer.
-unsafe fn finish<C>(
-    ptrs: &[*mut C],
-    conv_err: Option<c_int>,
-    posted: Result<(), (usize, c_int)>,
-    bad: *mut *mut C,
-) -> c_int {
-    let fail = match posted {
-        Err((i, e)) => Some((i, e)),
-        Ok(()) => conv_err.map(|e| (ptrs.len() - 1, e)),
-    };
-    match fail {
-        None => 0,
-        Some((i, e)) => {
-            if !bad.is_null() {
-                // SAFETY: per the contract.
-                unsafe { *bad = ptrs.get(i).copied().unwrap_or(std::ptr::null_mut()) };
-            }
-            e
-        }
-    }
-}
-
 pub(crate) unsafe extern "C" fn post_send(
     qp: *mut sys::ibv_qp,
     wr: *mut sys::ibv_send_wr,
@@ -223,14 +151,6 @@ pub(crate) unsafe extern "C" fn post_send(
         let posted = post_sends(q, wrs);
         // SAFETY: `bad` is the caller's out pointer.
         unsafe { finish(&ptrs, conv_err, posted, bad) }
-    })
-}
-
-fn recv_wr(w: &sys::ibv_recv_wr) -> Result<RecvWr, c_int> {
-    Ok(RecvWr {
-        wr_id: w.wr_id,
-        // SAFETY: the caller's WR names `num_sge` valid SGEs.
-        sg_list: unsafe { sges(w.sg_list, w.num_sge) }?,
     })
 }
 
@@ -253,33 +173,6 @@ pub(crate) unsafe extern "C" fn post_recv(
         let posted = ctx.dev().call(|r, now| {
             for (i, w) in wrs.into_iter().enumerate() {
                 r.post_recv(now, qpn, w).map_err(|e| (i, errno(&e)))?;
-            }
-            Ok(())
-        });
-        // SAFETY: `bad` is the caller's out pointer.
-        unsafe { finish(&ptrs, conv_err, posted, bad) }
-    })
-}
-
-pub(crate) unsafe extern "C" fn post_srq_recv(
-    srq: *mut sys::ibv_srq,
-    wr: *mut sys::ibv_recv_wr,
-    bad: *mut *mut sys::ibv_recv_wr,
-) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes an SRQ of this library.
-        let Some(s) = (unsafe { obj::<Srq, _>(srq) }) else {
-            return libc::EINVAL;
-        };
-        let Some(ctx) = s.ctx() else {
-            return libc::EINVAL;
-        };
-        // SAFETY: the caller's list is valid.
-        let (wrs, ptrs, conv_err) = unsafe { walk(wr, |w| w.next, recv_wr) };
-        let id = s.id;
-        let posted = ctx.dev().call(|r, now| {
-            for (i, w) in wrs.into_iter().enumerate() {
-                r.post_srq_recv(now, id, w).map_err(|e| (i, errno(&e)))?;
             }
             Ok(())
         });
