@@ -5,21 +5,19 @@
 
 use std::ffi::{c_int, c_void};
 
-use softrdma_device::verbs::{
-    self, QpType, SendFlags, SendOp, SendWr, Sge, UdDest, WorkCompletion,
-};
+use softrdma_device::verbs::{self, QpType, SendFlags, SendOp, SendWr, Sge, UdDest};
 
 use crate::ah::Ah;
 use crate::device::device_attr;
 use crate::mw::{mw_bind, Mw};
-use crate::object::{ctx_of, errno, obj};
-use crate::objs::{create_cq_obj, create_qp_obj, Cq, Qp};
-use crate::post::{poll_progress, poll_quick, post_sends, wc_to_c};
+use crate::object::{ctx_of, obj};
+use crate::objs::{create_qp_obj, Qp};
+use crate::post::post_sends;
 use crate::{copy_prefix, guard, null_errno, set_errno, sys, zeroed};
 
 pub(crate) fn init_ops(v: &mut sys::verbs_context) {
     v.query_device_ex = Some(query_device_ex);
-    v.create_cq_ex = Some(create_cq_ex);
+    v.create_cq_ex = Some(crate::cq::create_cq_ex);
     v.create_qp_ex = Some(create_qp_ex);
     v.alloc_dm = Some(crate::dm::alloc_dm);
     v.free_dm = Some(crate::dm::free_dm);
@@ -62,170 +60,6 @@ unsafe extern "C" fn query_device_ex(
         // SAFETY: `attr` has `attr_size` bytes (the caller's sizeof).
         unsafe { copy_prefix(&o, attr, attr_size) };
         0
-    })
-}
-
-// ------------------------------------------------------------------ CQ ex
-
-/// Extended polling state of a CQ.
-#[derive(Default)]
-pub(crate) struct CqPoll {
-    /// The completion `ibv_start_poll`/`ibv_next_poll` made current.
-    pub(crate) cur: WorkCompletion,
-}
-
-const WC_EX_SUPPORTED: u64 = (sys::IBV_WC_EX_WITH_BYTE_LEN
-    | sys::IBV_WC_EX_WITH_IMM
-    | sys::IBV_WC_EX_WITH_QP_NUM
-    | sys::IBV_WC_EX_WITH_SRC_QP
-    | sys::IBV_WC_EX_WITH_SLID
-    | sys::IBV_WC_EX_WITH_SL
-    | sys::IBV_WC_EX_WITH_DLID_PATH_BITS
-    | sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) as u64;
-
-unsafe extern "C" fn create_cq_ex(
-    context: *mut sys::ibv_context,
-    attr: *mut sys::ibv_cq_init_attr_ex,
-) -> *mut sys::ibv_cq_ex {
-    guard(std::ptr::null_mut(), || {
-        // SAFETY: the caller passes a live context.
-        let Some(ctx) = (unsafe { ctx_of(context) }) else {
-            return null_errno(libc::EINVAL);
-        };
-        if attr.is_null() {
-            return null_errno(libc::EINVAL);
-        }
-        // SAFETY: `attr` points at the caller's attributes.
-        let a = unsafe { &*attr };
-        if a.wc_flags & !WC_EX_SUPPORTED != 0
-            || a.comp_mask & !(sys::IBV_CQ_INIT_ATTR_MASK_FLAGS | sys::IBV_CQ_INIT_ATTR_MASK_PD)
-                != 0
-        {
-            return null_errno(libc::EOPNOTSUPP);
-        }
-        let ts = a.wc_flags & u64::from(sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) != 0;
-        let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
-        match create_cq_obj(ctx, cqe, a.cq_context, a.channel, ts) {
-            Ok(p) => {
-                // SAFETY: `p` is the live CQ just made; nothing else uses it yet.
-                let c = unsafe { &mut (*p).c };
-                c.start_poll = Some(start_poll);
-                c.next_poll = Some(next_poll);
-                c.end_poll = Some(end_poll);
-                c.read_opcode = Some(read_opcode);
-                c.read_vendor_err = Some(read_vendor_err);
-                c.read_byte_len = Some(read_byte_len);
-                c.read_imm_data = Some(read_imm_data);
-                c.read_qp_num = Some(read_qp_num);
-                c.read_src_qp = Some(read_src_qp);
-                c.read_wc_flags = Some(read_wc_flags);
-                c.read_slid = Some(read_slid);
-                c.read_sl = Some(read_sl);
-                c.read_dlid_path_bits = Some(read_dlid_path_bits);
-                c.read_completion_ts = Some(read_completion_ts);
-                p.cast()
-            }
-            Err(e) => null_errno(e),
-        }
-    })
-}
-
-/// Make the next completion current: 0, ENOENT when empty, or an errno.
-///
-/// `ibv_start_poll` drives the device's progress when the CQ is empty (as `ibv_poll_cq`
-/// does); `ibv_next_poll` only takes what is there. A batch that pulled in new
-/// completions after the program re-armed the CQ would consume the completion of the
-/// next CQ event, and programs such as `ibv_rc_pingpong -t -e` treat the empty
-/// `ibv_start_poll` that follows that event as an error.
-fn poll_next(cq: *mut sys::ibv_cq_ex, progress: bool) -> c_int {
-    // SAFETY: the caller passes a CQ of this library.
-    let Some(q) = (unsafe { obj::<Cq, _>(cq) }) else {
-        return libc::EINVAL;
-    };
-    let mut w = [WorkCompletion::default()];
-    let r = if progress {
-        poll_progress(q, &mut w)
-    } else {
-        poll_quick(q, &mut w)
-    };
-    match r {
-        Ok(0) => libc::ENOENT,
-        Ok(_) => {
-            // SAFETY: the extended poll API is single-threaded per CQ (verbs.h: the
-            // program serialises start/next/end_poll and the readers on one CQ).
-            unsafe {
-                (*q.ex.get()).cur = w[0];
-                (*cq).status = w[0].status as u32;
-                (*cq).wr_id = w[0].wr_id;
-            }
-            0
-        }
-        Err(e) => errno(&e),
-    }
-}
-
-unsafe extern "C" fn start_poll(
-    cq: *mut sys::ibv_cq_ex,
-    _attr: *mut sys::ibv_poll_cq_attr,
-) -> c_int {
-    guard(libc::EIO, || poll_next(cq, true))
-}
-
-unsafe extern "C" fn next_poll(cq: *mut sys::ibv_cq_ex) -> c_int {
-    guard(libc::EIO, || poll_next(cq, false))
-}
-
-unsafe extern "C" fn end_poll(_cq: *mut sys::ibv_cq_ex) {}
-
-/// The current completion of a CQ (see [`poll_next`]).
-fn cur(cq: *mut sys::ibv_cq_ex) -> sys::ibv_wc {
-    // SAFETY: the caller passes a CQ of this library, between start_poll and end_poll.
-    match unsafe { obj::<Cq, _>(cq) } {
-        // SAFETY: as in `poll_next`: single-threaded per CQ.
-        Some(q) => wc_to_c(unsafe { &(*q.ex.get()).cur }),
-        None => zeroed(),
-    }
-}
-
-unsafe extern "C" fn read_opcode(cq: *mut sys::ibv_cq_ex) -> sys::ibv_wc_opcode {
-    guard(0, || cur(cq).opcode)
-}
-unsafe extern "C" fn read_vendor_err(cq: *mut sys::ibv_cq_ex) -> u32 {
-    guard(0, || cur(cq).vendor_err)
-}
-unsafe extern "C" fn read_byte_len(cq: *mut sys::ibv_cq_ex) -> u32 {
-    guard(0, || cur(cq).byte_len)
-}
-unsafe extern "C" fn read_imm_data(cq: *mut sys::ibv_cq_ex) -> sys::__be32 {
-    // SAFETY: both union members are plain u32.
-    guard(0, || unsafe { cur(cq).__bindgen_anon_1.imm_data })
-}
-unsafe extern "C" fn read_qp_num(cq: *mut sys::ibv_cq_ex) -> u32 {
-    guard(0, || cur(cq).qp_num)
-}
-unsafe extern "C" fn read_src_qp(cq: *mut sys::ibv_cq_ex) -> u32 {
-    guard(0, || cur(cq).src_qp)
-}
-unsafe extern "C" fn read_wc_flags(cq: *mut sys::ibv_cq_ex) -> u32 {
-    guard(0, || cur(cq).wc_flags)
-}
-unsafe extern "C" fn read_slid(cq: *mut sys::ibv_cq_ex) -> u32 {
-    guard(0, || u32::from(cur(cq).slid))
-}
-unsafe extern "C" fn read_sl(cq: *mut sys::ibv_cq_ex) -> u8 {
-    guard(0, || cur(cq).sl)
-}
-unsafe extern "C" fn read_dlid_path_bits(cq: *mut sys::ibv_cq_ex) -> u8 {
-    guard(0, || cur(cq).dlid_path_bits)
-}
-unsafe extern "C" fn read_completion_ts(cq: *mut sys::ibv_cq_ex) -> u64 {
-    guard(0, || {
-        // SAFETY: as in `cur`.
-        match unsafe { obj::<Cq, _>(cq) } {
-            // SAFETY: as in `poll_next`.
-            Some(q) => unsafe { (*q.ex.get()).cur.timestamp.unwrap_or(0) },
-            None => 0,
-        }
     })
 }
 

@@ -24,6 +24,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod ah;
+mod cq;
 mod device;
 mod dm;
 mod ex;

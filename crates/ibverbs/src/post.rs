@@ -3,16 +3,14 @@
 
 use std::ffi::c_int;
 
-use softrdma_device::verbs::{
-    self, QpType, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
-};
+use softrdma_device::verbs::{QpType, SendFlags, SendOp, SendWr, Sge, UdDest};
 
 use crate::ah::Ah;
 use crate::mw::mw_bind;
 use crate::object::{errno, obj};
-use crate::objs::{Cq, Qp};
+use crate::objs::Qp;
 use crate::wr_list::{finish, recv_wr, sges, walk};
-use crate::{guard, sys, zeroed};
+use crate::{guard, sys};
 
 /// Translate one `ibv_send_wr`.
 ///
@@ -178,76 +176,5 @@ pub(crate) unsafe extern "C" fn post_recv(
         });
         // SAFETY: `bad` is the caller's out pointer.
         unsafe { finish(&ptrs, conv_err, posted, bad) }
-    })
-}
-
-/// `ibv_wc` of an engine completion.
-pub(crate) fn wc_to_c(w: &WorkCompletion) -> sys::ibv_wc {
-    let mut o: sys::ibv_wc = zeroed();
-    o.wr_id = w.wr_id;
-    o.status = w.status as u32;
-    o.opcode = w.opcode as u32;
-    o.vendor_err = w.vendor_err;
-    o.byte_len = w.byte_len;
-    if w.wc_flags.contains(WcFlags::WITH_INV) {
-        o.__bindgen_anon_1.invalidated_rkey = w.imm_data;
-    } else {
-        o.__bindgen_anon_1.imm_data = w.imm_data.to_be();
-    }
-    o.qp_num = w.qp_num;
-    o.src_qp = w.src_qp;
-    o.wc_flags = w.wc_flags.bits();
-    o.pkey_index = w.pkey_index;
-    o.slid = w.slid;
-    o.sl = w.sl;
-    o.dlid_path_bits = w.dlid_path_bits;
-    o
-}
-
-/// Take completions without driving progress ([`softrdma_device::CqPoller::take`]).
-pub(crate) fn poll_quick(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
-    let Some(ctx) = cq.ctx() else {
-        return Err(verbs::Error::inval("CQ without context"));
-    };
-    cq.poller.take(ctx.dev(), out)
-}
-
-/// Poll, driving progress when the CQ is empty ([`softrdma_device::CqPoller::poll`]).
-pub(crate) fn poll_progress(cq: &Cq, out: &mut [WorkCompletion]) -> verbs::Result<usize> {
-    let Some(ctx) = cq.ctx() else {
-        return Err(verbs::Error::inval("CQ without context"));
-    };
-    cq.poller.poll(ctx.dev(), out)
-}
-
-pub(crate) unsafe extern "C" fn poll_cq(
-    cq: *mut sys::ibv_cq,
-    num_entries: c_int,
-    wc: *mut sys::ibv_wc,
-) -> c_int {
-    guard(-1, || {
-        // SAFETY: the caller passes a CQ of this library.
-        let Some(q) = (unsafe { obj::<Cq, _>(cq) }) else {
-            return -1;
-        };
-        if num_entries <= 0 {
-            return 0;
-        }
-        if wc.is_null() {
-            return -1;
-        }
-        let Some(ctx) = q.ctx() else {
-            return -1;
-        };
-        let want = num_entries as usize;
-        let polled = q.poller.poll_each(ctx.dev(), want, |i, w| {
-            // SAFETY: `poll_each` hands out indices below `want`, and the caller's array
-            // holds `num_entries` = `want` entries.
-            unsafe { wc.add(i).write(wc_to_c(w)) }
-        });
-        match polled {
-            Ok(n) => n as c_int,
-            Err(_) => -1,
-        }
     })
 }
