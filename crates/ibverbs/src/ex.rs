@@ -8,64 +8,15 @@ use std::ffi::{c_int, c_void};
 use softrdma_device::verbs::{self, QpType, SendFlags, SendOp, SendWr, Sge, UdDest};
 
 use crate::ah::Ah;
-use crate::device::device_attr;
 use crate::mw::{mw_bind, Mw};
 use crate::object::{ctx_of, obj};
 use crate::objs::{create_qp_obj, Qp};
 use crate::post::post_sends;
-use crate::{copy_prefix, guard, null_errno, set_errno, sys, zeroed};
-
-pub(crate) fn init_ops(v: &mut sys::verbs_context) {
-    v.query_device_ex = Some(query_device_ex);
-    v.create_cq_ex = Some(crate::cq::create_cq_ex);
-    v.create_qp_ex = Some(create_qp_ex);
-    v.alloc_dm = Some(crate::dm::alloc_dm);
-    v.free_dm = Some(crate::dm::free_dm);
-    v.reg_dm_mr = Some(crate::dm::reg_dm_mr);
-    let ops = &mut v.context.ops;
-    ops.alloc_mw = Some(crate::mw::alloc_mw);
-    ops.dealloc_mw = Some(crate::mw::dealloc_mw);
-    ops.bind_mw = Some(bind_mw);
-}
-
-// ------------------------------------------------------------------ query_device_ex
-
-/// Completion timestamps are device-clock nanoseconds: a 1 GHz clock (in kHz).
-const CORE_CLOCK_KHZ: u64 = 1_000_000;
-
-unsafe extern "C" fn query_device_ex(
-    context: *mut sys::ibv_context,
-    input: *const sys::ibv_query_device_ex_input,
-    attr: *mut sys::ibv_device_attr_ex,
-    attr_size: usize,
-) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes a live context.
-        let Some(ctx) = (unsafe { ctx_of(context) }) else {
-            return libc::EINVAL;
-        };
-        // SAFETY: `input` is null or the caller's input struct.
-        if attr.is_null() || (!input.is_null() && unsafe { (*input).comp_mask } != 0) {
-            return libc::EINVAL;
-        }
-        if attr_size < std::mem::size_of::<sys::ibv_device_attr>() {
-            return libc::EINVAL;
-        }
-        let mut o: sys::ibv_device_attr_ex = zeroed();
-        o.orig_attr = device_attr(ctx);
-        o.completion_timestamp_mask = u64::MAX;
-        o.hca_core_clock = CORE_CLOCK_KHZ;
-        o.max_dm_size = ctx.dev().inspect(|r| r.device_attr().max_dm_size);
-        o.phys_port_cnt_ex = u32::from(o.orig_attr.phys_port_cnt);
-        // SAFETY: `attr` has `attr_size` bytes (the caller's sizeof).
-        unsafe { copy_prefix(&o, attr, attr_size) };
-        0
-    })
-}
+use crate::{guard, null_errno, set_errno, sys};
 
 // ------------------------------------------------------------------ QP ex
 
-unsafe extern "C" fn create_qp_ex(
+pub(crate) unsafe extern "C" fn create_qp_ex(
     context: *mut sys::ibv_context,
     attr: *mut sys::ibv_qp_init_attr_ex,
 ) -> *mut sys::ibv_qp {
@@ -464,7 +415,7 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut sys::ibv_qp) -> *mut sys::ibv_
 /// `ibv_bind_mw` (type 1): a BIND_MW work request on the send queue. The window's new
 /// rkey is known when the bind executes, in send-queue order; `mw->rkey` gets it then
 /// being the next key byte, which is the engine's rule for type-1 binds.
-unsafe extern "C" fn bind_mw(
+pub(crate) unsafe extern "C" fn bind_mw(
     qp: *mut sys::ibv_qp,
     mw: *mut sys::ibv_mw,
     bind: *mut sys::ibv_mw_bind,

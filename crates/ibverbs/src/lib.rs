@@ -24,9 +24,11 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod ah;
+mod context;
 mod cq;
 mod device;
 mod dm;
+mod enums;
 mod ex;
 mod mr;
 mod mw;

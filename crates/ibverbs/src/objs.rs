@@ -3,7 +3,7 @@
 use std::ffi::{c_int, c_void};
 
 use softrdma_device::verbs::{
-    self, Access, AsyncEvent, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    self, Access, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
 };
 
 use crate::ah::{ah_from_c, ah_to_c};
@@ -12,16 +12,7 @@ use crate::device::Ctx;
 use crate::object::{ctx_of, errno, free, leak, obj};
 use crate::pd::{pd_ctx, Pd};
 use crate::srq::Srq;
-use crate::{guard, minus_one, null_errno, sys, zeroed};
-
-pub(crate) fn init_ops(v: &mut sys::verbs_context) {
-    let ops = &mut v.context.ops;
-    ops.poll_cq = Some(crate::cq::poll_cq);
-    ops.req_notify_cq = Some(crate::cq::req_notify_cq);
-    ops.post_send = Some(crate::post::post_send);
-    ops.post_recv = Some(crate::post::post_recv);
-    ops.post_srq_recv = Some(crate::srq::post_srq_recv);
-}
+use crate::{guard, null_errno, sys, zeroed};
 
 // ------------------------------------------------------------------ QP
 
@@ -352,124 +343,6 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
                 0
             }
             Err(e) => errno(&e),
-        }
-    })
-}
-
-// ------------------------------------------------------------------ async events
-
-/// Blocks until the device has an async event (the fd `context->async_fd` is readable
-/// while one is pending). Events of objects already destroyed are skipped. If the
-/// program set O_NONBLOCK on that fd, returns -1 with EAGAIN when none is pending.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(
-    context: *mut sys::ibv_context,
-    event: *mut sys::ibv_async_event,
-) -> c_int {
-    guard(-1, || {
-        // SAFETY: the caller passes a live context.
-        let Some(ctx) = (unsafe { ctx_of(context) }) else {
-            return minus_one(libc::EINVAL);
-        };
-        if event.is_null() {
-            return minus_one(libc::EINVAL);
-        }
-        let dev = ctx.dev();
-        loop {
-            let Some(ev) = dev.next_async_event() else {
-                if crate::fd_nonblocking(dev.async_event_fd()) {
-                    return minus_one(libc::EAGAIN);
-                }
-                let mut p = libc::pollfd {
-                    fd: dev.async_event_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one live pollfd. EINTR just loops.
-                unsafe { libc::poll(&mut p, 1, -1) };
-                continue;
-            };
-            let mut o: sys::ibv_async_event = zeroed();
-            let reg = ctx.shared.registry();
-            let (elem, ty) = match ev {
-                AsyncEvent::CqErr(c) => (reg.cqs.get(&c.0).copied(), sys::IBV_EVENT_CQ_ERR),
-                AsyncEvent::QpFatal(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_FATAL),
-                AsyncEvent::QpReqErr(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_REQ_ERR),
-                AsyncEvent::QpAccessErr(q) => {
-                    (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_ACCESS_ERR)
-                }
-                AsyncEvent::CommEst(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_COMM_EST),
-                AsyncEvent::SqDrained(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_SQ_DRAINED),
-                AsyncEvent::QpLastWqeReached(q) => {
-                    (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_LAST_WQE_REACHED)
-                }
-                AsyncEvent::SrqLimitReached(s) => (
-                    reg.srqs.get(&s.0).copied(),
-                    sys::IBV_EVENT_SRQ_LIMIT_REACHED,
-                ),
-                AsyncEvent::PortActive(p) => {
-                    o.element.port_num = p as c_int;
-                    (Some(0), sys::IBV_EVENT_PORT_ACTIVE)
-                }
-                AsyncEvent::DeviceFatal => (Some(0), sys::IBV_EVENT_DEVICE_FATAL),
-            };
-            drop(reg);
-            let Some(elem) = elem else {
-                continue;
-            };
-            match ty {
-                sys::IBV_EVENT_CQ_ERR => {
-                    // SAFETY: a registered CQ is live.
-                    o.element.cq = unsafe { (*(elem as *mut Cq)).c_ptr() }
-                }
-                sys::IBV_EVENT_SRQ_LIMIT_REACHED => o.element.srq = elem as *mut sys::ibv_srq,
-                sys::IBV_EVENT_PORT_ACTIVE | sys::IBV_EVENT_DEVICE_FATAL => {}
-                _ => o.element.qp = elem as *mut sys::ibv_qp,
-            }
-            o.event_type = ty;
-            // SAFETY: `event` points at the caller's struct.
-            unsafe { event.write(o) };
-            return 0;
-        }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_ack_async_event(event: *mut sys::ibv_async_event) {
-    guard((), || {
-        if event.is_null() {
-            return;
-        }
-        // SAFETY: `event` is one the program got from ibv_get_async_event; its element
-        // is a live object of this library (the program acks before destroying it).
-        unsafe {
-            let e = &*event;
-            match e.event_type {
-                sys::IBV_EVENT_CQ_ERR if !e.element.cq.is_null() => {
-                    let c = &mut *e.element.cq;
-                    c.async_events_completed = c.async_events_completed.wrapping_add(1);
-                }
-                sys::IBV_EVENT_SRQ_LIMIT_REACHED | sys::IBV_EVENT_SRQ_ERR
-                    if !e.element.srq.is_null() =>
-                {
-                    let s = &mut *e.element.srq;
-                    s.events_completed = s.events_completed.wrapping_add(1);
-                }
-                sys::IBV_EVENT_QP_FATAL
-                | sys::IBV_EVENT_QP_REQ_ERR
-                | sys::IBV_EVENT_QP_ACCESS_ERR
-                | sys::IBV_EVENT_COMM_EST
-                | sys::IBV_EVENT_SQ_DRAINED
-                | sys::IBV_EVENT_PATH_MIG
-                | sys::IBV_EVENT_PATH_MIG_ERR
-                | sys::IBV_EVENT_QP_LAST_WQE_REACHED
-                    if !e.element.qp.is_null() =>
-                {
-                    let q = &mut *e.element.qp;
-                    q.events_completed = q.events_completed.wrapping_add(1);
-                }
-                _ => {}
-            }
         }
     })
 }
