@@ -7,26 +7,26 @@
 use std::ffi::{c_int, c_void};
 
 use crate::device::{self, Ctx};
-use crate::{cq, dm, ex, mw, post, srq};
+use crate::{cq, dm, mw, qp, srq};
 use crate::{guard, null_errno, sys, zeroed};
 
 fn init_ops(v: &mut sys::verbs_context) {
     v.query_port = Some(device::query_port_ex);
     v.query_device_ex = Some(device::query_device_ex);
     v.create_cq_ex = Some(cq::create_cq_ex);
-    v.create_qp_ex = Some(ex::create_qp_ex);
+    v.create_qp_ex = Some(qp::create_qp_ex);
     v.alloc_dm = Some(dm::alloc_dm);
     v.free_dm = Some(dm::free_dm);
     v.reg_dm_mr = Some(dm::reg_dm_mr);
     let ops = &mut v.context.ops;
     ops.poll_cq = Some(cq::poll_cq);
     ops.req_notify_cq = Some(cq::req_notify_cq);
-    ops.post_send = Some(post::post_send);
-    ops.post_recv = Some(post::post_recv);
+    ops.post_send = Some(qp::post_send);
+    ops.post_recv = Some(qp::post_recv);
     ops.post_srq_recv = Some(srq::post_srq_recv);
     ops.alloc_mw = Some(mw::alloc_mw);
     ops.dealloc_mw = Some(mw::dealloc_mw);
-    ops.bind_mw = Some(ex::bind_mw);
+    ops.bind_mw = Some(qp::bind_mw);
 }
 
 #[no_mangle]

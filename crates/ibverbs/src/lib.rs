@@ -29,13 +29,11 @@ mod cq;
 mod device;
 mod dm;
 mod enums;
-mod ex;
 mod mr;
 mod mw;
 mod object;
-mod objs;
 mod pd;
-mod post;
+mod qp;
 mod srq;
 mod stubs;
 #[allow(unsafe_code)]

@@ -1,16 +1,16 @@
-//! The data path behind `ctx->ops`: `ibv_post_send`, `ibv_post_recv`,
-//! `ibv_post_srq_recv` and `ibv_poll_cq` are static inline calls through these pointers.
+//! Posting to a QP: `ibv_post_send`, `ibv_post_recv` and `ibv_bind_mw`, static inline
+//! calls of verbs.h through `ctx->ops`.
 
 use std::ffi::c_int;
 
-use softrdma_device::verbs::{QpType, SendFlags, SendOp, SendWr, Sge, UdDest};
+use softrdma_device::verbs::{self, QpType, SendFlags, SendOp, SendWr, Sge, UdDest};
 
+use super::Qp;
 use crate::ah::Ah;
-use crate::mw::mw_bind;
+use crate::mw::{mw_bind, Mw};
 use crate::object::{errno, obj};
-use crate::objs::Qp;
 use crate::wr_list::{finish, recv_wr, sges, walk};
-use crate::{guard, sys};
+use crate::{guard, set_errno, sys};
 
 /// Translate one `ibv_send_wr`.
 ///
@@ -176,5 +176,51 @@ pub(crate) unsafe extern "C" fn post_recv(
         });
         // SAFETY: `bad` is the caller's out pointer.
         unsafe { finish(&ptrs, conv_err, posted, bad) }
+    })
+}
+
+/// `ibv_bind_mw` (type 1): a BIND_MW work request on the send queue. The window's new
+/// rkey is known when the bind executes, in send-queue order; `mw->rkey` gets it then
+/// being the next key byte, which is the engine's rule for type-1 binds.
+pub(crate) unsafe extern "C" fn bind_mw(
+    qp: *mut sys::ibv_qp,
+    mw: *mut sys::ibv_mw,
+    bind: *mut sys::ibv_mw_bind,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes objects of this library and its bind description.
+        let (Some(q), Some(w)) = (unsafe { obj::<Qp, _>(qp) }, unsafe { obj::<Mw, _>(mw) }) else {
+            return libc::EINVAL;
+        };
+        if bind.is_null() || w.c.type_ != sys::IBV_MW_TYPE_1 {
+            return libc::EINVAL;
+        }
+        // SAFETY: as above.
+        let b = unsafe { *bind };
+        let new_rkey = verbs::inc_rkey(w.c.rkey);
+        // SAFETY: as above.
+        let mb = match unsafe { mw_bind(mw, new_rkey, &b.bind_info) } {
+            Ok(m) => m,
+            Err(e) => return e,
+        };
+        let wr = SendWr {
+            wr_id: b.wr_id,
+            op: SendOp::BindMw(mb),
+            flags: SendFlags::from_bits_truncate(b.send_flags),
+            sg_list: Vec::new(),
+            inline_data: None,
+            ud: None,
+        };
+        match post_sends(q, vec![wr]) {
+            Ok(()) => {
+                // SAFETY: `mw` is live; rkey is the program-visible key.
+                unsafe { (*mw).rkey = new_rkey };
+                0
+            }
+            Err((_, e)) => {
+                set_errno(e);
+                e
+            }
+        }
     })
 }

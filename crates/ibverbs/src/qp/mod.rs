@@ -1,4 +1,11 @@
-//! PDs, MRs, completion channels and CQs, SRQs, QPs, AHs and async events.
+//! Queue pairs: creating, modifying, querying and destroying them. Posting to them is in
+//! `post` (`ibv_post_send`, `ibv_post_recv`, and `ibv_bind_mw`, a work request on the send
+//! queue) and `wr` (the `ibv_wr_*` API of `ibv_qp_ex`).
+
+mod post;
+mod wr;
+
+pub(crate) use post::{bind_mw, post_recv, post_send};
 
 use std::ffi::{c_int, c_void};
 
@@ -14,8 +21,6 @@ use crate::pd::{pd_ctx, Pd};
 use crate::srq::Srq;
 use crate::{guard, null_errno, sys, zeroed};
 
-// ------------------------------------------------------------------ QP
-
 /// A QP. Always an `ibv_qp_ex` (whose head is `ibv_qp`), so `ibv_qp_to_qp_ex` returns
 /// the same object.
 #[repr(C)]
@@ -24,7 +29,7 @@ pub(crate) struct Qp {
     pub(crate) qpn: u32,
     pub(crate) qp_type: QpType,
     /// The work request being built with the `ibv_wr_*` API.
-    pub(crate) ex: std::cell::UnsafeCell<crate::ex::WrBuild>,
+    pub(crate) wr: std::cell::UnsafeCell<wr::WrBuild>,
 }
 
 impl Qp {
@@ -78,7 +83,7 @@ fn cap_to_c(c: &QpCap) -> sys::ibv_qp_cap {
 
 /// Create a QP object (shared by `ibv_create_qp` and `ibv_create_qp_ex`).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn create_qp_obj(
+fn create_qp_obj(
     ctx: &Ctx,
     pd: *mut sys::ibv_pd,
     qp_context: *mut c_void,
@@ -134,12 +139,12 @@ pub(crate) fn create_qp_obj(
     b.qp_num = qpn;
     b.state = sys::IBV_QPS_RESET;
     b.qp_type = qp_type_raw;
-    crate::ex::init_qp_ex(&mut c);
+    wr::init_qp_ex(&mut c);
     let q = leak(Qp {
         c,
         qpn,
         qp_type: t,
-        ex: Default::default(),
+        wr: Default::default(),
     });
     ctx.shared.registry().qps.insert(qpn, q as usize);
     Ok(q)
@@ -170,6 +175,50 @@ pub unsafe extern "C" fn ibv_create_qp(
             &mut i.cap,
             i.qp_type,
             i.sq_sig_all != 0,
+        ) {
+            Ok(q) => q.cast(),
+            Err(e) => null_errno(e),
+        }
+    })
+}
+
+/// `verbs_context.create_qp_ex`.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    context: *mut sys::ibv_context,
+    attr: *mut sys::ibv_qp_init_attr_ex,
+) -> *mut sys::ibv_qp {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { ctx_of(context) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        if attr.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        // SAFETY: `attr` points at the caller's attributes.
+        let a = unsafe { &mut *attr };
+        let known = sys::IBV_QP_INIT_ATTR_PD | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if a.comp_mask & !known != 0 {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & sys::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        let ops_ok = (sys::IBV_QP_EX_WITH_ATOMIC_WRITE | sys::IBV_QP_EX_WITH_TSO) as u64;
+        if a.comp_mask & sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & ops_ok != 0
+        {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        match create_qp_obj(
+            ctx,
+            a.pd,
+            a.qp_context,
+            a.send_cq,
+            a.recv_cq,
+            a.srq,
+            &mut a.cap,
+            a.qp_type,
+            a.sq_sig_all != 0,
         ) {
             Ok(q) => q.cast(),
             Err(e) => null_errno(e),
@@ -343,6 +392,18 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
                 0
             }
             Err(e) => errno(&e),
+        }
+    })
+}
+
+/// Every QP is an `ibv_qp_ex` with the `ibv_wr_*` API set.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut sys::ibv_qp) -> *mut sys::ibv_qp_ex {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a QP of this library.
+        match unsafe { obj::<Qp, _>(qp) } {
+            Some(q) if q.qp_type != QpType::Ud || !qp.is_null() => qp.cast(),
+            _ => null_errno(libc::EINVAL),
         }
     })
 }

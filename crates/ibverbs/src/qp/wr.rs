@@ -1,63 +1,16 @@
-//! Extended verbs: `ibv_query_device_ex`, `ibv_cq_ex` (the `ibv_start_poll` API with
-//! completion timestamps), `ibv_qp_ex` (the `ibv_wr_*` send API), device memory and
-//! memory windows. The inline wrappers of `<infiniband/verbs.h>` reach these through
-//! `verbs_context` and the function pointers of the objects.
+//! The `ibv_wr_*` API of `ibv_qp_ex`: a program builds send work requests field by field
+//! between `ibv_wr_start` and `ibv_wr_complete`, which posts them as `ibv_post_send` does.
 
 use std::ffi::{c_int, c_void};
 
-use softrdma_device::verbs::{self, QpType, SendFlags, SendOp, SendWr, Sge, UdDest};
+use softrdma_device::verbs::{SendFlags, SendOp, SendWr, Sge, UdDest};
 
+use super::post::post_sends;
+use super::Qp;
 use crate::ah::Ah;
-use crate::mw::{mw_bind, Mw};
-use crate::object::{ctx_of, obj};
-use crate::objs::{create_qp_obj, Qp};
-use crate::post::post_sends;
-use crate::{guard, null_errno, set_errno, sys};
-
-// ------------------------------------------------------------------ QP ex
-
-pub(crate) unsafe extern "C" fn create_qp_ex(
-    context: *mut sys::ibv_context,
-    attr: *mut sys::ibv_qp_init_attr_ex,
-) -> *mut sys::ibv_qp {
-    guard(std::ptr::null_mut(), || {
-        // SAFETY: the caller passes a live context.
-        let Some(ctx) = (unsafe { ctx_of(context) }) else {
-            return null_errno(libc::EINVAL);
-        };
-        if attr.is_null() {
-            return null_errno(libc::EINVAL);
-        }
-        // SAFETY: `attr` points at the caller's attributes.
-        let a = unsafe { &mut *attr };
-        let known = sys::IBV_QP_INIT_ATTR_PD | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-        if a.comp_mask & !known != 0 {
-            return null_errno(libc::EOPNOTSUPP);
-        }
-        if a.comp_mask & sys::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
-            return null_errno(libc::EINVAL);
-        }
-        let ops_ok = (sys::IBV_QP_EX_WITH_ATOMIC_WRITE | sys::IBV_QP_EX_WITH_TSO) as u64;
-        if a.comp_mask & sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & ops_ok != 0
-        {
-            return null_errno(libc::EOPNOTSUPP);
-        }
-        match create_qp_obj(
-            ctx,
-            a.pd,
-            a.qp_context,
-            a.send_cq,
-            a.recv_cq,
-            a.srq,
-            &mut a.cap,
-            a.qp_type,
-            a.sq_sig_all != 0,
-        ) {
-            Ok(q) => q.cast(),
-            Err(e) => null_errno(e),
-        }
-    })
-}
+use crate::mw::mw_bind;
+use crate::object::obj;
+use crate::{guard, sys};
 
 /// The send WRs being built between `ibv_wr_start` and `ibv_wr_complete` (inline data
 /// already copied into them).
@@ -67,7 +20,8 @@ pub(crate) struct WrBuild {
     err: c_int,
 }
 
-pub(crate) fn init_qp_ex(q: &mut sys::ibv_qp_ex) {
+/// The `ibv_wr_*` API of a new QP.
+pub(super) fn init_qp_ex(q: &mut sys::ibv_qp_ex) {
     q.wr_start = Some(wr_start);
     q.wr_complete = Some(wr_complete);
     q.wr_abort = Some(wr_abort);
@@ -96,7 +50,7 @@ fn with_build(qp: *mut sys::ibv_qp_ex, f: impl FnOnce(&Qp, &mut WrBuild)) {
     if let Some(q) = unsafe { obj::<Qp, _>(qp) } {
         // SAFETY: verbs.h: the ibv_wr_* calls on one QP are serialised by the program
         // (between ibv_wr_start and ibv_wr_complete/abort, under its own lock if shared).
-        let b = unsafe { &mut *q.ex.get() };
+        let b = unsafe { &mut *q.wr.get() };
         f(q, b);
     }
 }
@@ -397,63 +351,5 @@ unsafe extern "C" fn wr_set_ud_addr(
             });
             Ok(())
         })
-    })
-}
-
-/// Every QP is an `ibv_qp_ex` with the `ibv_wr_*` API set.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut sys::ibv_qp) -> *mut sys::ibv_qp_ex {
-    guard(std::ptr::null_mut(), || {
-        // SAFETY: the caller passes a QP of this library.
-        match unsafe { obj::<Qp, _>(qp) } {
-            Some(q) if q.qp_type != QpType::Ud || !qp.is_null() => qp.cast(),
-            _ => null_errno(libc::EINVAL),
-        }
-    })
-}
-
-/// `ibv_bind_mw` (type 1): a BIND_MW work request on the send queue. The window's new
-/// rkey is known when the bind executes, in send-queue order; `mw->rkey` gets it then
-/// being the next key byte, which is the engine's rule for type-1 binds.
-pub(crate) unsafe extern "C" fn bind_mw(
-    qp: *mut sys::ibv_qp,
-    mw: *mut sys::ibv_mw,
-    bind: *mut sys::ibv_mw_bind,
-) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes objects of this library and its bind description.
-        let (Some(q), Some(w)) = (unsafe { obj::<Qp, _>(qp) }, unsafe { obj::<Mw, _>(mw) }) else {
-            return libc::EINVAL;
-        };
-        if bind.is_null() || w.c.type_ != sys::IBV_MW_TYPE_1 {
-            return libc::EINVAL;
-        }
-        // SAFETY: as above.
-        let b = unsafe { *bind };
-        let new_rkey = verbs::inc_rkey(w.c.rkey);
-        // SAFETY: as above.
-        let mb = match unsafe { mw_bind(mw, new_rkey, &b.bind_info) } {
-            Ok(m) => m,
-            Err(e) => return e,
-        };
-        let wr = SendWr {
-            wr_id: b.wr_id,
-            op: SendOp::BindMw(mb),
-            flags: SendFlags::from_bits_truncate(b.send_flags),
-            sg_list: Vec::new(),
-            inline_data: None,
-            ud: None,
-        };
-        match post_sends(q, vec![wr]) {
-            Ok(()) => {
-                // SAFETY: `mw` is live; rkey is the program-visible key.
-                unsafe { (*mw).rkey = new_rkey };
-                0
-            }
-            Err((_, e)) => {
-                set_errno(e);
-                e
-            }
-        }
     })
 }
