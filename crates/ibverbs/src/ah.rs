@@ -3,8 +3,9 @@
 use std::ffi::c_int;
 
 use softrdma_device::verbs::{self, AhAttr, Gid, GlobalRoute};
+use softrdma_device::Rnic;
 
-use crate::object::{ctx_of, errno, free, leak, obj};
+use crate::object::{ctx_of, destroy, errno, leak, Destroy};
 use crate::pd::pd_ctx;
 use crate::{guard, minus_one, null_errno, sys, zeroed};
 
@@ -12,6 +13,16 @@ use crate::{guard, minus_one, null_errno, sys, zeroed};
 pub(crate) struct Ah {
     pub(crate) c: sys::ibv_ah,
     pub(crate) id: verbs::AhId,
+}
+
+impl Destroy for Ah {
+    type C = sys::ibv_ah;
+    fn context(&self) -> *mut sys::ibv_context {
+        self.c.context
+    }
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
+        r.destroy_ah(self.id)
+    }
 }
 
 #[no_mangle]
@@ -45,25 +56,8 @@ pub unsafe extern "C" fn ibv_create_ah(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut sys::ibv_ah) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes an AH of this library.
-        let Some(a) = (unsafe { obj::<Ah, _>(ah) }) else {
-            return libc::EINVAL;
-        };
-        // SAFETY: an AH's context is a live context.
-        let Some(ctx) = (unsafe { ctx_of(a.c.context) }) else {
-            return libc::EINVAL;
-        };
-        let id = a.id;
-        match ctx.dev().call(|r, _| r.destroy_ah(id)) {
-            Ok(()) => {
-                // SAFETY: allocated by ibv_create_ah, freed once.
-                unsafe { free::<Ah, _>(ah) };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
+    // SAFETY: the caller passes an AH of this library and does not use it once destroyed.
+    unsafe { destroy::<Ah>(ah) }
 }
 
 /// The address vector back to the sender of a received UD message: the 40-byte GRH area

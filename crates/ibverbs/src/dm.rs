@@ -2,11 +2,12 @@
 
 use std::ffi::{c_int, c_void};
 
-use softrdma_device::verbs::DmId;
+use softrdma_device::verbs::{self, DmId};
+use softrdma_device::Rnic;
 
 use crate::device::Ctx;
 use crate::mr::{access_flags, Mr};
-use crate::object::{ctx_of, errno, free, leak, obj};
+use crate::object::{ctx_of, destroy, errno, leak, obj, Destroy};
 use crate::pd::pd_ctx;
 use crate::{guard, null_errno, sys, zeroed};
 
@@ -14,6 +15,16 @@ use crate::{guard, null_errno, sys, zeroed};
 pub(crate) struct Dm {
     pub(crate) c: sys::ibv_dm,
     pub(crate) id: DmId,
+}
+
+impl Destroy for Dm {
+    type C = sys::ibv_dm;
+    fn context(&self) -> *mut sys::ibv_context {
+        self.c.context
+    }
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
+        r.free_dm(self.id)
+    }
 }
 
 fn dm_parts<'a>(dm: *mut sys::ibv_dm) -> Option<(&'a Dm, &'a Ctx)> {
@@ -56,20 +67,8 @@ pub(crate) unsafe extern "C" fn alloc_dm(
 }
 
 pub(crate) unsafe extern "C" fn free_dm(dm: *mut sys::ibv_dm) -> c_int {
-    guard(libc::EIO, || {
-        let Some((d, ctx)) = dm_parts(dm) else {
-            return libc::EINVAL;
-        };
-        let id = d.id;
-        match ctx.dev().call(|r, _| r.free_dm(id)) {
-            Ok(()) => {
-                // SAFETY: allocated by alloc_dm as a Dm, freed once.
-                unsafe { free::<Dm, _>(dm) };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
+    // SAFETY: the caller passes a DM of this library and does not use it once destroyed.
+    unsafe { destroy::<Dm>(dm) }
 }
 
 unsafe extern "C" fn memcpy_to_dm(

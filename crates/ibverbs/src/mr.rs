@@ -2,9 +2,10 @@
 
 use std::ffi::{c_int, c_void};
 
-use softrdma_device::verbs::Access;
+use softrdma_device::verbs::{self, Access};
+use softrdma_device::Rnic;
 
-use crate::object::{ctx_of, errno, free, leak, obj};
+use crate::object::{destroy, errno, leak, Destroy};
 use crate::pd::pd_ctx;
 use crate::{guard, null_errno, sys, zeroed};
 
@@ -15,6 +16,16 @@ const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 pub(crate) struct Mr {
     pub(crate) c: sys::ibv_mr,
     pub(crate) lkey: u32,
+}
+
+impl Destroy for Mr {
+    type C = sys::ibv_mr;
+    fn context(&self) -> *mut sys::ibv_context {
+        self.c.context
+    }
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
+        r.dereg_mr(self.lkey)
+    }
 }
 
 /// Translate `IBV_ACCESS_*`: optional bits are dropped, on-demand paging is unsupported.
@@ -103,25 +114,8 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes an MR of this library.
-        let Some(m) = (unsafe { obj::<Mr, _>(mr) }) else {
-            return libc::EINVAL;
-        };
-        // SAFETY: an MR's context is a live context.
-        let Some(ctx) = (unsafe { ctx_of(m.c.context) }) else {
-            return libc::EINVAL;
-        };
-        let lkey = m.lkey;
-        match ctx.dev().call(|r, _| r.dereg_mr(lkey)) {
-            Ok(()) => {
-                // SAFETY: allocated by a reg_mr call, freed once.
-                unsafe { free::<Mr, _>(mr) };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
+    // SAFETY: the caller passes an MR of this library and does not use it once destroyed.
+    unsafe { destroy::<Mr>(mr) }
 }
 
 // ------------------------------------------------------------------ fork

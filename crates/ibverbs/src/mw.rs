@@ -4,9 +4,10 @@
 use std::ffi::c_int;
 
 use softrdma_device::verbs::{self, Access, MwBind, MwId};
+use softrdma_device::Rnic;
 
 use crate::mr::Mr;
-use crate::object::{ctx_of, errno, free, leak, obj};
+use crate::object::{destroy, errno, leak, obj, Destroy};
 use crate::pd::pd_ctx;
 use crate::{guard, null_errno, sys, zeroed};
 
@@ -15,6 +16,16 @@ use crate::{guard, null_errno, sys, zeroed};
 pub(crate) struct Mw {
     pub(crate) c: sys::ibv_mw,
     pub(crate) id: MwId,
+}
+
+impl Destroy for Mw {
+    type C = sys::ibv_mw;
+    fn context(&self) -> *mut sys::ibv_context {
+        self.c.context
+    }
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
+        r.dealloc_mw(self.id)
+    }
 }
 
 pub(crate) unsafe extern "C" fn alloc_mw(
@@ -53,25 +64,8 @@ pub(crate) unsafe extern "C" fn alloc_mw(
 }
 
 pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes an MW of this library.
-        let Some(w) = (unsafe { obj::<Mw, _>(mw) }) else {
-            return libc::EINVAL;
-        };
-        // SAFETY: an MW's context is a live context.
-        let Some(ctx) = (unsafe { ctx_of(w.c.context) }) else {
-            return libc::EINVAL;
-        };
-        let id = w.id;
-        match ctx.dev().call(|r, _| r.dealloc_mw(id)) {
-            Ok(()) => {
-                // SAFETY: allocated by alloc_mw as an Mw, freed once.
-                unsafe { free::<Mw, _>(mw) };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
+    // SAFETY: the caller passes an MW of this library and does not use it once destroyed.
+    unsafe { destroy::<Mw>(mw) }
 }
 
 /// The window and region of a bind, as the engine names them.

@@ -6,10 +6,10 @@
 
 use std::ffi::c_int;
 
-use softrdma_device::verbs;
+use softrdma_device::{verbs, Rnic};
 
 use crate::device::Ctx;
-use crate::sys;
+use crate::{guard, sys};
 
 pub(crate) fn errno(e: &verbs::Error) -> c_int {
     e.errno.code()
@@ -37,7 +37,7 @@ pub(crate) unsafe fn obj<'a, T, C>(p: *const C) -> Option<&'a T> {
 ///
 /// # Safety
 /// `p` came from [`leak`] as a `T` and is freed once.
-pub(crate) unsafe fn free<T, C>(p: *mut C) {
+unsafe fn free<T, C>(p: *mut C) {
     // SAFETY: per the contract.
     drop(unsafe { Box::from_raw(p.cast::<T>()) });
 }
@@ -49,4 +49,47 @@ pub(crate) unsafe fn free<T, C>(p: *mut C) {
 pub(crate) unsafe fn ctx_of<'a>(c: *mut sys::ibv_context) -> Option<&'a Ctx> {
     // SAFETY: per the contract.
     unsafe { Ctx::from_ptr(c) }
+}
+
+/// A C object whose destroy verb has the common shape: the engine destroys the verbs
+/// object, and only if it agrees (it refuses, say, a PD that still has MRs) does the C
+/// object go: unregistered, then freed. A refusal leaves the program's handle valid.
+pub(crate) trait Destroy {
+    /// The C struct the destroy verb takes, at the head of `Self`.
+    type C;
+    /// The context the object belongs to.
+    fn context(&self) -> *mut sys::ibv_context;
+    /// Destroy the verbs object in the engine.
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()>;
+    /// Forget what the context keeps of the object (lookups by engine id, fds), once the
+    /// engine no longer has it.
+    fn unregister(&self, _ctx: &Ctx) {}
+}
+
+/// The destroy verb of a `T`: 0, or an errno with the object left as it was.
+///
+/// # Safety
+/// `p` is null or the head of a live `T` made by [`leak`], not used by the caller again
+/// once this returns 0.
+pub(crate) unsafe fn destroy<T: Destroy>(p: *mut T::C) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: per the contract.
+        let Some(o) = (unsafe { obj::<T, _>(p) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: an object's context is a live context.
+        let Some(ctx) = (unsafe { ctx_of(o.context()) }) else {
+            return libc::EINVAL;
+        };
+        match ctx.dev().call(|r, _| o.destroy_verbs(r)) {
+            Ok(()) => {
+                o.unregister(ctx);
+                // SAFETY: made by `leak` as a `T` (per the contract); freed once, as the
+                // engine object it stood for is gone.
+                unsafe { free::<T, _>(p) };
+                0
+            }
+            Err(e) => errno(&e),
+        }
+    })
 }

@@ -2,16 +2,27 @@
 
 use std::ffi::c_int;
 
-use softrdma_device::verbs::PdId;
+use softrdma_device::verbs::{self, PdId};
+use softrdma_device::Rnic;
 
 use crate::device::Ctx;
-use crate::object::{ctx_of, errno, free, leak, obj};
+use crate::object::{ctx_of, destroy, errno, leak, obj, Destroy};
 use crate::{guard, null_errno, sys, zeroed};
 
 #[repr(C)]
 pub(crate) struct Pd {
     pub(crate) c: sys::ibv_pd,
     pub(crate) id: PdId,
+}
+
+impl Destroy for Pd {
+    type C = sys::ibv_pd;
+    fn context(&self) -> *mut sys::ibv_context {
+        self.c.context
+    }
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
+        r.dealloc_pd(self.id)
+    }
 }
 
 /// The PD and its context behind an `ibv_pd *`.
@@ -44,19 +55,6 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut sys::ibv_context) -> *mut sy
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes a PD of this library.
-        let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
-            return libc::EINVAL;
-        };
-        let id = p.id;
-        match ctx.dev().call(|r, _| r.dealloc_pd(id)) {
-            Ok(()) => {
-                // SAFETY: allocated by ibv_alloc_pd, freed once (the engine PD is gone).
-                unsafe { free::<Pd, _>(pd) };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
+    // SAFETY: the caller passes a PD of this library and does not use it once destroyed.
+    unsafe { destroy::<Pd>(pd) }
 }

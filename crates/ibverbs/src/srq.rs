@@ -3,9 +3,10 @@
 use std::ffi::c_int;
 
 use softrdma_device::verbs::{self, SrqId};
+use softrdma_device::Rnic;
 
 use crate::device::Ctx;
-use crate::object::{ctx_of, errno, free, leak, obj};
+use crate::object::{ctx_of, destroy, errno, leak, obj, Destroy};
 use crate::pd::pd_ctx;
 use crate::wr_list::{finish, recv_wr, walk};
 use crate::{guard, null_errno, sys, zeroed};
@@ -14,6 +15,19 @@ use crate::{guard, null_errno, sys, zeroed};
 pub(crate) struct Srq {
     pub(crate) c: sys::ibv_srq,
     pub(crate) id: SrqId,
+}
+
+impl Destroy for Srq {
+    type C = sys::ibv_srq;
+    fn context(&self) -> *mut sys::ibv_context {
+        self.c.context
+    }
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
+        r.destroy_srq(self.id)
+    }
+    fn unregister(&self, ctx: &Ctx) {
+        ctx.shared.registry().srqs.remove(&self.id.0);
+    }
 }
 
 impl Srq {
@@ -129,25 +143,8 @@ pub unsafe extern "C" fn ibv_query_srq(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes an SRQ of this library.
-        let Some(s) = (unsafe { obj::<Srq, _>(srq) }) else {
-            return libc::EINVAL;
-        };
-        let Some(ctx) = s.ctx() else {
-            return libc::EINVAL;
-        };
-        let id = s.id;
-        match ctx.dev().call(|r, _| r.destroy_srq(id)) {
-            Ok(()) => {
-                ctx.shared.registry().srqs.remove(&id.0);
-                // SAFETY: allocated by ibv_create_srq, freed once.
-                unsafe { free::<Srq, _>(srq) };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
+    // SAFETY: the caller passes an SRQ of this library and does not use it once destroyed.
+    unsafe { destroy::<Srq>(srq) }
 }
 
 pub(crate) unsafe extern "C" fn post_srq_recv(

@@ -5,11 +5,11 @@ mod poll;
 
 use std::ffi::{c_int, c_void};
 
-use softrdma_device::verbs::{Arm, ChannelId, CqId};
-use softrdma_device::CqPoller;
+use softrdma_device::verbs::{self, Arm, ChannelId, CqId};
+use softrdma_device::{CqPoller, Rnic};
 
 use crate::device::Ctx;
-use crate::object::{ctx_of, errno, free, leak, obj};
+use crate::object::{ctx_of, destroy, errno, leak, obj, Destroy};
 use crate::{guard, minus_one, null_errno, sys, zeroed};
 
 pub(crate) use poll::poll_cq;
@@ -18,6 +18,19 @@ pub(crate) use poll::poll_cq;
 pub(crate) struct Chan {
     pub(crate) c: sys::ibv_comp_channel,
     pub(crate) id: ChannelId,
+}
+
+impl Destroy for Chan {
+    type C = sys::ibv_comp_channel;
+    fn context(&self) -> *mut sys::ibv_context {
+        self.c.context
+    }
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
+        r.destroy_channel(self.id)
+    }
+    fn unregister(&self, ctx: &Ctx) {
+        ctx.dev().remove_channel_fd(self.id);
+    }
 }
 
 #[no_mangle]
@@ -50,26 +63,8 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut sys::ibv_comp_channel) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes a channel of this library.
-        let Some(ch) = (unsafe { obj::<Chan, _>(channel) }) else {
-            return libc::EINVAL;
-        };
-        // SAFETY: a channel's context is a live context.
-        let Some(ctx) = (unsafe { ctx_of(ch.c.context) }) else {
-            return libc::EINVAL;
-        };
-        let id = ch.id;
-        match ctx.dev().call(|r, _| r.destroy_channel(id)) {
-            Ok(()) => {
-                ctx.dev().remove_channel_fd(id);
-                // SAFETY: allocated by ibv_create_comp_channel, freed once.
-                unsafe { free::<Chan, _>(channel) };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
+    // SAFETY: the caller passes a channel of this library and does not use it once destroyed.
+    unsafe { destroy::<Chan>(channel) }
 }
 
 /// A CQ. Always an `ibv_cq_ex` (whose head is `ibv_cq`), so `ibv_cq_ex_to_cq` and
@@ -81,6 +76,19 @@ pub(crate) struct Cq {
     pub(crate) poller: CqPoller,
     /// State of the `ibv_start_poll` API.
     pub(crate) poll_state: std::cell::UnsafeCell<poll::CqPoll>,
+}
+
+impl Destroy for Cq {
+    type C = sys::ibv_cq;
+    fn context(&self) -> *mut sys::ibv_context {
+        self.c.context
+    }
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
+        r.destroy_cq(self.id)
+    }
+    fn unregister(&self, ctx: &Ctx) {
+        ctx.shared.registry().cqs.remove(&self.id.0);
+    }
 }
 
 impl Cq {
@@ -196,25 +204,8 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes a CQ of this library.
-        let Some(q) = (unsafe { obj::<Cq, _>(cq) }) else {
-            return libc::EINVAL;
-        };
-        let Some(ctx) = q.ctx() else {
-            return libc::EINVAL;
-        };
-        let id = q.id;
-        match ctx.dev().call(|r, _| r.destroy_cq(id)) {
-            Ok(()) => {
-                ctx.shared.registry().cqs.remove(&id.0);
-                // SAFETY: allocated by create_cq_obj, freed once.
-                unsafe { free::<Cq, _>(cq) };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
+    // SAFETY: the caller passes a CQ of this library and does not use it once destroyed.
+    unsafe { destroy::<Cq>(cq) }
 }
 
 #[no_mangle]

@@ -12,11 +12,12 @@ use std::ffi::{c_int, c_void};
 use softrdma_device::verbs::{
     self, Access, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
 };
+use softrdma_device::Rnic;
 
 use crate::ah::{ah_from_c, ah_to_c};
 use crate::cq::Cq;
 use crate::device::Ctx;
-use crate::object::{ctx_of, errno, free, leak, obj};
+use crate::object::{ctx_of, destroy, errno, leak, obj, Destroy};
 use crate::pd::{pd_ctx, Pd};
 use crate::srq::Srq;
 use crate::{guard, null_errno, sys, zeroed};
@@ -30,6 +31,19 @@ pub(crate) struct Qp {
     pub(crate) qp_type: QpType,
     /// The work request being built with the `ibv_wr_*` API.
     pub(crate) wr: std::cell::UnsafeCell<wr::WrBuild>,
+}
+
+impl Destroy for Qp {
+    type C = sys::ibv_qp;
+    fn context(&self) -> *mut sys::ibv_context {
+        self.c.qp_base.context
+    }
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
+        r.destroy_qp(self.qpn)
+    }
+    fn unregister(&self, ctx: &Ctx) {
+        ctx.shared.registry().qps.remove(&self.qpn);
+    }
 }
 
 impl Qp {
@@ -375,25 +389,8 @@ pub unsafe extern "C" fn ibv_query_qp(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: the caller passes a QP of this library.
-        let Some(q) = (unsafe { obj::<Qp, _>(qp) }) else {
-            return libc::EINVAL;
-        };
-        let Some(ctx) = q.ctx() else {
-            return libc::EINVAL;
-        };
-        let qpn = q.qpn;
-        match ctx.dev().call(|r, _| r.destroy_qp(qpn)) {
-            Ok(()) => {
-                ctx.shared.registry().qps.remove(&qpn);
-                // SAFETY: allocated by create_qp_obj, freed once.
-                unsafe { free::<Qp, _>(qp) };
-                0
-            }
-            Err(e) => errno(&e),
-        }
-    })
+    // SAFETY: the caller passes a QP of this library and does not use it once destroyed.
+    unsafe { destroy::<Qp>(qp) }
 }
 
 /// Every QP is an `ibv_qp_ex` with the `ibv_wr_*` API set.
