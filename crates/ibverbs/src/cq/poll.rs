@@ -127,7 +127,7 @@ fn poll_next(cq: *mut sys::ibv_cq_ex, progress: bool) -> c_int {
     match r {
         Ok(0) => libc::ENOENT,
         Ok(_) => {
-            // SAFETY: the extended poll API is single-threaded per CQ (verbs.h: the
+            // SAFETY: the `ibv_start_poll` API is single-threaded per CQ (verbs.h: the
             // program serialises start/next/end_poll and the readers on one CQ).
             unsafe {
                 (*q.poll_state.get()).cur = w[0];
