@@ -1,12 +1,13 @@
-//! Devices: the list, opening and closing, queries, and the small helpers of libibverbs
-//! that need no object (strings, rates, fork, sysfs).
+//! Devices: the list, the device an open context shares with the process's other contexts
+//! on it, what a context tells of its device (attributes, ports, GIDs, P_Keys), its async
+//! events, and sysfs (which softrdma devices do not have).
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 
-use softrdma_device::verbs::{self, Gid};
+use softrdma_device::verbs::{self, AsyncEvent, Gid};
 use softrdma_device::{config, DeviceAddr, DeviceConfig, DeviceEntry};
 
 use crate::sys;
@@ -93,6 +94,20 @@ impl Ctx {
     }
     pub(crate) fn dev(&self) -> &softrdma_device::Device {
         &self.shared.dev
+    }
+    /// Hand a new context to the program.
+    pub(crate) fn into_raw(self: Box<Self>) -> *mut sys::ibv_context {
+        let p = Box::into_raw(self);
+        // SAFETY: `p` is the live Ctx just leaked; its context field is what we return.
+        unsafe { (*p).c_ptr() }
+    }
+    /// Take back a context to close it.
+    ///
+    /// # Safety
+    /// `p` came from [`Ctx::into_raw`] and is taken back once.
+    pub(crate) unsafe fn from_raw(p: *mut sys::ibv_context) -> Box<Ctx> {
+        // SAFETY: per the contract, `p` is the `context` field of a boxed Ctx.
+        unsafe { Box::from_raw(p.cast::<u8>().sub(CTX_OFFSET).cast::<Ctx>()) }
     }
 }
 
@@ -185,7 +200,7 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut sys::ibv_device) {
 }
 
 /// The `Dev` behind an `ibv_device *`.
-unsafe fn dev_of<'a>(d: *const sys::ibv_device) -> Option<&'a Dev> {
+pub(crate) unsafe fn dev_of<'a>(d: *const sys::ibv_device) -> Option<&'a Dev> {
     if d.is_null() {
         return None;
     }
@@ -279,61 +294,18 @@ fn open_shared(d: &Dev) -> Result<Arc<DevShared>, i32> {
     Ok(sh)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn ibv_open_device(device: *mut sys::ibv_device) -> *mut sys::ibv_context {
-    guard(std::ptr::null_mut(), || {
-        // SAFETY: caller passes a device from our list.
-        let Some(d) = (unsafe { dev_of(device) }) else {
-            return null_errno(libc::EINVAL);
-        };
-        // Re-resolve by name: the configuration may have changed since the list was made.
-        let d: &'static Dev = {
-            let entries = configured();
-            let mut all = lock(&DEVICES);
-            match entries.iter().find(|e| e.name == d.entry.name) {
-                Some(e) => dev_entry(&mut all, e),
-                None => return null_errno(libc::ENODEV),
-            }
-        };
-        let shared = match open_shared(d) {
-            Ok(s) => s,
-            Err(e) => return null_errno(e),
-        };
-        let mut vctx: sys::verbs_context = zeroed();
-        vctx.sz = std::mem::size_of::<sys::verbs_context>();
-        crate::objs::init_ops(&mut vctx);
-        crate::ex::init_ops(&mut vctx);
-        vctx.query_port = Some(query_port_ex);
-        let c = &mut vctx.context;
-        c.device = std::ptr::addr_of!(d.dev).cast_mut();
-        c.cmd_fd = -1;
-        c.async_fd = shared.dev.async_event_fd();
-        c.num_comp_vectors = 1;
-        c.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
-        let ctx = Box::new(Ctx {
-            vctx,
-            shared,
-            dev: d,
-        });
-        let p = Box::into_raw(ctx);
-        // SAFETY: `p` is the live Ctx just leaked; its context field is what we return.
-        unsafe { (*p).c_ptr() }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_close_device(context: *mut sys::ibv_context) -> c_int {
-    guard(libc::EIO, || {
-        // SAFETY: caller passes a context from ibv_open_device.
-        if unsafe { Ctx::from_ptr(context) }.is_none() {
-            return libc::EINVAL;
+/// Open the device `d` names (shared by every context of this process on it).
+pub(crate) fn open(d: &Dev) -> Result<(&'static Dev, Arc<DevShared>), i32> {
+    // Re-resolve by name: the configuration may have changed since the list was made.
+    let d: &'static Dev = {
+        let entries = configured();
+        let mut all = lock(&DEVICES);
+        match entries.iter().find(|e| e.name == d.entry.name) {
+            Some(e) => dev_entry(&mut all, e),
+            None => return Err(libc::ENODEV),
         }
-        // SAFETY: as above; the Ctx was made by Box::into_raw and is freed once.
-        let b = unsafe { Box::from_raw(context.cast::<u8>().sub(CTX_OFFSET).cast::<Ctx>()) };
-        // The device (its thread and socket) closes with its last context.
-        drop(b);
-        0
-    })
+    };
+    Ok((d, open_shared(d)?))
 }
 
 // ------------------------------------------------------------------ queries
@@ -394,6 +366,40 @@ pub unsafe extern "C" fn ibv_query_device(
     })
 }
 
+/// Completion timestamps are device-clock nanoseconds: a 1 GHz clock (in kHz).
+const CORE_CLOCK_KHZ: u64 = 1_000_000;
+
+/// `verbs_context.query_device_ex`.
+pub(crate) unsafe extern "C" fn query_device_ex(
+    context: *mut sys::ibv_context,
+    input: *const sys::ibv_query_device_ex_input,
+    attr: *mut sys::ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: `input` is null or the caller's input struct.
+        if attr.is_null() || (!input.is_null() && unsafe { (*input).comp_mask } != 0) {
+            return libc::EINVAL;
+        }
+        if attr_size < std::mem::size_of::<sys::ibv_device_attr>() {
+            return libc::EINVAL;
+        }
+        let mut o: sys::ibv_device_attr_ex = zeroed();
+        o.orig_attr = device_attr(ctx);
+        o.completion_timestamp_mask = u64::MAX;
+        o.hca_core_clock = CORE_CLOCK_KHZ;
+        o.max_dm_size = ctx.dev().inspect(|r| r.device_attr().max_dm_size);
+        o.phys_port_cnt_ex = u32::from(o.orig_attr.phys_port_cnt);
+        // SAFETY: `attr` has `attr_size` bytes (the caller's sizeof).
+        unsafe { crate::copy_prefix(&o, attr, attr_size) };
+        0
+    })
+}
+
 fn port_attr(ctx: &Ctx, port: u8) -> Result<sys::ibv_port_attr, i32> {
     let p = ctx
         .dev()
@@ -418,7 +424,7 @@ fn port_attr(ctx: &Ctx, port: u8) -> Result<sys::ibv_port_attr, i32> {
 }
 
 /// `verbs_context.query_port`: what the inline `ibv_query_port` calls.
-unsafe extern "C" fn query_port_ex(
+pub(crate) unsafe extern "C" fn query_port_ex(
     context: *mut sys::ibv_context,
     port_num: u8,
     attr: *mut sys::ibv_port_attr,
@@ -643,179 +649,123 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
     })
 }
 
-// ------------------------------------------------------------------ strings
+// ------------------------------------------------------------------ async events
 
-fn static_str(s: &'static CStr) -> *const c_char {
-    s.as_ptr()
-}
-
+/// Blocks until the device has an async event (the fd `context->async_fd` is readable
+/// while one is pending). Events of objects already destroyed are skipped. If the
+/// program set O_NONBLOCK on that fd, returns -1 with EAGAIN when none is pending.
 #[no_mangle]
-pub extern "C" fn ibv_node_type_str(node_type: c_int) -> *const c_char {
-    static_str(match node_type {
-        1 => c"InfiniBand channel adapter",
-        2 => c"InfiniBand switch",
-        3 => c"InfiniBand router",
-        4 => c"iWARP NIC",
-        5 => c"usNIC",
-        6 => c"usNIC UDP",
-        7 => c"unspecified",
-        _ => c"unknown",
+pub unsafe extern "C" fn ibv_get_async_event(
+    context: *mut sys::ibv_context,
+    event: *mut sys::ibv_async_event,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if event.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        let dev = ctx.dev();
+        loop {
+            let Some(ev) = dev.next_async_event() else {
+                if crate::fd_nonblocking(dev.async_event_fd()) {
+                    return minus_one(libc::EAGAIN);
+                }
+                let mut p = libc::pollfd {
+                    fd: dev.async_event_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd. EINTR just loops.
+                unsafe { libc::poll(&mut p, 1, -1) };
+                continue;
+            };
+            let mut o: sys::ibv_async_event = zeroed();
+            let reg = ctx.shared.registry();
+            let (elem, ty) = match ev {
+                AsyncEvent::CqErr(c) => (reg.cqs.get(&c.0).copied(), sys::IBV_EVENT_CQ_ERR),
+                AsyncEvent::QpFatal(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_FATAL),
+                AsyncEvent::QpReqErr(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_REQ_ERR),
+                AsyncEvent::QpAccessErr(q) => {
+                    (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_ACCESS_ERR)
+                }
+                AsyncEvent::CommEst(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_COMM_EST),
+                AsyncEvent::SqDrained(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_SQ_DRAINED),
+                AsyncEvent::QpLastWqeReached(q) => {
+                    (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_LAST_WQE_REACHED)
+                }
+                AsyncEvent::SrqLimitReached(s) => (
+                    reg.srqs.get(&s.0).copied(),
+                    sys::IBV_EVENT_SRQ_LIMIT_REACHED,
+                ),
+                AsyncEvent::PortActive(p) => {
+                    o.element.port_num = p as c_int;
+                    (Some(0), sys::IBV_EVENT_PORT_ACTIVE)
+                }
+                AsyncEvent::DeviceFatal => (Some(0), sys::IBV_EVENT_DEVICE_FATAL),
+            };
+            drop(reg);
+            let Some(elem) = elem else {
+                continue;
+            };
+            match ty {
+                // Registered objects begin with the C struct the program holds.
+                sys::IBV_EVENT_CQ_ERR => o.element.cq = elem as *mut sys::ibv_cq,
+                sys::IBV_EVENT_SRQ_LIMIT_REACHED => o.element.srq = elem as *mut sys::ibv_srq,
+                sys::IBV_EVENT_PORT_ACTIVE | sys::IBV_EVENT_DEVICE_FATAL => {}
+                _ => o.element.qp = elem as *mut sys::ibv_qp,
+            }
+            o.event_type = ty;
+            // SAFETY: `event` points at the caller's struct.
+            unsafe { event.write(o) };
+            return 0;
+        }
     })
 }
 
 #[no_mangle]
-pub extern "C" fn ibv_port_state_str(port_state: c_int) -> *const c_char {
-    static_str(match port_state {
-        0 => c"no state change (NOP)",
-        1 => c"down",
-        2 => c"init",
-        3 => c"armed",
-        4 => c"active",
-        5 => c"active defer",
-        _ => c"unknown",
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut sys::ibv_async_event) {
+    guard((), || {
+        if event.is_null() {
+            return;
+        }
+        // SAFETY: `event` is one the program got from ibv_get_async_event; its element
+        // is a live object of this library (the program acks before destroying it).
+        unsafe {
+            let e = &*event;
+            match e.event_type {
+                sys::IBV_EVENT_CQ_ERR if !e.element.cq.is_null() => {
+                    let c = &mut *e.element.cq;
+                    c.async_events_completed = c.async_events_completed.wrapping_add(1);
+                }
+                sys::IBV_EVENT_SRQ_LIMIT_REACHED | sys::IBV_EVENT_SRQ_ERR
+                    if !e.element.srq.is_null() =>
+                {
+                    let s = &mut *e.element.srq;
+                    s.events_completed = s.events_completed.wrapping_add(1);
+                }
+                sys::IBV_EVENT_QP_FATAL
+                | sys::IBV_EVENT_QP_REQ_ERR
+                | sys::IBV_EVENT_QP_ACCESS_ERR
+                | sys::IBV_EVENT_COMM_EST
+                | sys::IBV_EVENT_SQ_DRAINED
+                | sys::IBV_EVENT_PATH_MIG
+                | sys::IBV_EVENT_PATH_MIG_ERR
+                | sys::IBV_EVENT_QP_LAST_WQE_REACHED
+                    if !e.element.qp.is_null() =>
+                {
+                    let q = &mut *e.element.qp;
+                    q.events_completed = q.events_completed.wrapping_add(1);
+                }
+                _ => {}
+            }
+        }
     })
 }
 
-#[no_mangle]
-pub extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
-    static_str(match event {
-        0 => c"CQ error",
-        1 => c"local work queue catastrophic error",
-        2 => c"invalid request local work queue error",
-        3 => c"local access violation work queue error",
-        4 => c"communication established",
-        5 => c"send queue drained",
-        6 => c"path migrated",
-        7 => c"path migration request error",
-        8 => c"local catastrophic error",
-        9 => c"port active",
-        10 => c"port error",
-        11 => c"LID change",
-        12 => c"P_Key change",
-        13 => c"SM change",
-        14 => c"SRQ catastrophic error",
-        15 => c"SRQ limit reached",
-        16 => c"last WQE reached",
-        17 => c"client reregistration",
-        18 => c"GID table change",
-        // rdma-core 44 has "WQ fatal" in its table but range-checks against
-        // IBV_EVENT_GID_CHANGE, so IBV_EVENT_WQ_FATAL gives "unknown" there too.
-        _ => c"unknown",
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
-    static_str(match status {
-        0 => c"success",
-        1 => c"local length error",
-        2 => c"local QP operation error",
-        3 => c"local EE context operation error",
-        4 => c"local protection error",
-        5 => c"Work Request Flushed Error",
-        6 => c"memory management operation error",
-        7 => c"bad response error",
-        8 => c"local access error",
-        9 => c"remote invalid request error",
-        10 => c"remote access error",
-        11 => c"remote operation error",
-        12 => c"transport retry counter exceeded",
-        13 => c"RNR retry counter exceeded",
-        14 => c"local RDD violation error",
-        15 => c"remote invalid RD request",
-        16 => c"aborted error",
-        17 => c"invalid EE context number",
-        18 => c"invalid EE context state",
-        19 => c"fatal error",
-        20 => c"response timeout error",
-        21 => c"general error",
-        22 => c"TM error",
-        23 => c"TM software rendezvous",
-        _ => c"unknown",
-    })
-}
-
-// ------------------------------------------------------------------ rates
-
-/// (IBV_RATE_* value, multiple of 2.5 Gb/s, Mb/s), as rdma-core's tables.
-const RATES: &[(c_int, c_int, c_int)] = &[
-    (2, 1, 2500),
-    (5, 2, 5000),
-    (3, 4, 10000),
-    (6, 8, 20000),
-    (7, 12, 30000),
-    (8, 16, 40000),
-    (9, 24, 60000),
-    (4, 32, 80000),
-    (10, 48, 120000),
-    (11, 0, 14062),
-    (12, 0, 56250),
-    (13, 0, 112500),
-    (14, 0, 168750),
-    (15, 0, 25781),
-    (16, 0, 103125),
-    (17, 0, 206250),
-    (18, 0, 309375),
-    (19, 0, 50000),
-    (20, 0, 400000),
-    (21, 0, 600000),
-    (22, 0, 50000),
-    (23, 0, 100000),
-    (24, 0, 200000),
-    (25, 0, 400000),
-    (26, 0, 800000),
-    (27, 0, 1200000),
-];
-
-#[no_mangle]
-pub extern "C" fn ibv_rate_to_mult(rate: c_int) -> c_int {
-    RATES
-        .iter()
-        .find(|r| r.0 == rate)
-        .map_or(-1, |r| if r.1 == 0 { -1 } else { r.1 })
-}
-
-#[no_mangle]
-pub extern "C" fn mult_to_ibv_rate(mult: c_int) -> c_int {
-    RATES
-        .iter()
-        .find(|r| r.1 == mult && mult != 0)
-        .map_or(0, |r| r.0)
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
-    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.2)
-}
-
-#[no_mangle]
-pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
-    RATES.iter().find(|r| r.2 == mbps).map_or(0, |r| r.0)
-}
-
-// ------------------------------------------------------------------ fork, sysfs
-
-/// Registered memory is plain process memory read by the device thread; fork needs no
-/// special care (a child simply does not see the parent's device).
-#[no_mangle]
-pub extern "C" fn ibv_fork_init() -> c_int {
-    0
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_is_fork_initialized() -> c_int {
-    2 // IBV_FORK_UNNEEDED
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
-    0
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
-    0
-}
+// ------------------------------------------------------------------ sysfs
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
@@ -853,28 +803,4 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
         }
         n as c_int
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rates_round_trip() {
-        assert_eq!(ibv_rate_to_mult(3), 4);
-        assert_eq!(mult_to_ibv_rate(4), 3);
-        assert_eq!(ibv_rate_to_mbps(7), 30000);
-        assert_eq!(mbps_to_ibv_rate(100000), 23);
-    }
-
-    #[test]
-    fn strings() {
-        // SAFETY: the functions return static NUL-terminated strings.
-        let s = |p: *const c_char| unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_string();
-        assert_eq!(s(ibv_wc_status_str(5)), "Work Request Flushed Error");
-        assert_eq!(s(ibv_port_state_str(4)), "active");
-        assert_eq!(s(ibv_wc_status_str(23)), "TM software rendezvous");
-        assert_eq!(s(ibv_node_type_str(1)), "InfiniBand channel adapter");
-        assert_eq!(s(ibv_event_type_str(99)), "unknown");
-    }
 }

@@ -23,13 +23,22 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+mod ah;
+mod context;
+mod cq;
 mod device;
-mod ex;
-mod objs;
-mod post;
+mod dm;
+mod enums;
+mod mr;
+mod mw;
+mod object;
+mod pd;
+mod qp;
+mod srq;
 mod stubs;
 #[allow(unsafe_code)]
 pub mod sys;
+mod wr_list;
 
 use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;

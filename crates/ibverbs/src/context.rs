@@ -1,0 +1,74 @@
+//! Opening and closing a context, and the function table verbs.h's inline calls reach
+//! through it (`ibv_poll_cq`, `ibv_post_send`, `ibv_create_cq_ex`, …).
+//!
+//! The table names entry points of every object's module, so it is filled here, above
+//! them: device.rs, where they all find `Ctx`, depends on none of them.
+
+use std::ffi::{c_int, c_void};
+
+use crate::device::{self, Ctx};
+use crate::{cq, dm, mw, qp, srq};
+use crate::{guard, null_errno, sys, zeroed};
+
+fn init_ops(v: &mut sys::verbs_context) {
+    v.query_port = Some(device::query_port_ex);
+    v.query_device_ex = Some(device::query_device_ex);
+    v.create_cq_ex = Some(cq::create_cq_ex);
+    v.create_qp_ex = Some(qp::create_qp_ex);
+    v.alloc_dm = Some(dm::alloc_dm);
+    v.free_dm = Some(dm::free_dm);
+    v.reg_dm_mr = Some(dm::reg_dm_mr);
+    let ops = &mut v.context.ops;
+    ops.poll_cq = Some(cq::poll_cq);
+    ops.req_notify_cq = Some(cq::req_notify_cq);
+    ops.post_send = Some(qp::post_send);
+    ops.post_recv = Some(qp::post_recv);
+    ops.post_srq_recv = Some(srq::post_srq_recv);
+    ops.alloc_mw = Some(mw::alloc_mw);
+    ops.dealloc_mw = Some(mw::dealloc_mw);
+    ops.bind_mw = Some(qp::bind_mw);
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut sys::ibv_device) -> *mut sys::ibv_context {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: caller passes a device from our list.
+        let Some(d) = (unsafe { device::dev_of(device) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        let (d, shared) = match device::open(d) {
+            Ok(v) => v,
+            Err(e) => return null_errno(e),
+        };
+        let mut vctx: sys::verbs_context = zeroed();
+        vctx.sz = std::mem::size_of::<sys::verbs_context>();
+        init_ops(&mut vctx);
+        let c = &mut vctx.context;
+        c.device = std::ptr::addr_of!(d.dev).cast_mut();
+        c.cmd_fd = -1;
+        c.async_fd = shared.dev.async_event_fd();
+        c.num_comp_vectors = 1;
+        c.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
+        Box::new(Ctx {
+            vctx,
+            shared,
+            dev: d,
+        })
+        .into_raw()
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(context: *mut sys::ibv_context) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: caller passes a context from ibv_open_device.
+        if unsafe { Ctx::from_ptr(context) }.is_none() {
+            return libc::EINVAL;
+        }
+        // SAFETY: as above; the program closes a context once.
+        let b = unsafe { Ctx::from_raw(context) };
+        // The device (its thread and socket) closes with its last context.
+        drop(b);
+        0
+    })
+}

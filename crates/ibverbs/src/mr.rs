@@ -1,0 +1,143 @@
+//! Memory regions, and fork support (which in rdma-core exists for registered memory).
+
+use std::ffi::{c_int, c_void};
+
+use softrdma_device::verbs::{self, Access};
+use softrdma_device::Rnic;
+
+use crate::object::{destroy, errno, leak, Destroy};
+use crate::pd::pd_ctx;
+use crate::{guard, null_errno, sys, zeroed};
+
+/// Access bits rdma-core lets a provider ignore (`IBV_ACCESS_OPTIONAL_RANGE`).
+const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+
+#[repr(C)]
+pub(crate) struct Mr {
+    pub(crate) c: sys::ibv_mr,
+    pub(crate) lkey: u32,
+}
+
+impl Destroy for Mr {
+    type C = sys::ibv_mr;
+    fn context(&self) -> *mut sys::ibv_context {
+        self.c.context
+    }
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
+        r.dereg_mr(self.lkey)
+    }
+}
+
+/// Translate `IBV_ACCESS_*`: optional bits are dropped, on-demand paging is unsupported.
+pub(crate) fn access_flags(access: u32) -> Result<Access, c_int> {
+    let a = access & !ACCESS_OPTIONAL_RANGE & !sys::IBV_ACCESS_HUGETLB;
+    if a & sys::IBV_ACCESS_ON_DEMAND != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Access::from_bits(a).ok_or(libc::EINVAL)
+}
+
+unsafe fn reg_mr_common(
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut sys::ibv_mr {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a PD of this library.
+        let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        let acc = match access_flags(access) {
+            Ok(a) => a,
+            Err(e) => return null_errno(e),
+        };
+        let id = p.id;
+        // SAFETY: the verbs contract of ibv_reg_mr: the program keeps `addr..addr+length`
+        // valid until ibv_dereg_mr and accepts that the device reads and writes it at any
+        // time meanwhile.
+        let r = ctx
+            .dev()
+            .call(|r, _| unsafe { r.reg_mr(id, addr.cast(), length, iova, acc) });
+        match r {
+            Ok(info) => {
+                let mut c: sys::ibv_mr = zeroed();
+                c.context = p.c.context;
+                c.pd = pd;
+                c.addr = addr;
+                c.length = length;
+                c.handle = info.lkey;
+                c.lkey = info.lkey;
+                c.rkey = info.rkey;
+                leak(Mr { c, lkey: info.lkey }).cast()
+            }
+            Err(e) => null_errno(errno(&e)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut sys::ibv_mr {
+    // SAFETY: forwarded under the caller's contract.
+    unsafe { reg_mr_common(pd, addr, length, addr as u64, access as u32) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut sys::ibv_mr {
+    // SAFETY: forwarded under the caller's contract.
+    unsafe { reg_mr_common(pd, addr, length, iova, access as u32) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut sys::ibv_mr {
+    // SAFETY: forwarded under the caller's contract.
+    unsafe { reg_mr_common(pd, addr, length, iova, access) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
+    // SAFETY: the caller passes an MR of this library and does not use it once destroyed.
+    unsafe { destroy::<Mr>(mr) }
+}
+
+// ------------------------------------------------------------------ fork
+
+/// Registered memory is plain process memory read by the device thread; fork needs no
+/// special care (a child simply does not see the parent's device).
+#[no_mangle]
+pub extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_is_fork_initialized() -> c_int {
+    2 // IBV_FORK_UNNEEDED
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}

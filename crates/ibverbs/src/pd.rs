@@ -1,0 +1,60 @@
+//! Protection domains.
+
+use std::ffi::c_int;
+
+use softrdma_device::verbs::{self, PdId};
+use softrdma_device::Rnic;
+
+use crate::device::Ctx;
+use crate::object::{ctx_of, destroy, errno, leak, obj, Destroy};
+use crate::{guard, null_errno, sys, zeroed};
+
+#[repr(C)]
+pub(crate) struct Pd {
+    pub(crate) c: sys::ibv_pd,
+    pub(crate) id: PdId,
+}
+
+impl Destroy for Pd {
+    type C = sys::ibv_pd;
+    fn context(&self) -> *mut sys::ibv_context {
+        self.c.context
+    }
+    fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
+        r.dealloc_pd(self.id)
+    }
+}
+
+/// The PD and its context behind an `ibv_pd *`.
+pub(crate) unsafe fn pd_ctx<'a>(pd: *mut sys::ibv_pd) -> Option<(&'a Pd, &'a Ctx)> {
+    // SAFETY: the caller passes a PD of this library.
+    let pd: &Pd = unsafe { obj(pd) }?;
+    // SAFETY: a PD's context is a live context.
+    let ctx = unsafe { ctx_of(pd.c.context) }?;
+    Some((pd, ctx))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut sys::ibv_context) -> *mut sys::ibv_pd {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { ctx_of(context) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        match ctx.dev().call(|r, _| r.alloc_pd()) {
+            Ok(id) => {
+                let mut c: sys::ibv_pd = zeroed();
+                c.context = context;
+                c.handle = id.0;
+                leak(Pd { c, id }).cast()
+            }
+            Err(e) => null_errno(errno(&e)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
+    // SAFETY: the caller passes a PD of this library and does not use it once destroyed.
+    unsafe { destroy::<Pd>(pd) }
+}
