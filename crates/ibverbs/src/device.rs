@@ -673,13 +673,8 @@ pub unsafe extern "C" fn ibv_get_async_event(
                 if crate::fd_nonblocking(dev.async_event_fd()) {
                     return minus_one(libc::EAGAIN);
                 }
-                let mut p = libc::pollfd {
-                    fd: dev.async_event_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one live pollfd. EINTR just loops.
-                unsafe { libc::poll(&mut p, 1, -1) };
+                // A signal (EINTR) or a failed wait just loops.
+                let _ = dev.wait_async_event(None);
                 continue;
             };
             let mut o: sys::ibv_async_event = zeroed();

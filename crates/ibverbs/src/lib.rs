@@ -11,7 +11,7 @@
 //! (`softrdma_device::verbs`) and back, and calls the device. It decides nothing of its own.
 //!
 //! Rules every entry point follows:
-//! - nothing panics across the C ABI: each entry runs inside [`guard`], which turns a
+//! - nothing panics across the C ABI: each entry runs inside `guard`, which turns a
 //!   panic into the documented failure value (NULL / errno);
 //! - failures return what libibverbs documents: an errno value, or -1 / NULL with `errno`
 //!   set; `EOPNOTSUPP` for what softrdma does not support;
