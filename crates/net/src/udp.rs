@@ -38,7 +38,7 @@
 use std::io;
 use std::mem;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr;
 use std::time::{Duration, Instant};
 
@@ -362,17 +362,18 @@ impl Driver {
     /// socket holds the address.
     pub fn bind(addr: SocketAddr) -> io::Result<Driver> {
         let v6 = addr.is_ipv6();
-        let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
-        // SAFETY: plain syscall with constant arguments; the result is checked below.
-        let raw = cvt(unsafe {
-            libc::socket(
-                domain,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-            )
-        })?;
-        // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        use rustix::net::{AddressFamily, SocketFlags, SocketType};
+        let domain = if v6 {
+            AddressFamily::INET6
+        } else {
+            AddressFamily::INET
+        };
+        let fd = rustix::net::socket_with(
+            domain,
+            SocketType::DGRAM,
+            SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+            None,
+        )?;
         let s = fd.as_raw_fd();
         if v6 {
             setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
@@ -419,12 +420,8 @@ impl Driver {
             to_raw(addr, v6).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: `raw_addr` is a valid sockaddr of length `len` for this family.
         cvt(unsafe { libc::bind(s, (&raw_addr as *const RawAddr).cast(), len) })?;
-        let mut bound = RawAddr::zeroed();
-        let mut blen = mem::size_of::<RawAddr>() as libc::socklen_t;
-        // SAFETY: `bound` is writable for `blen` bytes; the kernel updates `blen`.
-        cvt(unsafe { libc::getsockname(s, (&mut bound as *mut RawAddr).cast(), &mut blen) })?;
-        let local =
-            from_raw(&bound, blen).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidData))?;
+        let local = SocketAddr::try_from(rustix::net::getsockname(&fd)?)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
         Ok(Driver {
             fd,
             local,
@@ -452,10 +449,7 @@ impl Driver {
     /// can receive while another sends. Socket options (GRO, buffer sizes) are shared
     /// with the original; the GSO choice, counters and scratch buffers are not.
     pub fn try_clone(&self) -> io::Result<Driver> {
-        // SAFETY: F_DUPFD_CLOEXEC on our own live descriptor; the result is checked.
-        let raw = cvt(unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
-        // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = self.fd.try_clone()?;
         Ok(Driver {
             fd,
             local: self.local,
