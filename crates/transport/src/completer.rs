@@ -270,6 +270,17 @@ fn renew_retries(qp: &mut QpCtx) {
     qp.req.rnr_left = qp.attr.rnr_retry;
 }
 
+/// A response arrived past a READ/atomic response that never did: keep the progress the
+/// acknowledgement made (it renews the retries, as rxe does) and ask again from the lost one.
+fn on_lost_response(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
+    if progress {
+        renew_retries(qp);
+    }
+    if retry_from_response(qp, env, now, "response past a lost READ/atomic response") {
+        after(qp, env, now, false);
+    }
+}
+
 /// Go back N because a response showed a loss (sequence NAK, or an ACK past a READ or
 /// atomic that got no response). Once such a retry started, further evidence of the same
 /// loss (the ACKs and NAKs already on their way) is ignored until progress is made, as
@@ -451,20 +462,7 @@ pub(crate) fn handle_response(
         OpKind::ReadResponse => {
             match ack_upto(qp, p, false) {
                 Acked::Ok(pr) => progress = pr,
-                Acked::LostResponse(pr) => {
-                    if pr {
-                        renew_retries(qp);
-                    }
-                    if retry_from_response(
-                        qp,
-                        env,
-                        now,
-                        "response past a lost READ/atomic response",
-                    ) {
-                        after(qp, env, now, false);
-                    }
-                    return;
-                }
+                Acked::LostResponse(pr) => return on_lost_response(qp, env, now, pr),
             }
             progress |= read_response(qp, env, now, h, info.position, payload);
             if qp.state == QpState::Err {
@@ -474,20 +472,7 @@ pub(crate) fn handle_response(
         OpKind::AtomicAcknowledge => {
             match ack_upto(qp, p, false) {
                 Acked::Ok(pr) => progress = pr,
-                Acked::LostResponse(pr) => {
-                    if pr {
-                        renew_retries(qp);
-                    }
-                    if retry_from_response(
-                        qp,
-                        env,
-                        now,
-                        "response past a lost READ/atomic response",
-                    ) {
-                        after(qp, env, now, false);
-                    }
-                    return;
-                }
+                Acked::LostResponse(pr) => return on_lost_response(qp, env, now, pr),
             }
             let mtu_ok = h.atomic_ack.is_some();
             if let (true, Some(orig)) = (mtu_ok, h.atomic_ack.map(|a| a.orig)) {
