@@ -76,7 +76,7 @@ const CMSG_BUF: usize = 128;
 
 /// Socket buffer size requested at bind (best effort): a burst of RoCE packets from
 /// a peer must not be dropped because the progress thread was descheduled briefly.
-const SOCKET_BUF_BYTES: libc::c_int = 4 << 20;
+const SOCKET_BUF_BYTES: usize = 4 << 20;
 
 /// A datagram to send: destination, IP TOS byte (traffic class) and UDP payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -375,36 +375,27 @@ impl Driver {
             None,
         )?;
         let s = fd.as_raw_fd();
+        // Typed calls where rustix has them; the options it lacks (packet info, IPv6
+        // DONTFRAG, UDP GSO/GRO) through `setsockopt_int`.
+        use rustix::net::sockopt;
         if v6 {
-            setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
-            setsockopt_int(
-                s,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_MTU_DISCOVER,
-                libc::IPV6_PMTUDISC_DO,
-            )?;
+            sockopt::set_ipv6_v6only(&fd, true)?;
+            sockopt::set_ipv6_mtu_discover(&fd, sockopt::Ipv6PathMtuDiscovery::DO)?;
             setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)?;
             setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
-            setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+            sockopt::set_ipv6_recvtclass(&fd, true)?;
         } else {
-            setsockopt_int(
-                s,
-                libc::IPPROTO_IP,
-                libc::IP_MTU_DISCOVER,
-                libc::IP_PMTUDISC_DO,
-            )?;
+            sockopt::set_ip_mtu_discover(&fd, sockopt::Ipv4PathMtuDiscovery::DO)?;
             setsockopt_int(s, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
-            setsockopt_int(s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
+            sockopt::set_ip_recvtos(&fd, true)?;
         }
         // Best effort: FORCE works for root and ignores rmem_max; otherwise the plain
         // option is capped by the sysctl, which is still better than the default.
-        for (force, plain) in [
-            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
-        ] {
-            if setsockopt_int(s, libc::SOL_SOCKET, force, SOCKET_BUF_BYTES).is_err() {
-                let _ = setsockopt_int(s, libc::SOL_SOCKET, plain, SOCKET_BUF_BYTES);
-            }
+        if sockopt::set_socket_recv_buffer_size_force(&fd, SOCKET_BUF_BYTES).is_err() {
+            let _ = sockopt::set_socket_recv_buffer_size(&fd, SOCKET_BUF_BYTES);
+        }
+        if sockopt::set_socket_send_buffer_size_force(&fd, SOCKET_BUF_BYTES).is_err() {
+            let _ = sockopt::set_socket_send_buffer_size(&fd, SOCKET_BUF_BYTES);
         }
         // Probe once: setting a zero default segment size is a no-op on kernels that
         // know UDP_SEGMENT (4.18+) and ENOPROTOOPT on the others.
@@ -441,7 +432,7 @@ impl Driver {
     pub fn bind_send_only(addr: SocketAddr) -> io::Result<Driver> {
         let d = Driver::bind(addr)?;
         // Best effort: the kernel rounds this up to its minimum.
-        let _ = setsockopt_int(d.fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 1);
+        let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&d.fd, 1);
         Ok(d)
     }
 
