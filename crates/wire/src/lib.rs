@@ -41,6 +41,7 @@ mod opcode;
 mod rng;
 mod view;
 
+pub mod cm;
 pub mod frame;
 pub mod icrc;
 pub mod pcap;
@@ -90,6 +91,10 @@ pub enum Error {
     /// The buffer is shorter than the headers (parse) or the packet (emit) need.
     #[error("buffer too short")]
     Truncated,
+    /// Not a CM message this stack speaks (management class, class version, method or
+    /// attribute), or an rdma_cm header of an unknown version or mixed address families.
+    #[error("not a CM message")]
+    NotCm,
     /// The BTH opcode is not one softrdma implements (RD, XRC, CNP, reserved ...).
     #[error("unknown or unsupported opcode {0:#04x}")]
     UnknownOpcode(u8),
