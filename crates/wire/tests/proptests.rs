@@ -143,3 +143,34 @@ proptest! {
         prop_assert!(psn::le(a, psn::add(a, n)));
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Any bytes: CM parsing never panics, and whatever parses emits back to a MAD that
+    /// parses to the same message (reserved bits are the only thing emit may clear).
+    #[test]
+    fn cm_parse_never_panics_and_round_trips(
+        body in proptest::collection::vec(any::<u8>(), 0..300),
+        attr in 0x0010u16..=0x0018,
+        tid in any::<u64>(),
+    ) {
+        let mut mad = body.clone();
+        if mad.len() >= cm::MAD_LEN {
+            // Make most inputs a CM Send, so the message parsers run.
+            cm::MadHeader { attr_id: attr, ..cm::MadHeader::cm(cm::CmAttr::Req, tid) }
+                .emit(&mut mad)
+                .unwrap();
+        }
+        let _ = cm::CmaHeader::parse(&body);
+        if let Ok((h, m)) = cm::CmMsg::parse(&mad) {
+            prop_assert_eq!(h.attr_id, attr);
+            let again = m.emit(h.tid);
+            let (h2, m2) = cm::CmMsg::parse(&again).unwrap();
+            prop_assert_eq!(h2.tid, tid);
+            prop_assert_eq!(m2, m);
+        } else {
+            prop_assert!(mad.len() < cm::MAD_LEN);
+        }
+    }
+}
