@@ -314,45 +314,28 @@ pub(crate) fn handle_response(
     payload: &[u8],
 ) {
     let Some(info) = h.bth.opcode.info() else {
-        debug!(
-            qpn = format_args!("{:#x}", qp.qpn),
-            psn = h.bth.psn,
-            opcode = %h.bth.opcode,
-            counter = "malformed",
-            reason = "unknown opcode",
-            "packet dropped"
-        );
-        env.stats.malformed += 1;
+        dropped!(debug, env, qp, h, malformed, "unknown opcode");
         return;
     };
     let p = h.bth.psn;
     // A response to a PSN we never sent (past the highest PSN handed to the wire, even
     // if already assigned to a WQE still being segmented) is stale or forged.
     if !psn::lt(p, qp.req.high_psn) || !outstanding(qp) {
-        trace!(
-            qpn = format_args!("{:#x}", qp.qpn),
-            psn = p,
-            opcode = %h.bth.opcode,
-            counter = "duplicates",
-            reason = "response to no outstanding request",
-            "packet dropped"
+        dropped!(
+            trace,
+            env,
+            qp,
+            h,
+            duplicates,
+            "response to no outstanding request"
         );
-        env.stats.duplicates += 1;
         return;
     }
     let mut progress = false;
     match info.kind {
         OpKind::Acknowledge => {
             let Some(aeth) = h.aeth else {
-                debug!(
-                    qpn = format_args!("{:#x}", qp.qpn),
-                    psn = p,
-                    opcode = %h.bth.opcode,
-                    counter = "malformed",
-                    reason = "acknowledge without an AETH",
-                    "packet dropped"
-                );
-                env.stats.malformed += 1;
+                dropped!(debug, env, qp, h, malformed, "acknowledge without an AETH");
                 return;
             };
             match aeth.syndrome {
@@ -501,15 +484,7 @@ pub(crate) fn handle_response(
             }
         }
         _ => {
-            debug!(
-                qpn = format_args!("{:#x}", qp.qpn),
-                psn = p,
-                opcode = %h.bth.opcode,
-                counter = "dropped",
-                reason = "not a response opcode",
-                "packet dropped"
-            );
-            env.stats.dropped += 1;
+            dropped!(debug, env, qp, h, dropped, "not a response opcode");
             return;
         }
     }
@@ -556,15 +531,8 @@ fn read_response(
     if k >= w.npkts || p != psn::add(w.first_psn, k) {
         // Not the next response expected: a duplicate, or one after a loss (the timer
         // or the next response past the gap recovers).
-        trace!(
-            qpn = format_args!("{:#x}", qp.qpn),
-            psn = p,
-            expected = psn::add(w.first_psn, k),
-            counter = "duplicates",
-            reason = "READ response not the next one expected",
-            "packet dropped"
-        );
-        env.stats.duplicates += 1;
+        let expected = psn::add(w.first_psn, k);
+        dropped!(trace, env, qp, h, duplicates, "READ response not the next one expected"; expected);
         return false;
     }
     // Responses to the original request count positions from its first packet; those to
@@ -580,17 +548,8 @@ fn read_response(
     let offset = (k as usize).saturating_mul(mtu);
     let want_len = w.len.saturating_sub(offset).min(mtu);
     if !pos_ok || payload.len() != want_len {
-        debug!(
-            qpn = format_args!("{:#x}", qp.qpn),
-            psn = p,
-            opcode = %h.bth.opcode,
-            len = payload.len(),
-            want_len,
-            counter = "malformed",
-            reason = "READ response of the wrong position or length",
-            "packet dropped"
-        );
-        env.stats.malformed += 1;
+        let why = "READ response of the wrong position or length";
+        dropped!(debug, env, qp, h, malformed, why; len = payload.len(), want_len);
         return false;
     }
     if !payload.is_empty() {

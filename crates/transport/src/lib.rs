@@ -4,6 +4,25 @@
 
 #![warn(missing_docs)]
 
+/// A packet a QP's protocol handler will not act on: raise `$env.stats.$counter` and say
+/// why in one "packet dropped" event (at `$level`) with the QP, the packet's PSN and
+/// opcode, the counter's name and any `extra` fields. The counter and its name are one
+/// token, so the event always names the counter that moved.
+macro_rules! dropped {
+    ($level:ident, $env:expr, $qp:expr, $h:expr, $counter:ident, $reason:expr $(; $($extra:tt)+)?) => {{
+        $env.stats.$counter += 1;
+        tracing::$level!(
+            qpn = format_args!("{:#x}", $qp.qpn),
+            psn = $h.bth.psn,
+            opcode = %$h.bth.opcode,
+            $($($extra)+,)?
+            counter = stringify!($counter),
+            reason = $reason,
+            "packet dropped"
+        )
+    }};
+}
+
 mod completer;
 mod objects;
 mod qp;
@@ -557,15 +576,14 @@ impl Rnic {
         // probability about 2^-16 per corrupted IPv4 packet.
         if wire::icrc::verify_unknown_ip_id_with(&mut env.ip_ids, &addrs, data).is_none() {
             // The header fields may be the corrupted ones: they are what the packet claims.
+            // (The length was checked above, so the view always exists.)
+            let claims = wire::BthView::new_checked(data).ok();
             tracing::debug!(
                 peer = %src,
                 len = data.len(),
-                qpn = format_args!(
-                    "{:#x}",
-                    wire::BthView::new_checked(data).map_or(0, |b| b.dest_qp())
-                ),
-                psn = wire::BthView::new_checked(data).map_or(0, |b| b.psn()),
-                opcode = %wire::BthView::new_checked(data).map_or(wire::Opcode(0), |b| b.opcode()),
+                qpn = format_args!("{:#x}", claims.map_or(0, |b| b.dest_qp())),
+                psn = claims.map_or(0, |b| b.psn()),
+                opcode = %claims.map_or(wire::Opcode(0), |b| b.opcode()),
                 counter = "icrc_errors",
                 reason = "bad ICRC",
                 "packet dropped"
@@ -573,17 +591,20 @@ impl Rnic {
             env.stats.icrc_errors += 1;
             return;
         }
-        let Ok((h, payload)) = Headers::parse(data) else {
-            tracing::debug!(
-                peer = %src,
-                len = data.len(),
-                opcode = %wire::BthView::new_checked(data).map_or(wire::Opcode(0), |b| b.opcode()),
-                counter = "malformed",
-                reason = %Headers::parse(data).err().unwrap_or(wire::Error::Truncated),
-                "packet dropped"
-            );
-            env.stats.malformed += 1;
-            return;
+        let (h, payload) = match Headers::parse(data) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                tracing::debug!(
+                    peer = %src,
+                    len = data.len(),
+                    opcode = %wire::Opcode(data[0]),
+                    counter = "malformed",
+                    reason = %e,
+                    "packet dropped"
+                );
+                env.stats.malformed += 1;
+                return;
+            }
         };
         let Some(info) = h.bth.opcode.info() else {
             tracing::debug!(

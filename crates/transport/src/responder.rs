@@ -15,20 +15,6 @@ use crate::verbs::{
 use crate::Nic;
 use tracing::{debug, trace};
 
-/// A request the responder will not act on: one event, named by the counter it raises.
-macro_rules! drop_event {
-    ($qp:expr, $h:expr, $counter:literal, $reason:expr) => {
-        debug!(
-            qpn = format_args!("{:#x}", $qp.qpn),
-            psn = $h.bth.psn,
-            opcode = %$h.bth.opcode,
-            counter = $counter,
-            reason = $reason,
-            "packet dropped"
-        )
-    };
-}
-
 /// A request packet for this QP (service type, state and peer already checked), that
 /// came with IP TOS `tos`.
 #[allow(clippy::too_many_arguments)]
@@ -452,36 +438,27 @@ fn rc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u
     };
     if qp.resp.fatal {
         // A fatal NAK waits behind READ responses: the QP is failing.
-        drop_event!(qp, h, "dropped", "QP failing: a fatal NAK waits to be sent");
-        env.stats.dropped += 1;
+        dropped!(
+            debug,
+            env,
+            qp,
+            h,
+            dropped,
+            "QP failing: a fatal NAK waits to be sent"
+        );
         return;
     }
     let p = h.bth.psn;
     let d = psn::diff(p, qp.resp.epsn);
     if d > 0 {
         // Only the first packet past a loss gets a NAK; the rest of the burst is routine.
+        let epsn = qp.resp.epsn;
         if qp.resp.nak_sent {
-            trace!(
-                qpn = format_args!("{:#x}", qp.qpn),
-                psn = p,
-                epsn = qp.resp.epsn,
-                opcode = %h.bth.opcode,
-                counter = "out_of_sequence",
-                reason = "PSN ahead of the expected one (NAK already sent)",
-                "packet dropped"
-            );
+            let why = "PSN ahead of the expected one (NAK already sent)";
+            dropped!(trace, env, qp, h, out_of_sequence, why; epsn);
         } else {
-            debug!(
-                qpn = format_args!("{:#x}", qp.qpn),
-                psn = p,
-                epsn = qp.resp.epsn,
-                opcode = %h.bth.opcode,
-                counter = "out_of_sequence",
-                reason = "PSN ahead of the expected one",
-                "packet dropped"
-            );
+            dropped!(debug, env, qp, h, out_of_sequence, "PSN ahead of the expected one"; epsn);
         }
-        env.stats.out_of_sequence += 1;
         if !qp.resp.nak_sent {
             qp.resp.nak_sent = true;
             env.stats.naks_sent_seq += 1;
@@ -579,8 +556,7 @@ fn rc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u
         OpKind::ReadRequest => rc_read(qp, env, now, h),
         OpKind::Atomic => rc_atomic(qp, env, now, h),
         _ => {
-            drop_event!(qp, h, "dropped", "not a request opcode");
-            env.stats.dropped += 1
+            dropped!(debug, env, qp, h, dropped, "not a request opcode")
         }
     }
 }
@@ -1042,8 +1018,14 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
         }
         OpKind::ReadRequest => {
             if h.reth.is_none() {
-                drop_event!(qp, h, "malformed", "duplicate READ request without a RETH");
-                env.stats.malformed += 1;
+                dropped!(
+                    debug,
+                    env,
+                    qp,
+                    h,
+                    malformed,
+                    "duplicate READ request without a RETH"
+                );
                 return;
             }
             let found = qp.resp.reads.iter().find_map(|r| match *r {
@@ -1059,13 +1041,14 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
                 _ => None,
             });
             let Some((first_psn, last_psn, va, rkey, len)) = found else {
-                drop_event!(
+                dropped!(
+                    debug,
+                    env,
                     qp,
                     h,
-                    "dropped",
+                    dropped,
                     "duplicate READ request no longer remembered"
                 );
-                env.stats.dropped += 1;
                 return;
             };
             let msn = qp.resp.msn;
@@ -1096,14 +1079,26 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
                     respond(qp, env, now, Pending::AtomicAck { psn: p, orig, msn });
                 }
                 None => {
-                    drop_event!(qp, h, "dropped", "duplicate atomic not in the replay cache");
-                    env.stats.dropped += 1
+                    dropped!(
+                        debug,
+                        env,
+                        qp,
+                        h,
+                        dropped,
+                        "duplicate atomic not in the replay cache"
+                    )
                 }
             }
         }
         _ => {
-            drop_event!(qp, h, "dropped", "duplicate of an unexpected opcode");
-            env.stats.dropped += 1
+            dropped!(
+                debug,
+                env,
+                qp,
+                h,
+                dropped,
+                "duplicate of an unexpected opcode"
+            )
         }
     }
 }
@@ -1141,8 +1136,14 @@ fn uc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u
         qp.resp.offset = 0;
     } else if !cont {
         qp.resp.in_msg = None;
-        drop_event!(qp, h, "dropped", "continues no message in progress");
-        env.stats.dropped += 1;
+        dropped!(
+            debug,
+            env,
+            qp,
+            h,
+            dropped,
+            "continues no message in progress"
+        );
         return;
     }
     let need = kind_access(info.kind);
@@ -1150,17 +1151,18 @@ fn uc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u
         || !length_ok(info.position, payload.len(), qp.mtu(), info.has_payload)
     {
         qp.resp.in_msg = None;
-        drop_event!(
+        dropped!(
+            debug,
+            env,
             qp,
             h,
-            "dropped",
+            dropped,
             if need.is_empty() || qp.attr.qp_access_flags.contains(need) {
                 "payload length wrong for its position"
             } else {
                 "operation not enabled in the QP's access flags"
             }
         );
-        env.stats.dropped += 1;
         return;
     }
     let last = matches!(info.position, Position::Last | Position::Only);
@@ -1170,15 +1172,13 @@ fn uc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u
                 match env.ctx.take_recv(qp.qpn) {
                     Some(r) => qp.resp.recv = Some(r),
                     None => {
-                        drop_event!(qp, h, "dropped", "no receive WQE posted");
-                        env.stats.dropped += 1;
+                        dropped!(debug, env, qp, h, dropped, "no receive WQE posted");
                         return;
                     }
                 }
             }
             let Some(r) = qp.resp.recv.as_ref() else {
-                drop_event!(qp, h, "dropped", "no receive WQE for the message");
-                env.stats.dropped += 1;
+                dropped!(debug, env, qp, h, dropped, "no receive WQE for the message");
                 return;
             };
             if !payload.is_empty() {
@@ -1240,13 +1240,14 @@ fn uc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u
             }
             if !ok {
                 qp.resp.in_msg = None;
-                drop_event!(
+                dropped!(
+                    debug,
+                    env,
                     qp,
                     h,
-                    "dropped",
+                    dropped,
                     "UC WRITE outside its length or its rkey's bounds"
                 );
-                env.stats.dropped += 1;
                 return;
             }
             qp.resp.offset = end;
@@ -1265,8 +1266,14 @@ fn uc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u
                             len as usize,
                         ),
                         None => {
-                            drop_event!(qp, h, "dropped", "no receive WQE for the immediate");
-                            env.stats.dropped += 1
+                            dropped!(
+                                debug,
+                                env,
+                                qp,
+                                h,
+                                dropped,
+                                "no receive WQE for the immediate"
+                            )
                         }
                     }
                 }
@@ -1275,8 +1282,7 @@ fn uc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u
             }
         }
         _ => {
-            drop_event!(qp, h, "dropped", "not a UC request opcode");
-            env.stats.dropped += 1
+            dropped!(debug, env, qp, h, dropped, "not a UC request opcode")
         }
     }
 }
@@ -1297,38 +1303,23 @@ fn ud_request(
     udp_len: usize,
 ) {
     let Some(deth) = h.deth else {
-        drop_event!(qp, h, "malformed", "UD request without a DETH");
-        env.stats.malformed += 1;
+        dropped!(debug, env, qp, h, malformed, "UD request without a DETH");
         return;
     };
     if deth.qkey != qp.attr.qkey {
-        debug!(
-            qpn = format_args!("{:#x}", qp.qpn),
-            psn = h.bth.psn,
-            opcode = %h.bth.opcode,
+        dropped!(debug, env, qp, h, dropped, "Q_Key mismatch";
             peer = %addrs.src,
             src_qpn = format_args!("{:#x}", deth.src_qp),
             qkey = format_args!("{:#x}", deth.qkey),
-            expected = format_args!("{:#x}", qp.attr.qkey),
-            counter = "dropped",
-            reason = "Q_Key mismatch",
-            "packet dropped"
+            expected = format_args!("{:#x}", qp.attr.qkey)
         );
-        env.stats.dropped += 1;
         return;
     }
     let Some(r) = env.ctx.take_recv(qp.qpn) else {
-        debug!(
-            qpn = format_args!("{:#x}", qp.qpn),
-            psn = h.bth.psn,
-            opcode = %h.bth.opcode,
+        dropped!(debug, env, qp, h, dropped, "no receive WQE posted";
             peer = %addrs.src,
-            src_qpn = format_args!("{:#x}", deth.src_qp),
-            counter = "dropped",
-            reason = "no receive WQE posted",
-            "packet dropped"
+            src_qpn = format_args!("{:#x}", deth.src_qp)
         );
-        env.stats.dropped += 1;
         return;
     };
     let grh = wire::frame::ud_grh(addrs, tos, udp_len);
