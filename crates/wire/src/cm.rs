@@ -6,9 +6,9 @@
 //!
 //! Field positions are the IBTA tables': a field starts `bit` bits below the most
 //! significant bit of byte `at` of the message data (after the 24-byte MAD header) and
-//! runs `width` bits down, big-endian. They are written here once, as data, in the
-//! `*_FIELDS` tables and the path layout, and every message is parsed and emitted
-//! through them.
+//! runs `width` bits down, big-endian. The sub-word ones are written here once, as data,
+//! in the `req_at`, `rep_at` and `other_at` tables and the path layout, and every message
+//! is parsed and emitted through them.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -372,97 +372,95 @@ pub struct Req {
     pub private_data: [u8; private_len::REQ],
 }
 
-/// The REQ's fields, in table order (the 64-bit IDs are read whole and the paths are laid
-/// out by [`CmPath`]).
-const REQ_FIELDS: [Field; 21] = [
-    f(0, 0, 32),  // local comm id
-    f(28, 0, 32), // local Q_Key
-    f(32, 0, 24), // local QPN
-    f(35, 0, 8),  // responder resources
-    f(36, 0, 24), // local EECN
-    f(39, 0, 8),  // initiator depth
-    f(40, 0, 24), // remote EECN
-    f(43, 0, 5),  // remote CM response timeout
-    f(43, 5, 2),  // transport service type
-    f(43, 7, 1),  // end-to-end flow control
-    f(44, 0, 24), // starting PSN
-    f(47, 0, 5),  // local CM response timeout
-    f(47, 5, 3),  // retry count
-    f(48, 0, 16), // partition key
-    f(50, 0, 4),  // path MTU
-    f(50, 4, 1),  // RDC exists
-    f(50, 5, 3),  // RNR retry count
-    f(51, 0, 4),  // max CM retries
-    f(51, 4, 1),  // SRQ
-    f(51, 5, 3),  // extended transport type
-    f(139, 5, 1), // SAP supported
-];
+/// Positions of the REQ's fields (IBTA table 106; the 64-bit IDs are read whole and the
+/// paths are laid out by [`CmPath`]).
+mod req_at {
+    use super::{f, Field};
+    pub const LOCAL_COMM_ID: Field = f(0, 0, 32);
+    pub const LOCAL_QKEY: Field = f(28, 0, 32);
+    pub const LOCAL_QPN: Field = f(32, 0, 24);
+    pub const RESPONDER_RESOURCES: Field = f(35, 0, 8);
+    pub const LOCAL_EECN: Field = f(36, 0, 24);
+    pub const INITIATOR_DEPTH: Field = f(39, 0, 8);
+    pub const REMOTE_EECN: Field = f(40, 0, 24);
+    pub const REMOTE_CM_RESPONSE_TIMEOUT: Field = f(43, 0, 5);
+    pub const TRANSPORT_SERVICE_TYPE: Field = f(43, 5, 2);
+    pub const E2E_FLOW_CONTROL: Field = f(43, 7, 1);
+    pub const STARTING_PSN: Field = f(44, 0, 24);
+    pub const LOCAL_CM_RESPONSE_TIMEOUT: Field = f(47, 0, 5);
+    pub const RETRY_COUNT: Field = f(47, 5, 3);
+    pub const PKEY: Field = f(48, 0, 16);
+    pub const PATH_MTU: Field = f(50, 0, 4);
+    pub const RDC_EXISTS: Field = f(50, 4, 1);
+    pub const RNR_RETRY_COUNT: Field = f(50, 5, 3);
+    pub const MAX_CM_RETRIES: Field = f(51, 0, 4);
+    pub const SRQ: Field = f(51, 4, 1);
+    pub const EXTENDED_TRANSPORT_TYPE: Field = f(51, 5, 3);
+    pub const SAP_SUPPORTED: Field = f(139, 5, 1);
+}
 
 impl Req {
     fn parse(d: &[u8]) -> Req {
-        let v = |i: usize| REQ_FIELDS[i].get(d);
+        use req_at::*;
         let mut private_data = [0u8; private_len::REQ];
         private_data.copy_from_slice(&d[REQ_PRIVATE..REQ_PRIVATE + private_len::REQ]);
         Req {
-            local_comm_id: v(0) as u32,
+            local_comm_id: LOCAL_COMM_ID.get(d) as u32,
             service_id: be(d, 8, 8),
             local_ca_guid: be(d, 16, 8),
-            local_qkey: v(1) as u32,
-            local_qpn: v(2) as u32,
-            responder_resources: v(3) as u8,
-            local_eecn: v(4) as u32,
-            initiator_depth: v(5) as u8,
-            remote_eecn: v(6) as u32,
-            remote_cm_response_timeout: v(7) as u8,
-            transport_service_type: v(8) as u8,
-            e2e_flow_control: v(9) != 0,
-            starting_psn: v(10) as u32,
-            local_cm_response_timeout: v(11) as u8,
-            retry_count: v(12) as u8,
-            pkey: v(13) as u16,
-            path_mtu: v(14) as u8,
-            rdc_exists: v(15) != 0,
-            rnr_retry_count: v(16) as u8,
-            max_cm_retries: v(17) as u8,
-            srq: v(18) != 0,
-            extended_transport_type: v(19) as u8,
+            local_qkey: LOCAL_QKEY.get(d) as u32,
+            local_qpn: LOCAL_QPN.get(d) as u32,
+            responder_resources: RESPONDER_RESOURCES.get(d) as u8,
+            local_eecn: LOCAL_EECN.get(d) as u32,
+            initiator_depth: INITIATOR_DEPTH.get(d) as u8,
+            remote_eecn: REMOTE_EECN.get(d) as u32,
+            remote_cm_response_timeout: REMOTE_CM_RESPONSE_TIMEOUT.get(d) as u8,
+            transport_service_type: TRANSPORT_SERVICE_TYPE.get(d) as u8,
+            e2e_flow_control: E2E_FLOW_CONTROL.get(d) != 0,
+            starting_psn: STARTING_PSN.get(d) as u32,
+            local_cm_response_timeout: LOCAL_CM_RESPONSE_TIMEOUT.get(d) as u8,
+            retry_count: RETRY_COUNT.get(d) as u8,
+            pkey: PKEY.get(d) as u16,
+            path_mtu: PATH_MTU.get(d) as u8,
+            rdc_exists: RDC_EXISTS.get(d) != 0,
+            rnr_retry_count: RNR_RETRY_COUNT.get(d) as u8,
+            max_cm_retries: MAX_CM_RETRIES.get(d) as u8,
+            srq: SRQ.get(d) != 0,
+            extended_transport_type: EXTENDED_TRANSPORT_TYPE.get(d) as u8,
             primary: CmPath::parse(d, 52),
             alternate: CmPath::parse(d, 96),
-            sap_supported: v(20) != 0,
+            sap_supported: SAP_SUPPORTED.get(d) != 0,
             private_data,
         }
     }
     fn emit(&self, d: &mut [u8]) {
-        let vals: [u64; 21] = [
-            self.local_comm_id.into(),
-            self.local_qkey.into(),
-            self.local_qpn.into(),
-            self.responder_resources.into(),
-            self.local_eecn.into(),
-            self.initiator_depth.into(),
-            self.remote_eecn.into(),
-            self.remote_cm_response_timeout.into(),
-            self.transport_service_type.into(),
-            self.e2e_flow_control.into(),
-            self.starting_psn.into(),
-            self.local_cm_response_timeout.into(),
-            self.retry_count.into(),
-            self.pkey.into(),
-            self.path_mtu.into(),
-            self.rdc_exists.into(),
-            self.rnr_retry_count.into(),
-            self.max_cm_retries.into(),
-            self.srq.into(),
-            self.extended_transport_type.into(),
-            self.sap_supported.into(),
-        ];
+        use req_at::*;
+        LOCAL_COMM_ID.put(d, self.local_comm_id.into());
         put_be(d, 8, 8, self.service_id);
         put_be(d, 16, 8, self.local_ca_guid);
+        LOCAL_QKEY.put(d, self.local_qkey.into());
+        LOCAL_QPN.put(d, self.local_qpn.into());
+        RESPONDER_RESOURCES.put(d, self.responder_resources.into());
+        LOCAL_EECN.put(d, self.local_eecn.into());
+        INITIATOR_DEPTH.put(d, self.initiator_depth.into());
+        REMOTE_EECN.put(d, self.remote_eecn.into());
+        REMOTE_CM_RESPONSE_TIMEOUT.put(d, self.remote_cm_response_timeout.into());
+        TRANSPORT_SERVICE_TYPE.put(d, self.transport_service_type.into());
+        E2E_FLOW_CONTROL.put(d, self.e2e_flow_control.into());
+        STARTING_PSN.put(d, self.starting_psn.into());
+        LOCAL_CM_RESPONSE_TIMEOUT.put(d, self.local_cm_response_timeout.into());
+        RETRY_COUNT.put(d, self.retry_count.into());
+        PKEY.put(d, self.pkey.into());
+        PATH_MTU.put(d, self.path_mtu.into());
+        RDC_EXISTS.put(d, self.rdc_exists.into());
+        RNR_RETRY_COUNT.put(d, self.rnr_retry_count.into());
+        MAX_CM_RETRIES.put(d, self.max_cm_retries.into());
+        SRQ.put(d, self.srq.into());
+        EXTENDED_TRANSPORT_TYPE.put(d, self.extended_transport_type.into());
         self.primary.emit(d, 52);
         self.alternate.emit(d, 96);
-        for (fld, v) in REQ_FIELDS.iter().zip(vals) {
-            fld.put(d, v);
-        }
+        // After the alternate path, which shares its byte.
+        SAP_SUPPORTED.put(d, self.sap_supported.into());
         d[REQ_PRIVATE..REQ_PRIVATE + private_len::REQ].copy_from_slice(&self.private_data);
     }
 }
@@ -502,67 +500,77 @@ pub struct Rep {
     pub private_data: [u8; private_len::REP],
 }
 
-const REP_FIELDS: [Field; 13] = [
-    f(0, 0, 32),  // local comm id
-    f(4, 0, 32),  // remote comm id
-    f(8, 0, 32),  // local Q_Key
-    f(12, 0, 24), // local QPN
-    f(16, 0, 24), // local EECN
-    f(20, 0, 24), // starting PSN
-    f(24, 0, 8),  // responder resources
-    f(25, 0, 8),  // initiator depth
-    f(26, 0, 5),  // target ACK delay
-    f(26, 5, 2),  // failover accepted
-    f(26, 7, 1),  // end-to-end flow control
-    f(27, 0, 3),  // RNR retry count
-    f(27, 3, 1),  // SRQ
-];
+/// Positions of the REP's fields (IBTA table 110; the CA GUID is read whole).
+mod rep_at {
+    use super::{f, Field};
+    pub const LOCAL_COMM_ID: Field = f(0, 0, 32);
+    pub const REMOTE_COMM_ID: Field = f(4, 0, 32);
+    pub const LOCAL_QKEY: Field = f(8, 0, 32);
+    pub const LOCAL_QPN: Field = f(12, 0, 24);
+    pub const LOCAL_EECN: Field = f(16, 0, 24);
+    pub const STARTING_PSN: Field = f(20, 0, 24);
+    pub const RESPONDER_RESOURCES: Field = f(24, 0, 8);
+    pub const INITIATOR_DEPTH: Field = f(25, 0, 8);
+    pub const TARGET_ACK_DELAY: Field = f(26, 0, 5);
+    pub const FAILOVER_ACCEPTED: Field = f(26, 5, 2);
+    pub const E2E_FLOW_CONTROL: Field = f(26, 7, 1);
+    pub const RNR_RETRY_COUNT: Field = f(27, 0, 3);
+    pub const SRQ: Field = f(27, 3, 1);
+}
 
 impl Rep {
     fn parse(d: &[u8]) -> Rep {
-        let v = |i: usize| REP_FIELDS[i].get(d);
+        use rep_at::*;
         let mut private_data = [0u8; private_len::REP];
         private_data.copy_from_slice(&d[REP_PRIVATE..REP_PRIVATE + private_len::REP]);
         Rep {
-            local_comm_id: v(0) as u32,
-            remote_comm_id: v(1) as u32,
-            local_qkey: v(2) as u32,
-            local_qpn: v(3) as u32,
-            local_eecn: v(4) as u32,
-            starting_psn: v(5) as u32,
-            responder_resources: v(6) as u8,
-            initiator_depth: v(7) as u8,
-            target_ack_delay: v(8) as u8,
-            failover_accepted: v(9) as u8,
-            e2e_flow_control: v(10) != 0,
-            rnr_retry_count: v(11) as u8,
-            srq: v(12) != 0,
+            local_comm_id: LOCAL_COMM_ID.get(d) as u32,
+            remote_comm_id: REMOTE_COMM_ID.get(d) as u32,
+            local_qkey: LOCAL_QKEY.get(d) as u32,
+            local_qpn: LOCAL_QPN.get(d) as u32,
+            local_eecn: LOCAL_EECN.get(d) as u32,
+            starting_psn: STARTING_PSN.get(d) as u32,
+            responder_resources: RESPONDER_RESOURCES.get(d) as u8,
+            initiator_depth: INITIATOR_DEPTH.get(d) as u8,
+            target_ack_delay: TARGET_ACK_DELAY.get(d) as u8,
+            failover_accepted: FAILOVER_ACCEPTED.get(d) as u8,
+            e2e_flow_control: E2E_FLOW_CONTROL.get(d) != 0,
+            rnr_retry_count: RNR_RETRY_COUNT.get(d) as u8,
+            srq: SRQ.get(d) != 0,
             local_ca_guid: be(d, 28, 8),
             private_data,
         }
     }
     fn emit(&self, d: &mut [u8]) {
-        let vals: [u64; 13] = [
-            self.local_comm_id.into(),
-            self.remote_comm_id.into(),
-            self.local_qkey.into(),
-            self.local_qpn.into(),
-            self.local_eecn.into(),
-            self.starting_psn.into(),
-            self.responder_resources.into(),
-            self.initiator_depth.into(),
-            self.target_ack_delay.into(),
-            self.failover_accepted.into(),
-            self.e2e_flow_control.into(),
-            self.rnr_retry_count.into(),
-            self.srq.into(),
-        ];
-        for (fld, v) in REP_FIELDS.iter().zip(vals) {
-            fld.put(d, v);
-        }
+        use rep_at::*;
+        LOCAL_COMM_ID.put(d, self.local_comm_id.into());
+        REMOTE_COMM_ID.put(d, self.remote_comm_id.into());
+        LOCAL_QKEY.put(d, self.local_qkey.into());
+        LOCAL_QPN.put(d, self.local_qpn.into());
+        LOCAL_EECN.put(d, self.local_eecn.into());
+        STARTING_PSN.put(d, self.starting_psn.into());
+        RESPONDER_RESOURCES.put(d, self.responder_resources.into());
+        INITIATOR_DEPTH.put(d, self.initiator_depth.into());
+        TARGET_ACK_DELAY.put(d, self.target_ack_delay.into());
+        FAILOVER_ACCEPTED.put(d, self.failover_accepted.into());
+        E2E_FLOW_CONTROL.put(d, self.e2e_flow_control.into());
+        RNR_RETRY_COUNT.put(d, self.rnr_retry_count.into());
+        SRQ.put(d, self.srq.into());
         put_be(d, 28, 8, self.local_ca_guid);
         d[REP_PRIVATE..REP_PRIVATE + private_len::REP].copy_from_slice(&self.private_data);
     }
+}
+
+/// Positions of the sub-word fields of the other messages (IBTA tables 107, 108, 112
+/// and 120; their whole-word fields are read and written as big-endian words).
+mod other_at {
+    use super::{f, Field};
+    pub const MRA_MESSAGE_MRAED: Field = f(8, 0, 2);
+    pub const MRA_SERVICE_TIMEOUT: Field = f(9, 0, 5);
+    pub const REJ_MESSAGE_REJECTED: Field = f(8, 0, 2);
+    pub const REJ_INFO_LENGTH: Field = f(9, 0, 7);
+    pub const DREQ_REMOTE_QPN: Field = f(8, 0, 24);
+    pub const SIDR_REP_QPN: Field = f(8, 0, 24);
 }
 
 /// REJ (IBTA table 108).
@@ -607,8 +615,8 @@ impl Rej {
         Rej {
             local_comm_id: be(d, 0, 4) as u32,
             remote_comm_id: be(d, 4, 4) as u32,
-            message_rejected: f(8, 0, 2).get(d) as u8,
-            rejected_info_length: f(9, 0, 7).get(d) as u8,
+            message_rejected: other_at::REJ_MESSAGE_REJECTED.get(d) as u8,
+            rejected_info_length: other_at::REJ_INFO_LENGTH.get(d) as u8,
             reason: be(d, 10, 2) as u16,
             ari,
             private_data,
@@ -617,8 +625,8 @@ impl Rej {
     fn emit(&self, d: &mut [u8]) {
         put_be(d, 0, 4, self.local_comm_id.into());
         put_be(d, 4, 4, self.remote_comm_id.into());
-        f(8, 0, 2).put(d, self.message_rejected.into());
-        f(9, 0, 7).put(d, self.rejected_info_length.into());
+        other_at::REJ_MESSAGE_REJECTED.put(d, self.message_rejected.into());
+        other_at::REJ_INFO_LENGTH.put(d, self.rejected_info_length.into());
         put_be(d, 10, 2, self.reason.into());
         d[12..12 + INFO_LEN].copy_from_slice(&self.ari);
         d[REJ_PRIVATE..REJ_PRIVATE + private_len::REJ].copy_from_slice(&self.private_data);
@@ -776,12 +784,12 @@ impl CmMsg {
             CmAttr::Drep => CmMsg::Drep(Box::new(Ids::parse(d, DREP_PRIVATE))),
             CmAttr::Dreq => CmMsg::Dreq(Box::new(Dreq {
                 ids: Ids::parse(d, DREQ_PRIVATE),
-                remote_qpn: f(8, 0, 24).get(d) as u32,
+                remote_qpn: other_at::DREQ_REMOTE_QPN.get(d) as u32,
             })),
             CmAttr::Mra => CmMsg::Mra(Box::new(Mra {
                 ids: Ids::parse(d, MRA_PRIVATE),
-                message_mraed: f(8, 0, 2).get(d) as u8,
-                service_timeout: f(9, 0, 5).get(d) as u8,
+                message_mraed: other_at::MRA_MESSAGE_MRAED.get(d) as u8,
+                service_timeout: other_at::MRA_SERVICE_TIMEOUT.get(d) as u8,
             })),
             CmAttr::SidrReq => {
                 let mut private_data = [0u8; private_len::SIDR_REQ];
@@ -802,7 +810,7 @@ impl CmMsg {
                     request_id: be(d, 0, 4) as u32,
                     status: d[4],
                     additional_info_length: d[5],
-                    qpn: f(8, 0, 24).get(d) as u32,
+                    qpn: other_at::SIDR_REP_QPN.get(d) as u32,
                     service_id: be(d, 12, 8),
                     qkey: be(d, 20, 4) as u32,
                     additional_info,
@@ -828,12 +836,12 @@ impl CmMsg {
             CmMsg::Drep(m) => m.emit(d, DREP_PRIVATE),
             CmMsg::Dreq(m) => {
                 m.ids.emit(d, DREQ_PRIVATE);
-                f(8, 0, 24).put(d, m.remote_qpn.into());
+                other_at::DREQ_REMOTE_QPN.put(d, m.remote_qpn.into());
             }
             CmMsg::Mra(m) => {
                 m.ids.emit(d, MRA_PRIVATE);
-                f(8, 0, 2).put(d, m.message_mraed.into());
-                f(9, 0, 5).put(d, m.service_timeout.into());
+                other_at::MRA_MESSAGE_MRAED.put(d, m.message_mraed.into());
+                other_at::MRA_SERVICE_TIMEOUT.put(d, m.service_timeout.into());
             }
             CmMsg::SidrReq(m) => {
                 put_be(d, 0, 4, m.request_id.into());
@@ -845,7 +853,7 @@ impl CmMsg {
                 put_be(d, 0, 4, m.request_id.into());
                 d[4] = m.status;
                 d[5] = m.additional_info_length;
-                f(8, 0, 24).put(d, m.qpn.into());
+                other_at::SIDR_REP_QPN.put(d, m.qpn.into());
                 put_be(d, 12, 8, m.service_id);
                 put_be(d, 20, 4, m.qkey.into());
                 d[24..24 + INFO_LEN].copy_from_slice(&m.additional_info);
