@@ -1,0 +1,1277 @@
+//! The IB communication manager protocol (IBTA chapter 12) as rdma_cm uses it over
+//! RoCEv2: REQ / MRA / REJ / REP / RTU / DREQ / DREP and SIDR_REQ / SIDR_REP MADs
+//! exchanged between the QP1s of two devices, one state machine per connection.
+//!
+//! Sans-IO, like the transport: MADs come in through [`IbCm::handle_mad`], time through
+//! `now` (nanoseconds) arguments and [`IbCm::handle_timeout`]; MADs leave through
+//! [`IbCm::poll_transmit`] and what the consumer must hear through [`IbCm::poll_event`].
+//!
+//! The behaviour follows the Linux CM (`drivers/infiniband/core/cm.c`), which is what a
+//! peer running rdma_cm on Linux expects:
+//!
+//! - A message that expects an answer (REQ, REP, DREQ, SIDR_REQ) is sent again after its
+//!   response timeout, up to the connection's `max_cm_retries` times; when the retries
+//!   run out the consumer gets the matching `*Error` event (REQ and REP: the connection
+//!   is abandoned; DREQ: it enters timewait anyway).
+//! - The response timeout of a REQ is twice the path's packet lifetime plus the remote
+//!   CM response time; the passive side answers with the REQ's local CM response time.
+//!   Times are IBTA exponents: 4.096 µs × 2^t, which the Linux CM rounds to
+//!   2^(t-8) ms and so does this one.
+//! - An MRA (message receipt acknowledgement) extends the wait for an answer by its
+//!   service timeout. A consumer may "send" an MRA with the delay flag: nothing goes out
+//!   until the peer retransmits, which then gets the MRA instead of silence.
+//! - Duplicates: a retransmitted REQ gets the MRA again (if one was sent) or, from a
+//!   connection in timewait, a REJ "stale connection", and is otherwise ignored; a
+//!   retransmitted REP gets the RTU again once established (so a lost RTU costs one REP
+//!   timeout, never a stuck side); a retransmitted DREQ gets the DREP again, and a DREQ
+//!   for a connection that no longer exists still gets a DREP (so a lost DREP never
+//!   leaves the other side waiting out all its retries).
+//! - A REQ for a service nobody listens on is rejected with reason 8 (invalid service
+//!   ID); a REQ from a QP that already has a connection here is rejected "stale
+//!   connection" and the old connection is disconnected.
+//! - After a disconnect a connection waits in timewait for the path's ACK timeout before
+//!   it reports [`EventKind::TimewaitExit`].
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::IpAddr;
+
+use softrdma_wire::cm::{
+    self as wcm, rej_reason, CmMsg, Drep, Dreq, Ids, Mra, Rej, Rep, Req, Rtu, SidrRep, SidrReq,
+    MAD_LEN,
+};
+use softrdma_wire::SplitMix64;
+
+/// A connection's local communication ID.
+pub type CommId = u32;
+
+/// A MAD as it travels.
+pub type Mad = [u8; MAD_LEN];
+
+/// The CM agent a MAD comes from or goes to: the device's IP address and its QP (the GSI,
+/// QP 1, for every CM message rdma_cm sends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Peer {
+    /// IP address of the device.
+    pub ip: IpAddr,
+    /// QP number of its CM agent.
+    pub qpn: u32,
+}
+
+impl Peer {
+    /// The GSI (QP 1) at `ip`.
+    pub fn gsi(ip: IpAddr) -> Peer {
+        Peer {
+            ip,
+            qpn: wcm::GSI_QPN,
+        }
+    }
+}
+
+/// Which message an MRA or REJ refers to (IBTA "message MRAed" / "message rejected").
+pub mod msg_response {
+    /// The REQ.
+    pub const REQ: u8 = 0;
+    /// The REP.
+    pub const REP: u8 = 1;
+    /// Another message.
+    pub const OTHER: u8 = 2;
+}
+
+/// SIDR_REP status values (IBTA table 120).
+pub mod sidr_status {
+    /// The QP was found: the REP carries its number and Q_Key.
+    pub const SUCCESS: u8 = 0;
+    /// The service ID is not supported here (nobody listens).
+    pub const UNSUPPORTED: u8 = 1;
+    /// The request was rejected.
+    pub const REJECT: u8 = 2;
+}
+
+/// The service timeout with this flag set asks [`IbCm::send_mra`] to hold the MRA until
+/// the peer retransmits (as rdma_cm does for every REQ and REP it receives).
+pub const MRA_FLAG_DELAY: u8 = 0x80;
+
+/// Connection state (the Linux CM's `ib_cm_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// No exchange in progress.
+    Idle,
+    /// REQ sent, waiting for REP / REJ.
+    ReqSent,
+    /// REQ sent and MRAed by the peer.
+    MraReqRcvd,
+    /// REQ received, waiting for the consumer.
+    ReqRcvd,
+    /// REQ received and MRA sent (or held).
+    MraReqSent,
+    /// REP sent, waiting for RTU.
+    RepSent,
+    /// REP sent and MRAed by the peer.
+    MraRepRcvd,
+    /// REP received, waiting for the consumer to send RTU.
+    RepRcvd,
+    /// REP received and MRA sent (or held).
+    MraRepSent,
+    /// Connected.
+    Established,
+    /// DREQ sent, waiting for DREP.
+    DreqSent,
+    /// DREQ received, waiting for the consumer to send DREP.
+    DreqRcvd,
+    /// Disconnected, waiting before the QP may be reused.
+    Timewait,
+    /// SIDR_REQ sent, waiting for SIDR_REP.
+    SidrReqSent,
+    /// SIDR_REQ received, waiting for the consumer.
+    SidrReqRcvd,
+}
+
+/// What happened to a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventKind {
+    /// A REQ for a service we listen on created this connection (state `ReqRcvd`).
+    ReqReceived {
+        /// The REQ.
+        req: Box<Req>,
+        /// Where it came from.
+        peer: Peer,
+    },
+    /// The passive side accepted (state `RepRcvd`).
+    RepReceived(Box<Rep>),
+    /// The active side completed the handshake (state `Established`).
+    RtuReceived(Box<Rtu>),
+    /// The consumer said the connection carries traffic before the RTU came
+    /// ([`IbCm::establish`]): state `Established`.
+    UserEstablished,
+    /// The peer rejected; the connection is idle or in timewait.
+    RejReceived(Box<Rej>),
+    /// The peer asked to disconnect (state `DreqRcvd`).
+    DreqReceived(Box<Dreq>),
+    /// The peer confirmed the disconnect (state `Timewait`).
+    DrepReceived(Box<Drep>),
+    /// No answer to the REQ after every retry (state `Idle`).
+    ReqError,
+    /// No answer to the REP after every retry (state `Idle`).
+    RepError,
+    /// No answer to the DREQ after every retry (state `Timewait`).
+    DreqError,
+    /// Timewait is over (state `Idle`).
+    TimewaitExit,
+    /// A SIDR_REQ for a service we listen on created this exchange.
+    SidrReqReceived {
+        /// The request.
+        req: Box<SidrReq>,
+        /// Where it came from.
+        peer: Peer,
+    },
+    /// The answer to our SIDR_REQ.
+    SidrRepReceived(Box<SidrRep>),
+    /// No answer to the SIDR_REQ after every retry.
+    SidrReqError,
+}
+
+/// An event for the consumer of connection `id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The connection.
+    pub id: CommId,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// Why a call was refused: the state does not allow it, or no such connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmError {
+    /// No connection with that ID.
+    NoSuchId,
+    /// The connection's state does not allow this.
+    BadState(State),
+    /// A service with that ID is already listened on.
+    Busy,
+    /// `establish` on a connection that already is.
+    AlreadyConnected,
+}
+
+impl std::fmt::Display for CmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CmError::NoSuchId => write!(f, "no such CM connection"),
+            CmError::BadState(s) => write!(f, "not allowed in CM state {s:?}"),
+            CmError::Busy => write!(f, "service ID already listened on"),
+            CmError::AlreadyConnected => write!(f, "connection already established"),
+        }
+    }
+}
+
+impl std::error::Error for CmError {}
+
+/// Counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// MADs handed to [`IbCm::poll_transmit`] (retransmissions included).
+    pub tx: u64,
+    /// Of those, retransmissions.
+    pub retransmits: u64,
+    /// MADs received.
+    pub rx: u64,
+    /// Received duplicates (REQ, REP, RTU, DREQ, MRA, SIDR_REQ) that were answered or
+    /// ignored as duplicates.
+    pub duplicates: u64,
+    /// Received MADs that matched no connection or state, or did not parse.
+    pub dropped: u64,
+}
+
+/// 4.096 µs × 2^`t`, as the Linux CM approximates it: 2^(t-8) ms (at least 1 ms).
+pub fn iba_time_ms(t: u8) -> u64 {
+    1u64 << u32::from(t.min(31)).saturating_sub(8)
+}
+
+/// The local ACK timeout exponent for a path: 4.096 µs × 2^t covers the CA's ACK delay
+/// plus a round trip of packet lifetimes, rounded as the Linux CM rounds it.
+pub fn ack_timeout(ca_ack_delay: u8, packet_life_time: u8) -> u8 {
+    let mut t = packet_life_time.saturating_add(1);
+    if t >= ca_ack_delay {
+        t += u8::from(ca_ack_delay + 1 >= t);
+    } else {
+        t = ca_ack_delay + u8::from(t + 1 >= ca_ack_delay);
+    }
+    t.min(31)
+}
+
+const NS_PER_MS: u64 = 1_000_000;
+
+/// A message waiting for its answer.
+#[derive(Debug, Clone)]
+struct Retx {
+    mad: Mad,
+    /// The state it was sent in: an answer or a state change makes it stale.
+    sent_in: State,
+    retries_left: u8,
+    timeout_ms: u64,
+    deadline: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Conn {
+    state: State,
+    local_id: CommId,
+    /// The peer's communication ID, 0 until known.
+    remote_id: CommId,
+    peer: Peer,
+    /// Transaction ID of the exchange (our REQ's, or the peer's REQ / DREQ).
+    tid: u64,
+    remote_ca_guid: u64,
+    remote_qpn: u32,
+    local_qpn: u32,
+    /// Response timeout for what we send.
+    timeout_ms: u64,
+    max_retries: u8,
+    /// The path's ACK timeout exponent (timewait lasts this long).
+    av_timeout: u8,
+    /// The service timeout of the MRA we sent (answered again to duplicates).
+    service_timeout: u8,
+    /// Private data of our last RTU / MRA / DREP, sent again to duplicates.
+    private: Vec<u8>,
+    retx: Option<Retx>,
+    timewait_until: Option<u64>,
+    /// Keys under which this connection is found by the peer's IDs.
+    remote_key: Option<(u64, CommId)>,
+    qp_key: Option<(u64, u32)>,
+    /// A SIDR_REQ we answer: its (peer, request ID).
+    sidr_key: Option<(IpAddr, u32)>,
+    service_id: u64,
+}
+
+impl Conn {
+    fn new(local_id: CommId, peer: Peer) -> Conn {
+        Conn {
+            state: State::Idle,
+            local_id,
+            remote_id: 0,
+            peer,
+            tid: 0,
+            remote_ca_guid: 0,
+            remote_qpn: 0,
+            local_qpn: 0,
+            timeout_ms: 0,
+            max_retries: 0,
+            av_timeout: 0,
+            service_timeout: 0,
+            private: Vec::new(),
+            retx: None,
+            timewait_until: None,
+            remote_key: None,
+            qp_key: None,
+            sidr_key: None,
+            service_id: 0,
+        }
+    }
+}
+
+/// The CM of one device: its connections, listeners and what waits to be sent.
+#[derive(Debug)]
+pub struct IbCm {
+    ca_guid: u64,
+    ack_delay: u8,
+    conns: HashMap<CommId, Conn>,
+    next_id: u32,
+    id_mask: u32,
+    tid_hi: u64,
+    listening: HashSet<u64>,
+    /// (peer CA GUID, peer comm ID) → our connection: finds duplicate REQs.
+    remote_ids: HashMap<(u64, CommId), CommId>,
+    /// (peer CA GUID, peer QPN) → our connection: finds stale connections.
+    remote_qps: HashMap<(u64, u32), CommId>,
+    /// SIDR_REQs being answered, by (peer IP, request ID).
+    sidr_in: HashMap<(IpAddr, u32), CommId>,
+    out: VecDeque<(Peer, Mad)>,
+    events: VecDeque<Event>,
+    stats: Stats,
+}
+
+/// Longest private data of each message (its field in the MAD).
+pub use softrdma_wire::cm::private_len;
+
+fn fill<const N: usize>(data: &[u8]) -> [u8; N] {
+    let mut a = [0u8; N];
+    let n = data.len().min(N);
+    a[..n].copy_from_slice(&data[..n]);
+    a
+}
+
+impl IbCm {
+    /// A CM for a device with node GUID `ca_guid` and local CA ACK delay exponent
+    /// `ack_delay`; `seed` makes its communication IDs unpredictable.
+    pub fn new(ca_guid: u64, ack_delay: u8, seed: u64) -> IbCm {
+        let mut rng = SplitMix64::new(seed);
+        let r = rng.next_u64();
+        IbCm {
+            ca_guid,
+            ack_delay,
+            conns: HashMap::new(),
+            next_id: r as u32,
+            id_mask: (r >> 32) as u32,
+            tid_hi: rng.next_u64() & 0xFFFF_FFFF,
+            listening: HashSet::new(),
+            remote_ids: HashMap::new(),
+            remote_qps: HashMap::new(),
+            sidr_in: HashMap::new(),
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// The device's node GUID, sent as the local CA GUID.
+    pub fn ca_guid(&self) -> u64 {
+        self.ca_guid
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// A connection's state.
+    pub fn state(&self, id: CommId) -> Option<State> {
+        self.conns.get(&id).map(|c| c.state)
+    }
+
+    /// A connection's peer.
+    pub fn peer(&self, id: CommId) -> Option<Peer> {
+        self.conns.get(&id).map(|c| c.peer)
+    }
+
+    /// Number of connections (in any state, timewait included).
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Whether there are no connections.
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    fn alloc_id(&mut self, peer: Peer) -> CommId {
+        loop {
+            self.next_id = self.next_id.wrapping_add(1);
+            let id = self.next_id ^ self.id_mask;
+            // 0 means "not known yet" on the wire.
+            if id != 0 && !self.conns.contains_key(&id) {
+                self.conns.insert(id, Conn::new(id, peer));
+                return id;
+            }
+        }
+    }
+
+    fn form_tid(&self, id: CommId) -> u64 {
+        self.tid_hi << 32 | u64::from(id)
+    }
+
+    fn conn(&mut self, id: CommId) -> Result<&mut Conn, CmError> {
+        self.conns.get_mut(&id).ok_or(CmError::NoSuchId)
+    }
+
+    /// Receive REQs and SIDR_REQs for `service_id`.
+    pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
+        if self.listening.insert(service_id) {
+            Ok(())
+        } else {
+            Err(CmError::Busy)
+        }
+    }
+
+    /// Stop receiving requests for `service_id` (later ones are rejected).
+    pub fn unlisten(&mut self, service_id: u64) {
+        self.listening.remove(&service_id);
+    }
+
+    fn emit(&mut self, to: Peer, msg: &CmMsg, tid: u64) -> Mad {
+        let mad = msg.emit(tid);
+        self.out.push_back((to, mad));
+        self.stats.tx += 1;
+        mad
+    }
+
+    fn event(&mut self, id: CommId, kind: EventKind) {
+        self.events.push_back(Event { id, kind });
+    }
+
+    /// Send `msg` on connection `id`, expecting an answer: it is retransmitted until the
+    /// state leaves `sent_in` or the retries run out.
+    fn send_expecting(&mut self, now: u64, id: CommId, msg: &CmMsg, tid: u64, sent_in: State) {
+        let Some(c) = self.conns.get(&id) else { return };
+        let (peer, timeout_ms, retries) = (c.peer, c.timeout_ms, c.max_retries);
+        let mad = self.emit(peer, msg, tid);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.retx = Some(Retx {
+                mad,
+                sent_in,
+                retries_left: retries,
+                timeout_ms,
+                deadline: now.saturating_add(timeout_ms.saturating_mul(NS_PER_MS)),
+            });
+        }
+    }
+
+    /// Start a connection: send `req` to `peer`. The CM fills in the local communication
+    /// ID, the CA GUID and the primary path's ACK timeout (from the CA's ACK delay and
+    /// `packet_life_time`); the response timeout comes from `req.remote_cm_response_timeout`
+    /// and the path's `packet_life_time` (exponents), the retries from
+    /// `req.max_cm_retries`.
+    pub fn send_req(&mut self, now: u64, peer: Peer, mut req: Req, packet_life_time: u8) -> CommId {
+        let id = self.alloc_id(peer);
+        req.local_comm_id = id;
+        req.local_ca_guid = self.ca_guid;
+        req.primary.local_ack_timeout = ack_timeout(self.ack_delay, packet_life_time);
+        let tid = self.form_tid(id);
+        let timeout_ms =
+            2 * iba_time_ms(packet_life_time) + iba_time_ms(req.remote_cm_response_timeout);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.tid = tid;
+            c.timeout_ms = timeout_ms;
+            c.max_retries = req.max_cm_retries;
+            c.av_timeout = packet_life_time.saturating_add(1).min(31);
+            c.local_qpn = req.local_qpn;
+            c.service_id = req.service_id;
+            c.state = State::ReqSent;
+        }
+        self.send_expecting(now, id, &CmMsg::Req(Box::new(req)), tid, State::ReqSent);
+        id
+    }
+
+    /// Accept a REQ: send `rep` (the CM fills in the communication IDs, the CA GUID and
+    /// the target ACK delay).
+    pub fn send_rep(&mut self, now: u64, id: CommId, mut rep: Rep) -> Result<(), CmError> {
+        let (ca_guid, ack_delay) = (self.ca_guid, self.ack_delay);
+        let c = self.conn(id)?;
+        if !matches!(c.state, State::ReqRcvd | State::MraReqSent) {
+            return Err(CmError::BadState(c.state));
+        }
+        rep.local_comm_id = c.local_id;
+        rep.remote_comm_id = c.remote_id;
+        rep.local_ca_guid = ca_guid;
+        rep.target_ack_delay = ack_delay;
+        c.local_qpn = rep.local_qpn;
+        c.state = State::RepSent;
+        let tid = c.tid;
+        self.send_expecting(now, id, &CmMsg::Rep(Box::new(rep)), tid, State::RepSent);
+        Ok(())
+    }
+
+    /// Complete the handshake on the active side: send the RTU (state `Established`).
+    pub fn send_rtu(&mut self, _now: u64, id: CommId, private: &[u8]) -> Result<(), CmError> {
+        let c = self.conn(id)?;
+        if !matches!(c.state, State::RepRcvd | State::MraRepSent) {
+            return Err(CmError::BadState(c.state));
+        }
+        c.state = State::Established;
+        c.private = private.to_vec();
+        let (peer, tid) = (c.peer, c.tid);
+        let msg = CmMsg::Rtu(Box::new(Ids {
+            local_comm_id: c.local_id,
+            remote_comm_id: c.remote_id,
+            private_data: fill(private),
+        }));
+        self.emit(peer, &msg, tid);
+        Ok(())
+    }
+
+    /// Tell the peer its REQ or REP will take a while to answer: `service_timeout` is the
+    /// exponent of the extra wait; with [`MRA_FLAG_DELAY`] the MRA is only sent when the
+    /// peer retransmits.
+    pub fn send_mra(
+        &mut self,
+        _now: u64,
+        id: CommId,
+        service_timeout: u8,
+        private: &[u8],
+    ) -> Result<(), CmError> {
+        let c = self.conn(id)?;
+        let (next, mraed) = match c.state {
+            State::ReqRcvd => (State::MraReqSent, msg_response::REQ),
+            State::RepRcvd => (State::MraRepSent, msg_response::REP),
+            s => return Err(CmError::BadState(s)),
+        };
+        c.state = next;
+        c.service_timeout = service_timeout & 0x1F;
+        c.private = private.to_vec();
+        if service_timeout & MRA_FLAG_DELAY == 0 {
+            let (peer, tid) = (c.peer, c.tid);
+            let msg = mra_of(c, mraed);
+            self.emit(peer, &msg, tid);
+        }
+        Ok(())
+    }
+
+    /// Refuse or abandon a connection: send a REJ with `reason`, additional information
+    /// `ari` and `private` data. Allowed until the connection is established.
+    pub fn send_rej(
+        &mut self,
+        now: u64,
+        id: CommId,
+        reason: u16,
+        ari: &[u8],
+        private: &[u8],
+    ) -> Result<(), CmError> {
+        let c = self.conn(id)?;
+        let state = c.state;
+        match state {
+            State::ReqSent
+            | State::MraReqRcvd
+            | State::ReqRcvd
+            | State::MraReqSent
+            | State::RepRcvd
+            | State::MraRepSent => self.reset_to_idle(id),
+            State::RepSent | State::MraRepRcvd => self.enter_timewait(now, id),
+            s => return Err(CmError::BadState(s)),
+        }
+        let Some(c) = self.conns.get(&id) else {
+            return Ok(());
+        };
+        let (local, message_rejected) = match state {
+            State::ReqRcvd => (0, msg_response::REQ),
+            State::MraReqSent => (c.local_id, msg_response::REQ),
+            State::RepRcvd | State::MraRepSent => (c.local_id, msg_response::REP),
+            _ => (c.local_id, msg_response::OTHER),
+        };
+        let info = ari.len().min(72);
+        let msg = CmMsg::Rej(Box::new(Rej {
+            local_comm_id: local,
+            remote_comm_id: c.remote_id,
+            message_rejected,
+            rejected_info_length: info as u8,
+            reason,
+            ari: fill(&ari[..info]),
+            private_data: fill(private),
+        }));
+        let (peer, tid) = (c.peer, c.tid);
+        self.emit(peer, &msg, tid);
+        Ok(())
+    }
+
+    /// Disconnect an established connection: send a DREQ (state `DreqSent`).
+    pub fn send_dreq(&mut self, now: u64, id: CommId, private: &[u8]) -> Result<(), CmError> {
+        let tid = self.form_tid(id);
+        let c = self.conn(id)?;
+        if c.state != State::Established {
+            return Err(CmError::BadState(c.state));
+        }
+        c.state = State::DreqSent;
+        let msg = CmMsg::Dreq(Box::new(Dreq {
+            ids: Ids {
+                local_comm_id: c.local_id,
+                remote_comm_id: c.remote_id,
+                private_data: fill(private),
+            },
+            remote_qpn: c.remote_qpn,
+        }));
+        self.send_expecting(now, id, &msg, tid, State::DreqSent);
+        Ok(())
+    }
+
+    /// Answer a DREQ: send the DREP and enter timewait.
+    pub fn send_drep(&mut self, now: u64, id: CommId, private: &[u8]) -> Result<(), CmError> {
+        let c = self.conn(id)?;
+        if c.state != State::DreqRcvd {
+            return Err(CmError::BadState(c.state));
+        }
+        c.private = private.to_vec();
+        let msg = drep_of(c);
+        let (peer, tid) = (c.peer, c.tid);
+        self.enter_timewait(now, id);
+        self.emit(peer, &msg, tid);
+        Ok(())
+    }
+
+    /// The consumer saw traffic on a connection whose RTU has not arrived (the QP's
+    /// communication-established event): it is established now.
+    pub fn establish(&mut self, id: CommId) -> Result<(), CmError> {
+        let c = self.conn(id)?;
+        match c.state {
+            State::RepSent | State::MraRepRcvd => {
+                c.state = State::Established;
+                c.retx = None;
+                self.event(id, EventKind::UserEstablished);
+                Ok(())
+            }
+            State::Established => Err(CmError::AlreadyConnected),
+            s => Err(CmError::BadState(s)),
+        }
+    }
+
+    /// Ask `peer` which QP serves `req.service_id` (UD). The CM fills in the request ID.
+    pub fn send_sidr_req(
+        &mut self,
+        now: u64,
+        peer: Peer,
+        mut req: SidrReq,
+        timeout_ms: u64,
+        max_retries: u8,
+    ) -> CommId {
+        let id = self.alloc_id(peer);
+        req.request_id = id;
+        let tid = self.form_tid(id);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.tid = tid;
+            c.timeout_ms = timeout_ms.max(1);
+            c.max_retries = max_retries;
+            c.service_id = req.service_id;
+            c.state = State::SidrReqSent;
+        }
+        self.send_expecting(
+            now,
+            id,
+            &CmMsg::SidrReq(Box::new(req)),
+            tid,
+            State::SidrReqSent,
+        );
+        id
+    }
+
+    /// Answer a SIDR_REQ with `rep` (the CM fills in the request and service IDs). The
+    /// exchange is over: the connection is removed.
+    pub fn send_sidr_rep(
+        &mut self,
+        _now: u64,
+        id: CommId,
+        mut rep: SidrRep,
+    ) -> Result<(), CmError> {
+        let c = self.conn(id)?;
+        if c.state != State::SidrReqRcvd {
+            return Err(CmError::BadState(c.state));
+        }
+        rep.request_id = c.remote_id;
+        rep.service_id = c.service_id;
+        let (peer, tid) = (c.peer, c.tid);
+        self.emit(peer, &CmMsg::SidrRep(Box::new(rep)), tid);
+        self.remove(id);
+        Ok(())
+    }
+
+    /// Drop connection `id` as the Linux CM destroys an ID: whatever its state needs
+    /// goes out first (a REJ while connecting, a DREQ when established, a DREP when
+    /// asked to disconnect, a SIDR_REP "reject" to an unanswered SIDR_REQ), then it is
+    /// forgotten; no more events for it.
+    pub fn destroy(&mut self, now: u64, id: CommId) {
+        let Some(c) = self.conns.get(&id) else { return };
+        let guid = self.ca_guid.to_be_bytes();
+        match c.state {
+            State::SidrReqRcvd => {
+                let rep = SidrRep {
+                    request_id: 0,
+                    status: sidr_status::REJECT,
+                    additional_info_length: 0,
+                    qpn: 0,
+                    service_id: 0,
+                    qkey: 0,
+                    additional_info: [0; 72],
+                    private_data: [0; wcm::private_len::SIDR_REP],
+                };
+                let _ = self.send_sidr_rep(now, id, rep);
+            }
+            State::ReqSent | State::MraReqRcvd => {
+                let _ = self.send_rej(now, id, rej_reason::TIMEOUT, &guid, &[]);
+            }
+            State::ReqRcvd
+            | State::MraReqSent
+            | State::RepRcvd
+            | State::MraRepSent
+            | State::RepSent
+            | State::MraRepRcvd => {
+                let _ = self.send_rej(now, id, rej_reason::CONSUMER_REJECT, &[], &[]);
+            }
+            State::Established => {
+                let _ = self.send_dreq(now, id, &[]);
+            }
+            State::DreqRcvd => {
+                let _ = self.send_drep(now, id, &[]);
+            }
+            State::Idle | State::DreqSent | State::Timewait | State::SidrReqSent => {}
+        }
+        self.remove(id);
+    }
+
+    fn remove(&mut self, id: CommId) {
+        if let Some(c) = self.conns.remove(&id) {
+            self.unindex(&c);
+        }
+        self.events.retain(|e| e.id != id);
+    }
+
+    fn unindex(&mut self, c: &Conn) {
+        if let Some(k) = c.remote_key {
+            if self.remote_ids.get(&k) == Some(&c.local_id) {
+                self.remote_ids.remove(&k);
+            }
+        }
+        if let Some(k) = c.qp_key {
+            if self.remote_qps.get(&k) == Some(&c.local_id) {
+                self.remote_qps.remove(&k);
+            }
+        }
+        if let Some(k) = c.sidr_key {
+            if self.sidr_in.get(&k) == Some(&c.local_id) {
+                self.sidr_in.remove(&k);
+            }
+        }
+    }
+
+    fn reset_to_idle(&mut self, id: CommId) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.state = State::Idle;
+        c.retx = None;
+        let c = c.clone();
+        self.unindex(&c);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.remote_key = None;
+            c.qp_key = None;
+        }
+    }
+
+    fn enter_timewait(&mut self, now: u64, id: CommId) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.state = State::Timewait;
+        c.retx = None;
+        c.timewait_until = Some(now.saturating_add(iba_time_ms(c.av_timeout) * NS_PER_MS));
+    }
+
+    /// Next MAD to send, and where.
+    pub fn poll_transmit(&mut self) -> Option<(Peer, Mad)> {
+        self.out.pop_front()
+    }
+
+    /// Next event for the consumer.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Earliest retransmission or timewait deadline.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.conns
+            .values()
+            .flat_map(|c| [c.retx.as_ref().map(|r| r.deadline), c.timewait_until])
+            .flatten()
+            .min()
+    }
+
+    /// Fire the timers due at `now`: retransmit, give up (the `*Error` events), leave
+    /// timewait.
+    pub fn handle_timeout(&mut self, now: u64) {
+        let due: Vec<CommId> = self
+            .conns
+            .values()
+            .filter(|c| {
+                c.retx.as_ref().is_some_and(|r| r.deadline <= now)
+                    || c.timewait_until.is_some_and(|t| t <= now)
+            })
+            .map(|c| c.local_id)
+            .collect();
+        for id in due {
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            if c.timewait_until.is_some_and(|t| t <= now) {
+                c.timewait_until = None;
+                if c.state == State::Timewait {
+                    c.state = State::Idle;
+                    self.event(id, EventKind::TimewaitExit);
+                }
+                continue;
+            }
+            let Some(r) = c.retx.as_mut() else { continue };
+            if r.sent_in != c.state {
+                c.retx = None;
+                continue;
+            }
+            if r.retries_left > 0 {
+                r.retries_left -= 1;
+                r.deadline = now.saturating_add(r.timeout_ms.saturating_mul(NS_PER_MS));
+                let (peer, mad) = (c.peer, r.mad);
+                self.out.push_back((peer, mad));
+                self.stats.tx += 1;
+                self.stats.retransmits += 1;
+                continue;
+            }
+            c.retx = None;
+            match c.state {
+                State::ReqSent | State::MraReqRcvd => {
+                    self.reset_to_idle(id);
+                    self.event(id, EventKind::ReqError);
+                }
+                State::RepSent | State::MraRepRcvd => {
+                    self.reset_to_idle(id);
+                    self.event(id, EventKind::RepError);
+                }
+                State::DreqSent => {
+                    self.enter_timewait(now, id);
+                    self.event(id, EventKind::DreqError);
+                }
+                State::SidrReqSent => {
+                    c.state = State::Idle;
+                    self.event(id, EventKind::SidrReqError);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A MAD arrived from `from`. What does not parse, is not a CM message or matches no
+    /// connection is counted and dropped.
+    pub fn handle_mad(&mut self, now: u64, from: Peer, mad: &[u8]) {
+        self.stats.rx += 1;
+        let Ok((hdr, msg)) = CmMsg::parse(mad) else {
+            self.stats.dropped += 1;
+            return;
+        };
+        let handled = match msg {
+            CmMsg::Req(m) => self.on_req(now, from, hdr.tid, m),
+            CmMsg::Mra(m) => self.on_mra(now, &m),
+            CmMsg::Rej(m) => self.on_rej(now, m),
+            CmMsg::Rep(m) => self.on_rep(from, m),
+            CmMsg::Rtu(m) => self.on_rtu(m),
+            CmMsg::Dreq(m) => self.on_dreq(from, hdr.tid, m),
+            CmMsg::Drep(m) => self.on_drep(now, m),
+            CmMsg::SidrReq(m) => self.on_sidr_req(from, hdr.tid, m),
+            CmMsg::SidrRep(m) => self.on_sidr_rep(m),
+        };
+        if !handled {
+            self.stats.dropped += 1;
+        }
+    }
+
+    /// The connection `local` whose peer ID is `remote` (0: not known yet).
+    fn find(&self, local: CommId, remote: CommId) -> Option<CommId> {
+        self.conns
+            .get(&local)
+            .filter(|c| c.remote_id == remote)
+            .map(|c| c.local_id)
+    }
+
+    /// A REJ for a message we never had a connection for.
+    fn issue_rej(&mut self, to: Peer, tid: u64, remote_id: CommId, reason: u16, rejected: u8) {
+        let msg = CmMsg::Rej(Box::new(Rej {
+            local_comm_id: 0,
+            remote_comm_id: remote_id,
+            message_rejected: rejected,
+            rejected_info_length: 0,
+            reason,
+            ari: [0; 72],
+            private_data: [0; wcm::private_len::REJ],
+        }));
+        self.emit(to, &msg, tid);
+    }
+
+    fn on_req(&mut self, now: u64, from: Peer, tid: u64, req: Box<Req>) -> bool {
+        let key = (req.local_ca_guid, req.local_comm_id);
+        if let Some(&id) = self.remote_ids.get(&key) {
+            self.stats.duplicates += 1;
+            let Some(c) = self.conns.get(&id) else {
+                return true;
+            };
+            let (peer, ctid) = (c.peer, c.tid);
+            match c.state {
+                State::MraReqSent => {
+                    let msg = mra_of(c, msg_response::REQ);
+                    self.emit(peer, &msg, ctid);
+                }
+                State::Timewait => {
+                    let msg = CmMsg::Rej(Box::new(Rej {
+                        local_comm_id: c.local_id,
+                        remote_comm_id: c.remote_id,
+                        message_rejected: msg_response::OTHER,
+                        rejected_info_length: 0,
+                        reason: rej_reason::STALE_CONN,
+                        ari: [0; 72],
+                        private_data: [0; wcm::private_len::REJ],
+                    }));
+                    self.emit(peer, &msg, ctid);
+                }
+                _ => {}
+            }
+            return true;
+        }
+        let qp_key = (req.local_ca_guid, req.local_qpn);
+        if let Some(&old) = self.remote_qps.get(&qp_key) {
+            self.issue_rej(
+                from,
+                tid,
+                req.local_comm_id,
+                rej_reason::STALE_CONN,
+                msg_response::REQ,
+            );
+            let _ = self.send_dreq(now, old, &[]);
+            return true;
+        }
+        if !self.listening.contains(&req.service_id) {
+            self.issue_rej(
+                from,
+                tid,
+                req.local_comm_id,
+                rej_reason::INVALID_SERVICE_ID,
+                msg_response::REQ,
+            );
+            return true;
+        }
+        let id = self.alloc_id(from);
+        let ack = req.primary.local_ack_timeout;
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.state = State::ReqRcvd;
+            c.remote_id = req.local_comm_id;
+            c.tid = tid;
+            c.remote_ca_guid = req.local_ca_guid;
+            c.remote_qpn = req.local_qpn;
+            c.timeout_ms = iba_time_ms(req.local_cm_response_timeout);
+            c.max_retries = req.max_cm_retries;
+            // The REQ's ACK timeout is the path's packet lifetime plus one.
+            c.av_timeout = ack
+                .saturating_sub(u8::from(ack > 0))
+                .saturating_add(1)
+                .min(31);
+            c.service_id = req.service_id;
+            c.remote_key = Some(key);
+            c.qp_key = Some(qp_key);
+        }
+        self.remote_ids.insert(key, id);
+        self.remote_qps.insert(qp_key, id);
+        self.event(id, EventKind::ReqReceived { req, peer: from });
+        true
+    }
+
+    fn on_mra(&mut self, now: u64, m: &Mra) -> bool {
+        let id = match m.message_mraed {
+            msg_response::REQ => self.find(m.ids.remote_comm_id, 0),
+            msg_response::REP | msg_response::OTHER => {
+                self.find(m.ids.remote_comm_id, m.ids.local_comm_id)
+            }
+            _ => None,
+        };
+        let Some(c) = id.and_then(|id| self.conns.get_mut(&id)) else {
+            return false;
+        };
+        let next = match (c.state, m.message_mraed) {
+            (State::ReqSent, msg_response::REQ) => State::MraReqRcvd,
+            (State::RepSent, msg_response::REP) => State::MraRepRcvd,
+            (State::MraReqRcvd | State::MraRepRcvd, _) => {
+                self.stats.duplicates += 1;
+                return true;
+            }
+            _ => return false,
+        };
+        let timeout_ms = iba_time_ms(m.service_timeout) + iba_time_ms(c.av_timeout);
+        c.state = next;
+        if let Some(r) = c.retx.as_mut() {
+            r.sent_in = next;
+            r.timeout_ms = timeout_ms;
+            r.deadline = now.saturating_add(timeout_ms * NS_PER_MS);
+        }
+        true
+    }
+
+    fn on_rej(&mut self, now: u64, rej: Box<Rej>) -> bool {
+        let remote = rej.local_comm_id;
+        let id = if rej.reason == rej_reason::TIMEOUT {
+            let guid = u64::from_be_bytes(fill(&rej.ari[..8]));
+            self.remote_ids.get(&(guid, remote)).copied()
+        } else if rej.message_rejected == msg_response::REQ {
+            self.find(rej.remote_comm_id, 0)
+        } else {
+            self.find(rej.remote_comm_id, remote)
+        };
+        let Some(id) = id else { return false };
+        let Some(state) = self.state(id) else {
+            return false;
+        };
+        match state {
+            State::ReqSent
+            | State::MraReqRcvd
+            | State::RepSent
+            | State::MraRepRcvd
+            | State::ReqRcvd
+            | State::MraReqSent => {
+                if rej.reason == rej_reason::STALE_CONN {
+                    self.enter_timewait(now, id);
+                } else {
+                    self.reset_to_idle(id);
+                }
+            }
+            State::DreqSent | State::RepRcvd | State::MraRepSent | State::Established => {
+                self.enter_timewait(now, id);
+            }
+            _ => return false,
+        }
+        self.event(id, EventKind::RejReceived(rej));
+        true
+    }
+
+    fn on_rep(&mut self, from: Peer, rep: Box<Rep>) -> bool {
+        let Some(id) = self.find(rep.remote_comm_id, 0) else {
+            return self.on_dup_rep(&rep);
+        };
+        let Some(c) = self.conns.get(&id) else {
+            return false;
+        };
+        if !matches!(c.state, State::ReqSent | State::MraReqRcvd) {
+            return false;
+        }
+        let key = (rep.local_ca_guid, rep.local_comm_id);
+        if self.remote_ids.contains_key(&key) {
+            return false;
+        }
+        let qp_key = (rep.local_ca_guid, rep.local_qpn);
+        if let Some(&old) = self.remote_qps.get(&qp_key) {
+            let tid = self.conns.get(&id).map_or(0, |c| c.tid);
+            self.issue_rej(
+                from,
+                tid,
+                rep.local_comm_id,
+                rej_reason::STALE_CONN,
+                msg_response::REP,
+            );
+            self.reset_to_idle(id);
+            let _ = self.send_dreq(0, old, &[]);
+            return true;
+        }
+        let ack_delay = rep.target_ack_delay;
+        let Some(c) = self.conns.get_mut(&id) else {
+            return false;
+        };
+        c.state = State::RepRcvd;
+        c.remote_id = rep.local_comm_id;
+        c.remote_ca_guid = rep.local_ca_guid;
+        c.remote_qpn = rep.local_qpn;
+        c.av_timeout = ack_timeout(ack_delay, c.av_timeout.saturating_sub(1));
+        c.retx = None;
+        c.remote_key = Some(key);
+        c.qp_key = Some(qp_key);
+        self.remote_ids.insert(key, id);
+        self.remote_qps.insert(qp_key, id);
+        self.event(id, EventKind::RepReceived(rep));
+        true
+    }
+
+    fn on_dup_rep(&mut self, rep: &Rep) -> bool {
+        let Some(id) = self.find(rep.remote_comm_id, rep.local_comm_id) else {
+            return false;
+        };
+        self.stats.duplicates += 1;
+        let Some(c) = self.conns.get(&id) else {
+            return true;
+        };
+        let (peer, tid) = (c.peer, c.tid);
+        let msg = match c.state {
+            State::Established => CmMsg::Rtu(Box::new(Ids {
+                local_comm_id: c.local_id,
+                remote_comm_id: c.remote_id,
+                private_data: fill(&c.private),
+            })),
+            State::MraRepSent => mra_of(c, msg_response::REP),
+            _ => return true,
+        };
+        self.emit(peer, &msg, tid);
+        true
+    }
+
+    fn on_rtu(&mut self, rtu: Box<Rtu>) -> bool {
+        let Some(id) = self.find(rtu.remote_comm_id, rtu.local_comm_id) else {
+            return false;
+        };
+        let Some(c) = self.conns.get_mut(&id) else {
+            return false;
+        };
+        if !matches!(c.state, State::RepSent | State::MraRepRcvd) {
+            self.stats.duplicates += 1;
+            return true;
+        }
+        c.state = State::Established;
+        c.retx = None;
+        self.event(id, EventKind::RtuReceived(rtu));
+        true
+    }
+
+    fn on_dreq(&mut self, from: Peer, tid: u64, dreq: Box<Dreq>) -> bool {
+        let Some(id) = self.find(dreq.ids.remote_comm_id, dreq.ids.local_comm_id) else {
+            // Gone already (or never known): answer anyway, so the peer stops asking.
+            self.stats.duplicates += 1;
+            let msg = CmMsg::Drep(Box::new(Ids {
+                local_comm_id: dreq.ids.remote_comm_id,
+                remote_comm_id: dreq.ids.local_comm_id,
+                private_data: [0; wcm::private_len::DREP],
+            }));
+            self.emit(from, &msg, tid);
+            return true;
+        };
+        let Some(c) = self.conns.get_mut(&id) else {
+            return false;
+        };
+        if c.local_qpn != dreq.remote_qpn {
+            return false;
+        }
+        match c.state {
+            State::RepSent | State::DreqSent | State::Established | State::MraRepRcvd => {
+                c.retx = None;
+            }
+            State::Timewait => {
+                self.stats.duplicates += 1;
+                let msg = drep_of(c);
+                let (peer, ctid) = (c.peer, c.tid);
+                self.emit(peer, &msg, ctid);
+                return true;
+            }
+            State::DreqRcvd => {
+                self.stats.duplicates += 1;
+                return true;
+            }
+            _ => return false,
+        }
+        c.state = State::DreqRcvd;
+        c.tid = tid;
+        self.event(id, EventKind::DreqReceived(dreq));
+        true
+    }
+
+    fn on_drep(&mut self, now: u64, drep: Box<Drep>) -> bool {
+        let Some(id) = self.find(drep.remote_comm_id, drep.local_comm_id) else {
+            return false;
+        };
+        if !matches!(self.state(id), Some(State::DreqSent | State::DreqRcvd)) {
+            return false;
+        }
+        self.enter_timewait(now, id);
+        self.event(id, EventKind::DrepReceived(drep));
+        true
+    }
+
+    fn on_sidr_req(&mut self, from: Peer, tid: u64, req: Box<SidrReq>) -> bool {
+        let key = (from.ip, req.request_id);
+        if self.sidr_in.contains_key(&key) {
+            self.stats.duplicates += 1;
+            return true;
+        }
+        if !self.listening.contains(&req.service_id) {
+            let msg = CmMsg::SidrRep(Box::new(SidrRep {
+                request_id: req.request_id,
+                status: sidr_status::UNSUPPORTED,
+                additional_info_length: 0,
+                qpn: 0,
+                service_id: req.service_id,
+                qkey: 0,
+                additional_info: [0; 72],
+                private_data: [0; wcm::private_len::SIDR_REP],
+            }));
+            self.emit(from, &msg, tid);
+            return true;
+        }
+        let id = self.alloc_id(from);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.state = State::SidrReqRcvd;
+            c.remote_id = req.request_id;
+            c.tid = tid;
+            c.service_id = req.service_id;
+            c.sidr_key = Some(key);
+        }
+        self.sidr_in.insert(key, id);
+        self.event(id, EventKind::SidrReqReceived { req, peer: from });
+        true
+    }
+
+    fn on_sidr_rep(&mut self, rep: Box<SidrRep>) -> bool {
+        let Some(id) = self.find(rep.request_id, 0) else {
+            return false;
+        };
+        let Some(c) = self.conns.get_mut(&id) else {
+            return false;
+        };
+        if c.state != State::SidrReqSent {
+            return false;
+        }
+        c.state = State::Idle;
+        c.retx = None;
+        self.event(id, EventKind::SidrRepReceived(rep));
+        true
+    }
+}
+
+fn mra_of(c: &Conn, mraed: u8) -> CmMsg {
+    CmMsg::Mra(Box::new(Mra {
+        ids: Ids {
+            local_comm_id: c.local_id,
+            remote_comm_id: c.remote_id,
+            private_data: fill(&c.private),
+        },
+        message_mraed: mraed,
+        service_timeout: c.service_timeout,
+    }))
+}
+
+fn drep_of(c: &Conn) -> CmMsg {
+    CmMsg::Drep(Box::new(Ids {
+        local_comm_id: c.local_id,
+        remote_comm_id: c.remote_id,
+        private_data: fill(&c.private),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iba_times_round_like_linux() {
+        assert_eq!(iba_time_ms(0), 1);
+        assert_eq!(iba_time_ms(8), 1);
+        assert_eq!(iba_time_ms(9), 2);
+        assert_eq!(iba_time_ms(20), 4096);
+        assert_eq!(iba_time_ms(24), 65536);
+        // The larger of the ACK delay and lifetime + 1, one more when the other is close.
+        assert_eq!(ack_timeout(15, 16), 17);
+        assert_eq!(ack_timeout(16, 16), 18);
+        assert_eq!(ack_timeout(20, 10), 20);
+        assert_eq!(ack_timeout(12, 10), 13);
+        assert_eq!(ack_timeout(0, 31), 31);
+    }
+}
