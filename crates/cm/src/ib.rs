@@ -732,6 +732,12 @@ impl IbCm {
         self.remove(id);
     }
 
+    /// Drop connection `id` without a word to the peer (a request over a listener's
+    /// backlog: the peer's retransmission may find room).
+    pub fn forget(&mut self, id: CommId) {
+        self.remove(id);
+    }
+
     fn remove(&mut self, id: CommId) {
         if let Some(c) = self.conns.remove(&id) {
             self.unindex(&c);

@@ -1,9 +1,12 @@
 //! softrdma's connection manager.
 //!
+//! - [`cma`]: the rdma_cm model (ids, port spaces, resolve / listen / connect / accept /
+//!   reject / disconnect and their events) over the protocol, sans-IO like it.
 //! - [`ib`]: the IB CM protocol (REQ / REP / RTU / DREQ / DREP / REJ / MRA and SIDR)
 //!   that rdma_cm speaks over RoCEv2 between the QP1s of two devices, as a sans-IO state
 //!   machine driven by MADs and explicit time.
 
 #![warn(missing_docs)]
 
+pub mod cma;
 pub mod ib;
