@@ -30,7 +30,8 @@
 //!   one UDP GSO message; the kernel numbers the segments' IPv4 IDs 0, 1, 2, …, so
 //!   segment *k*'s ICRC is re-sealed for ID *k* (an XOR, no second pass over the data).
 //! - Completion channels and async events are real file descriptors (eventfds), readable
-//!   while events are pending, so they work with poll/epoll.
+//!   while events are pending, so they work with poll/epoll. So is the inbox of QP1, the
+//!   GSI, where the connection manager's MADs arrive ([`Device::mad_fd`]).
 //! - Time is nanoseconds since the device opened, from a monotonic clock.
 //! - `SOFTRDMA_PCAP=FILE` (or [`DeviceConfig::pcap`]) traces every datagram sent and
 //!   received as a pcap file.
@@ -60,8 +61,8 @@ mod tx;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{self, BufWriter};
-use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -70,7 +71,8 @@ use std::time::{Duration, Instant};
 use softrdma_net::udp;
 pub use softrdma_net::udp::Stats as DriverStats;
 use softrdma_transport::verbs::{AsyncEvent, ChannelId, Gid};
-pub use softrdma_transport::{verbs, Rnic, Stats as EngineStats, Transmit};
+pub use softrdma_transport::{verbs, GsiMad, Rnic, Stats as EngineStats, Transmit};
+use softrdma_wire::cm::MAD_LEN;
 use softrdma_wire::icrc::IpIdCache;
 use softrdma_wire::pcap::PcapWriter;
 
@@ -162,6 +164,7 @@ impl Device {
                 channels: HashMap::new(),
                 async_q: VecDeque::new(),
                 async_signaled: false,
+                mad_signaled: false,
                 stats: LinkStats::default(),
                 sleeping_until: None,
                 txq: Vec::new(),
@@ -177,6 +180,7 @@ impl Device {
             wake: EventFd::new()?,
             notify: EventFd::new()?,
             async_fd: EventFd::new()?,
+            mad_fd: EventFd::new()?,
             sock_fd,
             stop: AtomicBool::new(false),
             busy_poll: cfg.busy_poll,
@@ -448,6 +452,37 @@ impl Device {
         let now = sh.now();
         core.after_step(sh, now, false);
         ev
+    }
+
+    /// Send a MAD from QP1, the GSI, to QP `dst_qpn` (1 for a connection manager) at
+    /// `dst`, with IP TOS `tos`: how the connection manager talks to its peers. It leaves
+    /// at once, as rxe's GSI QP would send it ([`Rnic::send_gsi`]).
+    pub fn send_mad(&self, dst: IpAddr, dst_qpn: u32, tos: u8, mad: &[u8; MAD_LEN]) {
+        self.call_quiet(|rnic, _| rnic.send_gsi(dst, dst_qpn, tos, mad));
+    }
+
+    /// Take the oldest MAD that arrived on QP1, if any. The inbox holds a bounded number
+    /// ([`softrdma_transport::GSI_INBOX_MAX`]); MADs past it are dropped and counted, so
+    /// a connection manager should take them as [`Device::mad_fd`] signals them.
+    pub fn take_mad(&self) -> Option<GsiMad> {
+        let sh = &*self.shared;
+        let mut core = sh.lock();
+        let mad = core.rnic.take_gsi();
+        core.signal_mads(sh);
+        mad
+    }
+
+    /// An eventfd readable while MADs wait in the QP1 inbox, for a connection manager
+    /// thread to block on with poll(2) (the progress thread receives the MADs). Owned by
+    /// the device.
+    pub fn mad_fd(&self) -> BorrowedFd<'_> {
+        self.shared.mad_fd.as_fd()
+    }
+
+    /// Wait until a MAD is waiting in the QP1 inbox or `timeout` passes (None: forever);
+    /// returns whether one is (a signal may end the wait early, with `false`).
+    pub fn wait_mad(&self, timeout: Option<Duration>) -> io::Result<bool> {
+        Ok(poll_readable(&[self.shared.mad_fd.as_fd()], timeout)?[0])
     }
 
     /// Engine and runtime counters.

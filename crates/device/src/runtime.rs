@@ -43,6 +43,8 @@ pub(crate) struct Engine {
     pub(crate) channels: HashMap<ChannelId, Chan>,
     pub(crate) async_q: VecDeque<AsyncEvent>,
     pub(crate) async_signaled: bool,
+    /// Whether [`Runtime::mad_fd`] is set (MADs wait in the engine's GSI inbox).
+    pub(crate) mad_signaled: bool,
     pub(crate) stats: LinkStats,
     /// Set while the progress thread blocks: the deadline it sleeps until (u64::MAX: none).
     pub(crate) sleeping_until: Option<u64>,
@@ -73,6 +75,8 @@ pub(crate) struct Runtime {
     /// Wakes application threads blocked in [`Device::wait_for`].
     pub(crate) notify: EventFd,
     pub(crate) async_fd: EventFd,
+    /// Readable while MADs wait in the engine's GSI inbox, for the connection manager.
+    pub(crate) mad_fd: EventFd,
     pub(crate) sock_fd: OwnedFd,
     pub(crate) stop: AtomicBool,
     pub(crate) busy_poll: bool,
@@ -239,6 +243,7 @@ impl Engine {
             }
             self.async_signaled = pending;
         }
+        self.signal_mads(sh);
         let next = self.rnic.poll_timeout();
         sh.next_timer
             .store(next.unwrap_or(u64::MAX), Ordering::Release);
@@ -256,6 +261,19 @@ impl Engine {
             if sh.blocked.load(Ordering::SeqCst) > 0 {
                 sh.notify.set();
             }
+        }
+    }
+
+    /// Make the MAD fd readable exactly while the GSI inbox has MADs.
+    pub(crate) fn signal_mads(&mut self, sh: &Runtime) {
+        let pending = self.rnic.gsi_pending();
+        if pending != self.mad_signaled {
+            if pending {
+                sh.mad_fd.set();
+            } else {
+                sh.mad_fd.clear();
+            }
+            self.mad_signaled = pending;
         }
     }
 }

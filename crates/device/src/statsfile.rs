@@ -74,6 +74,7 @@ pub fn counters(s: &DeviceStats) -> Vec<(&'static str, u64)> {
         ("duplicates", e.duplicates),
         ("dropped", e.dropped),
         ("out_of_sequence", e.out_of_sequence),
+        ("gsi_dropped", e.gsi_dropped),
         ("udp_tx_datagrams", l.tx_datagrams),
         ("udp_tx_bytes", l.tx_bytes),
         ("udp_tx_dropped", l.tx_dropped),

@@ -1,6 +1,8 @@
 //! softrdma transport layer: the RC / UC / UD protocol engine (requester, responder,
 //! completer), sans-IO: datagrams and time come in as arguments, datagrams go out
-//! through [`Rnic::poll_transmit`].
+//! through [`Rnic::poll_transmit`]. QP1, the GSI, is served by the engine itself: the
+//! connection manager's MADs come out of [`Rnic::take_gsi`] and go in through
+//! [`Rnic::send_gsi`].
 
 #![warn(missing_docs)]
 
@@ -24,6 +26,7 @@ macro_rules! dropped {
 }
 
 mod completer;
+mod gsi;
 mod objects;
 mod qp;
 mod requester;
@@ -32,12 +35,13 @@ mod responder;
 mod tests;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use qp::{QpCtx, ReqState, RespState, SendWqe, UdTarget};
 use softrdma_wire::{self as wire, Addrs, Headers};
 use verbs::{QpState, QpType, SendFlags, WcStatus};
 
+pub use gsi::{GsiMad, GSI_INBOX_MAX};
 pub use softrdma_verbs as verbs;
 
 /// Counters (for `softrdma stats`).
@@ -85,6 +89,9 @@ pub struct Stats {
     pub dropped: u64,
     /// Requests ahead of the expected PSN.
     pub out_of_sequence: u64,
+    /// Datagrams to QP1 (the GSI) dropped: not a MAD as the GSI takes them (opcode,
+    /// Q_Key, length, P_Key), or the inbox was full.
+    pub gsi_dropped: u64,
 }
 
 /// What a datagram is, for a runtime deciding when to send it (it may hold plain ACKs
@@ -176,6 +183,8 @@ pub(crate) struct Nic {
     /// Per-length work of the unknown-IP-ID ICRC check (packets sealed for ID k > 0:
     /// rxe's numbered packets, segments of a GSO send).
     pub ip_ids: wire::icrc::IpIdCache,
+    /// QP1: MADs received for the layer above, and the send PSN.
+    pub gsi: gsi::Gsi,
 }
 
 impl Nic {
@@ -303,6 +312,7 @@ impl Rnic {
                 pool_small: Vec::new(),
                 pool_large: Vec::new(),
                 ip_ids: wire::icrc::IpIdCache::default(),
+                gsi: gsi::Gsi::default(),
             },
             qps: BTreeMap::new(),
         }
@@ -546,7 +556,8 @@ impl Rnic {
     /// class `tos` (which a UD receive reports in the GRH it places before the payload).
     /// Checks the ICRC for any IPv4 ID (bad: counted, dropped), parses (malformed:
     /// counted, dropped) and dispatches to the responder (requests) or the completer
-    /// (responses) of the destination QP.
+    /// (responses) of the destination QP, or to the GSI inbox ([`Rnic::take_gsi`]) when
+    /// the destination is QP1.
     pub fn handle_datagram_tos(
         &mut self,
         now: u64,
@@ -617,8 +628,12 @@ impl Rnic {
             env.stats.malformed += 1;
             return;
         };
-        // Full or limited member of the default partition: the only one we have.
-        if h.bth.pkey & 0x7FFF != wire::DEFAULT_PKEY & 0x7FFF {
+        // QP1 is no verbs QP: its MADs go to the GSI inbox.
+        if h.bth.dest_qp == wire::cm::GSI_QPN {
+            gsi::receive(env, src, tos, &h, payload);
+            return;
+        }
+        if !default_partition(h.bth.pkey) {
             tracing::debug!(
                 peer = %src,
                 qpn = format_args!("{:#x}", h.bth.dest_qp),
@@ -819,16 +834,25 @@ impl Rnic {
 }
 
 /// IP equality treating IPv4 and its IPv4-mapped IPv6 form as the same address.
-pub(crate) fn same_ip(a: std::net::IpAddr, b: std::net::IpAddr) -> bool {
-    use std::net::IpAddr;
-    let norm = |ip: IpAddr| match ip {
+pub(crate) fn same_ip(a: IpAddr, b: IpAddr) -> bool {
+    norm_ip(a) == norm_ip(b)
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it stands for; others unchanged.
+pub(crate) fn norm_ip(ip: IpAddr) -> IpAddr {
+    match ip {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),
             None => IpAddr::V6(v6),
         },
         v4 => v4,
-    };
-    norm(a) == norm(b)
+    }
+}
+
+/// Whether a BTH P_Key is a full or limited member of the default partition, the only
+/// one we have (rxe accepts exactly these, on QP1 as on any other QP).
+pub(crate) fn default_partition(pkey: u16) -> bool {
+    pkey & 0x7FFF == wire::DEFAULT_PKEY & 0x7FFF
 }
 
 /// Gather an INLINE payload from registered memory at post time (see [`Rnic::post_send`]).

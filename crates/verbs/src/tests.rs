@@ -450,6 +450,22 @@ fn reset_clears_rq_and_attrs() {
 }
 
 #[test]
+fn created_qps_never_take_the_special_numbers() {
+    for seed in 0..32 {
+        let mut c = Context::new(vec![Gid::default()], seed);
+        let pd = c.alloc_pd().unwrap();
+        let cq = cq(&mut c);
+        for _ in 0..32 {
+            let qpn = c.create_qp(qp_init(pd, cq, QpType::Ud)).unwrap();
+            assert!(
+                (0x11..=0xFF_FFFF).contains(&qpn),
+                "QPN {qpn:#x}, seed {seed}"
+            );
+        }
+    }
+}
+
+#[test]
 fn create_qp_caps_checked_and_rounded() {
     let mut c = ctx();
     let pd = c.alloc_pd().unwrap();

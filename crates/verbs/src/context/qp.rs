@@ -115,7 +115,7 @@ impl Context {
     fn alloc_qpn(&mut self) -> Result<Qpn> {
         for _ in 0..256 {
             let q = (self.rng.next_u64() as u32) & limits::MASK24;
-            if q >= limits::MIN_QPN && !self.qps.contains(q) {
+            if qpn_usable(q) && !self.qps.contains(q) {
                 return Ok(q);
             }
         }
@@ -404,5 +404,27 @@ impl Context {
             Some(srq) => self.peek_srq_recv(srq),
             None => qp.rq.front(),
         }
+    }
+}
+
+/// Whether a QPN may name a new QP. Below [`limits::MIN_QPN`] are the special QPs, which
+/// the engine serves itself (0, the SMI, does not exist on RoCE; 1 is the GSI, where the
+/// connection manager's MADs arrive): a verbs QP numbered so would never see its packets.
+fn qpn_usable(q: u32) -> bool {
+    (limits::MIN_QPN..=limits::MASK24).contains(&q)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn special_qpns_are_not_usable() {
+        assert!(!qpn_usable(0), "SMI");
+        assert!(!qpn_usable(1), "GSI");
+        assert!((0..limits::MIN_QPN).all(|q| !qpn_usable(q)));
+        assert!(qpn_usable(limits::MIN_QPN));
+        assert!(qpn_usable(limits::MASK24));
+        assert!(!qpn_usable(limits::MASK24 + 1));
     }
 }
