@@ -43,7 +43,8 @@
 //! send path: per-port sockets, hold-back, GSO); `pacing` (the pure decision of what the
 //! progress thread does next, tested on virtual time) and `progress` (the thread that
 //! carries it out); `poller` ([`CqPoller`], the CQ poll policy every face uses); `stats`
-//! and [`statsfile`] (counters); `sys` (eventfd, poll).
+//! and [`statsfile`] (counters); [`registry`] (the host's rdma_cm port bindings, so that
+//! a connecting process finds a listener's device); `sys` (eventfd, poll).
 
 #![warn(missing_docs)]
 
@@ -52,6 +53,7 @@ pub mod log;
 mod pacing;
 mod poller;
 mod progress;
+pub mod registry;
 mod runtime;
 mod stats;
 pub mod statsfile;

@@ -1,0 +1,1601 @@
+//! The host-local registry of rdma_cm port bindings (DESIGN decision 9).
+//!
+//! On Linux the kernel holds the port spaces of rdma_cm, so a server that binds
+//! `0.0.0.0:7174` is found by a client in any other process. softrdma has no kernel part:
+//! every process is its own device on its own 127.0.0.x, so the port spaces live in files
+//! instead, one directory per user ([`default_dir`]), and a connecting process finds the
+//! device of a listener with [`Registry::lookup`].
+//!
+//! # Rules (Linux `drivers/infiniband/core/cma.c`)
+//!
+//! "Any" below is cma.c's `cma_any_addr`: the zero network 0.0.0.0/8 or `::`, *and* the
+//! loopback addresses 127.0.0.0/8 and `::1` (`cma_zero_addr || cma_loopback_addr`). Two
+//! addresses are "the same" as in `cma_addr_cmp`: same family and address, and for IPv6
+//! link-local addresses the same scope id.
+//!
+//! - **Binding a port** (`cma_use_port` → `cma_check_port(.., reuseaddr)`): the other
+//!   bindings on the port in the port space are visited newest first; one whose owner and
+//!   the new binding both set REUSEADDR is skipped; one of the other address family is
+//!   skipped if both are AFONLY; otherwise, if either address is any, the bind fails with
+//!   `EADDRNOTAVAIL`, and if the two addresses are the same, with `EADDRINUSE`. Different
+//!   specific addresses share a port. A port below 1024 needs `CAP_NET_BIND_SERVICE`
+//!   (`EACCES`), as in `cma_use_port`.
+//! - **Port 0** (`cma_alloc_any_port`): ports are tried from a random start in
+//!   [`EPHEMERAL_PORTS`] (Linux's default `ip_local_port_range`), upwards with wrap-around,
+//!   skipping the port this registry handed out last. A free port is taken; a used one is
+//!   shared only if `cma_port_is_unique` holds against every binding on it: each differs
+//!   in destination port, or both source addresses are specific and differ, or both
+//!   destination addresses are specific and differ (destinations come from
+//!   [`BindOptions::dst`]). REUSEADDR and AFONLY play no part. None left: `EADDRNOTAVAIL`.
+//! - **Listening** (`rdma_listen`): a binding made with REUSEADDR is checked again as by
+//!   `cma_check_port` with REUSEADDR off for itself, so every other binding on the port
+//!   counts (same errnos); on success it loses REUSEADDR for good, so later binds that
+//!   overlap it fail too. A binding without REUSEADDR is not checked again. A binding
+//!   made for a peer ([`BindOptions::dst`], an active-side id) cannot listen: `EINVAL`,
+//!   as `rdma_listen` refuses an id past the bound state.
+//! - **AFONLY** (`rdma_bind_addr`): unless set ([`BindOptions::af_only`]), IPv4 bindings
+//!   are AFONLY and IPv6 ones follow `net.ipv6.bindv6only` (0 by default), so `[::]:P`
+//!   conflicts with `0.0.0.0:P` unless made AFONLY.
+//! - **IPv6 link-local** addresses without a scope id are refused with `EINVAL`
+//!   (`cma_check_linklocal`).
+//! - **Which listener a connection reaches** (`cma_match_private_data`): a listener on an
+//!   any address that is not AFONLY takes destinations of both families; otherwise the
+//!   families must match and the listener's address must be any or equal to the
+//!   destination. Linux takes the first match; the rules above leave at most one listener
+//!   matching a destination, and where hand-made records overlap [`Registry::lookup`]
+//!   prefers an exact address, then the zero address, then a loopback one.
+//!
+//! What the registry does not check, because it belongs to the connection manager: that a
+//! specific address is an address of this host (`cma_translate_addr`), and the state rules
+//! of `rdma_set_reuseaddr` / `rdma_set_afonly`.
+//!
+//! # Files
+//!
+//! The directory ([`default_dir`]: `$SOFTRDMA_CM_DIR`, else `registry` under
+//! [`statsfile::stats_dir`]) is created mode 0700 (its parents
+//! with the usual mode) and refused if another user owns it or others may write to it: a
+//! record names the device a client will connect to.
+//!
+//! - `lock`: the registry-wide lock. Bind and listen take `flock(LOCK_EX)` on it for the
+//!   scan and the write, so two processes never both win a port. It also holds
+//!   `last_port N`, the port `cma_alloc_any_port` handed out last.
+//! - `PPPP-PORT-PID-RANDOM.bind` (port space in hex): one binding, as lines of text:
+//!
+//!   ```text
+//!   softrdma-cm-binding 1
+//!   ps 0x0106
+//!   addr 0.0.0.0:7174
+//!   device 127.0.0.3:4791
+//!   dst -
+//!   listening 1
+//!   reuseaddr 0
+//!   afonly 1
+//!   seq 12
+//!   pid 4242
+//!   ```
+//!
+//!   `dst` is `-` or an address, flags are `0`/`1`, `seq` orders bindings (newest is
+//!   highest). Unknown keys are ignored; a file missing a key, with a bad value or a wrong
+//!   first line is not a record.
+//! - `.NAME.tmp`: a record being written; it is renamed over `NAME.bind` whole, so readers
+//!   never see half a record.
+//!
+//! Liveness: the owner holds `flock(LOCK_EX)` on its record for as long as the [`Binding`]
+//! lives, and the kernel drops the lock when the process dies, however it dies. A scanner
+//! probes with `flock(LOCK_SH | LOCK_NB)`: if it gets the lock nobody owns the record, and
+//! a bind or listen (which hold the registry lock) removes it, as it removes unlocked
+//! files that are not records. Lookups take no lock and only skip such files.
+
+use std::collections::HashMap;
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket};
+use std::ops::RangeInclusive;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{flock, FlockOperation};
+use rustix::io::Errno;
+
+use crate::{statsfile, sys};
+
+/// Environment variable naming the registry directory, so tests and unusual setups can
+/// keep their bindings apart from the user's.
+pub const CM_DIR_ENV: &str = "SOFTRDMA_CM_DIR";
+
+/// Ports handed out for port 0: Linux's default `net.ipv4.ip_local_port_range`, which
+/// `cma_alloc_any_port` draws from.
+pub const EPHEMERAL_PORTS: RangeInclusive<u16> = 32768..=60999;
+
+/// First line of a record: the format and its version.
+const MAGIC: &str = "softrdma-cm-binding 1";
+/// Name of the registry-wide lock file.
+const LOCK_FILE: &str = "lock";
+/// A record is a few hundred bytes; anything longer is not one of ours.
+const MAX_RECORD: u64 = 4096;
+/// How long bind and listen wait for the registry lock before giving up.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Ports below this need `CAP_NET_BIND_SERVICE` (cma.c: `PROT_SOCK`).
+const PROT_SOCK: u16 = 1024;
+/// The capability bit of `CAP_NET_BIND_SERVICE`.
+const CAP_NET_BIND_SERVICE: u32 = 10;
+
+/// An rdma_cm port space: ports are only shared within one, as in the kernel's per-space
+/// tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PortSpace {
+    /// `RDMA_PS_TCP` (0x0106): reliable connections.
+    Tcp,
+    /// `RDMA_PS_UDP` (0x0111): unreliable datagrams.
+    Udp,
+    /// `RDMA_PS_IB` (0x013F): any QP type.
+    Ib,
+    /// `RDMA_PS_IPOIB` (0x0002).
+    IpoIb,
+}
+
+impl PortSpace {
+    /// The `enum rdma_port_space` value, as the C API and the service ID carry it.
+    pub const fn raw(self) -> u32 {
+        match self {
+            PortSpace::Tcp => 0x0106,
+            PortSpace::Udp => 0x0111,
+            PortSpace::Ib => 0x013F,
+            PortSpace::IpoIb => 0x0002,
+        }
+    }
+
+    /// The port space of a C value; None for values the kernel refuses with
+    /// `EPROTONOSUPPORT` (`cma_select_inet_ps`).
+    pub const fn from_raw(v: u32) -> Option<PortSpace> {
+        match v {
+            0x0106 => Some(PortSpace::Tcp),
+            0x0111 => Some(PortSpace::Udp),
+            0x013F => Some(PortSpace::Ib),
+            0x0002 => Some(PortSpace::IpoIb),
+            _ => None,
+        }
+    }
+}
+
+/// The per-id options that change how a bind conflicts, as the CM id had them set when
+/// it bound.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BindOptions {
+    /// `RDMA_OPTION_ID_REUSEADDR`: share the port with other REUSEADDR bindings until
+    /// listening.
+    pub reuse_addr: bool,
+    /// `RDMA_OPTION_ID_AFONLY` if the program set it; None takes Linux's default (IPv4:
+    /// on; IPv6: `net.ipv6.bindv6only`).
+    pub af_only: Option<bool>,
+    /// The peer an active-side id will connect to: lets port-0 binds to different peers
+    /// share a source port, as `cma_port_is_unique` allows.
+    pub dst: Option<SocketAddr>,
+}
+
+/// A listener that a connection to some local address reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listener {
+    /// The UDP endpoint of the listener's device, where its CM receives requests.
+    pub device: SocketAddr,
+    /// The address the listener bound (possibly a wildcard).
+    pub bound: SocketAddr,
+}
+
+/// The directory of the registry: `$SOFTRDMA_CM_DIR`, else `registry` under the stats
+/// directory ([`statsfile::stats_dir`]), which is already chosen per user.
+pub fn default_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os(CM_DIR_ENV).filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    statsfile::stats_dir().join("registry")
+}
+
+/// A registry directory: where bindings are reserved and listeners looked up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registry {
+    dir: PathBuf,
+}
+
+impl Registry {
+    /// Use `dir` as the registry, creating it (mode 0700) if missing. Refused if it is not
+    /// a directory, belongs to another user, or others may write to it: a planted record
+    /// would send clients to a device of someone else's choosing.
+    pub fn open(dir: impl Into<PathBuf>) -> io::Result<Registry> {
+        let dir = dir.into();
+        // Parents keep the usual mode: the stats directory above is read by others'
+        // `softrdma stats`.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::create_dir_all(parent)?;
+        }
+        if let Err(e) = DirBuilder::new().mode(0o700).create(&dir) {
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(e);
+            }
+        }
+        let md = fs::metadata(&dir)?;
+        if !md.is_dir() {
+            return Err(io::Error::other(format!(
+                "{}: not a directory",
+                dir.display()
+            )));
+        }
+        if md.uid() != rustix::process::geteuid().as_raw() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{}: owned by another user", dir.display()),
+            ));
+        }
+        if md.mode() & 0o022 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{}: writable by other users", dir.display()),
+            ));
+        }
+        Ok(Registry { dir })
+    }
+
+    /// The registry at [`default_dir`].
+    pub fn open_default() -> io::Result<Registry> {
+        Registry::open(default_dir())
+    }
+
+    /// The registry's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Reserve `addr` in `ps` for this process, with the rules of `rdma_bind_addr` (see
+    /// the module docs): the IP may be a wildcard, port 0 picks an ephemeral port.
+    /// `device` is the UDP endpoint of the owning device's CM, what a lookup returns.
+    /// Fails with the errno Linux gives (`EADDRINUSE`, `EADDRNOTAVAIL`, `EACCES`,
+    /// `EINVAL`), or with an I/O error of the registry files.
+    pub fn bind(
+        &self,
+        ps: PortSpace,
+        addr: SocketAddr,
+        device: SocketAddr,
+        opts: BindOptions,
+    ) -> io::Result<Binding> {
+        if let SocketAddr::V6(a) = addr {
+            if is_link_local(a.ip()) && a.scope_id() == 0 {
+                return Err(Errno::INVAL.into());
+            }
+        }
+        if addr.port() != 0 && addr.port() < PROT_SOCK && !may_bind_service_ports() {
+            return Err(Errno::ACCESS.into());
+        }
+        let afonly = opts.af_only.unwrap_or(match addr {
+            SocketAddr::V4(_) => true,
+            SocketAddr::V6(_) => bindv6only(),
+        });
+        let mut lock = RegistryLock::acquire(&self.dir)?;
+        let live = scan(&self.dir)?;
+        let seq = live
+            .iter()
+            .map(|e| e.rec.seq)
+            .max()
+            .map_or(0, |s| s.saturating_add(1));
+        let mut rec = Record {
+            ps,
+            addr,
+            device,
+            dst: opts.dst,
+            listening: false,
+            reuse: opts.reuse_addr,
+            afonly,
+            seq,
+            pid: std::process::id(),
+        };
+        let ephemeral = addr.port() == 0;
+        if ephemeral {
+            let last = lock.last_port();
+            let port = alloc_any_port(EPHEMERAL_PORTS, last, sys::random_seed(), &rec, &live)?;
+            rec.addr.set_port(port);
+        } else {
+            check_port(&rec, &owners(&live, ps, addr.port(), None), rec.reuse)?;
+        }
+        let stem = format!(
+            "{:04x}-{}-{}-{:016x}",
+            ps.raw(),
+            rec.addr.port(),
+            rec.pid,
+            sys::random_seed()
+        );
+        let file = write_record(&self.dir, &stem, &rec)?;
+        if ephemeral {
+            // Best effort, like the kernel's static: a lost note only risks handing the
+            // port out twice in a row.
+            let _ = lock.set_last_port(rec.addr.port());
+        }
+        Ok(Binding {
+            dir: self.dir.clone(),
+            stem,
+            file,
+            rec,
+        })
+    }
+
+    /// The live listener that a connection to `dst` in `ps` reaches, by the rules of
+    /// `cma_match_private_data`; an exact address wins over a wildcard. None if `dst` is
+    /// not an address of this host (loopback, unspecified, or one a UDP socket can bind),
+    /// or if nothing listens there. Errors reading the registry count as nothing found.
+    pub fn lookup(&self, ps: PortSpace, dst: SocketAddr) -> Option<Listener> {
+        if dst.port() == 0 || !is_local(dst) {
+            return None;
+        }
+        let rd = fs::read_dir(&self.dir).ok()?;
+        let mut best: Option<((u8, u64), Listener)> = None;
+        for e in rd.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            if !e.file_name().to_str().is_some_and(is_record_name) {
+                continue;
+            }
+            let Ok(mut f) = File::open(e.path()) else {
+                continue;
+            };
+            let Some(rec) = read_record(&mut f) else {
+                continue;
+            };
+            if rec.ps != ps || rec.addr.port() != dst.port() || !rec.listening {
+                continue;
+            }
+            let Some(rank) = match_rank(&rec, dst.ip()) else {
+                continue;
+            };
+            if !matches!(owned(&f), Ok(true)) {
+                continue;
+            }
+            let key = (rank, rec.seq);
+            if best.as_ref().map_or(true, |(k, _)| key > *k) {
+                let l = Listener {
+                    device: rec.device,
+                    bound: rec.addr,
+                };
+                best = Some((key, l));
+            }
+        }
+        best.map(|(_, l)| l)
+    }
+}
+
+/// A reserved address and port, held by the CM id that bound it. Dropping it releases the
+/// reservation; so does the death of the process.
+pub struct Binding {
+    dir: PathBuf,
+    /// The record's file name without `.bind`.
+    stem: String,
+    /// The open record, locked exclusively: the proof that the owner lives.
+    file: File,
+    rec: Record,
+}
+
+impl std::fmt::Debug for Binding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Binding")
+            .field("ps", &self.rec.ps)
+            .field("addr", &self.rec.addr)
+            .field("device", &self.rec.device)
+            .field("listening", &self.rec.listening)
+            .finish()
+    }
+}
+
+impl Binding {
+    /// The bound port (the one picked, for port 0).
+    pub fn port(&self) -> u16 {
+        self.rec.addr.port()
+    }
+    /// The bound address with its port, as `rdma_get_local_addr` reports it.
+    pub fn addr(&self) -> SocketAddr {
+        self.rec.addr
+    }
+    /// The owning device's CM endpoint.
+    pub fn device(&self) -> SocketAddr {
+        self.rec.device
+    }
+    /// The port space of the binding.
+    pub fn port_space(&self) -> PortSpace {
+        self.rec.ps
+    }
+    /// Whether lookups find this binding.
+    pub fn is_listening(&self) -> bool {
+        self.rec.listening
+    }
+
+    /// Start or stop listening: only listeners are found by [`Registry::lookup`]. Starting
+    /// re-checks a REUSEADDR binding as `rdma_listen` does and may fail with the same
+    /// errnos as a bind, leaving the binding as it was; on success the binding stops
+    /// sharing its port for good. A binding made for a peer ([`BindOptions::dst`]) cannot
+    /// listen (`EINVAL`). Stopping is for a listen that failed further on (Linux returns
+    /// the id to the bound state); setting the current state again does nothing.
+    pub fn set_listening(&mut self, on: bool) -> io::Result<()> {
+        if self.rec.listening == on {
+            return Ok(());
+        }
+        if on && self.rec.dst.is_some() {
+            return Err(Errno::INVAL.into());
+        }
+        let _lock = RegistryLock::acquire(&self.dir)?;
+        let mut rec = self.rec.clone();
+        if on && rec.reuse {
+            let live = scan(&self.dir)?;
+            let own = format!("{}.bind", self.stem);
+            let others = owners(&live, rec.ps, rec.addr.port(), Some(&own));
+            check_port(&rec, &others, false)?;
+            rec.reuse = false;
+        }
+        rec.listening = on;
+        // The new record, locked, replaces the old one whole; the old file's lock goes
+        // with its descriptor, after the rename.
+        self.file = write_record(&self.dir, &self.stem, &rec)?;
+        self.rec = rec;
+        Ok(())
+    }
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        // Removed while still locked, so no scanner takes a half-released record for
+        // stale and removes a successor of the same name.
+        let _ = fs::remove_file(self.dir.join(format!("{}.bind", self.stem)));
+    }
+}
+
+/// One binding as its file holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Record {
+    ps: PortSpace,
+    addr: SocketAddr,
+    device: SocketAddr,
+    dst: Option<SocketAddr>,
+    listening: bool,
+    reuse: bool,
+    afonly: bool,
+    seq: u64,
+    pid: u32,
+}
+
+impl Record {
+    fn to_text(&self) -> String {
+        let dst = self.dst.map_or_else(|| "-".to_string(), |d| d.to_string());
+        format!(
+            "{MAGIC}\nps {:#06x}\naddr {}\ndevice {}\ndst {dst}\nlistening {}\nreuseaddr {}\n\
+             afonly {}\nseq {}\npid {}\n",
+            self.ps.raw(),
+            self.addr,
+            self.device,
+            u8::from(self.listening),
+            u8::from(self.reuse),
+            u8::from(self.afonly),
+            self.seq,
+            self.pid,
+        )
+    }
+
+    /// The record in `text`; None unless it is complete and well-formed.
+    fn parse(text: &str) -> Option<Record> {
+        let mut lines = text.lines();
+        if lines.next()? != MAGIC {
+            return None;
+        }
+        let flag = |v: &str| match v {
+            "0" => Some(false),
+            "1" => Some(true),
+            _ => None,
+        };
+        let (mut ps, mut addr, mut device, mut dst) = (None, None, None, None);
+        let (mut listening, mut reuse, mut afonly, mut seq, mut pid) =
+            (None, None, None, None, None);
+        for l in lines {
+            let (k, v) = l.split_once(' ')?;
+            match k {
+                "ps" => {
+                    let hex = v.strip_prefix("0x")?;
+                    ps = Some(PortSpace::from_raw(u32::from_str_radix(hex, 16).ok()?)?);
+                }
+                "addr" => addr = Some(v.parse::<SocketAddr>().ok()?),
+                "device" => device = Some(v.parse::<SocketAddr>().ok()?),
+                "dst" => {
+                    dst = Some(match v {
+                        "-" => None,
+                        _ => Some(v.parse::<SocketAddr>().ok()?),
+                    })
+                }
+                "listening" => listening = Some(flag(v)?),
+                "reuseaddr" => reuse = Some(flag(v)?),
+                "afonly" => afonly = Some(flag(v)?),
+                "seq" => seq = Some(v.parse().ok()?),
+                "pid" => pid = Some(v.parse().ok()?),
+                _ => {}
+            }
+        }
+        let addr: SocketAddr = addr?;
+        if addr.port() == 0 {
+            return None;
+        }
+        Some(Record {
+            ps: ps?,
+            addr,
+            device: device?,
+            dst: dst?,
+            listening: listening?,
+            reuse: reuse?,
+            afonly: afonly?,
+            seq: seq?,
+            pid: pid?,
+        })
+    }
+}
+
+/// A live record found by a scan, with its file name.
+#[derive(Debug)]
+struct Entry {
+    name: String,
+    rec: Record,
+}
+
+/// The registry-wide lock, held while alive.
+struct RegistryLock {
+    file: File,
+}
+
+impl RegistryLock {
+    /// Take the lock, waiting at most [`LOCK_TIMEOUT`] (a process stopped while holding
+    /// it must not hang every other one forever).
+    fn acquire(dir: &Path) -> io::Result<RegistryLock> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(dir.join(LOCK_FILE))?;
+        let deadline = Instant::now() + LOCK_TIMEOUT;
+        let mut pause = Duration::from_micros(50);
+        loop {
+            match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return Ok(RegistryLock { file }),
+                Err(e) if e == Errno::WOULDBLOCK || e == Errno::INTR => {}
+                Err(e) => return Err(e.into()),
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{}: registry lock held too long", dir.display()),
+                ));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// The port `cma_alloc_any_port` handed out last, if noted.
+    fn last_port(&mut self) -> Option<u16> {
+        let mut s = String::new();
+        self.file.seek(SeekFrom::Start(0)).ok()?;
+        (&mut self.file)
+            .take(MAX_RECORD)
+            .read_to_string(&mut s)
+            .ok()?;
+        s.lines()
+            .find_map(|l| l.strip_prefix("last_port "))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    fn set_last_port(&mut self, port: u16) -> io::Result<()> {
+        self.file.set_len(0)?;
+        self.file.seek(SeekFrom::Start(0))?;
+        self.file
+            .write_all(format!("last_port {port}\n").as_bytes())
+    }
+}
+
+fn is_record_name(name: &str) -> bool {
+    name.ends_with(".bind") && !name.starts_with('.')
+}
+
+fn is_tmp_name(name: &str) -> bool {
+    name.starts_with('.') && name.ends_with(".tmp")
+}
+
+/// Whether the record open as `f` has a living owner: true if its exclusive lock is
+/// held. Probing with a shared lock keeps concurrent probes from mistaking each other for
+/// owners.
+fn owned(f: &File) -> io::Result<bool> {
+    match flock(f, FlockOperation::NonBlockingLockShared) {
+        Ok(()) => Ok(false),
+        Err(e) if e == Errno::WOULDBLOCK => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Remove `path` if it is still the file open as `f` (not a successor of the same name).
+fn remove_if_same(path: &Path, f: &File) {
+    if let (Ok(a), Ok(b)) = (f.metadata(), fs::symlink_metadata(path)) {
+        if a.dev() == b.dev() && a.ino() == b.ino() {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+fn read_record(f: &mut File) -> Option<Record> {
+    let mut s = String::new();
+    f.take(MAX_RECORD).read_to_string(&mut s).ok()?;
+    Record::parse(&s)
+}
+
+/// The live records of the registry; removes records and other files that nobody holds.
+/// Only under the registry lock: an unlocked file is then certainly abandoned.
+fn scan(dir: &Path) -> io::Result<Vec<Entry>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir)?.flatten() {
+        if !e.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
+        };
+        let record = is_record_name(&name);
+        if !record && !is_tmp_name(&name) {
+            continue;
+        }
+        let path = e.path();
+        let Ok(mut f) = File::open(&path) else {
+            continue;
+        };
+        match owned(&f) {
+            Ok(true) => {}
+            Ok(false) => {
+                remove_if_same(&path, &f);
+                continue;
+            }
+            Err(_) => continue,
+        }
+        // A live file that does not parse is someone else's business: skipped.
+        if let Some(rec) = record.then(|| read_record(&mut f)).flatten() {
+            out.push(Entry { name, rec });
+        }
+    }
+    Ok(out)
+}
+
+/// The records on `port` in `ps`, newest first (the kernel's owner list order), leaving
+/// out the file named `except`.
+fn owners<'a>(
+    live: &'a [Entry],
+    ps: PortSpace,
+    port: u16,
+    except: Option<&str>,
+) -> Vec<&'a Record> {
+    let mut v: Vec<&Record> = live
+        .iter()
+        .filter(|e| e.rec.ps == ps && e.rec.addr.port() == port && Some(&*e.name) != except)
+        .map(|e| &e.rec)
+        .collect();
+    v.sort_by_key(|r| std::cmp::Reverse(r.seq));
+    v
+}
+
+/// Write `rec` to `.stem.tmp`, lock it, and rename it to `stem.bind`. Returns the open,
+/// locked file. Only under the registry lock: a scan would remove an unlocked
+/// temporary file.
+fn write_record(dir: &Path, stem: &str, rec: &Record) -> io::Result<File> {
+    let tmp = dir.join(format!(".{stem}.tmp"));
+    let path = dir.join(format!("{stem}.bind"));
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    let done = flock(&f, FlockOperation::NonBlockingLockExclusive)
+        .map_err(io::Error::from)
+        .and_then(|()| f.write_all(rec.to_text().as_bytes()))
+        .and_then(|()| fs::rename(&tmp, &path));
+    match done {
+        Ok(()) => Ok(f),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// cma.c `cma_any_addr`: the zero network or loopback.
+fn any_addr(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.octets()[0] == 0 || a.is_loopback(),
+        IpAddr::V6(a) => a.is_unspecified() || a.is_loopback(),
+    }
+}
+
+fn is_link_local(a: &Ipv6Addr) -> bool {
+    a.segments()[0] & 0xffc0 == 0xfe80
+}
+
+/// cma.c `cma_addr_cmp(a, b) == 0`.
+fn same_addr(a: &SocketAddr, b: &SocketAddr) -> bool {
+    match (a, b) {
+        (SocketAddr::V4(a), SocketAddr::V4(b)) => a.ip() == b.ip(),
+        (SocketAddr::V6(a), SocketAddr::V6(b)) => {
+            a.ip() == b.ip() && (!is_link_local(b.ip()) || a.scope_id() == b.scope_id())
+        }
+        _ => false,
+    }
+}
+
+/// cma.c `cma_check_port`: may `new` join the bindings `owners` of its port (newest
+/// first)? `reuse` is the REUSEADDR the check runs with (off when listening).
+fn check_port(new: &Record, owners: &[&Record], reuse: bool) -> Result<(), Errno> {
+    for cur in owners {
+        if reuse && cur.reuse {
+            continue;
+        }
+        if new.afonly && cur.afonly && new.addr.is_ipv4() != cur.addr.is_ipv4() {
+            continue;
+        }
+        if any_addr(new.addr.ip()) || any_addr(cur.addr.ip()) {
+            return Err(Errno::ADDRNOTAVAIL);
+        }
+        if same_addr(&new.addr, &cur.addr) {
+            return Err(Errno::ADDRINUSE);
+        }
+    }
+    Ok(())
+}
+
+/// cma.c `cma_port_is_unique`: may a port-0 bind `new` share a port with `owners`? A
+/// missing destination is an any address with port 0.
+fn port_is_unique(new: &Record, owners: &[&Record]) -> Result<(), Errno> {
+    let port_of = |d: Option<SocketAddr>| d.map_or(0, |d| d.port());
+    let specific = |d: Option<SocketAddr>| d.filter(|d| !any_addr(d.ip()));
+    for cur in owners {
+        let (dport, cur_dport) = (port_of(new.dst), port_of(cur.dst));
+        if dport != 0 && cur_dport != 0 && dport != cur_dport {
+            continue;
+        }
+        if !any_addr(new.addr.ip()) && !any_addr(cur.addr.ip()) && !same_addr(&new.addr, &cur.addr)
+        {
+            continue;
+        }
+        if let (Some(d), Some(cd)) = (specific(new.dst), specific(cur.dst)) {
+            if !same_addr(&d, &cd) {
+                continue;
+            }
+        }
+        return Err(Errno::ADDRNOTAVAIL);
+    }
+    Ok(())
+}
+
+/// cma.c `cma_alloc_any_port`: a port of `range` for `new`, starting at a point that
+/// `random` picks, never `last` (the port handed out last).
+fn alloc_any_port(
+    range: RangeInclusive<u16>,
+    last: Option<u16>,
+    random: u64,
+    new: &Record,
+    live: &[Entry],
+) -> Result<u16, Errno> {
+    let (low, high) = (*range.start(), *range.end());
+    if low > high {
+        return Err(Errno::ADDRNOTAVAIL);
+    }
+    let mut by_port: HashMap<u16, Vec<&Record>> = HashMap::new();
+    for e in live.iter().filter(|e| e.rec.ps == new.ps) {
+        by_port.entry(e.rec.addr.port()).or_default().push(&e.rec);
+    }
+    for v in by_port.values_mut() {
+        v.sort_by_key(|r| std::cmp::Reverse(r.seq));
+    }
+    let mut remaining = u32::from(high - low) + 1;
+    // `remaining` is at most 65536, so the sum stays within u16.
+    let mut rover = low + (random % u64::from(remaining)) as u16;
+    loop {
+        if last != Some(rover) {
+            let free = by_port
+                .get(&rover)
+                .map_or(true, |o| port_is_unique(new, o).is_ok());
+            if free {
+                return Ok(rover);
+            }
+        }
+        remaining -= 1;
+        if remaining == 0 {
+            return Err(Errno::ADDRNOTAVAIL);
+        }
+        rover = if rover >= high { low } else { rover + 1 };
+    }
+}
+
+/// How well listener `l` matches destination `dst` (higher is better), or None if a
+/// connection to `dst` does not reach it (cma.c `cma_match_private_data`).
+fn match_rank(l: &Record, dst: IpAddr) -> Option<u8> {
+    let ip = l.addr.ip();
+    let exact = ip == dst;
+    let matches =
+        (any_addr(ip) && !l.afonly) || (ip.is_ipv4() == dst.is_ipv4() && (any_addr(ip) || exact));
+    matches.then_some(if exact {
+        2
+    } else if ip.is_unspecified() || matches!(ip, IpAddr::V4(a) if a.octets()[0] == 0) {
+        1
+    } else {
+        0
+    })
+}
+
+/// Whether `dst` is an address of this host: loopback, unspecified (which reaches this
+/// host), or one a UDP socket can bind.
+fn is_local(dst: SocketAddr) -> bool {
+    let ip = dst.ip().to_canonical();
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    if ip.is_multicast() || ip == IpAddr::V4(Ipv4Addr::BROADCAST) {
+        return false;
+    }
+    let probe = match (ip, dst) {
+        (IpAddr::V6(a), SocketAddr::V6(d)) => {
+            SocketAddr::V6(SocketAddrV6::new(a, 0, 0, d.scope_id()))
+        }
+        _ => SocketAddr::new(ip, 0),
+    };
+    UdpSocket::bind(probe).is_ok()
+}
+
+/// `net.ipv6.bindv6only`, the default AFONLY of IPv6 ids (0 if unreadable, its default).
+fn bindv6only() -> bool {
+    fs::read_to_string("/proc/sys/net/ipv6/bindv6only").is_ok_and(|s| s.trim() == "1")
+}
+
+/// Whether this process may bind ports below 1024. Unknown counts as yes: the registry
+/// should not refuse what the kernel might allow.
+fn may_bind_service_ports() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| status_allows_bind_service(&s))
+        .unwrap_or(true)
+}
+
+/// `CAP_NET_BIND_SERVICE` in the `CapEff` line of a `/proc/PID/status` text.
+fn status_allows_bind_service(status: &str) -> Option<bool> {
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))?
+        .trim();
+    let caps = u64::from_str_radix(hex, 16).ok()?;
+    Some(caps & (1 << CAP_NET_BIND_SERVICE) != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Barrier};
+
+    /// A fresh registry directory per test, removed afterwards.
+    struct TempReg {
+        reg: Registry,
+    }
+
+    impl TempReg {
+        fn new(name: &str) -> TempReg {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "softrdma-registry-{}-{}-{name}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = fs::remove_dir_all(&dir);
+            TempReg {
+                reg: Registry::open(&dir).unwrap(),
+            }
+        }
+        fn files(&self) -> Vec<String> {
+            let mut v: Vec<String> = fs::read_dir(self.reg.dir())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n != LOCK_FILE)
+                .collect();
+            v.sort();
+            v
+        }
+    }
+
+    impl Drop for TempReg {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(self.reg.dir());
+        }
+    }
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    const DEV: &str = "127.0.0.2:4791";
+    const TCP: PortSpace = PortSpace::Tcp;
+
+    fn bind(r: &Registry, addr: &str) -> io::Result<Binding> {
+        r.bind(TCP, sa(addr), sa(DEV), BindOptions::default())
+    }
+
+    fn bind_reuse(r: &Registry, addr: &str) -> io::Result<Binding> {
+        let opts = BindOptions {
+            reuse_addr: true,
+            ..BindOptions::default()
+        };
+        r.bind(TCP, sa(addr), sa(DEV), opts)
+    }
+
+    fn errno(r: io::Result<impl std::fmt::Debug>) -> Errno {
+        let e = r.expect_err("expected a failure");
+        Errno::from_io_error(&e).unwrap_or_else(|| panic!("not an errno: {e}"))
+    }
+
+    fn rec(addr: &str) -> Record {
+        Record {
+            ps: TCP,
+            addr: sa(addr),
+            device: sa(DEV),
+            dst: None,
+            listening: false,
+            reuse: false,
+            afonly: sa(addr).is_ipv4(),
+            seq: 0,
+            pid: 1,
+        }
+    }
+
+    #[test]
+    fn port_space_values() {
+        for ps in [
+            PortSpace::Tcp,
+            PortSpace::Udp,
+            PortSpace::Ib,
+            PortSpace::IpoIb,
+        ] {
+            assert_eq!(PortSpace::from_raw(ps.raw()), Some(ps));
+        }
+        assert_eq!(PortSpace::Tcp.raw(), 0x0106);
+        assert_eq!(PortSpace::from_raw(0x0107), None);
+    }
+
+    #[test]
+    fn record_text_round_trip_and_bad_records() {
+        let mut r = rec("[fe80::1%3]:7174");
+        r.dst = Some(sa("10.0.0.9:5000"));
+        r.listening = true;
+        r.seq = 12;
+        assert_eq!(Record::parse(&r.to_text()), Some(r.clone()));
+        let r = rec("0.0.0.0:7174");
+        let text = r.to_text();
+        assert_eq!(
+            text,
+            "softrdma-cm-binding 1\nps 0x0106\naddr 0.0.0.0:7174\ndevice 127.0.0.2:4791\n\
+             dst -\nlistening 0\nreuseaddr 0\nafonly 1\nseq 0\npid 1\n"
+        );
+        // Unknown keys are ignored.
+        assert_eq!(Record::parse(&format!("{text}later 5\n")), Some(r));
+        for bad in [
+            "",
+            "nonsense",
+            &text.replace("binding 1", "binding 2"),
+            &text.replace("ps 0x0106", "ps 0x0107"),
+            &text.replace("ps 0x0106", "ps 262"),
+            &text.replace(":7174", ":0"),
+            &text.replace("listening 0", "listening yes"),
+            &text.replace("pid 1\n", ""),
+            &text.replace("device 127.0.0.2:4791", "device 127.0.0.2"),
+            &text.replace("dst -", "dst"),
+            &text.replace("seq 0", "seq -1"),
+        ] {
+            assert_eq!(Record::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn check_port_rules() {
+        let chk = |new: &Record, cur: &Record, reuse| check_port(new, &[cur], reuse);
+        // Loopback counts as any, like the zero network.
+        for (a, b, want) in [
+            ("192.0.2.1:7", "192.0.2.1:7", Err(Errno::ADDRINUSE)),
+            ("192.0.2.1:7", "192.0.2.2:7", Ok(())),
+            ("0.0.0.0:7", "192.0.2.1:7", Err(Errno::ADDRNOTAVAIL)),
+            ("192.0.2.1:7", "0.0.0.0:7", Err(Errno::ADDRNOTAVAIL)),
+            ("0.0.0.0:7", "0.0.0.0:7", Err(Errno::ADDRNOTAVAIL)),
+            ("127.0.0.1:7", "127.0.0.1:7", Err(Errno::ADDRNOTAVAIL)),
+            ("127.0.0.1:7", "127.0.0.2:7", Err(Errno::ADDRNOTAVAIL)),
+            ("0.1.2.3:7", "192.0.2.1:7", Err(Errno::ADDRNOTAVAIL)),
+            ("[::1]:7", "[2001:db8::1]:7", Err(Errno::ADDRNOTAVAIL)),
+            ("[2001:db8::1]:7", "[2001:db8::1]:7", Err(Errno::ADDRINUSE)),
+            ("[fe80::1%1]:7", "[fe80::1%2]:7", Ok(())),
+            ("[fe80::1%1]:7", "[fe80::1%1]:7", Err(Errno::ADDRINUSE)),
+            // IPv4 and IPv6 specific addresses never compare equal.
+            ("192.0.2.1:7", "[::ffff:192.0.2.1]:7", Ok(())),
+        ] {
+            assert_eq!(chk(&rec(a), &rec(b), false), want, "{a} vs {b}");
+        }
+        // REUSEADDR: only when both have it (and the check runs with it).
+        let (mut a, mut b) = (rec("192.0.2.1:7"), rec("192.0.2.1:7"));
+        a.reuse = true;
+        assert_eq!(chk(&a, &b, true), Err(Errno::ADDRINUSE));
+        b.reuse = true;
+        assert_eq!(chk(&a, &b, true), Ok(()));
+        assert_eq!(chk(&a, &b, false), Err(Errno::ADDRINUSE));
+        // AFONLY: other families are skipped only if both are AFONLY.
+        let v4 = rec("0.0.0.0:7");
+        let mut v6 = rec("[::]:7");
+        v6.afonly = false;
+        assert_eq!(chk(&v6, &v4, false), Err(Errno::ADDRNOTAVAIL));
+        assert_eq!(chk(&v4, &v6, false), Err(Errno::ADDRNOTAVAIL));
+        v6.afonly = true;
+        assert_eq!(chk(&v6, &v4, false), Ok(()));
+        let mut v4 = rec("0.0.0.0:7");
+        v4.afonly = false;
+        assert_eq!(chk(&v6, &v4, false), Err(Errno::ADDRNOTAVAIL));
+        // The first conflicting owner decides: the newest one comes first.
+        let (any, same) = (rec("0.0.0.0:7"), rec("192.0.2.1:7"));
+        let mut any = any;
+        any.reuse = false;
+        let new = rec("192.0.2.1:7");
+        assert_eq!(
+            check_port(&new, &[&same, &any], false),
+            Err(Errno::ADDRINUSE)
+        );
+        assert_eq!(
+            check_port(&new, &[&any, &same], false),
+            Err(Errno::ADDRNOTAVAIL)
+        );
+    }
+
+    #[test]
+    fn port_is_unique_rules() {
+        let with_dst = |src: &str, dst: Option<&str>| Record {
+            dst: dst.map(sa),
+            ..rec(src)
+        };
+        let uniq = |a: &Record, b: &Record| port_is_unique(a, &[b]);
+        let na = Err(Errno::ADDRNOTAVAIL);
+        // No destinations: only different specific sources share.
+        assert_eq!(uniq(&rec("0.0.0.0:0"), &rec("0.0.0.0:9")), na);
+        assert_eq!(uniq(&rec("192.0.2.1:0"), &rec("192.0.2.2:9")), Ok(()));
+        assert_eq!(uniq(&rec("192.0.2.1:0"), &rec("192.0.2.1:9")), na);
+        assert_eq!(uniq(&rec("127.0.0.1:0"), &rec("127.0.0.2:9")), na);
+        // Destinations: a different port or a different specific address shares.
+        let a = with_dst("0.0.0.0:0", Some("192.0.2.9:5000"));
+        assert_eq!(
+            uniq(&a, &with_dst("0.0.0.0:9", Some("192.0.2.9:5001"))),
+            Ok(())
+        );
+        assert_eq!(
+            uniq(&a, &with_dst("0.0.0.0:9", Some("192.0.2.8:5000"))),
+            Ok(())
+        );
+        assert_eq!(uniq(&a, &with_dst("0.0.0.0:9", Some("192.0.2.9:5000"))), na);
+        assert_eq!(uniq(&a, &with_dst("0.0.0.0:9", None)), na);
+        assert_eq!(uniq(&a, &with_dst("0.0.0.0:9", Some("127.0.0.1:5000"))), na);
+        // REUSEADDR plays no part.
+        let mut r = rec("0.0.0.0:9");
+        r.reuse = true;
+        let mut n = rec("0.0.0.0:0");
+        n.reuse = true;
+        assert_eq!(uniq(&n, &r), na);
+    }
+
+    #[test]
+    fn alloc_any_port_walks_the_range() {
+        let entry = |port: u16| Entry {
+            name: String::new(),
+            rec: rec(&format!("0.0.0.0:{port}")),
+        };
+        let new = rec("0.0.0.0:0");
+        // Every start lands inside the range.
+        for random in [0, 1, 4, 5, 1 << 40, u64::MAX] {
+            let p = alloc_any_port(10..=14, None, random, &new, &[]).unwrap();
+            assert!((10..=14).contains(&p), "{p}");
+        }
+        assert_eq!(alloc_any_port(10..=14, None, 2, &new, &[]), Ok(12));
+        // Used ports are passed over, upwards with wrap-around.
+        let used = [entry(12), entry(13), entry(14)];
+        assert_eq!(alloc_any_port(10..=14, None, 2, &new, &used), Ok(10));
+        // The port handed out last is skipped even if free.
+        assert_eq!(alloc_any_port(10..=14, Some(10), 2, &new, &used), Ok(11));
+        // Other port spaces do not count.
+        let mut udp = entry(12);
+        udp.rec.ps = PortSpace::Udp;
+        assert_eq!(alloc_any_port(10..=14, None, 2, &new, &[udp]), Ok(12));
+        // Nothing left.
+        let all: Vec<Entry> = (10..=14).map(entry).collect();
+        assert_eq!(
+            alloc_any_port(10..=14, None, 3, &new, &all),
+            Err(Errno::ADDRNOTAVAIL)
+        );
+        assert_eq!(
+            alloc_any_port(10..=10, Some(10), 0, &new, &[]),
+            Err(Errno::ADDRNOTAVAIL)
+        );
+        // A used port is shared when cma_port_is_unique allows it.
+        let spec = Entry {
+            name: String::new(),
+            rec: rec("192.0.2.1:10"),
+        };
+        let other = rec("192.0.2.2:0");
+        assert_eq!(alloc_any_port(10..=10, None, 0, &other, &[spec]), Ok(10));
+    }
+
+    #[test]
+    fn capability_line() {
+        let st = |caps: &str| format!("Name:\tx\nCapInh:\t0\nCapEff:\t{caps}\nCapBnd:\t0\n");
+        assert_eq!(
+            status_allows_bind_service(&st("000001fffeffffff")),
+            Some(true)
+        );
+        assert_eq!(
+            status_allows_bind_service(&st("0000000000000400")),
+            Some(true)
+        );
+        assert_eq!(
+            status_allows_bind_service(&st("0000000000000000")),
+            Some(false)
+        );
+        assert_eq!(status_allows_bind_service(&st("zz")), None);
+        assert_eq!(status_allows_bind_service("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn low_ports_need_the_capability() {
+        let t = TempReg::new("lowport");
+        let r = bind(&t.reg, "0.0.0.0:1000");
+        if may_bind_service_ports() {
+            assert!(r.is_ok());
+        } else {
+            assert_eq!(errno(r), Errno::ACCESS);
+        }
+    }
+
+    #[test]
+    fn same_specific_address_twice_is_in_use() {
+        let t = TempReg::new("inuse");
+        let _a = bind(&t.reg, "192.0.2.1:7174").unwrap();
+        assert_eq!(errno(bind(&t.reg, "192.0.2.1:7174")), Errno::ADDRINUSE);
+        let _b = bind(&t.reg, "[2001:db8::1]:7174").unwrap();
+        assert_eq!(errno(bind(&t.reg, "[2001:db8::1]:7174")), Errno::ADDRINUSE);
+        // Another specific address, another port, another port space: all fine.
+        let _c = bind(&t.reg, "192.0.2.2:7174").unwrap();
+        let _d = bind(&t.reg, "192.0.2.1:7175").unwrap();
+        let _e = t
+            .reg
+            .bind(
+                PortSpace::Udp,
+                sa("192.0.2.1:7174"),
+                sa(DEV),
+                BindOptions::default(),
+            )
+            .unwrap();
+    }
+
+    #[test]
+    fn wildcards_and_loopback_conflict_as_not_available() {
+        let t = TempReg::new("notavail");
+        let _a = bind(&t.reg, "192.0.2.1:7174").unwrap();
+        assert_eq!(errno(bind(&t.reg, "0.0.0.0:7174")), Errno::ADDRNOTAVAIL);
+        let _b = bind(&t.reg, "0.0.0.0:7175").unwrap();
+        assert_eq!(errno(bind(&t.reg, "192.0.2.1:7175")), Errno::ADDRNOTAVAIL);
+        assert_eq!(errno(bind(&t.reg, "0.0.0.0:7175")), Errno::ADDRNOTAVAIL);
+        // Loopback is "any" to cma.c, even twice the same address.
+        let _c = bind(&t.reg, "127.0.0.1:7176").unwrap();
+        assert_eq!(errno(bind(&t.reg, "127.0.0.1:7176")), Errno::ADDRNOTAVAIL);
+        assert_eq!(errno(bind(&t.reg, "127.0.0.9:7176")), Errno::ADDRNOTAVAIL);
+        assert_eq!(errno(bind(&t.reg, "192.0.2.1:7176")), Errno::ADDRNOTAVAIL);
+    }
+
+    #[test]
+    fn afonly_separates_families() {
+        let t = TempReg::new("afonly");
+        let _v4 = bind(&t.reg, "0.0.0.0:7174").unwrap();
+        let v6 = |af_only| {
+            let opts = BindOptions {
+                af_only,
+                ..BindOptions::default()
+            };
+            t.reg.bind(TCP, sa("[::]:7174"), sa(DEV), opts)
+        };
+        assert_eq!(errno(v6(Some(false))), Errno::ADDRNOTAVAIL);
+        // The default follows net.ipv6.bindv6only.
+        match v6(None) {
+            Ok(b) => {
+                assert!(bindv6only());
+                drop(b);
+            }
+            Err(e) => {
+                assert!(!bindv6only());
+                assert_eq!(Errno::from_io_error(&e), Some(Errno::ADDRNOTAVAIL));
+            }
+        }
+        let _b = v6(Some(true)).unwrap();
+        // An IPv4 binding that is not AFONLY meets the AFONLY IPv6 one.
+        let opts = BindOptions {
+            af_only: Some(false),
+            ..BindOptions::default()
+        };
+        let r = t.reg.bind(TCP, sa("192.0.2.1:7174"), sa(DEV), opts);
+        assert_eq!(errno(r), Errno::ADDRNOTAVAIL);
+    }
+
+    #[test]
+    fn link_local_needs_a_scope() {
+        let t = TempReg::new("linklocal");
+        assert_eq!(errno(bind(&t.reg, "[fe80::1]:7174")), Errno::INVAL);
+        let _a = bind(&t.reg, "[fe80::1%1]:7174").unwrap();
+        let _b = bind(&t.reg, "[fe80::1%2]:7174").unwrap();
+        assert_eq!(errno(bind(&t.reg, "[fe80::1%2]:7174")), Errno::ADDRINUSE);
+    }
+
+    #[test]
+    fn port_zero_gives_distinct_ephemeral_ports() {
+        let t = TempReg::new("ephemeral");
+        let mut held = Vec::new();
+        let mut ports = std::collections::HashSet::new();
+        for i in 0..200 {
+            let addr = if i % 2 == 0 {
+                "0.0.0.0:0"
+            } else {
+                "127.0.0.1:0"
+            };
+            let b = bind(&t.reg, addr).unwrap();
+            assert!(EPHEMERAL_PORTS.contains(&b.port()), "{}", b.port());
+            assert_eq!(b.addr().port(), b.port());
+            assert!(ports.insert(b.port()), "port {} twice", b.port());
+            held.push(b);
+        }
+        // A fixed bind on a port handed out conflicts like any other.
+        let p = held[0].port();
+        assert_eq!(
+            errno(bind(&t.reg, &format!("192.0.2.1:{p}"))),
+            Errno::ADDRNOTAVAIL
+        );
+        // The port handed out last is not handed out again at once.
+        let last = held.pop().unwrap();
+        let lp = last.port();
+        drop(last);
+        for _ in 0..20 {
+            let b = bind(&t.reg, "0.0.0.0:0").unwrap();
+            assert_ne!(b.port(), lp);
+        }
+    }
+
+    #[test]
+    fn reuseaddr_shares_until_listening() {
+        let t = TempReg::new("reuse");
+        // Both must ask for it.
+        let _plain = bind(&t.reg, "192.0.2.1:7000").unwrap();
+        assert_eq!(
+            errno(bind_reuse(&t.reg, "192.0.2.1:7000")),
+            Errno::ADDRINUSE
+        );
+        let _r = bind_reuse(&t.reg, "192.0.2.1:7001").unwrap();
+        assert_eq!(errno(bind(&t.reg, "192.0.2.1:7001")), Errno::ADDRINUSE);
+
+        // Two REUSEADDR bindings share; listening on one re-checks without reuse.
+        let mut a = bind_reuse(&t.reg, "192.0.2.1:7002").unwrap();
+        let b = bind_reuse(&t.reg, "192.0.2.1:7002").unwrap();
+        assert_eq!(errno(a.set_listening(true)), Errno::ADDRINUSE);
+        assert!(!a.is_listening());
+        drop(b);
+        a.set_listening(true).unwrap();
+        assert!(a.is_listening());
+        // A listener no longer shares, REUSEADDR or not, and keeps that after stopping.
+        assert_eq!(
+            errno(bind_reuse(&t.reg, "192.0.2.1:7002")),
+            Errno::ADDRINUSE
+        );
+        a.set_listening(false).unwrap();
+        assert_eq!(
+            errno(bind_reuse(&t.reg, "192.0.2.1:7002")),
+            Errno::ADDRINUSE
+        );
+
+        // Wildcards with REUSEADDR share too, and listening then finds EADDRNOTAVAIL.
+        let mut w1 = bind_reuse(&t.reg, "0.0.0.0:7003").unwrap();
+        let w2 = bind_reuse(&t.reg, "0.0.0.0:7003").unwrap();
+        let _s = bind_reuse(&t.reg, "192.0.2.1:7003").unwrap();
+        assert_eq!(errno(w1.set_listening(true)), Errno::ADDRNOTAVAIL);
+        drop(w2);
+        assert_eq!(errno(w1.set_listening(true)), Errno::ADDRNOTAVAIL);
+    }
+
+    #[test]
+    fn listening_without_reuse_is_not_checked_again() {
+        let t = TempReg::new("listen");
+        let mut a = bind(&t.reg, "0.0.0.0:7174").unwrap();
+        a.set_listening(true).unwrap();
+        a.set_listening(true).unwrap();
+        assert!(a.is_listening());
+        assert_eq!(errno(bind(&t.reg, "0.0.0.0:7174")), Errno::ADDRNOTAVAIL);
+    }
+
+    #[test]
+    fn an_active_side_binding_cannot_listen() {
+        let t = TempReg::new("active");
+        let opts = BindOptions {
+            dst: Some(sa("192.0.2.9:7174")),
+            ..BindOptions::default()
+        };
+        let mut a = t.reg.bind(TCP, sa("0.0.0.0:0"), sa(DEV), opts).unwrap();
+        assert_eq!(errno(a.set_listening(true)), Errno::INVAL);
+        assert!(!a.is_listening());
+    }
+
+    #[test]
+    fn drop_releases_the_port() {
+        let t = TempReg::new("drop");
+        let a = bind(&t.reg, "192.0.2.1:7174").unwrap();
+        assert_eq!(t.files().len(), 1);
+        drop(a);
+        assert!(t.files().is_empty(), "{:?}", t.files());
+        let _b = bind(&t.reg, "192.0.2.1:7174").unwrap();
+    }
+
+    /// A record file at `name` in the registry, as a process would have left it.
+    fn plant(t: &TempReg, name: &str, r: &Record) -> PathBuf {
+        let p = t.reg.dir().join(name);
+        fs::write(&p, r.to_text()).unwrap();
+        p
+    }
+
+    /// Hold the planted record as a living owner would: its own open file description
+    /// with the exclusive lock.
+    fn hold(p: &Path) -> File {
+        let f = File::open(p).unwrap();
+        flock(&f, FlockOperation::NonBlockingLockExclusive).unwrap();
+        f
+    }
+
+    #[test]
+    fn stale_and_foreign_files_are_reclaimed() {
+        let t = TempReg::new("stale");
+        let mut r = rec("0.0.0.0:7174");
+        r.listening = true;
+        r.seq = 99;
+        let stale = plant(&t, "0106-7174-1-0.bind", &r);
+        fs::write(t.reg.dir().join("junk.bind"), b"\xff\xfe not a record").unwrap();
+        fs::write(t.reg.dir().join(".0106-7-1-0.tmp"), r.to_text()).unwrap();
+        fs::write(t.reg.dir().join("notes.txt"), "left alone").unwrap();
+        // A corrupt file that someone holds is skipped, not removed.
+        let held = t.reg.dir().join("held.bind");
+        fs::write(&held, "softrdma-cm-binding 1\nps garbage\n").unwrap();
+        let _h = hold(&held);
+
+        // Nobody holds the stale record's lock: lookups ignore it...
+        assert_eq!(t.reg.lookup(TCP, sa("127.0.0.1:7174")), None);
+        assert!(stale.exists());
+        // ...and the next bind clears it away and takes the port.
+        let b = bind(&t.reg, "0.0.0.0:7174").unwrap();
+        assert!(!stale.exists());
+        let mut files = t.files();
+        files.retain(|n| !n.starts_with("0106-7174-"));
+        assert_eq!(files, vec!["held.bind".to_string(), "notes.txt".into()]);
+        // seq continues from live records only.
+        assert_eq!(b.rec.seq, 0);
+    }
+
+    #[test]
+    fn a_live_planted_record_counts() {
+        let t = TempReg::new("planted");
+        let p = plant(&t, "0106-7174-1-0.bind", &rec("192.0.2.1:7174"));
+        let f = hold(&p);
+        assert_eq!(errno(bind(&t.reg, "192.0.2.1:7174")), Errno::ADDRINUSE);
+        drop(f);
+        let _b = bind(&t.reg, "192.0.2.1:7174").unwrap();
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn lookup_finds_listeners() {
+        let t = TempReg::new("lookup");
+        let dev = sa("127.0.0.3:4791");
+        let mut l = t
+            .reg
+            .bind(TCP, sa("0.0.0.0:7174"), dev, BindOptions::default())
+            .unwrap();
+        // Not listening yet: nothing to find.
+        assert_eq!(t.reg.lookup(TCP, sa("127.0.0.1:7174")), None);
+        l.set_listening(true).unwrap();
+        let want = Some(Listener {
+            device: dev,
+            bound: sa("0.0.0.0:7174"),
+        });
+        assert_eq!(t.reg.lookup(TCP, sa("127.0.0.1:7174")), want);
+        assert_eq!(t.reg.lookup(TCP, sa("127.0.0.5:7174")), want);
+        // Another port, another port space, another family (AFONLY IPv4): nothing.
+        assert_eq!(t.reg.lookup(TCP, sa("127.0.0.1:7175")), None);
+        assert_eq!(t.reg.lookup(PortSpace::Udp, sa("127.0.0.1:7174")), None);
+        assert_eq!(t.reg.lookup(TCP, sa("[::1]:7174")), None);
+        // Not an address of this host (TEST-NET-1), unless someone configured it.
+        if UdpSocket::bind("192.0.2.1:0").is_err() {
+            assert_eq!(t.reg.lookup(TCP, sa("192.0.2.1:7174")), None);
+        }
+        assert_eq!(t.reg.lookup(TCP, sa("224.0.0.1:7174")), None);
+        l.set_listening(false).unwrap();
+        assert_eq!(t.reg.lookup(TCP, sa("127.0.0.1:7174")), None);
+        l.set_listening(true).unwrap();
+        drop(l);
+        assert_eq!(t.reg.lookup(TCP, sa("127.0.0.1:7174")), None);
+    }
+
+    #[test]
+    fn lookup_prefers_an_exact_address() {
+        let t = TempReg::new("exact");
+        let mut w = bind(&t.reg, "0.0.0.0:7174").unwrap();
+        w.set_listening(true).unwrap();
+        // The rules let no other listener overlap this one; plant one that does.
+        let mut r = rec("127.0.0.5:7174");
+        r.listening = true;
+        r.device = sa("127.0.0.9:4791");
+        let p = plant(&t, "0106-7174-1-0.bind", &r);
+        let _h = hold(&p);
+        let at = |d: &str| t.reg.lookup(TCP, sa(d)).map(|l| l.device);
+        assert_eq!(at("127.0.0.5:7174"), Some(sa("127.0.0.9:4791")));
+        assert_eq!(at("127.0.0.1:7174"), Some(sa(DEV)));
+    }
+
+    #[test]
+    fn lookup_across_families() {
+        let t = TempReg::new("families");
+        let opts = |af_only| BindOptions {
+            af_only: Some(af_only),
+            ..BindOptions::default()
+        };
+        let dev6 = sa("127.0.0.6:4791");
+        let mut l6 = t.reg.bind(TCP, sa("[::]:7174"), dev6, opts(false)).unwrap();
+        l6.set_listening(true).unwrap();
+        // An IPv6 wildcard that is not AFONLY takes IPv4 connections too.
+        assert_eq!(
+            t.reg.lookup(TCP, sa("127.0.0.1:7174")).map(|l| l.device),
+            Some(dev6)
+        );
+        assert_eq!(
+            t.reg.lookup(TCP, sa("[::1]:7174")).map(|l| l.device),
+            Some(dev6)
+        );
+        drop(l6);
+        let mut l6 = t.reg.bind(TCP, sa("[::]:7174"), dev6, opts(true)).unwrap();
+        l6.set_listening(true).unwrap();
+        assert_eq!(t.reg.lookup(TCP, sa("127.0.0.1:7174")), None);
+        assert!(t.reg.lookup(TCP, sa("[::1]:7174")).is_some());
+        // An AFONLY IPv4 wildcard beside it takes the IPv4 ones.
+        let dev4 = sa("127.0.0.4:4791");
+        let mut l4 = t
+            .reg
+            .bind(TCP, sa("0.0.0.0:7174"), dev4, opts(true))
+            .unwrap();
+        l4.set_listening(true).unwrap();
+        assert_eq!(
+            t.reg.lookup(TCP, sa("127.0.0.1:7174")).map(|l| l.device),
+            Some(dev4)
+        );
+        assert_eq!(
+            t.reg.lookup(TCP, sa("[::1]:7174")).map(|l| l.device),
+            Some(dev6)
+        );
+    }
+
+    #[test]
+    fn concurrent_binders_do_not_both_win() {
+        let t = TempReg::new("race");
+        let n = 8;
+        let go = Arc::new(Barrier::new(n));
+        let results: Vec<io::Result<Binding>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..n)
+                .map(|_| {
+                    let (go, reg) = (Arc::clone(&go), &t.reg);
+                    s.spawn(move || {
+                        go.wait();
+                        bind(reg, "192.0.2.1:7174")
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let won = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(won, 1);
+        for r in results.into_iter().filter(|r| r.is_err()) {
+            assert_eq!(errno(r), Errno::ADDRINUSE);
+        }
+    }
+
+    #[test]
+    fn directory_is_private() {
+        let t = TempReg::new("perm");
+        let md = fs::metadata(t.reg.dir()).unwrap();
+        assert_eq!(md.mode() & 0o777, 0o700);
+        let open = Registry::open(t.reg.dir().join("a/b")).unwrap();
+        assert_eq!(fs::metadata(open.dir()).unwrap().mode() & 0o777, 0o700);
+        // An existing private directory is fine, and stays as it is.
+        Registry::open(open.dir()).unwrap();
+        assert_eq!(fs::metadata(open.dir()).unwrap().mode() & 0o777, 0o700);
+        use std::os::unix::fs::PermissionsExt;
+        let loose = t.reg.dir().join("loose");
+        fs::create_dir(&loose).unwrap();
+        fs::set_permissions(&loose, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = Registry::open(&loose).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        let file = t.reg.dir().join("file");
+        fs::write(&file, "").unwrap();
+        assert!(Registry::open(&file).is_err());
+    }
+
+    /// Set in the child process of `killed_owner_leaves_nothing_behind`: the registry
+    /// directory it binds in.
+    const CHILD_ENV: &str = "SOFTRDMA_REGISTRY_TEST_CHILD";
+    const READY: &str = "registry-child-port ";
+
+    #[test]
+    #[ignore = "the child process of killed_owner_leaves_nothing_behind"]
+    fn child_binds_listens_and_waits() {
+        let Some(dir) = std::env::var_os(CHILD_ENV) else {
+            return;
+        };
+        let reg = Registry::open(PathBuf::from(dir)).unwrap();
+        let mut b = reg
+            .bind(
+                TCP,
+                sa("0.0.0.0:0"),
+                sa("127.0.0.7:4791"),
+                BindOptions::default(),
+            )
+            .unwrap();
+        b.set_listening(true).unwrap();
+        println!("{READY}{}", b.port());
+        io::stdout().flush().unwrap();
+        // The parent kills us long before this.
+        std::thread::sleep(Duration::from_secs(60));
+    }
+
+    #[test]
+    fn killed_owner_leaves_nothing_behind() {
+        let t = TempReg::new("kill");
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "registry::tests::child_binds_listens_and_waits",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, t.reg.dir())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        // Ends at the child's exit if it never gets ready.
+        let port: Option<u16> = out.lines().map_while(Result::ok).find_map(|l| {
+            // libtest prints the test's name on the same line first.
+            let at = l.find(READY)? + READY.len();
+            l[at..].trim().parse().ok()
+        });
+        let Some(port) = port else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the child never bound");
+        };
+        let at = sa(&format!("127.0.0.1:{port}"));
+        let found = t.reg.lookup(TCP, at);
+        let taken = bind(&t.reg, &format!("0.0.0.0:{port}")).map(|_| ());
+        child.kill().unwrap(); // SIGKILL: no destructor runs.
+        child.wait().unwrap();
+        assert_eq!(found.map(|l| l.device), Some(sa("127.0.0.7:4791")));
+        assert_eq!(errno(taken), Errno::ADDRNOTAVAIL);
+        // The record is still there, but nobody holds it.
+        assert_eq!(t.files().len(), 1);
+        assert_eq!(t.reg.lookup(TCP, at), None);
+        let _b = bind(&t.reg, &format!("0.0.0.0:{port}")).unwrap();
+        assert_eq!(t.files().len(), 1, "{:?}", t.files());
+    }
+}
