@@ -11,7 +11,9 @@
 //! Ports are reserved host-wide through a [`PortSpace`] (the device's registry in a real
 //! process, an in-memory one in tests), so that a server bound to the wildcard address
 //! in one process is found by a client in another at 127.0.0.1 or at the host's own
-//! addresses, and two servers on one port get `EADDRINUSE`.
+//! addresses, and two servers on one port conflict with the errno Linux gives
+//! (`EADDRNOTAVAIL` when either bound a wildcard or loopback address, `EADDRINUSE` for
+//! the same address).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -5,8 +5,13 @@
 //! - [`ib`]: the IB CM protocol (REQ / REP / RTU / DREQ / DREP / REJ / MRA and SIDR)
 //!   that rdma_cm speaks over RoCEv2 between the QP1s of two devices, as a sans-IO state
 //!   machine driven by MADs and explicit time.
+//! - [`agent`]: a device's CM with its thread (MADs from the device's QP1, timers) and
+//!   the event channels programs wait on.
+//! - [`host`]: the host-wide port space of a real device, over the device registry.
 
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod cma;
+pub mod host;
 pub mod ib;

@@ -1,7 +1,7 @@
 //! The rdma_cm model between devices on the `sim` network: a wildcard listener found at
 //! 127.0.0.1 whatever address its device has, connect / accept / establish with the QP
 //! attributes each side needs, private data both ways, reject with private data, a
-//! destination nobody serves, disconnect from either side, EADDRINUSE, UD (SIDR), and the
+//! destination nobody serves, disconnect from either side, port conflicts, UD (SIDR), and the
 //! same handshakes under loss, duplication and reordering.
 
 use std::collections::HashMap;
@@ -89,15 +89,15 @@ impl PortSpace for Host {
         } else {
             addr.port()
         };
-        let clash = e.iter().any(|x| {
-            x.ps == ps
-                && x.addr.port() == port
-                && (x.addr.ip() == addr.ip()
-                    || x.addr.ip().is_unspecified()
-                    || addr.ip().is_unspecified())
-        });
-        if clash {
-            return Err(io::Error::from_raw_os_error(errno::EADDRINUSE));
+        // Linux's cma_check_port: a wildcard on either side is EADDRNOTAVAIL, the same
+        // address EADDRINUSE.
+        for x in e.iter().filter(|x| x.ps == ps && x.addr.port() == port) {
+            if x.addr.ip().is_unspecified() || addr.ip().is_unspecified() {
+                return Err(io::Error::from_raw_os_error(errno::EADDRNOTAVAIL));
+            }
+            if x.addr.ip() == addr.ip() {
+                return Err(io::Error::from_raw_os_error(errno::EADDRINUSE));
+            }
         }
         e.push(Entry {
             ps,
@@ -399,7 +399,7 @@ fn nobody_serving_the_destination_is_rejected_with_reason_8() {
 }
 
 #[test]
-fn two_listeners_on_one_port_is_eaddrinuse_and_private_data_is_limited() {
+fn two_listeners_on_one_port_conflict_and_private_data_is_limited() {
     let mut sim = pair(5, faults(0.0, 0.0, 0.0));
     serve(&mut sim, 7004);
     let c = &mut sim.endpoints[0].cma;
@@ -410,7 +410,7 @@ fn two_listeners_on_one_port_is_eaddrinuse_and_private_data_is_limited() {
             SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 7004),
         )
         .unwrap_err();
-    assert_eq!(e.errno, errno::EADDRINUSE);
+    assert_eq!(e.errno, errno::EADDRNOTAVAIL);
     let id = client(&mut sim, 7004);
     let e = sim.endpoints[0]
         .cma

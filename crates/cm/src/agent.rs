@@ -1,0 +1,279 @@
+//! The CM agent of a device: the [`Cma`] of one open device, driven by a thread that
+//! takes the MADs arriving on the device's QP1 and fires the CM's timers, and event
+//! channels that programs wait on — what the kernel's rdma_cm and its `rdma_cm` character
+//! device are under librdmacm.
+//!
+//! Calls run on the caller's thread under the agent's lock ([`Agent::call`]); what they
+//! produce (MADs, events) leaves before the call returns, so a REQ is on the wire when
+//! `connect` returns. The thread only handles what arrives and what times out.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rustix::event::EventfdFlags;
+use softrdma_device::{poll_readable, Device, EventFd};
+
+use crate::cma::{Cma, CmaEvent, PortSpace};
+use crate::ib::Peer;
+
+/// Where a CM delivers events for the ids that name it: a queue and a file descriptor
+/// readable while events wait (`rdma_event_channel`'s fd). Each queued event adds one to
+/// a semaphore eventfd and each taken event reads one, so the fd can be polled, and a
+/// program that leaves it blocking blocks in [`EventChannel::get`] until an event comes.
+#[derive(Clone)]
+pub struct EventChannel {
+    inner: Arc<ChanInner>,
+}
+
+struct ChanInner {
+    id: u32,
+    q: Mutex<VecDeque<CmaEvent>>,
+    fd: OwnedFd,
+}
+
+static NEXT_CHANNEL: AtomicU32 = AtomicU32::new(1);
+
+impl EventChannel {
+    /// A new channel with no ids.
+    pub fn new() -> io::Result<EventChannel> {
+        let fd = rustix::event::eventfd(0, EventfdFlags::SEMAPHORE | EventfdFlags::CLOEXEC)?;
+        Ok(EventChannel {
+            inner: Arc::new(ChanInner {
+                id: NEXT_CHANNEL.fetch_add(1, Ordering::Relaxed),
+                q: Mutex::new(VecDeque::new()),
+                fd,
+            }),
+        })
+    }
+
+    /// The channel's number, which ids name ([`Cma::create_id`]).
+    pub fn id(&self) -> u32 {
+        self.inner.id
+    }
+
+    fn queue(&self) -> MutexGuard<'_, VecDeque<CmaEvent>> {
+        self.inner.q.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn deliver(&self, ev: CmaEvent) {
+        self.queue().push_back(ev);
+        // A full counter (2^64 - 2 events) cannot happen before memory runs out.
+        let _ = rustix::io::write(&self.inner.fd, &1u64.to_ne_bytes());
+    }
+
+    /// Take the next event, waiting for one as the fd's blocking mode says: a blocking fd
+    /// waits, a non-blocking one gives `WouldBlock`.
+    pub fn get(&self) -> io::Result<CmaEvent> {
+        loop {
+            let mut v = [0u8; 8];
+            rustix::io::read(&self.inner.fd, &mut v)?;
+            if let Some(ev) = self.queue().pop_front() {
+                return Ok(ev);
+            }
+            // The event was withdrawn (its id destroyed) after it was counted: wait again.
+        }
+    }
+
+    /// Take the next event, waiting at most `timeout` (None: forever); `Ok(None)` on
+    /// timeout.
+    pub fn get_timeout(&self, timeout: Option<Duration>) -> io::Result<Option<CmaEvent>> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            if !poll_readable(&[self.inner.fd.as_fd()], left)?[0] {
+                if left.is_some_and(|l| l.is_zero()) {
+                    return Ok(None);
+                }
+                continue;
+            }
+            let mut v = [0u8; 8];
+            match rustix::io::read(&self.inner.fd, &mut v) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::AGAIN) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            if let Some(ev) = self.queue().pop_front() {
+                return Ok(Some(ev));
+            }
+        }
+    }
+
+    /// Drop the queued events of `id` (it is being destroyed), keeping the fd's count
+    /// equal to the queue's length.
+    pub fn withdraw(&self, id: u32) {
+        let mut q = self.queue();
+        let before = q.len();
+        q.retain(|e| e.id != id);
+        for _ in q.len()..before {
+            if poll_readable(&[self.inner.fd.as_fd()], Some(Duration::ZERO)).is_ok_and(|r| r[0]) {
+                let mut v = [0u8; 8];
+                let _ = rustix::io::read(&self.inner.fd, &mut v);
+            }
+        }
+    }
+
+    /// Events waiting.
+    pub fn pending(&self) -> usize {
+        self.queue().len()
+    }
+}
+
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+}
+
+impl AsRawFd for EventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+}
+
+impl std::fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("id", &self.inner.id)
+            .finish()
+    }
+}
+
+struct Shared {
+    dev: Arc<Device>,
+    cma: Mutex<Cma>,
+    channels: Mutex<HashMap<u32, Weak<ChanInner>>>,
+    wake: EventFd,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Cma> {
+        self.cma.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Send what the CM produced and hand its events to their channels.
+    fn pump(&self, cma: &mut Cma) {
+        while let Some((to, mad)) = cma.poll_transmit() {
+            self.dev.send_mad(to.ip, to.qpn, 0, &mad);
+        }
+        let chans = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(ev) = cma.poll_event() {
+            match chans.get(&ev.channel).and_then(Weak::upgrade) {
+                Some(inner) => EventChannel { inner }.deliver(ev),
+                None => {
+                    tracing::debug!(channel = ev.channel, event = ?ev.event, "CM event for a closed channel dropped")
+                }
+            }
+        }
+    }
+}
+
+/// A device's CM with its thread. Dropping it stops the thread.
+pub struct Agent {
+    sh: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("device", &self.sh.dev.addr())
+            .finish()
+    }
+}
+
+impl Agent {
+    /// Start the CM of `dev`, reserving ports in `ports`, with randomness from `seed`.
+    pub fn start(dev: Arc<Device>, ports: Box<dyn PortSpace>, seed: u64) -> io::Result<Agent> {
+        let addr = dev.addr();
+        // The node GUID of a RoCE device is derived from its MAC; ours from its address.
+        let guid = match addr.ip() {
+            std::net::IpAddr::V4(v4) => {
+                0x0002_c9ff_fe00_0000 | u64::from(u32::from(v4)) & 0xFF_FFFF
+            }
+            std::net::IpAddr::V6(v6) => {
+                u64::from_be_bytes(v6.octets()[8..].try_into().unwrap_or([0; 8]))
+            }
+        };
+        let sh = Arc::new(Shared {
+            cma: Mutex::new(Cma::new(addr, guid, seed, ports)),
+            dev,
+            channels: Mutex::new(HashMap::new()),
+            wake: EventFd::new()?,
+            stop: AtomicBool::new(false),
+        });
+        let t = Arc::clone(&sh);
+        let thread = std::thread::Builder::new()
+            .name(format!("{}-cm", sh.dev.name()))
+            .spawn(move || run(&t))?;
+        Ok(Agent {
+            sh,
+            thread: Some(thread),
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.sh.dev
+    }
+
+    /// Let `ch` receive the events of ids that name it.
+    pub fn attach(&self, ch: &EventChannel) {
+        let mut chans = self.sh.channels.lock().unwrap_or_else(|p| p.into_inner());
+        chans.retain(|_, w| w.strong_count() > 0);
+        chans.insert(ch.id(), Arc::downgrade(&ch.inner));
+    }
+
+    /// Run `f` on the CM with the device's time; what it produced is sent and delivered
+    /// before this returns.
+    pub fn call<R>(&self, f: impl FnOnce(&mut Cma, u64) -> R) -> R {
+        let mut cma = self.sh.lock();
+        let now = self.sh.dev.now();
+        let r = f(&mut cma, now);
+        self.sh.pump(&mut cma);
+        drop(cma);
+        // A new timer may be earlier than the one the thread sleeps towards.
+        self.sh.wake.set();
+        r
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.sh.stop.store(true, Ordering::SeqCst);
+        self.sh.wake.set();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The agent's thread: wait for a MAD, a wake-up or the next CM timer; handle it.
+fn run(sh: &Shared) {
+    while !sh.stop.load(Ordering::SeqCst) {
+        let next = sh.lock().poll_timeout();
+        let now = sh.dev.now();
+        let timeout = next.map(|t| Duration::from_nanos(t.saturating_sub(now)));
+        let _ = poll_readable(&[sh.dev.mad_fd(), sh.wake.as_fd()], timeout);
+        sh.wake.clear();
+        let mut cma = sh.lock();
+        while let Some(m) = sh.dev.take_mad() {
+            let now = sh.dev.now();
+            let from = Peer {
+                ip: m.src,
+                qpn: m.src_qpn,
+            };
+            cma.handle_mad(now, from, &m.mad);
+        }
+        let now = sh.dev.now();
+        if cma.poll_timeout().is_some_and(|t| t <= now) {
+            cma.handle_timeout(now);
+        }
+        sh.pump(&mut cma);
+    }
+}

@@ -1,0 +1,146 @@
+//! The CM agent on two real devices over loopback, in one process: a server bound to the
+//! wildcard address is found at 127.0.0.1 through the host registry whatever 127.0.0.x
+//! its device took; the REQ / REP / RTU and DREQ / DREP travel as MADs between the
+//! devices' QP1s; events arrive on pollable channels; a second wildcard bind of the port
+//! gets EADDRNOTAVAIL as on Linux; a port nobody serves is rejected with reason 8.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use softrdma_cm::agent::{Agent, EventChannel};
+use softrdma_cm::cma::{errno, CmaEvent, ConnParam, EventParam, EventType};
+use softrdma_cm::host::HostPorts;
+use softrdma_device::registry::Registry;
+use softrdma_device::{Device, DeviceAddr, DeviceConfig};
+use softrdma_wire::cm::{port_space, rej_reason};
+
+/// Devices of this test share a UDP port of their own, away from other tests' devices.
+const DEV_PORT: u16 = 24_791;
+
+fn device(name: &str) -> Arc<Device> {
+    let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(DEV_PORT));
+    cfg.stats_dir = None;
+    cfg.pcap = None;
+    Arc::new(Device::open(&cfg).expect("open device"))
+}
+
+fn agent(dev: &Arc<Device>, reg: &Registry) -> Agent {
+    let ports = HostPorts::new(reg.clone(), DEV_PORT);
+    Agent::start(Arc::clone(dev), Box::new(ports), 7).expect("start CM agent")
+}
+
+fn next(ch: &EventChannel, want: EventType) -> CmaEvent {
+    let ev = ch
+        .get_timeout(Some(Duration::from_secs(20)))
+        .expect("channel")
+        .unwrap_or_else(|| panic!("no {want:?} within 20 s"));
+    assert_eq!(ev.event, want, "{ev:?}");
+    ev
+}
+
+fn conn(qpn: u32, data: &[u8]) -> ConnParam {
+    ConnParam {
+        private_data: data.to_vec(),
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        qp_num: qpn,
+        ..ConnParam::default()
+    }
+}
+
+#[test]
+fn connect_accept_disconnect_between_two_devices() {
+    let dir = std::env::temp_dir().join(format!("softrdma-cm-agent-{}", std::process::id()));
+    let reg = Registry::open(&dir).unwrap();
+    let (da, db) = (device("cma"), device("cmb"));
+    assert_ne!(da.addr().ip(), db.addr().ip());
+    let (a, b) = (agent(&da, &reg), agent(&db, &reg));
+    let (cha, chb) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
+    a.attach(&cha);
+    b.attach(&chb);
+    let port = 20_000 + (std::process::id() % 10_000) as u16;
+    let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
+
+    // Server: wildcard bind and listen on device B.
+    let l = b.call(|c, _| {
+        let l = c.create_id(chb.id(), port_space::TCP, None)?;
+        c.bind(l, any)?;
+        c.listen(l, 4)?;
+        Ok::<_, softrdma_cm::cma::CmaError>(l)
+    });
+    let l = l.unwrap();
+    // A second server on the port: refused, as on Linux.
+    let e = a.call(|c, _| {
+        let x = c.create_id(cha.id(), port_space::TCP, None).unwrap();
+        c.bind(x, any)
+    });
+    // Linux's cma_check_port: a wildcard on either side is EADDRNOTAVAIL.
+    assert_eq!(e.map_err(|e| e.errno), Err(errno::EADDRNOTAVAIL));
+
+    // Client on device A dials 127.0.0.1.
+    let id = a.call(|c, _| {
+        let id = c.create_id(cha.id(), port_space::TCP, None).unwrap();
+        c.resolve_addr(
+            id,
+            None,
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+        )
+        .unwrap();
+        id
+    });
+    next(&cha, EventType::AddrResolved);
+    a.call(|c, _| c.resolve_route(id)).unwrap();
+    next(&cha, EventType::RouteResolved);
+    a.call(|c, now| c.connect(now, id, &conn(0x1234, b"ping")))
+        .unwrap();
+
+    let req = next(&chb, EventType::ConnectRequest);
+    assert_eq!(req.listen_id, Some(l));
+    let EventParam::Conn(p) = &req.param else {
+        panic!("{req:?}")
+    };
+    assert_eq!(&p.private_data[..4], b"ping");
+    assert_eq!(p.qp_num, 0x1234);
+    b.call(|c, now| c.accept(now, req.id, &conn(0x5678, b"pong"), 0))
+        .unwrap();
+
+    let resp = next(&cha, EventType::ConnectResponse);
+    let EventParam::Conn(p) = &resp.param else {
+        panic!("{resp:?}")
+    };
+    assert_eq!(&p.private_data[..4], b"pong");
+    assert_eq!(p.qp_num, 0x5678);
+    // The client's QP would go to the server's device.
+    let (rtr, _) = a
+        .call(|c, _| c.init_qp_attr(id, softrdma_verbs::QpState::Rtr))
+        .unwrap();
+    assert_eq!(rtr.ah_attr.grh.dgid.to_ip(), db.addr().ip());
+    a.call(|c, now| c.accept(now, id, &ConnParam::default(), 0))
+        .unwrap();
+    next(&chb, EventType::Established);
+
+    // Disconnect from the client: both sides hear it.
+    a.call(|c, now| c.disconnect(now, id)).unwrap();
+    next(&chb, EventType::Disconnected);
+    b.call(|c, now| c.disconnect(now, req.id)).unwrap();
+    next(&cha, EventType::Disconnected);
+
+    // A port nobody listens on: rejected with "invalid service ID".
+    let id2 = a.call(|c, _| {
+        let id = c.create_id(cha.id(), port_space::TCP, None).unwrap();
+        c.resolve_addr(id, None, SocketAddr::new(db.addr().ip(), port + 1))
+            .unwrap();
+        c.resolve_route(id).unwrap();
+        id
+    });
+    next(&cha, EventType::AddrResolved);
+    next(&cha, EventType::RouteResolved);
+    a.call(|c, now| c.connect(now, id2, &conn(1, b""))).unwrap();
+    let rej = next(&cha, EventType::Rejected);
+    assert_eq!(rej.status, i32::from(rej_reason::INVALID_SERVICE_ID));
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&dir);
+}
