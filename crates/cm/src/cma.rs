@@ -20,12 +20,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use softrdma_verbs::{self as verbs, Access, QpAttr, QpAttrMask, QpState};
 use softrdma_wire::cm::{
-    port_space, private_len, rej_reason, service_id, CmPath, CmaHeader, Rep, Req, SidrRep, SidrReq,
+    port_space, private_len, rej_reason, service_id, CmPath, CmaHeader, Rep, Req, SidrReq,
     CMA_HEADER_LEN,
 };
 use softrdma_wire::SplitMix64;
 
-use crate::ib::{self, CommId, EventKind, IbCm, Peer, MRA_FLAG_DELAY};
+use crate::ib::{self, fill, sidr_rep, CommId, EventKind, IbCm, Peer, MRA_FLAG_DELAY};
 
 /// Errno values the model returns (Linux's numbers, which the C face passes on).
 pub mod errno {
@@ -291,6 +291,9 @@ pub const MAX_REJECT_PRIVATE: usize = private_len::REJ;
 pub const MAX_UD_CONNECT_PRIVATE: usize = private_len::SIDR_REQ - CMA_HEADER_LEN;
 /// The most a SIDR_REP's private data may carry.
 pub const MAX_UD_ACCEPT_PRIVATE: usize = private_len::SIDR_REP;
+/// The local CA ACK delay exponent the device reports (rxe's), which goes into path ACK
+/// timeouts.
+const CA_ACK_DELAY: u8 = 15;
 /// Delayed MRA service timeout rdma_cm sends for REQs and REPs (2^24 × 4.096 µs ≈ 68 s).
 const MRA_SETTING: u8 = MRA_FLAG_DELAY | 24;
 
@@ -378,10 +381,6 @@ pub struct Cma {
     events: VecDeque<CmaEvent>,
 }
 
-fn unspecified(ip: IpAddr) -> bool {
-    ip.is_unspecified()
-}
-
 fn v4_of(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -411,8 +410,7 @@ impl Cma {
         let ib_seed = rng.next_u64();
         Cma {
             dev,
-            // rxe's local CA ACK delay.
-            ib: IbCm::new(ca_guid, 15, ib_seed),
+            ib: IbCm::new(ca_guid, CA_ACK_DELAY, ib_seed),
             ports,
             timeouts: Timeouts::default(),
             ids: HashMap::new(),
@@ -506,7 +504,7 @@ impl Cma {
     /// or a connection arrives), so that it has a `verbs` context.
     pub fn has_device(&self, id: IdHandle) -> Result<bool> {
         let i = self.id(id)?;
-        Ok(i.src.is_some_and(|s| !unspecified(s.ip())))
+        Ok(i.src.is_some_and(|s| !s.ip().is_unspecified()))
     }
 
     /// Move an id's events to another channel.
@@ -548,7 +546,7 @@ impl Cma {
             return Err(err(errno::EINVAL, "id already bound"));
         }
         let ip = v4_of(addr.ip());
-        if !unspecified(ip) && !self.ports.is_local(ip) {
+        if !ip.is_unspecified() && !self.ports.is_local(ip) {
             return Err(err(errno::EADDRNOTAVAIL, "address is not this host's"));
         }
         let (ps, reuse, afonly) = (i.ps, i.reuse, i.afonly);
@@ -599,7 +597,7 @@ impl Cma {
         let dev_ip = self.dev.ip();
         let i = self.id_mut(id)?;
         if let Some(s) = i.src {
-            if unspecified(s.ip()) {
+            if s.ip().is_unspecified() {
                 // The source is the device that sends.
                 i.src = Some(SocketAddr::new(dev_ip, s.port()));
             }
@@ -619,7 +617,7 @@ impl Cma {
             return Err(err(errno::EINVAL, "address not resolved"));
         }
         i.state = IdState::RouteResolved;
-        i.path_timeout = ib::ack_timeout(15, lt);
+        i.path_timeout = ib::ack_timeout(CA_ACK_DELAY, lt);
         self.push(id, EventType::RouteResolved, 0, EventParam::None);
         Ok(())
     }
@@ -801,16 +799,12 @@ impl Cma {
                 if p.private_data.len() > MAX_UD_ACCEPT_PRIVATE {
                     return Err(err(errno::EINVAL, "private data too long"));
                 }
-                let rep = SidrRep {
-                    request_id: 0,
-                    status: ib::sidr_status::SUCCESS,
-                    additional_info_length: 0,
-                    qpn: p.qp_num & 0xFF_FFFF,
-                    service_id: 0,
+                let rep = sidr_rep(
+                    ib::sidr_status::SUCCESS,
+                    p.qp_num & 0xFF_FFFF,
                     qkey,
-                    additional_info: [0; 72],
-                    private_data: fill(&p.private_data),
-                };
+                    &p.private_data,
+                );
                 self.ib
                     .send_sidr_rep(now, comm, rep)
                     .map_err(|_| err(errno::EINVAL, "bad CM state"))?;
@@ -881,16 +875,7 @@ impl Cma {
         }
         match self.ib.state(comm) {
             Some(ib::State::SidrReqRcvd) => {
-                let rep = SidrRep {
-                    request_id: 0,
-                    status: ib::sidr_status::REJECT,
-                    additional_info_length: 0,
-                    qpn: 0,
-                    service_id: 0,
-                    qkey: 0,
-                    additional_info: [0; 72],
-                    private_data: fill(private),
-                };
+                let rep = sidr_rep(ib::sidr_status::REJECT, 0, 0, private);
                 let _ = self.ib.send_sidr_rep(now, comm, rep);
             }
             _ => {
@@ -1110,7 +1095,7 @@ impl Cma {
             if v4_of(src.ip()) == v4_of(dst.ip()) {
                 return Some(*h);
             }
-            if unspecified(src.ip()) {
+            if src.ip().is_unspecified() {
                 wildcard = Some(*h);
             }
         }
@@ -1143,7 +1128,7 @@ impl Cma {
         c.parent = Some(listener);
         c.tos = tos;
         c.path_timeout = if path_timeout == 0 {
-            ib::ack_timeout(15, self.timeouts.packet_life_time)
+            ib::ack_timeout(CA_ACK_DELAY, self.timeouts.packet_life_time)
         } else {
             path_timeout
         };
@@ -1212,16 +1197,7 @@ impl Cma {
 
     fn on_sidr_req(&mut self, now: u64, comm: CommId, req: SidrReq, peer: Peer) {
         let reject = |cma: &mut Cma| {
-            let rep = SidrRep {
-                request_id: 0,
-                status: ib::sidr_status::UNSUPPORTED,
-                additional_info_length: 0,
-                qpn: 0,
-                service_id: 0,
-                qkey: 0,
-                additional_info: [0; 72],
-                private_data: [0; private_len::SIDR_REP],
-            };
+            let rep = sidr_rep(ib::sidr_status::UNSUPPORTED, 0, 0, &[]);
             let _ = cma.ib.send_sidr_rep(now, comm, rep);
         };
         let Some((ps, port)) = softrdma_wire::cm::split_service_id(req.service_id) else {
@@ -1382,13 +1358,6 @@ fn backlog_of(b: i32) -> usize {
     } else {
         b as usize
     }
-}
-
-fn fill<const N: usize>(data: &[u8]) -> [u8; N] {
-    let mut a = [0u8; N];
-    let n = data.len().min(N);
-    a[..n].copy_from_slice(&data[..n]);
-    a
 }
 
 /// An address vector to the device at `ip`.

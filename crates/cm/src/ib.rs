@@ -332,11 +332,50 @@ pub struct IbCm {
 /// Longest private data of each message (its field in the MAD).
 pub use softrdma_wire::cm::private_len;
 
-fn fill<const N: usize>(data: &[u8]) -> [u8; N] {
+/// `data` at the start of a zeroed field of `N` bytes (cut at `N`).
+pub(crate) fn fill<const N: usize>(data: &[u8]) -> [u8; N] {
     let mut a = [0u8; N];
     let n = data.len().min(N);
     a[..n].copy_from_slice(&data[..n]);
     a
+}
+
+/// A SIDR_REP answering with `status`, naming QP `qpn` and Q_Key `qkey` (0 unless the
+/// status is [`sidr_status::SUCCESS`]), with `private` data. [`IbCm::send_sidr_rep`]
+/// fills in the request and service IDs.
+pub fn sidr_rep(status: u8, qpn: u32, qkey: u32, private: &[u8]) -> SidrRep {
+    SidrRep {
+        request_id: 0,
+        status,
+        additional_info_length: 0,
+        qpn,
+        service_id: 0,
+        qkey,
+        additional_info: [0; 72],
+        private_data: fill(private),
+    }
+}
+
+/// A REJ of message `rejected` with `reason`, additional information `ari` (at most 72
+/// bytes) and `private` data.
+fn rej(
+    local: CommId,
+    remote: CommId,
+    rejected: u8,
+    reason: u16,
+    ari: &[u8],
+    private: &[u8],
+) -> CmMsg {
+    let info = ari.len().min(72);
+    CmMsg::Rej(Box::new(Rej {
+        local_comm_id: local,
+        remote_comm_id: remote,
+        message_rejected: rejected,
+        rejected_info_length: info as u8,
+        reason,
+        ari: fill(&ari[..info]),
+        private_data: fill(private),
+    }))
 }
 
 impl IbCm {
@@ -575,16 +614,7 @@ impl IbCm {
             State::RepRcvd | State::MraRepSent => (c.local_id, msg_response::REP),
             _ => (c.local_id, msg_response::OTHER),
         };
-        let info = ari.len().min(72);
-        let msg = CmMsg::Rej(Box::new(Rej {
-            local_comm_id: local,
-            remote_comm_id: c.remote_id,
-            message_rejected,
-            rejected_info_length: info as u8,
-            reason,
-            ari: fill(&ari[..info]),
-            private_data: fill(private),
-        }));
+        let msg = rej(local, c.remote_id, message_rejected, reason, ari, private);
         let (peer, tid) = (c.peer, c.tid);
         self.emit(peer, &msg, tid);
         Ok(())
@@ -698,17 +728,7 @@ impl IbCm {
         let guid = self.ca_guid.to_be_bytes();
         match c.state {
             State::SidrReqRcvd => {
-                let rep = SidrRep {
-                    request_id: 0,
-                    status: sidr_status::REJECT,
-                    additional_info_length: 0,
-                    qpn: 0,
-                    service_id: 0,
-                    qkey: 0,
-                    additional_info: [0; 72],
-                    private_data: [0; wcm::private_len::SIDR_REP],
-                };
-                let _ = self.send_sidr_rep(now, id, rep);
+                let _ = self.send_sidr_rep(now, id, sidr_rep(sidr_status::REJECT, 0, 0, &[]));
             }
             State::ReqSent | State::MraReqRcvd => {
                 let _ = self.send_rej(now, id, rej_reason::TIMEOUT, &guid, &[]);
@@ -900,16 +920,7 @@ impl IbCm {
 
     /// A REJ for a message we never had a connection for.
     fn issue_rej(&mut self, to: Peer, tid: u64, remote_id: CommId, reason: u16, rejected: u8) {
-        let msg = CmMsg::Rej(Box::new(Rej {
-            local_comm_id: 0,
-            remote_comm_id: remote_id,
-            message_rejected: rejected,
-            rejected_info_length: 0,
-            reason,
-            ari: [0; 72],
-            private_data: [0; wcm::private_len::REJ],
-        }));
-        self.emit(to, &msg, tid);
+        self.emit(to, &rej(0, remote_id, rejected, reason, &[], &[]), tid);
     }
 
     fn on_req(&mut self, now: u64, from: Peer, tid: u64, req: Box<Req>) -> bool {
@@ -926,15 +937,14 @@ impl IbCm {
                     self.emit(peer, &msg, ctid);
                 }
                 State::Timewait => {
-                    let msg = CmMsg::Rej(Box::new(Rej {
-                        local_comm_id: c.local_id,
-                        remote_comm_id: c.remote_id,
-                        message_rejected: msg_response::OTHER,
-                        rejected_info_length: 0,
-                        reason: rej_reason::STALE_CONN,
-                        ari: [0; 72],
-                        private_data: [0; wcm::private_len::REJ],
-                    }));
+                    let msg = rej(
+                        c.local_id,
+                        c.remote_id,
+                        msg_response::OTHER,
+                        rej_reason::STALE_CONN,
+                        &[],
+                        &[],
+                    );
                     self.emit(peer, &msg, ctid);
                 }
                 _ => {}
@@ -1199,17 +1209,10 @@ impl IbCm {
             return true;
         }
         if !self.listening.contains(&req.service_id) {
-            let msg = CmMsg::SidrRep(Box::new(SidrRep {
-                request_id: req.request_id,
-                status: sidr_status::UNSUPPORTED,
-                additional_info_length: 0,
-                qpn: 0,
-                service_id: req.service_id,
-                qkey: 0,
-                additional_info: [0; 72],
-                private_data: [0; wcm::private_len::SIDR_REP],
-            }));
-            self.emit(from, &msg, tid);
+            let mut rep = sidr_rep(sidr_status::UNSUPPORTED, 0, 0, &[]);
+            rep.request_id = req.request_id;
+            rep.service_id = req.service_id;
+            self.emit(from, &CmMsg::SidrRep(Box::new(rep)), tid);
             return true;
         }
         let id = self.alloc_id(from);
