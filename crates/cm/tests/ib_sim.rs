@@ -258,6 +258,18 @@ fn connect_and_disconnect(seed: u64, f: Faults, n: usize, from_passive: bool) {
     }
 }
 
+/// Node 0 (127.0.0.1) has sent a REQ to node 1 (127.0.0.2), which listens: the start of
+/// the handshake tests on a perfect link. Returns the simulation and the REQ's connection.
+fn req_sent(seed: u64) -> (Sim<Node>, CommId) {
+    let mut sim = Sim::new(Network::new(seed, faults(0.0, 0.0, 0.0)));
+    sim.add(Node::new(1, seed ^ 1));
+    sim.add(Node::new(2, seed ^ 2));
+    sim.endpoints[1].cm.listen(SERVICE).unwrap();
+    let r = req(SERVICE, 0x100, 1, ip(1), ip(2));
+    let id = sim.endpoints[0].cm.send_req(0, Peer::gsi(ip(2)), r, 16);
+    (sim, id)
+}
+
 #[test]
 fn connect_and_disconnect_on_a_perfect_link() {
     connect_and_disconnect(1, faults(0.0, 0.0, 0.0), 3, false);
@@ -266,12 +278,7 @@ fn connect_and_disconnect_on_a_perfect_link() {
 
 #[test]
 fn lossless_handshake_is_three_mads_and_disconnect_two() {
-    let mut sim = Sim::new(Network::new(7, faults(0.0, 0.0, 0.0)));
-    sim.add(Node::new(1, 11));
-    sim.add(Node::new(2, 12));
-    sim.endpoints[1].cm.listen(SERVICE).unwrap();
-    let r = req(SERVICE, 0x100, 1, ip(1), ip(2));
-    let id = sim.endpoints[0].cm.send_req(0, Peer::gsi(ip(2)), r, 16);
+    let (mut sim, id) = req_sent(7);
     sim.run_until(SEC, |s| {
         s.endpoints[1].seen.values().any(|x| x.established == 1)
     });
@@ -286,12 +293,7 @@ fn lossless_handshake_is_three_mads_and_disconnect_two() {
 
 #[test]
 fn a_lost_rtu_is_recovered_by_the_rep_retransmission() {
-    let mut sim = Sim::new(Network::new(3, faults(0.0, 0.0, 0.0)));
-    sim.add(Node::new(1, 21));
-    sim.add(Node::new(2, 22));
-    sim.endpoints[1].cm.listen(SERVICE).unwrap();
-    let r = req(SERVICE, 0x100, 1, ip(1), ip(2));
-    sim.endpoints[0].cm.send_req(0, Peer::gsi(ip(2)), r, 16);
+    let (mut sim, _) = req_sent(3);
     // Cut the link from the active side once its RTU is queued: step until the active
     // side is established, then drop what it sends next (the RTU).
     sim.run_until(SEC, |s| {
@@ -311,12 +313,7 @@ fn a_lost_rtu_is_recovered_by_the_rep_retransmission() {
 
 #[test]
 fn a_lost_drep_does_not_leave_the_requester_waiting_out_its_retries() {
-    let mut sim = Sim::new(Network::new(4, faults(0.0, 0.0, 0.0)));
-    sim.add(Node::new(1, 31));
-    sim.add(Node::new(2, 32));
-    sim.endpoints[1].cm.listen(SERVICE).unwrap();
-    let r = req(SERVICE, 0x100, 1, ip(1), ip(2));
-    let id = sim.endpoints[0].cm.send_req(0, Peer::gsi(ip(2)), r, 16);
+    let (mut sim, id) = req_sent(4);
     sim.run_until(SEC, |s| {
         s.endpoints[1].seen.values().any(|x| x.established == 1)
     });
