@@ -11,3 +11,4 @@
 //! librdmacm does.
 
 pub mod abi;
+mod accessors;
