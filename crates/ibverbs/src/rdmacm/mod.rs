@@ -12,3 +12,4 @@
 
 pub mod abi;
 mod accessors;
+mod devices;
