@@ -19,6 +19,24 @@ struct Open {
 
 static OPEN: Mutex<Vec<Open>> = Mutex::new(Vec::new());
 
+/// Whether the CM can work at all: librdmacm fails its calls with ENODEV when no RDMA
+/// device is listed (it checks this before anything else, without opening a device).
+pub(crate) fn check() -> Result<(), c_int> {
+    let mut n: c_int = 0;
+    // SAFETY: `n` is a valid int; the list is freed below.
+    let list = unsafe { device::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        return Err(libc::ENODEV);
+    }
+    // SAFETY: `list` came from ibv_get_device_list and is freed once.
+    unsafe { device::ibv_free_device_list(list) };
+    if n > 0 {
+        Ok(())
+    } else {
+        Err(libc::ENODEV)
+    }
+}
+
 /// The context of every device now listed, in list order, each opened once per process.
 /// A device that fails to open is left out, as librdmacm leaves out a device it cannot
 /// initialise; no device listed at all is `ENODEV`.

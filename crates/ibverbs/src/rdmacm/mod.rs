@@ -12,4 +12,5 @@
 
 pub mod abi;
 mod accessors;
+mod addrinfo;
 mod devices;
