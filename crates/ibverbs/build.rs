@@ -1,9 +1,19 @@
-//! Gives the cdylib the SONAME `libibverbs.so.1` and rdma-core's symbol versions: from
+//! Gives the cdylib the SONAME `libibverbs.so.1` and the symbol versions of rdma-core's
+//! `libibverbs.so.1` and `librdmacm.so.1` (the same file serves both names): from
 //! `exports.txt` it writes a linker version script (the version nodes, in rdma-core's
 //! order) and `.symver` directives that make every export `name@@TAG`.
+//!
+//! A node inherits the node before it of its own family (`IBVERBS_1.1` from `IBVERBS_1.0`,
+//! `RDMACM_1.1` from `RDMACM_1.0`), never one of another library's family; private nodes
+//! (`IBVERBS_PRIVATE_*`) inherit nothing, as in rdma-core.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
+
+/// The family of a version tag: the tag without its version (`RDMACM_1.2` → `RDMACM`).
+fn family(tag: &str) -> &str {
+    tag.rsplit_once('_').map_or(tag, |(f, _)| f)
+}
 
 fn main() {
     let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir"));
@@ -11,6 +21,7 @@ fn main() {
     println!("cargo:rerun-if-changed=exports.txt");
     println!("cargo:rerun-if-changed=build.rs");
     let text = std::fs::read_to_string(dir.join("exports.txt")).expect("exports.txt");
+    // A line is `TAG name` (an export) or `TAG` alone (a node that exports nothing yet).
     let mut nodes: Vec<(String, Vec<String>)> = Vec::new();
     for line in text.lines() {
         let line = line.trim();
@@ -18,31 +29,46 @@ fn main() {
             continue;
         }
         let mut w = line.split_whitespace();
-        let (Some(tag), Some(name)) = (w.next(), w.next()) else {
+        let Some(tag) = w.next() else { continue };
+        let name = w.next();
+        if w.next().is_some() {
             panic!("bad exports.txt line: {line}");
+        }
+        let i = match nodes.iter().position(|(t, _)| t == tag) {
+            Some(i) => i,
+            None => {
+                nodes.push((tag.to_string(), Vec::new()));
+                nodes.len() - 1
+            }
         };
-        match nodes.iter_mut().find(|(t, _)| t == tag) {
-            Some((_, names)) => names.push(name.to_string()),
-            None => nodes.push((tag.to_string(), vec![name.to_string()])),
+        if let Some(n) = name {
+            nodes[i].1.push(n.to_string());
         }
     }
     let mut map = String::new();
     let mut asm = String::new();
-    let mut prev: Option<&str> = None;
+    // The last node of each family, which the next node of that family inherits.
+    let mut prev: Vec<(&str, &str)> = Vec::new();
     for (tag, names) in &nodes {
         let _ = writeln!(map, "{tag} {{\n  global:");
         for n in names {
             let _ = writeln!(map, "    {n};");
             let _ = writeln!(asm, "core::arch::global_asm!(\".symver {n}, {n}@@{tag}\");");
         }
-        match prev {
-            Some(p) if !tag.starts_with("IBVERBS_PRIVATE") => {
-                let _ = writeln!(map, "}} {p};");
-            }
-            _ => map.push_str("};\n"),
+        if tag.contains("_PRIVATE") {
+            map.push_str("};\n");
+            continue;
         }
-        if !tag.starts_with("IBVERBS_PRIVATE") {
-            prev = Some(tag);
+        let fam = family(tag);
+        match prev.iter_mut().find(|(f, _)| *f == fam) {
+            Some((_, p)) => {
+                let _ = writeln!(map, "}} {p};");
+                *p = tag;
+            }
+            None => {
+                map.push_str("};\n");
+                prev.push((fam, tag));
+            }
         }
     }
     let map_path = out.join("libibverbs.map");

@@ -7,6 +7,13 @@
 //! `libefa.so`; the loader looks for the SONAMEs (`….so.1`), so a directory of symlinks
 //! with those names is made beside them (or in the temporary directory when that is
 //! read-only) and put first on `LD_LIBRARY_PATH`.
+//!
+//! The same file is also softrdma's `librdmacm.so.1`: `rdmacm/librdmacm.so.1` in that
+//! directory links to it, so a program that loads both names gets one object and one
+//! engine. That directory goes on the path only with `SOFTRDMA_RDMACM=1` for now: the
+//! library does not define the connection functions yet, and perftest, which is linked
+//! against librdmacm and binds every symbol at load, must keep loading the system's
+//! librdmacm until it does.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -38,6 +45,18 @@ const LIBS: [(&str, &str); 3] = [
     ("libmlx5.so.1", "libmlx5.so"),
     ("libefa.so.1", "libefa.so"),
 ];
+
+/// `librdmacm.so.1`, the same file as `libibverbs.so.1`, in this subdirectory of the
+/// library directory (on the path only with [`RDMACM_ENV`]).
+const RDMACM: (&str, &str, &str) = ("rdmacm", "librdmacm.so.1", "libibverbs.so");
+
+/// The environment variable that puts softrdma's `librdmacm.so.1` on the path.
+const RDMACM_ENV: &str = "SOFTRDMA_RDMACM";
+
+/// Whether programs get softrdma's `librdmacm.so.1` ([`RDMACM_ENV`] is `1`).
+fn rdmacm_enabled() -> bool {
+    std::env::var_os(RDMACM_ENV).is_some_and(|v| v == "1")
+}
 
 /// Where to look for the built libraries, in order.
 fn candidates() -> Vec<PathBuf> {
@@ -106,26 +125,53 @@ fn link_dir(built: &Path) -> CmdResult<PathBuf> {
 fn make_links(dir: &Path, built: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     for (soname, file) in LIBS {
-        let target = built.join(file);
-        if !target.is_file() {
-            continue;
-        }
-        let link = dir.join(soname);
-        if std::fs::read_link(&link).is_ok_and(|t| t == target) {
-            continue;
-        }
-        // Replace a stale link atomically: link beside it, then rename over it.
-        let tmp = dir.join(format!(".{soname}.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(&target, &tmp)?;
-        std::fs::rename(&tmp, &link)?;
+        make_link(dir, soname, &built.join(file))?;
+    }
+    let (sub, soname, file) = RDMACM;
+    let target = built.join(file);
+    if target.is_file() {
+        std::fs::create_dir_all(dir.join(sub))?;
+        make_link(&dir.join(sub), soname, &target)?;
     }
     Ok(())
 }
 
-/// `LD_LIBRARY_PATH` with `dir` first.
-fn ld_path(dir: &Path) -> OsString {
-    let mut v = OsString::from(dir.as_os_str());
+/// `dir/soname` → `target`, when `target` exists.
+fn make_link(dir: &Path, soname: &str, target: &Path) -> std::io::Result<()> {
+    if !target.is_file() {
+        return Ok(());
+    }
+    let link = dir.join(soname);
+    if std::fs::read_link(&link).is_ok_and(|t| t == target) {
+        return Ok(());
+    }
+    // Replace a stale link atomically: link beside it, then rename over it.
+    let tmp = dir.join(format!(".{soname}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)?;
+    std::fs::rename(&tmp, &link)
+}
+
+/// The directories to put first on the path: `dir`, after the one of `librdmacm.so.1`
+/// when `rdmacm`.
+fn search_dirs(dir: &Path, rdmacm: bool) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if rdmacm {
+        v.push(dir.join(RDMACM.0));
+    }
+    v.push(dir.to_path_buf());
+    v
+}
+
+/// `LD_LIBRARY_PATH` with `dirs` first.
+fn ld_path(dirs: &[PathBuf]) -> OsString {
+    let mut v = OsString::new();
+    for (i, d) in dirs.iter().enumerate() {
+        if i > 0 {
+            v.push(":");
+        }
+        v.push(d.as_os_str());
+    }
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
         v.push(":");
         v.push(old);
@@ -154,6 +200,16 @@ pub fn run(a: &RunArgs) -> CmdResult {
             missing.join(", ")
         );
     }
+    let rdmacm = rdmacm_enabled();
+    if rdmacm && !dir.join(RDMACM.0).join(RDMACM.1).exists() {
+        eprintln!(
+            "softrdma: warning: {RDMACM_ENV}=1 but {} has no {}/{}; programs will load the \
+             system's librdmacm",
+            dir.display(),
+            RDMACM.0,
+            RDMACM.1
+        );
+    }
     let exe = if prog == "softrdma" {
         std::env::current_exe().map_err(|e| format!("cannot find softrdma itself: {e}"))?
     } else {
@@ -161,7 +217,7 @@ pub fn run(a: &RunArgs) -> CmdResult {
     };
     let err = std::process::Command::new(&exe)
         .args(args)
-        .env("LD_LIBRARY_PATH", ld_path(&dir))
+        .env("LD_LIBRARY_PATH", ld_path(&search_dirs(&dir, rdmacm)))
         .exec();
     Err(format!("cannot run {prog}: {err}"))
 }
@@ -185,7 +241,7 @@ pub fn env(a: &EnvArgs) -> CmdResult {
         println!("{}", dir.display());
         return Ok(());
     }
-    let path = ld_path(&dir);
+    let path = ld_path(&search_dirs(&dir, rdmacm_enabled()));
     println!(
         "export LD_LIBRARY_PATH={}",
         sh_quote(&path.to_string_lossy())
@@ -220,6 +276,21 @@ mod tests {
         assert_eq!(
             std::fs::read_link(dir.join("libibverbs.so.1")).unwrap(),
             built.join("libibverbs.so")
+        );
+        // librdmacm.so.1 is the same file as libibverbs.so.1, in its own directory.
+        let cm = dir.join("rdmacm").join("librdmacm.so.1");
+        assert_eq!(
+            std::fs::read_link(&cm).unwrap(),
+            built.join("libibverbs.so")
+        );
+        assert_eq!(
+            cm.canonicalize().unwrap(),
+            dir.join("libibverbs.so.1").canonicalize().unwrap()
+        );
+        assert_eq!(search_dirs(&dir, false), vec![dir.clone()]);
+        assert_eq!(
+            search_dirs(&dir, true),
+            vec![dir.join("rdmacm"), dir.clone()]
         );
         assert!(dir.join("libmlx5.so.1").exists());
         assert_eq!(missing_stubs(&dir), vec!["libefa.so.1"]);

@@ -34,6 +34,7 @@ mod mw;
 mod object;
 mod pd;
 mod qp;
+pub mod rdmacm;
 mod srq;
 mod stubs;
 #[allow(unsafe_code)]
