@@ -60,7 +60,9 @@ impl EventChannel {
         self.inner.q.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn deliver(&self, ev: CmaEvent) {
+    /// Queue an event taken from another channel ([`EventChannel::withdraw_if`]) when
+    /// its id moves here.
+    pub fn deliver(&self, ev: CmaEvent) {
         self.queue().push_back(ev);
         // A full counter (2^64 - 2 events) cannot happen before memory runs out.
         let _ = rustix::io::write(&self.inner.fd, &1u64.to_ne_bytes());
@@ -106,15 +108,30 @@ impl EventChannel {
     /// Drop the queued events of `id` (it is being destroyed), keeping the fd's count
     /// equal to the queue's length.
     pub fn withdraw(&self, id: u32) {
+        self.withdraw_if(|e| e.id == id);
+    }
+
+    /// Take the queued events `f` selects out of the queue (an id destroyed or moved to
+    /// another channel), in order, keeping the fd's count equal to the queue's length.
+    pub fn withdraw_if(&self, mut f: impl FnMut(&CmaEvent) -> bool) -> Vec<CmaEvent> {
         let mut q = self.queue();
-        let before = q.len();
-        q.retain(|e| e.id != id);
-        for _ in q.len()..before {
+        let mut out = Vec::new();
+        let mut keep = VecDeque::with_capacity(q.len());
+        for e in q.drain(..) {
+            if f(&e) {
+                out.push(e);
+            } else {
+                keep.push_back(e);
+            }
+        }
+        *q = keep;
+        for _ in 0..out.len() {
             if poll_readable(&[self.inner.fd.as_fd()], Some(Duration::ZERO)).is_ok_and(|r| r[0]) {
                 let mut v = [0u8; 8];
                 let _ = rustix::io::read(&self.inner.fd, &mut v);
             }
         }
+        out
     }
 
     /// Events waiting.

@@ -500,6 +500,12 @@ impl Cma {
         Ok((i.src, i.dst))
     }
 
+    /// The IP address of the device the id's peer is on (its GID), once the address is
+    /// resolved or a request came; the route's destination GID.
+    pub fn peer_device(&self, id: IdHandle) -> Result<Option<IpAddr>> {
+        Ok(self.id(id)?.peer_dev)
+    }
+
     /// Whether the id is bound to this device (a wildcard bind is not, until it resolves
     /// or a connection arrives), so that it has a `verbs` context.
     pub fn has_device(&self, id: IdHandle) -> Result<bool> {
@@ -675,7 +681,9 @@ impl Cma {
         .map_err(|_| err(errno::EAFNOSUPPORT, "address family"))?;
         private_data[CMA_HEADER_LEN..CMA_HEADER_LEN + p.private_data.len()]
             .copy_from_slice(&p.private_data);
-        i.sq_psn = psn;
+        // A REQ's starting PSN is the one its sender's receive queue expects (the
+        // IB CM's rq_psn); the REP's says where the active side sends from.
+        i.rq_psn = psn;
         i.initiator_depth = p.initiator_depth;
         i.responder_resources = p.responder_resources;
         i.retry_count = p.retry_count.min(7);
@@ -785,7 +793,6 @@ impl Cma {
     /// number and resources; the RTU then reports ESTABLISHED. Active side, after
     /// CONNECT_RESPONSE: send the RTU (the id is established).
     pub fn accept(&mut self, now: u64, id: IdHandle, p: &ConnParam, qkey: u32) -> Result<()> {
-        let psn = (self.rng.next_u64() as u32) & 0xFF_FFFF;
         let i = self.id(id)?;
         let Some(comm) = i.comm else {
             return Err(err(errno::EINVAL, "no connection request to accept"));
@@ -816,7 +823,9 @@ impl Cma {
                     return Err(err(errno::EINVAL, "private data too long"));
                 }
                 let i = self.id_mut(id)?;
-                i.sq_psn = psn;
+                // Chosen when the request came, so that the QP's RTR (which librdmacm
+                // does before it accepts) already expects it.
+                let psn = i.rq_psn;
                 i.initiator_depth = p.initiator_depth;
                 i.responder_resources = p.responder_resources;
                 let rep = Rep {
@@ -896,6 +905,11 @@ impl Cma {
     pub fn disconnect(&mut self, now: u64, id: IdHandle) -> Result<()> {
         let i = self.id(id)?;
         let Some(comm) = i.comm else {
+            // A second disconnect of a connection that is going or gone succeeds, as on
+            // Linux (programs disconnect after the peer's DISCONNECTED too).
+            if i.state == IdState::Disconnect {
+                return Ok(());
+            }
             return Err(err(errno::EINVAL, "not connected"));
         };
         match self.ib.state(comm) {
@@ -911,6 +925,8 @@ impl Cma {
                 let _ = self.ib.establish(comm);
                 let _ = self.ib.send_dreq(now, comm, &[]);
             }
+            // Disconnecting already (DREQ sent, timewait): nothing more to send.
+            Some(ib::State::DreqSent | ib::State::Timewait | ib::State::Idle) => {}
             _ => return Err(err(errno::EINVAL, "not connected")),
         }
         self.drain_ib(now);
@@ -973,11 +989,9 @@ impl Cma {
             QpState::Init => {
                 let mut m = M::STATE | M::PKEY_INDEX | M::PORT;
                 if i.service == Service::Ud {
-                    a.qkey = if i.ps == port_space::UDP || i.ps == port_space::IPOIB {
-                        UDP_QKEY
-                    } else {
-                        0
-                    };
+                    // Linux's cma_set_qkey gives UD ids of the UDP and IB port spaces
+                    // RDMA_UDP_QKEY; IPoIB's broadcast-group Q_Key has no RoCE meaning.
+                    a.qkey = UDP_QKEY;
                     m |= M::QKEY;
                 } else {
                     a.qp_access_flags = if connected {
@@ -1163,9 +1177,12 @@ impl Cma {
             self.ib.forget(comm);
             return;
         };
+        let psn = (self.rng.next_u64() as u32) & 0xFF_FFFF;
         if let Some(i) = self.ids.get_mut(&id) {
             i.remote_qpn = req.local_qpn;
-            i.rq_psn = req.starting_psn;
+            // The active side expects our sends at its REQ's PSN; ours is the REP's.
+            i.sq_psn = req.starting_psn;
+            i.rq_psn = psn;
             // Our resources mirror the peer's.
             i.responder_resources = req.initiator_depth;
             i.initiator_depth = req.responder_resources;
@@ -1238,7 +1255,7 @@ impl Cma {
             EventKind::RepReceived(rep) => {
                 if let Some(i) = self.ids.get_mut(&id) {
                     i.remote_qpn = rep.local_qpn;
-                    i.rq_psn = rep.starting_psn;
+                    i.sq_psn = rep.starting_psn;
                     i.responder_resources = i.responder_resources.min(rep.initiator_depth);
                     i.initiator_depth = i.initiator_depth.min(rep.responder_resources);
                     i.rnr_retry_count = rep.rnr_retry_count;

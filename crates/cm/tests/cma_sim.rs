@@ -280,6 +280,16 @@ fn establish(sim: &mut Sim<Node>, port: u16) -> (IdHandle, IdHandle) {
     let (src, dst) = sim.endpoints[1].cma.addrs(sid).unwrap();
     assert_eq!(src.unwrap(), SocketAddr::new(ip(1), port));
     assert_eq!(dst.unwrap().ip(), ip(3));
+    // librdmacm moves the passive QP to RTR and RTS before it sends the REP: what the
+    // model says then must be what the REP promises.
+    let (srtr, _) = sim.endpoints[1]
+        .cma
+        .init_qp_attr(sid, QpState::Rtr)
+        .unwrap();
+    let (srts, _) = sim.endpoints[1]
+        .cma
+        .init_qp_attr(sid, QpState::Rts)
+        .unwrap();
     let now = sim.now;
     sim.endpoints[1]
         .cma
@@ -296,17 +306,9 @@ fn establish(sim: &mut Sim<Node>, port: u16) -> (IdHandle, IdHandle) {
     assert!(cm.contains(QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN | QpAttrMask::AV));
     assert_eq!(crtr.dest_qp_num, 0x222);
     assert_eq!(crtr.ah_attr.grh.dgid.to_ip(), ip(7));
-    let (srtr, _) = sim.endpoints[1]
-        .cma
-        .init_qp_attr(sid, QpState::Rtr)
-        .unwrap();
     assert_eq!(srtr.dest_qp_num, 0x111);
     assert_eq!(srtr.ah_attr.grh.dgid.to_ip(), ip(3));
     let (crts, _) = sim.endpoints[0].cma.init_qp_attr(id, QpState::Rts).unwrap();
-    let (srts, _) = sim.endpoints[1]
-        .cma
-        .init_qp_attr(sid, QpState::Rts)
-        .unwrap();
     assert_eq!(crtr.rq_psn, srts.sq_psn);
     assert_eq!(srtr.rq_psn, crts.sq_psn);
     assert_eq!(crts.retry_cnt, 7);

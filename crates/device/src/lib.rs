@@ -83,7 +83,7 @@ pub use poller::CqPoller;
 use runtime::{Chan, Engine, Runtime, Rx};
 use stats::stats_of;
 pub use stats::{DeviceStats, LinkStats};
-pub use sys::{poll_readable, EventFd};
+pub use sys::{poll_readable, random_seed, EventFd};
 use tx::Flush;
 
 /// The RoCEv2 UDP port.

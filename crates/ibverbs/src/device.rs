@@ -37,7 +37,7 @@ static DEVICES: Mutex<Vec<&'static Dev>> = Mutex::new(Vec::new());
 /// An open softrdma device shared by every context of this process on it (every process
 /// is its own NIC: opening a device twice must not take a second address).
 pub(crate) struct DevShared {
-    pub(crate) dev: softrdma_device::Device,
+    pub(crate) dev: Arc<softrdma_device::Device>,
     /// C objects by engine id, for CQ events and async events.
     pub(crate) reg: Mutex<Registry>,
 }
@@ -287,7 +287,7 @@ fn open_shared(d: &Dev) -> Result<Arc<DevShared>, i32> {
     })?;
     crate::make_fd_blocking(dev.async_event_fd());
     let sh = Arc::new(DevShared {
-        dev,
+        dev: Arc::new(dev),
         reg: Mutex::new(Registry::default()),
     });
     open.push((d.entry.name.clone(), Arc::downgrade(&sh)));

@@ -67,6 +67,17 @@ pub(crate) fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// The calling thread's `errno` (after a call of this library that failed).
+pub(crate) fn errno_now() -> i32 {
+    // SAFETY: as in `set_errno`.
+    let e = unsafe { *libc::__errno_location() };
+    if e == 0 {
+        libc::EIO
+    } else {
+        e
+    }
+}
+
 /// Set errno and return NULL.
 pub(crate) fn null_errno<T>(e: i32) -> *mut T {
     set_errno(e);
@@ -134,6 +145,9 @@ zeroable!(
     sys::ibv_qp_init_attr,
     sys::ibv_ah_attr,
     sys::ibv_async_event,
+    sys::ibv_qp_init_attr_ex,
+    sys::ibv_srq_init_attr,
+    sys::ibv_srq_init_attr_ex,
 );
 
 /// Copy `src` into `dst`, at most `len` bytes (extended calls pass the size of the struct

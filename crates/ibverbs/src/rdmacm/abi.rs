@@ -333,6 +333,7 @@ macro_rules! zeroable {
 // All-zero bytes are a valid value of each: integers, raw pointers, arrays, socket
 // addresses and nested such structs and unions.
 zeroable!(
+    rdma_sockaddr,
     rdma_addr,
     rdma_route,
     rdma_event_channel,

@@ -13,4 +13,9 @@
 pub mod abi;
 mod accessors;
 mod addrinfo;
+mod cm;
 mod devices;
+mod event;
+mod id;
+mod qp;
+mod rpoll;

@@ -1,0 +1,272 @@
+//! Events: `rdma_get_cm_event` and `rdma_ack_cm_event`. What the CM model reports is
+//! turned into the `rdma_cm_event` a program reads, with librdmacm's own work on the way:
+//! a connection request gets its new id; a connection response on an id with a QP moves
+//! the QP to RTR and RTS and sends the RTU, and is reported as ESTABLISHED (or
+//! CONNECT_ERROR); REJECTED and DISCONNECTED move the QP to ERR, which flushes it.
+
+use std::ffi::c_int;
+
+use softrdma_cm::cma::{CmaEvent, ConnParam, EventParam, EventType, UdParam};
+
+use super::abi;
+use super::id::{self, channel_of, id_of, CmId};
+use super::qp;
+use crate::ah::ah_to_c;
+use crate::object::leak;
+use crate::{guard, minus_one, zeroed};
+
+/// An event handed to the program: `rdma_cm_event` first, then the private data its
+/// parameters point at, and the id whose count of acknowledged events the ack advances.
+#[repr(C)]
+struct Event {
+    c: abi::rdma_cm_event,
+    private: [u8; 256],
+    owner: *const CmId,
+}
+
+fn conn_to_c(ev: &mut Event, p: &ConnParam) {
+    let n = p.private_data.len().min(ev.private.len()).min(255);
+    ev.private[..n].copy_from_slice(&p.private_data[..n]);
+    let mut c: abi::rdma_conn_param = zeroed();
+    if n > 0 {
+        c.private_data = ev.private.as_ptr().cast();
+    }
+    c.private_data_len = n as u8;
+    c.responder_resources = p.responder_resources;
+    c.initiator_depth = p.initiator_depth;
+    c.flow_control = p.flow_control;
+    c.retry_count = p.retry_count;
+    c.rnr_retry_count = p.rnr_retry_count;
+    c.srq = p.srq;
+    c.qp_num = p.qp_num;
+    ev.c.param.conn = c;
+}
+
+fn ud_to_c(ev: &mut Event, p: &UdParam) {
+    let n = p.private_data.len().min(ev.private.len()).min(255);
+    ev.private[..n].copy_from_slice(&p.private_data[..n]);
+    let mut u: abi::rdma_ud_param = zeroed();
+    if n > 0 {
+        u.private_data = ev.private.as_ptr().cast();
+    }
+    u.private_data_len = n as u8;
+    u.ah_attr = ah_to_c(&p.ah_attr);
+    u.qp_num = p.qp_num;
+    u.qkey = p.qkey;
+    ev.c.param.ud = u;
+}
+
+fn param_to_c(ev: &mut Event, p: &EventParam) {
+    match p {
+        EventParam::None => {}
+        EventParam::Conn(c) => conn_to_c(ev, c),
+        EventParam::Ud(u) => ud_to_c(ev, u),
+    }
+}
+
+/// The id a connection request made, as librdmacm's `ucma_process_conn_req` makes it:
+/// the listener's channel, context, port space and QP type (its own channel when the
+/// listener is synchronous), its addresses and route, and the resources to answer with.
+///
+/// # Safety
+/// `listen` is a live id of this library.
+unsafe fn new_conn_id(
+    listen: *mut abi::rdma_cm_id,
+    ev: &CmaEvent,
+) -> Result<*mut abi::rdma_cm_id, c_int> {
+    // SAFETY: per the contract.
+    let l = unsafe { id_of(listen) }.ok_or(libc::EINVAL)?;
+    let sync = l.lock().sync;
+    let child = id::alloc_id(
+        std::sync::Arc::clone(&l.cm),
+        ev.id,
+        l.c.channel,
+        l.c.context,
+        l.c.ps,
+        l.c.qp_type,
+        false,
+    )
+    .cast::<abi::rdma_cm_id>();
+    // SAFETY: just made.
+    let c = unsafe { id_of(child) }.ok_or(libc::EINVAL)?;
+    if let EventParam::Conn(p) = &ev.param {
+        let mut g = c.lock();
+        g.initiator_depth = p.initiator_depth;
+        g.responder_resources = p.responder_resources;
+    }
+    if sync {
+        // SAFETY: the new id is live; NULL asks for a channel of its own.
+        if let Err(e) = unsafe { id::migrate_id(child, std::ptr::null_mut()) } {
+            // SAFETY: the new id, never handed out.
+            unsafe { id::destroy_id(child) };
+            return Err(e);
+        }
+    }
+    // SAFETY: the new id is live.
+    unsafe {
+        id::query_route(child);
+        id::set_path(child, 0);
+    }
+    Ok(child)
+}
+
+/// librdmacm's `ucma_process_conn_resp`: move the QP to RTR and RTS with what the REP
+/// carried, then send the RTU. On failure the QP goes to ERR.
+fn conn_resp(me: &CmId) -> Result<(), c_int> {
+    let max = abi::RDMA_MAX_RESP_RES as u8;
+    let r = qp::modify_qp_rtr(me, max)
+        .and_then(|()| qp::modify_qp_rts(me, max))
+        .and_then(|()| {
+            let h = me.handle;
+            me.cm
+                .call(|c, now| c.accept(now, h, &ConnParam::default(), 0))
+                .map_err(super::cm::errno)
+        });
+    if r.is_err() {
+        let _ = qp::modify_qp_err(me);
+    }
+    r
+}
+
+/// Turn the model's event into the program's, or `None` when librdmacm would not report
+/// it (its id is gone, or the id had a connect error).
+///
+/// # Safety
+/// `channel` is a live channel of this library.
+unsafe fn process(ev: CmaEvent) -> Option<*mut abi::rdma_cm_event> {
+    let cm = super::cm::get().ok()?;
+    let owner_handle = match ev.event {
+        EventType::ConnectRequest => ev.listen_id?,
+        _ => ev.id,
+    };
+    let Some(owner) = cm.claim(owner_handle) else {
+        if ev.event == EventType::ConnectRequest {
+            // Its listener is gone: so is the request.
+            let _ = cm.call(|c, now| c.destroy_id(now, ev.id));
+        }
+        return None;
+    };
+    let owner_c = owner.cast::<abi::rdma_cm_id>();
+    // SAFETY: `claim` returned a live id, kept alive until this event is acknowledged.
+    let me = unsafe { &*owner };
+    let mut out = Box::new(Event {
+        c: zeroed(),
+        private: [0; 256],
+        owner,
+    });
+    out.c.id = owner_c;
+    out.c.event = ev.event as u32;
+    out.c.status = ev.status;
+    let skip = |me: &CmId| {
+        me.event_completed();
+        None
+    };
+    match ev.event {
+        EventType::AddrResolved => {
+            // SAFETY: the id is live.
+            unsafe { id::query_route(owner_c) };
+            if me.c.verbs.is_null() {
+                out.c.event = abi::RDMA_CM_EVENT_ADDR_ERROR;
+                out.c.status = -libc::ENODEV;
+            }
+        }
+        EventType::RouteResolved => {
+            // SAFETY: the id is live.
+            unsafe {
+                id::query_route(owner_c);
+                id::set_path(owner_c, 0);
+            }
+        }
+        EventType::ConnectRequest => {
+            // SAFETY: the listener is live.
+            match unsafe { new_conn_id(owner_c, &ev) } {
+                Ok(child) => {
+                    out.c.listen_id = owner_c;
+                    out.c.id = child;
+                    param_to_c(&mut out, &ev.param);
+                }
+                Err(_) => {
+                    let _ = cm.call(|c, now| c.destroy_id(now, ev.id));
+                    return skip(me);
+                }
+            }
+        }
+        EventType::ConnectResponse => {
+            param_to_c(&mut out, &ev.param);
+            if !me.c.qp.is_null() {
+                match conn_resp(me) {
+                    Ok(()) => out.c.event = abi::RDMA_CM_EVENT_ESTABLISHED,
+                    Err(e) => {
+                        crate::set_errno(e);
+                        // librdmacm reports its -1 return here.
+                        out.c.event = abi::RDMA_CM_EVENT_CONNECT_ERROR;
+                        out.c.status = -1;
+                        me.lock().connect_error = true;
+                    }
+                }
+            }
+        }
+        EventType::Rejected => {
+            if me.lock().connect_error {
+                return skip(me);
+            }
+            param_to_c(&mut out, &ev.param);
+            let _ = qp::modify_qp_err(me);
+        }
+        EventType::Disconnected => {
+            if me.lock().connect_error {
+                return skip(me);
+            }
+            param_to_c(&mut out, &ev.param);
+            // The connection is over: the QP flushes what it still holds.
+            let _ = qp::modify_qp_err(me);
+        }
+        _ => param_to_c(&mut out, &ev.param),
+    }
+    Some(leak(*out).cast())
+}
+
+/// Take the next event of `channel`, waiting as its fd's blocking mode says.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_cm_event(
+    channel: *mut abi::rdma_event_channel,
+    event: *mut *mut abi::rdma_cm_event,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a channel of this library.
+        let Some(ch) = (unsafe { channel_of(channel) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if event.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        loop {
+            let ev = match ch.ch.get() {
+                Ok(ev) => ev,
+                Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
+            };
+            // SAFETY: the channel is live.
+            if let Some(p) = unsafe { process(ev) } {
+                // SAFETY: `event` is the caller's out-pointer.
+                unsafe { *event = p };
+                return 0;
+            }
+        }
+    })
+}
+
+/// Free an event; its id may now be destroyed.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut abi::rdma_cm_event) -> c_int {
+    guard(-1, || {
+        if event.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: every rdma_cm_event handed out is the head of a leaked `Event`, freed
+        // once here.
+        let ev = unsafe { Box::from_raw(event.cast::<Event>()) };
+        // SAFETY: the owner lives until its events are acknowledged (rdma_destroy_id waits).
+        unsafe { (*ev.owner).event_completed() };
+        0
+    })
+}

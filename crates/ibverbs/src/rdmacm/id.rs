@@ -1,0 +1,971 @@
+//! CM ids and event channels: `rdma_create_event_channel`, `rdma_create_id`,
+//! `rdma_destroy_id`, bind, resolve, listen, connect, accept, reject, disconnect,
+//! options and channel migration, with librdmacm's synchronous mode (an id created
+//! without a channel gets its own, and each call that librdmacm completes waits for its
+//! event there).
+//!
+//! An `rdma_cm_id` the program holds is the head of a [`CmId`]; the id's state lives in
+//! the CM model (`softrdma_cm::cma`), addressed by the id's handle.
+
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use softrdma_cm::agent::EventChannel;
+use softrdma_cm::cma::{ConnParam, IdHandle, IdOption, Service};
+
+use super::abi;
+use super::cm::{self, gid_of, sockaddr_from_c, sockaddr_to_c, Cm};
+use super::event;
+use super::qp;
+use crate::object::{leak, obj};
+use crate::{guard, minus_one, sys, zeroed};
+
+/// An event channel: `rdma_event_channel` (its fd) over the CM's [`EventChannel`].
+#[repr(C)]
+pub(crate) struct Channel {
+    pub(crate) c: abi::rdma_event_channel,
+    pub(crate) ch: EventChannel,
+}
+
+/// What librdmacm keeps beside an id (`struct cma_id_private`).
+pub(crate) struct Priv {
+    /// The id has its own channel (created without one); calls wait for their events.
+    pub(crate) sync: bool,
+    /// Events handed out for this id, and those acknowledged: destroying or migrating
+    /// the id waits until every one handed out is acknowledged, as librdmacm does.
+    pub(crate) reported: u64,
+    pub(crate) completed: u64,
+    pub(crate) initiator_depth: u8,
+    pub(crate) responder_resources: u8,
+    /// Private data `rdma_create_ep` keeps from `ai_connect` for the connect.
+    pub(crate) connect: Vec<u8>,
+    /// `rdma_create_ep`'s QP attributes for the ids `rdma_get_request` returns.
+    pub(crate) qp_init_attr: Option<sys::ibv_qp_init_attr>,
+    /// The response could not be completed (CONNECT_ERROR was reported): later
+    /// REJECTED/DISCONNECTED events of the id are not reported.
+    pub(crate) connect_error: bool,
+    /// `route.path_rec` points here.
+    pub(crate) path: Option<Box<abi::ibv_sa_path_rec>>,
+}
+
+/// A CM id: the program's `rdma_cm_id` first, so the program's pointer is ours.
+#[repr(C)]
+pub(crate) struct CmId {
+    pub(crate) c: abi::rdma_cm_id,
+    pub(crate) handle: IdHandle,
+    pub(crate) cm: Arc<Cm>,
+    p: Mutex<Priv>,
+    cond: Condvar,
+}
+
+impl CmId {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Priv> {
+        self.p.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One more event was handed out for this id.
+    pub(crate) fn event_reported(&self) {
+        self.lock().reported += 1;
+    }
+
+    /// One event of this id was acknowledged (or dropped after being counted).
+    pub(crate) fn event_completed(&self) {
+        self.lock().completed += 1;
+        self.cond.notify_all();
+    }
+
+    /// Wait until every event handed out for this id is acknowledged.
+    fn wait_completed(&self) {
+        let mut g = self.lock();
+        while g.completed < g.reported {
+            g = self.cond.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// The id behind a program's pointer.
+///
+/// # Safety
+/// `p` is null or an `rdma_cm_id` this library made and has not freed.
+pub(crate) unsafe fn id_of<'a>(p: *mut abi::rdma_cm_id) -> Option<&'a CmId> {
+    // SAFETY: per the contract.
+    unsafe { obj::<CmId, _>(p) }
+}
+
+/// The channel behind a program's pointer.
+///
+/// # Safety
+/// `p` is null or an `rdma_event_channel` this library made and has not freed.
+pub(crate) unsafe fn channel_of<'a>(p: *mut abi::rdma_event_channel) -> Option<&'a Channel> {
+    // SAFETY: per the contract.
+    unsafe { obj::<Channel, _>(p) }
+}
+
+/// A new channel whose events the CM delivers.
+pub(crate) fn new_channel(cm: &Cm) -> Result<*mut Channel, c_int> {
+    let ch = EventChannel::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    cm.agent().attach(&ch);
+    Ok(leak(Channel {
+        c: abi::rdma_event_channel {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&ch),
+        },
+        ch,
+    }))
+}
+
+/// Free a channel made by [`new_channel`].
+///
+/// # Safety
+/// `p` came from [`new_channel`] and is freed once.
+unsafe fn free_channel(p: *mut abi::rdma_event_channel) {
+    // SAFETY: per the contract; a Channel starts with its rdma_event_channel.
+    drop(unsafe { Box::from_raw(p.cast::<Channel>()) });
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_event_channel() -> *mut abi::rdma_event_channel {
+    guard(std::ptr::null_mut(), || {
+        let cm = match super::devices::check().and_then(|()| cm::get()) {
+            Ok(c) => c,
+            Err(e) => return crate::null_errno(e),
+        };
+        match new_channel(&cm) {
+            Ok(c) => c.cast(),
+            Err(e) => crate::null_errno(e),
+        }
+    })
+}
+
+/// Close a channel. The program destroys or migrates its ids first, as librdmacm requires.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut abi::rdma_event_channel) {
+    guard((), || {
+        // SAFETY: the caller passes a channel of this library, not used again.
+        if unsafe { channel_of(channel) }.is_some() {
+            // SAFETY: as above.
+            unsafe { free_channel(channel) };
+        }
+    })
+}
+
+fn service_of(qp_type: sys::ibv_qp_type) -> Option<Service> {
+    match qp_type {
+        sys::IBV_QPT_RC => Some(Service::Rc),
+        sys::IBV_QPT_UC => Some(Service::Uc),
+        sys::IBV_QPT_UD => Some(Service::Ud),
+        _ => None,
+    }
+}
+
+/// A new id on `channel` (NULL: its own, synchronous), as `rdma_create_id2` makes it.
+pub(crate) fn create_id(
+    channel: *mut abi::rdma_event_channel,
+    context: *mut c_void,
+    ps: abi::rdma_port_space,
+    qp_type: sys::ibv_qp_type,
+) -> Result<*mut CmId, c_int> {
+    let cm = cm::get()?;
+    let sync = channel.is_null();
+    let channel = if sync {
+        new_channel(&cm)?.cast::<abi::rdma_event_channel>()
+    } else {
+        channel
+    };
+    // SAFETY: a channel of this library (the program's, or the one just made).
+    let Some(ch) = (unsafe { channel_of(channel) }) else {
+        return Err(libc::EINVAL);
+    };
+    let chan_id = ch.ch.id();
+    let ps16 = u16::try_from(ps).map_err(|_| libc::EINVAL)?;
+    let made = cm.call(|c, _| c.create_id(chan_id, ps16, service_of(qp_type)));
+    let handle = match made {
+        Ok(h) => h,
+        Err(e) => {
+            if sync {
+                // SAFETY: made above, not handed out.
+                unsafe { free_channel(channel) };
+            }
+            return Err(cm::errno(e));
+        }
+    };
+    Ok(alloc_id(cm, handle, channel, context, ps, qp_type, sync))
+}
+
+/// Hand out a `CmId` for `handle` and register it.
+pub(crate) fn alloc_id(
+    cm: Arc<Cm>,
+    handle: IdHandle,
+    channel: *mut abi::rdma_event_channel,
+    context: *mut c_void,
+    ps: abi::rdma_port_space,
+    qp_type: sys::ibv_qp_type,
+    sync: bool,
+) -> *mut CmId {
+    let mut c: abi::rdma_cm_id = zeroed();
+    c.channel = channel;
+    c.context = context;
+    c.ps = ps;
+    c.qp_type = qp_type;
+    let p = leak(CmId {
+        c,
+        handle,
+        cm: Arc::clone(&cm),
+        p: Mutex::new(Priv {
+            sync,
+            reported: 0,
+            completed: 0,
+            initiator_depth: 0,
+            responder_resources: 0,
+            connect: Vec::new(),
+            qp_init_attr: None,
+            connect_error: false,
+            path: None,
+        }),
+        cond: Condvar::new(),
+    });
+    cm.register(handle, p);
+    p
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_id(
+    channel: *mut abi::rdma_event_channel,
+    id: *mut *mut abi::rdma_cm_id,
+    context: *mut c_void,
+    ps: abi::rdma_port_space,
+) -> c_int {
+    guard(-1, || {
+        if id.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        let qp_type = if ps == abi::RDMA_PS_UDP || ps == abi::RDMA_PS_IPOIB {
+            sys::IBV_QPT_UD
+        } else {
+            sys::IBV_QPT_RC
+        };
+        match create_id(channel, context, ps, qp_type) {
+            Ok(p) => {
+                // SAFETY: `id` is the caller's out-pointer.
+                unsafe { *id = p.cast() };
+                0
+            }
+            Err(e) => minus_one(e),
+        }
+    })
+}
+
+/// Destroy an id (`rdma_destroy_id`), waiting for the program to acknowledge the events
+/// it was handed for it.
+///
+/// # Safety
+/// `p` is a live id of this library, not used by the caller again.
+pub(crate) unsafe fn destroy_id(p: *mut abi::rdma_cm_id) -> c_int {
+    // SAFETY: per the contract.
+    let Some(me) = (unsafe { id_of(p) }) else {
+        return minus_one(libc::EINVAL);
+    };
+    let cm = Arc::clone(&me.cm);
+    let h = me.handle;
+    cm.unregister(h);
+    // Requests that arrived for a listener and were never reported go with it, as the
+    // kernel destroys them with their listener.
+    // SAFETY: the id's channel is live (the program destroys ids before channels).
+    if let Some(ch) = unsafe { channel_of(me.c.channel) } {
+        let dropped = ch.ch.withdraw_if(|e| e.id == h || e.listen_id == Some(h));
+        for e in dropped.iter().filter(|e| e.id != h) {
+            let _ = cm.call(|c, now| c.destroy_id(now, e.id));
+        }
+    }
+    let _ = cm.call(|c, now| c.destroy_id(now, h));
+    if !me.c.event.is_null() {
+        // SAFETY: a sync id's pending event, made by this library.
+        unsafe { event::rdma_ack_cm_event(me.c.event) };
+    }
+    me.wait_completed();
+    let sync = me.lock().sync;
+    let channel = me.c.channel;
+    // SAFETY: made by `alloc_id` via `leak`; unregistered, every event acknowledged.
+    drop(unsafe { Box::from_raw(p.cast::<CmId>()) });
+    if sync {
+        // SAFETY: a sync id's own channel, made by `new_channel`, used by nothing else.
+        unsafe { free_channel(channel) };
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_id(id: *mut abi::rdma_cm_id) -> c_int {
+    // SAFETY: the caller passes a live id and does not use it again.
+    guard(-1, || unsafe { destroy_id(id) })
+}
+
+/// Refresh what the program reads of the id from the model: its addresses, its device
+/// (`verbs`, `pd`, `port_num`) once bound to it, and the GIDs of the route.
+///
+/// # Safety
+/// `p` is a live id of this library.
+pub(crate) unsafe fn query_route(p: *mut abi::rdma_cm_id) {
+    // SAFETY: per the contract.
+    let Some(me) = (unsafe { id_of(p) }) else {
+        return;
+    };
+    let h = me.handle;
+    let (addrs, has_dev, peer) = me.cm.call(|c, _| {
+        (
+            c.addrs(h).unwrap_or((None, None)),
+            c.has_device(h).unwrap_or(false),
+            c.peer_device(h).ok().flatten(),
+        )
+    });
+    let dev_ip = me.cm.device_ip();
+    // SAFETY: the id is live; the program reads these fields only between calls, as
+    // librdmacm's own updates of them assume.
+    unsafe {
+        let c = &mut *p;
+        if let Some(s) = addrs.0 {
+            c.route.addr.src = sockaddr_to_c(s);
+        }
+        if let Some(d) = addrs.1 {
+            c.route.addr.dst = sockaddr_to_c(d);
+        }
+        let ib = &mut c.route.addr.addr.ibaddr;
+        if has_dev || peer.is_some() {
+            ib.sgid = gid_of(dev_ip);
+            ib.pkey = 0xFFFFu16.to_be();
+        }
+        if let Some(peer) = peer {
+            ib.dgid = gid_of(peer);
+        }
+        if has_dev && c.verbs.is_null() {
+            c.verbs = me.cm.ctx();
+            c.pd = me.cm.pd();
+            c.port_num = 1;
+        }
+    }
+}
+
+/// Give the id its one RoCE path record (`route.path_rec`), as the kernel reports it once
+/// the route is resolved.
+///
+/// # Safety
+/// `p` is a live id of this library.
+pub(crate) unsafe fn set_path(p: *mut abi::rdma_cm_id, tos: u8) {
+    // SAFETY: per the contract.
+    let Some(me) = (unsafe { id_of(p) }) else {
+        return;
+    };
+    // SAFETY: the id is live.
+    let ib = unsafe { (*p).route.addr.addr.ibaddr };
+    let mut r: abi::ibv_sa_path_rec = zeroed();
+    r.dgid = ib.dgid;
+    r.sgid = ib.sgid;
+    r.hop_limit = 64;
+    r.traffic_class = tos;
+    r.reversible = 1;
+    r.numb_path = 1;
+    r.pkey = 0xFFFFu16.to_be();
+    // IBA "exactly" selectors (2), the MTU (1024 bytes: 3), 10 Gb/s (3) and the packet
+    // lifetime RoCE paths get.
+    r.mtu_selector = 2;
+    r.mtu = 3;
+    r.rate_selector = 2;
+    r.rate = 3;
+    r.packet_life_time_selector = 2;
+    r.packet_life_time = 16;
+    let mut g = me.lock();
+    let b = g.path.insert(Box::new(r));
+    let ptr: *mut abi::ibv_sa_path_rec = &mut **b;
+    // SAFETY: the id is live; the record lives as long as the id.
+    unsafe {
+        (*p).route.path_rec = ptr;
+        (*p).route.num_paths = 1;
+    }
+}
+
+/// librdmacm's `ucma_complete`: for a synchronous id, take the event the call caused
+/// (acknowledging the previous one) and turn a failed one into -1 with errno.
+///
+/// # Safety
+/// `p` is a live id of this library.
+pub(crate) unsafe fn complete(p: *mut abi::rdma_cm_id) -> c_int {
+    // SAFETY: per the contract.
+    let Some(me) = (unsafe { id_of(p) }) else {
+        return minus_one(libc::EINVAL);
+    };
+    if !me.lock().sync {
+        return 0;
+    }
+    // SAFETY: the id is live; `event` is its pending event or null.
+    unsafe {
+        if !(*p).event.is_null() {
+            event::rdma_ack_cm_event((*p).event);
+            (*p).event = std::ptr::null_mut();
+        }
+        let mut ev = std::ptr::null_mut();
+        if event::rdma_get_cm_event((*p).channel, &mut ev) != 0 {
+            return -1;
+        }
+        (*p).event = ev;
+        status_errno(&*ev)
+    }
+}
+
+/// 0, or -1 with errno for a failed event, as `ucma_complete` maps it.
+pub(crate) fn status_errno(ev: &abi::rdma_cm_event) -> c_int {
+    if ev.status == 0 {
+        0
+    } else if ev.event == abi::RDMA_CM_EVENT_REJECTED {
+        minus_one(libc::ECONNREFUSED)
+    } else {
+        minus_one(ev.status.saturating_abs())
+    }
+}
+
+/// Run `f` on the id's model handle, mapping a model error to -1 with errno.
+///
+/// # Safety
+/// `p` is null or a live id of this library.
+unsafe fn with_id(
+    p: *mut abi::rdma_cm_id,
+    f: impl FnOnce(&CmId) -> Result<(), c_int>,
+) -> Result<(), c_int> {
+    // SAFETY: per the contract.
+    let me = unsafe { id_of(p) }.ok_or(libc::EINVAL)?;
+    f(me)
+}
+
+fn done(r: Result<c_int, c_int>) -> c_int {
+    match r {
+        Ok(v) => v,
+        Err(e) => minus_one(e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_bind_addr(
+    id: *mut abi::rdma_cm_id,
+    addr: *mut libc::sockaddr,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id and a socket address (or null).
+        done(
+            unsafe {
+                with_id(id, |me| {
+                    let a = sockaddr_from_c(addr)?.ok_or(libc::EINVAL)?;
+                    let h = me.handle;
+                    me.cm.call(|c, _| c.bind(h, a)).map_err(cm::errno)
+                })
+            }
+            .map(|()| {
+                // SAFETY: as above.
+                unsafe { query_route(id) };
+                0
+            }),
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_addr(
+    id: *mut abi::rdma_cm_id,
+    src_addr: *mut libc::sockaddr,
+    dst_addr: *mut libc::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id and socket addresses (src may be null).
+        let r = unsafe {
+            with_id(id, |me| {
+                let dst = sockaddr_from_c(dst_addr)?.ok_or(libc::EINVAL)?;
+                let src = sockaddr_from_c(src_addr)?;
+                (*id).route.addr.dst = sockaddr_to_c(dst);
+                let h = me.handle;
+                me.cm
+                    .call(|c, _| c.resolve_addr(h, src, dst))
+                    .map_err(cm::errno)
+            })
+        };
+        // SAFETY: as above.
+        done(r.map(|()| unsafe { complete(id) }))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_route(id: *mut abi::rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id.
+        let r = unsafe {
+            with_id(id, |me| {
+                let h = me.handle;
+                me.cm.call(|c, _| c.resolve_route(h)).map_err(cm::errno)
+            })
+        };
+        // SAFETY: as above.
+        done(r.map(|()| unsafe { complete(id) }))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_listen(id: *mut abi::rdma_cm_id, backlog: c_int) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id.
+        let r = unsafe {
+            with_id(id, |me| {
+                let h = me.handle;
+                me.cm.call(|c, _| c.listen(h, backlog)).map_err(cm::errno)
+            })
+        };
+        done(r.map(|()| {
+            // SAFETY: as above.
+            unsafe { query_route(id) };
+            0
+        }))
+    })
+}
+
+/// The device's limits on READ/atomic resources (`max_qp_rd_atom`, `max_qp_init_rd_atom`).
+fn device_limits(cm: &Cm) -> (u8, u8) {
+    // SAFETY: the CM's context is live for the life of the process.
+    match unsafe { crate::device::Ctx::from_ptr(cm.ctx()) } {
+        Some(ctx) => {
+            let a = crate::device::device_attr(ctx);
+            let clamp = |v: c_int| u8::try_from(v.clamp(0, 255)).unwrap_or(u8::MAX);
+            (clamp(a.max_qp_rd_atom), clamp(a.max_qp_init_rd_atom))
+        }
+        None => (0, 0),
+    }
+}
+
+/// librdmacm's `ucma_valid_param`: in the TCP port space an id without a QP needs
+/// parameters, and resources may not exceed the device's.
+fn valid_param(me: &CmId, param: Option<&abi::rdma_conn_param>) -> Result<(), c_int> {
+    if me.c.ps != abi::RDMA_PS_TCP {
+        return Ok(());
+    }
+    let Some(p) = param else {
+        return if me.c.qp.is_null() {
+            Err(libc::EINVAL)
+        } else {
+            Ok(())
+        };
+    };
+    let (max_resp, max_init) = device_limits(&me.cm);
+    let max = abi::RDMA_MAX_RESP_RES as u8;
+    if (p.responder_resources != max && p.responder_resources > max_resp)
+        || (p.initiator_depth != max && p.initiator_depth > max_init)
+    {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}
+
+/// The model's parameters from the program's and the id's, as
+/// `ucma_copy_conn_param_to_kern` builds them.
+///
+/// # Safety
+/// `param`'s private data pointer is valid for its length.
+unsafe fn to_model(
+    g: &Priv,
+    param: Option<&abi::rdma_conn_param>,
+    qp_num: u32,
+    srq: u8,
+) -> ConnParam {
+    let mut out = ConnParam {
+        private_data: g.connect.clone(),
+        responder_resources: g.responder_resources,
+        initiator_depth: g.initiator_depth,
+        qp_num,
+        srq,
+        ..ConnParam::default()
+    };
+    match param {
+        Some(p) => {
+            out.flow_control = p.flow_control;
+            out.retry_count = p.retry_count;
+            out.rnr_retry_count = p.rnr_retry_count;
+            if !p.private_data.is_null() && p.private_data_len > 0 {
+                // SAFETY: per the contract.
+                let pd = unsafe {
+                    std::slice::from_raw_parts(
+                        p.private_data.cast::<u8>(),
+                        usize::from(p.private_data_len),
+                    )
+                };
+                out.private_data.extend_from_slice(pd);
+            }
+        }
+        None => {
+            out.retry_count = 7;
+            out.rnr_retry_count = 7;
+        }
+    }
+    out
+}
+
+/// The QP number and SRQ flag of the id's QP, else the parameters'.
+///
+/// # Safety
+/// `me.c.qp` is null or a live QP.
+unsafe fn qp_of(me: &CmId, param: Option<&abi::rdma_conn_param>) -> (u32, u8) {
+    if me.c.qp.is_null() {
+        param.map_or((0, 0), |p| (p.qp_num, p.srq))
+    } else {
+        // SAFETY: per the contract.
+        let q = unsafe { &*me.c.qp };
+        (q.qp_num, u8::from(!q.srq.is_null()))
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_connect(
+    id: *mut abi::rdma_cm_id,
+    conn_param: *mut abi::rdma_conn_param,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id and null or valid parameters.
+        let r = unsafe {
+            with_id(id, |me| {
+                let param = conn_param.as_ref();
+                valid_param(me, param)?;
+                let (max_resp, max_init) = device_limits(&me.cm);
+                let max = abi::RDMA_MAX_RESP_RES as u8;
+                let (qp_num, srq) = qp_of(me, param);
+                let cp = {
+                    let mut g = me.lock();
+                    g.initiator_depth = match param {
+                        Some(p) if p.initiator_depth != max => p.initiator_depth,
+                        _ => max_init,
+                    };
+                    g.responder_resources = match param {
+                        Some(p) if p.responder_resources != max => p.responder_resources,
+                        _ => max_resp,
+                    };
+                    let cp = to_model(&g, param, qp_num, srq);
+                    g.connect.clear();
+                    cp
+                };
+                let h = me.handle;
+                me.cm
+                    .call(|c, now| c.connect(now, h, &cp))
+                    .map_err(cm::errno)
+            })
+        };
+        // SAFETY: as above.
+        done(r.map(|()| unsafe { complete(id) }))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_accept(
+    id: *mut abi::rdma_cm_id,
+    conn_param: *mut abi::rdma_conn_param,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id and null or valid parameters.
+        let r = unsafe {
+            with_id(id, |me| {
+                let param = conn_param.as_ref();
+                valid_param(me, param)?;
+                if me.c.qp.is_null() && param.is_none() {
+                    return Err(libc::EINVAL);
+                }
+                let (max_resp, max_init) = device_limits(&me.cm);
+                let max = abi::RDMA_MAX_RESP_RES as u8;
+                let (init_depth, resp_res) = {
+                    let mut g = me.lock();
+                    g.initiator_depth = match param {
+                        Some(p) if p.initiator_depth != max => p.initiator_depth,
+                        _ => g.initiator_depth.min(max_init),
+                    };
+                    g.responder_resources = match param {
+                        Some(p) if p.responder_resources != max => p.responder_resources,
+                        _ => g.responder_resources.min(max_resp),
+                    };
+                    (g.initiator_depth, g.responder_resources)
+                };
+                let ud = me.c.qp_type == sys::IBV_QPT_UD;
+                if !ud {
+                    qp::modify_qp_rtr(me, resp_res)?;
+                    qp::modify_qp_rts(me, init_depth)?;
+                }
+                let (qp_num, srq) = qp_of(me, param);
+                let cp = to_model(&me.lock(), param, qp_num, srq);
+                let h = me.handle;
+                let qkey = softrdma_cm::cma::UDP_QKEY;
+                if let Err(e) = me.cm.call(|c, now| c.accept(now, h, &cp, qkey)) {
+                    let _ = qp::modify_qp_err(me);
+                    return Err(cm::errno(e));
+                }
+                Ok(())
+            })
+        };
+        done(r.map(|()| {
+            // SAFETY: as above.
+            unsafe {
+                if (*id).qp_type == sys::IBV_QPT_UD {
+                    // A UD accept completes at once; a sync id's request event is done.
+                    let me = id_of(id).expect("checked");
+                    if me.lock().sync && !(*id).event.is_null() {
+                        event::rdma_ack_cm_event((*id).event);
+                        (*id).event = std::ptr::null_mut();
+                    }
+                    0
+                } else {
+                    complete(id)
+                }
+            }
+        }))
+    })
+}
+
+/// `rdma_reject` with private data (REJ "consumer reject").
+#[no_mangle]
+pub unsafe extern "C" fn rdma_reject(
+    id: *mut abi::rdma_cm_id,
+    private_data: *const c_void,
+    private_data_len: u8,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id and private data of the given length.
+        done(
+            unsafe {
+                with_id(id, |me| {
+                    let pd = if private_data.is_null() || private_data_len == 0 {
+                        &[][..]
+                    } else {
+                        std::slice::from_raw_parts(
+                            private_data.cast::<u8>(),
+                            usize::from(private_data_len),
+                        )
+                    };
+                    let h = me.handle;
+                    me.cm.call(|c, now| c.reject(now, h, pd)).map_err(cm::errno)
+                })
+            }
+            .map(|()| 0),
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_disconnect(id: *mut abi::rdma_cm_id) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id.
+        let r = unsafe {
+            with_id(id, |me| {
+                if me.c.verbs.is_null() {
+                    return Err(libc::EINVAL);
+                }
+                // The QP stops first (it flushes), then the DREQ (or DREP) goes out.
+                qp::modify_qp_err(me)?;
+                let h = me.handle;
+                me.cm.call(|c, now| c.disconnect(now, h)).map_err(cm::errno)
+            })
+        };
+        // SAFETY: as above.
+        done(r.map(|()| unsafe { complete(id) }))
+    })
+}
+
+/// The active side completes a connection whose QP the program drives itself: the RTU
+/// goes out (`rdma_establish`, for ids without a QP after CONNECT_RESPONSE).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_establish(id: *mut abi::rdma_cm_id) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id.
+        done(
+            unsafe {
+                with_id(id, |me| {
+                    if !me.c.qp.is_null() {
+                        return Err(libc::EINVAL);
+                    }
+                    let h = me.handle;
+                    me.cm
+                        .call(|c, now| c.accept(now, h, &ConnParam::default(), 0))
+                        .map_err(cm::errno)
+                })
+            }
+            .map(|()| 0),
+        )
+    })
+}
+
+/// `rdma_notify`: the QP's COMM_EST event (a packet arrived before the RTU) establishes
+/// the connection; other events are not the CM's (EINVAL, as Linux's `ib_cm_notify`
+/// answers all but path migration, and there are no alternate paths here).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_notify(
+    id: *mut abi::rdma_cm_id,
+    event: sys::ibv_event_type,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id.
+        done(
+            unsafe {
+                with_id(id, |me| {
+                    if event != sys::IBV_EVENT_COMM_EST {
+                        return Err(libc::EINVAL);
+                    }
+                    let h = me.handle;
+                    me.cm.call(|c, now| c.establish(now, h)).map_err(cm::errno)
+                })
+            }
+            .map(|()| 0),
+        )
+    })
+}
+
+/// Read an option value of exactly `T`'s size.
+///
+/// # Safety
+/// `v` points at `len` readable bytes.
+unsafe fn opt<T: Copy>(v: *const c_void, len: usize) -> Result<T, c_int> {
+    if v.is_null() || len != std::mem::size_of::<T>() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: per the contract and the size check.
+    Ok(unsafe { v.cast::<T>().read_unaligned() })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_set_option(
+    id: *mut abi::rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: usize,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id and `optlen` bytes at `optval`.
+        done(
+            unsafe {
+                with_id(id, |me| {
+                    let o = match (level, optname) {
+                        (abi::RDMA_OPTION_ID, abi::RDMA_OPTION_ID_TOS) => {
+                            IdOption::Tos(opt::<u8>(optval, optlen)?)
+                        }
+                        (abi::RDMA_OPTION_ID, abi::RDMA_OPTION_ID_REUSEADDR) => {
+                            IdOption::ReuseAddr(opt::<c_int>(optval, optlen)? != 0)
+                        }
+                        (abi::RDMA_OPTION_ID, abi::RDMA_OPTION_ID_AFONLY) => {
+                            IdOption::AfOnly(opt::<c_int>(optval, optlen)? != 0)
+                        }
+                        (abi::RDMA_OPTION_ID, abi::RDMA_OPTION_ID_ACK_TIMEOUT) => {
+                            IdOption::AckTimeout(opt::<u8>(optval, optlen)?)
+                        }
+                        (abi::RDMA_OPTION_IB, abi::RDMA_OPTION_IB_PATH) => {
+                            return set_ib_path(me, id, optval, optlen);
+                        }
+                        _ => return Err(libc::ENOSYS),
+                    };
+                    let h = me.handle;
+                    me.cm.call(|c, _| c.set_option(h, o)).map_err(cm::errno)
+                })
+            }
+            .map(|()| 0),
+        )
+    })
+}
+
+/// `RDMA_OPTION_IB_PATH`: the program supplies the route (as `rdma_create_ep` does with
+/// `ai_route`); the RoCE path needs nothing from it but a primary bidirectional record,
+/// and the route is resolved (ROUTE_RESOLVED), as Linux does.
+///
+/// # Safety
+/// `optval` points at `optlen` readable bytes; `id` is `me`'s pointer.
+unsafe fn set_ib_path(
+    me: &CmId,
+    id: *mut abi::rdma_cm_id,
+    optval: *const c_void,
+    optlen: usize,
+) -> Result<(), c_int> {
+    const PRIMARY: u32 = 1 << 4;
+    const GMP: u32 = 1 << 5;
+    const BIDIRECTIONAL: u32 = (1 << 2) | (1 << 3);
+    let n = std::mem::size_of::<abi::ibv_path_data>();
+    if optval.is_null() || optlen == 0 || optlen % n != 0 {
+        return Err(libc::EINVAL);
+    }
+    let found = (0..optlen / n).any(|i| {
+        // SAFETY: per the contract, record `i` lies within `optlen`.
+        let d = unsafe { optval.cast::<abi::ibv_path_data>().add(i).read_unaligned() };
+        d.flags & (PRIMARY | GMP) == PRIMARY | GMP && d.flags & BIDIRECTIONAL == BIDIRECTIONAL
+    });
+    if !found {
+        return Err(libc::EINVAL);
+    }
+    let h = me.handle;
+    me.cm.call(|c, _| c.resolve_route(h)).map_err(cm::errno)?;
+    let _ = id;
+    Ok(())
+}
+
+/// Move an id's events to another channel (NULL: a new one of its own, synchronous).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_migrate_id(
+    id: *mut abi::rdma_cm_id,
+    channel: *mut abi::rdma_event_channel,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id and null or a live channel.
+        done(unsafe { migrate_id(id, channel) })
+    })
+}
+
+/// See [`rdma_migrate_id`].
+///
+/// # Safety
+/// `id` is a live id, `channel` null or a live channel of this library.
+pub(crate) unsafe fn migrate_id(
+    id: *mut abi::rdma_cm_id,
+    channel: *mut abi::rdma_event_channel,
+) -> Result<c_int, c_int> {
+    // SAFETY: per the contract.
+    let me = unsafe { id_of(id) }.ok_or(libc::EINVAL)?;
+    let old_sync = me.lock().sync;
+    if old_sync && channel.is_null() {
+        return Err(libc::EINVAL);
+    }
+    let sync = channel.is_null();
+    let channel = if sync {
+        new_channel(&me.cm)?.cast::<abi::rdma_event_channel>()
+    } else {
+        channel
+    };
+    // SAFETY: per the contract / made above.
+    let (Some(new), Some(old)) = (unsafe { channel_of(channel) }, unsafe {
+        channel_of(me.c.channel)
+    }) else {
+        return Err(libc::EINVAL);
+    };
+    let h = me.handle;
+    let new_id = new.ch.id();
+    me.cm
+        .call(|c, _| {
+            let r = c.migrate(h, new_id);
+            // Events already queued for the id follow it, in order.
+            for e in old.ch.withdraw_if(|e| e.id == h) {
+                let mut e = e;
+                e.channel = new_id;
+                new.ch.deliver(e);
+            }
+            r
+        })
+        .map_err(cm::errno)?;
+    let old_ptr = me.c.channel;
+    // SAFETY: the id is live; its pending event (sync ids) is this library's.
+    unsafe {
+        if old_sync && !(*id).event.is_null() {
+            event::rdma_ack_cm_event((*id).event);
+            (*id).event = std::ptr::null_mut();
+        }
+        (*id).channel = channel;
+    }
+    me.lock().sync = sync;
+    me.wait_completed();
+    if old_sync {
+        // SAFETY: the id's own former channel, now unused.
+        unsafe { free_channel(old_ptr) };
+    }
+    Ok(0)
+}
