@@ -974,6 +974,17 @@ impl Cma {
         Ok(())
     }
 
+    /// Destroy every id, as the kernel does when a process's rdma_cm file closes: peers
+    /// of connected ids get a DREQ, pending requests a REJ, so they learn at once that
+    /// this side is gone.
+    pub fn shutdown(&mut self, now: u64) {
+        let mut ids: Vec<IdHandle> = self.ids.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let _ = self.destroy_id(now, id);
+        }
+    }
+
     /// Attributes (and mask) that move the id's QP to `state` (INIT, RTR or RTS), as
     /// `rdma_init_qp_attr` gives them.
     pub fn init_qp_attr(&self, id: IdHandle, state: QpState) -> Result<(QpAttr, QpAttrMask)> {

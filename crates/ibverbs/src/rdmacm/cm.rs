@@ -100,7 +100,22 @@ pub(crate) fn get() -> Result<Arc<Cm>, c_int> {
         ids: Mutex::new(HashMap::new()),
     });
     *g = Some(Arc::clone(&cm));
+    // SAFETY: registering a plain function with no arguments; atexit copies the pointer.
+    unsafe { libc::atexit(at_exit) };
     Ok(cm)
+}
+
+/// At exit, the CM says goodbye for the process's ids (see `Cma::shutdown`): the kernel
+/// does this for a process whose rdma_cm file closes, and peers count on it (a program
+/// that exits while connected leaves its peer a DISCONNECTED, not a minute of DREQ
+/// retries against a device that is gone).
+extern "C" fn at_exit() {
+    let cm = CM.try_lock().ok().and_then(|g| g.as_ref().map(Arc::clone));
+    if let Some(cm) = cm {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cm.call(|c, now| c.shutdown(now));
+        }));
+    }
 }
 
 impl Cm {

@@ -8,6 +8,7 @@
 //! the CM model (`softrdma_cm::cma`), addressed by the id's handle.
 
 use std::ffi::{c_int, c_void};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use softrdma_cm::agent::EventChannel;
@@ -83,21 +84,37 @@ impl CmId {
     }
 }
 
-/// The id behind a program's pointer.
+/// Addresses of the ids and channels this library has handed out and not freed: a
+/// pointer that is not one of them (a destroyed id a program still uses, a stray value)
+/// gets EINVAL instead of being followed.
+static LIVE: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
+fn live() -> MutexGuard<'static, BTreeSet<usize>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The id behind a program's pointer, if it is a live id of this library.
 ///
 /// # Safety
-/// `p` is null or an `rdma_cm_id` this library made and has not freed.
+/// A live id is not freed while the reference is used (the program does not destroy an
+/// id while it uses it, as librdmacm requires).
 pub(crate) unsafe fn id_of<'a>(p: *mut abi::rdma_cm_id) -> Option<&'a CmId> {
-    // SAFETY: per the contract.
+    if !live().contains(&(p as usize)) {
+        return None;
+    }
+    // SAFETY: a live CmId (checked above).
     unsafe { obj::<CmId, _>(p) }
 }
 
-/// The channel behind a program's pointer.
+/// The channel behind a program's pointer, if it is a live channel of this library.
 ///
 /// # Safety
-/// `p` is null or an `rdma_event_channel` this library made and has not freed.
+/// As [`id_of`], for channels.
 pub(crate) unsafe fn channel_of<'a>(p: *mut abi::rdma_event_channel) -> Option<&'a Channel> {
-    // SAFETY: per the contract.
+    if !live().contains(&(p as usize)) {
+        return None;
+    }
+    // SAFETY: a live Channel (checked above).
     unsafe { obj::<Channel, _>(p) }
 }
 
@@ -105,12 +122,14 @@ pub(crate) unsafe fn channel_of<'a>(p: *mut abi::rdma_event_channel) -> Option<&
 pub(crate) fn new_channel(cm: &Cm) -> Result<*mut Channel, c_int> {
     let ch = EventChannel::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
     cm.agent().attach(&ch);
-    Ok(leak(Channel {
+    let p = leak(Channel {
         c: abi::rdma_event_channel {
             fd: std::os::fd::AsRawFd::as_raw_fd(&ch),
         },
         ch,
-    }))
+    });
+    live().insert(p as usize);
+    Ok(p)
 }
 
 /// Free a channel made by [`new_channel`].
@@ -118,6 +137,7 @@ pub(crate) fn new_channel(cm: &Cm) -> Result<*mut Channel, c_int> {
 /// # Safety
 /// `p` came from [`new_channel`] and is freed once.
 unsafe fn free_channel(p: *mut abi::rdma_event_channel) {
+    live().remove(&(p as usize));
     // SAFETY: per the contract; a Channel starts with its rdma_event_channel.
     drop(unsafe { Box::from_raw(p.cast::<Channel>()) });
 }
@@ -223,6 +243,7 @@ pub(crate) fn alloc_id(
         }),
         cond: Condvar::new(),
     });
+    live().insert(p as usize);
     cm.register(handle, p);
     p
 }
@@ -266,6 +287,7 @@ pub(crate) unsafe fn destroy_id(p: *mut abi::rdma_cm_id) -> c_int {
     };
     let cm = Arc::clone(&me.cm);
     let h = me.handle;
+    live().remove(&(p as usize));
     cm.unregister(h);
     // Requests that arrived for a listener and were never reported go with it, as the
     // kernel destroys them with their listener.
