@@ -10,11 +10,11 @@
 #   layout    layout.c, compiled against Debian's headers, prints what
 #             crates/ibverbs/src/rdmacm/layout.txt records (the Rust mirrors are unit-tested
 #             against that file);
-#   loader    `SOFTRDMA_RDMACM=1 softrdma run` gives librdmacm.so.1 and libibverbs.so.1 as
+#   loader    `softrdma run` gives librdmacm.so.1 and libibverbs.so.1 as
 #             one file, and a program linked against Debian's librdmacm and libibverbs
 #             (either order, BIND_NOW), or one that dlopens librdmacm.so.1, gets one object
-#             (loader_test.c); without SOFTRDMA_RDMACM=1 a program gets the system's
-#             librdmacm (perftest needs it until the connection functions exist);
+#             (loader_test.c); with SOFTRDMA_RDMACM=0 a program gets the system's
+#             librdmacm;
 #   functions rdmacm_test.c on softrdma's librdmacm.so.1 (through `softrdma run --`) and on
 #             Debian's librdmacm over softrdma's libibverbs.so.1: its checks pass on both,
 #             and what the two libraries return is the same.
@@ -111,8 +111,8 @@ LIB=$DIR/libibverbs.so.1
 [ -e "$DIR/rdmacm/librdmacm.so.1" ] && [ "$DIR/rdmacm/librdmacm.so.1" -ef "$LIB" ]
 result "run directory: rdmacm/librdmacm.so.1 is the file of libibverbs.so.1" $? \
   "$(ls -lR "$DIR" 2>&1 | tr '\n' ' ' | cut -c1-300)"
-# softrdma's librdmacm.so.1 for the programs run below.
-export SOFTRDMA_RDMACM=1
+# softrdma's librdmacm.so.1 (the default) for the programs run below.
+unset SOFTRDMA_RDMACM
 
 # --- exports -------------------------------------------------------------------------------
 EXPORTS=$REPO/crates/ibverbs/exports.txt
@@ -212,10 +212,10 @@ theirs() { LD_LIBRARY_PATH="$ORACLE" timeout -k 5 $T "$RT" "$@"; }
 
 w=$(ours -w 2>&1)
 [[ "$w" == "$DIR/"* ]]
-result "SOFTRDMA_RDMACM=1 softrdma run: rdma_getaddrinfo comes from softrdma's library" $? "$w"
-w=$(SOFTRDMA_RDMACM= timeout -k 5 $T "$SOFTRDMA" run -- "$RT" -w 2>&1)
+result "softrdma run: rdma_getaddrinfo comes from softrdma's library" $? "$w"
+w=$(SOFTRDMA_RDMACM=0 timeout -k 5 $T "$SOFTRDMA" run -- "$RT" -w 2>&1)
 [ -n "$DEB_RDMACM" ] && [ "$(readlink -f "$w")" = "$(readlink -f "$DEB_RDMACM")" ]
-result "softrdma run (no SOFTRDMA_RDMACM): rdma_getaddrinfo comes from the system's librdmacm" $? "$w"
+result "SOFTRDMA_RDMACM=0 softrdma run: rdma_getaddrinfo comes from the system's librdmacm" $? "$w"
 oracle=""
 if [ -n "$DEB_RDMACM" ]; then
   w=$(theirs -w 2>&1)

@@ -10,10 +10,9 @@
 //!
 //! The same file is also softrdma's `librdmacm.so.1`: `rdmacm/librdmacm.so.1` in that
 //! directory links to it, so a program that loads both names gets one object and one
-//! engine. That directory goes on the path only with `SOFTRDMA_RDMACM=1` for now: the
-//! library does not define the connection functions yet, and perftest, which is linked
-//! against librdmacm and binds every symbol at load, must keep loading the system's
-//! librdmacm until it does.
+//! engine. That directory goes first on the path unless `SOFTRDMA_RDMACM=0` asks for the
+//! system's librdmacm (which finds no device under `softrdma run`, but a program may
+//! want to show that).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -47,15 +46,16 @@ const LIBS: [(&str, &str); 3] = [
 ];
 
 /// `librdmacm.so.1`, the same file as `libibverbs.so.1`, in this subdirectory of the
-/// library directory (on the path only with [`RDMACM_ENV`]).
+/// library directory (on the path unless [`RDMACM_ENV`] is `0`).
 const RDMACM: (&str, &str, &str) = ("rdmacm", "librdmacm.so.1", "libibverbs.so");
 
-/// The environment variable that puts softrdma's `librdmacm.so.1` on the path.
+/// The environment variable that, set to `0`, keeps softrdma's `librdmacm.so.1` off the
+/// path.
 const RDMACM_ENV: &str = "SOFTRDMA_RDMACM";
 
-/// Whether programs get softrdma's `librdmacm.so.1` ([`RDMACM_ENV`] is `1`).
+/// Whether programs get softrdma's `librdmacm.so.1` (unless [`RDMACM_ENV`] is `0`).
 fn rdmacm_enabled() -> bool {
-    std::env::var_os(RDMACM_ENV).is_some_and(|v| v == "1")
+    std::env::var_os(RDMACM_ENV).map_or(true, |v| v != "0")
 }
 
 /// Where to look for the built libraries, in order.
@@ -203,8 +203,7 @@ pub fn run(a: &RunArgs) -> CmdResult {
     let rdmacm = rdmacm_enabled();
     if rdmacm && !dir.join(RDMACM.0).join(RDMACM.1).exists() {
         eprintln!(
-            "softrdma: warning: {RDMACM_ENV}=1 but {} has no {}/{}; programs will load the \
-             system's librdmacm",
+            "softrdma: warning: {} has no {}/{}; programs will load the system's librdmacm",
             dir.display(),
             RDMACM.0,
             RDMACM.1

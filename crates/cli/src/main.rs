@@ -56,7 +56,7 @@ enum Cmd {
     /// Quick start: a server and a client process on loopback, round trips and a short benchmark
     Demo(DemoArgs),
     /// Run a verbs program (ibv_*, perftest, your own) on softrdma's libibverbs.so.1
-    /// (and on its librdmacm.so.1 with SOFTRDMA_RDMACM=1)
+    /// (and on its librdmacm.so.1 unless SOFTRDMA_RDMACM=0)
     Run(cabi::RunArgs),
     /// Print the environment that makes verbs programs use softrdma (eval "$(softrdma env)")
     Env(cabi::EnvArgs),

@@ -7,8 +7,8 @@
 //! An `rdma_cm_id` the program holds is the head of a [`CmId`]; the id's state lives in
 //! the CM model (`softrdma_cm::cma`), addressed by the id's handle.
 
-use std::ffi::{c_int, c_void};
 use std::collections::BTreeSet;
+use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use softrdma_cm::agent::EventChannel;

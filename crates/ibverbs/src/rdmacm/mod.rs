@@ -1,6 +1,6 @@
 //! softrdma's `librdmacm.so.1`: the rdma_cm functions of `<rdma/rdma_cma.h>`, in the same
 //! ELF file as the drop-in libibverbs, so that a process has one engine whichever library
-//! name it loads. `softrdma run` (with `SOFTRDMA_RDMACM=1`) puts the file on the library
+//! name it loads. `softrdma run` (unless `SOFTRDMA_RDMACM=0`) puts the file on the library
 //! path under both names; the loader recognises the second name as the object already
 //! loaded (same file) and the `RDMACM_1.x` version nodes (`exports.txt`) satisfy programs
 //! linked against rdma-core's librdmacm.
