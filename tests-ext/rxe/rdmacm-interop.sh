@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# tests-ext/rxe/rdmacm-interop.sh: Debian's unmodified rdma_cm programs on softrdma's
+# drop-in librdmacm.so.1 <-> the same programs on Linux Soft-RoCE (rdma_rxe, the kernel's
+# rdma_cm and IB CM) in a VM: the IB CM MADs, the CMA header, the QP attributes each side
+# derives from the other's REQ/REP, and the data path after.
+#
+# Builds the rxe VM (../shared/rxe-vm/build, idempotent), boots it, and runs each program
+# on the host through `softrdma run --` (inside the VM's network namespace, device
+# softrdma0 at 10.47.91.1:4791) against the same program on rxe0 in the guest, both
+# roles (guest server / host client, host server / guest client):
+#   rping -v -V -C $PINGS        (RC: SEND, RDMA READ and WRITE, verified, disconnect)
+#   ucmatose -c 2 -C $MSGS       (RC: several connections, SENDs both ways)
+#   udaddy -c 2 -C $MSGS         (UD: SIDR, the peer's QPN and Q_Key from the event)
+#   ib_write_bw -R, ib_send_lat -R  (perftest over rdma_cm)
+# A check passes when both sides exit 0 and the programs report their work (rping's
+# verified ping lines, "test complete", perftest's result row). Prints the guest's rxe
+# counters after each check, then "N passed, M failed"; exits 1 on any failure. Needs
+# root (VM, netns) and on the host rdmacm-utils and perftest. Every step is bounded by
+# `timeout`.
+#
+#   sudo tests-ext/rxe/rdmacm-interop.sh
+#
+# Env:
+#   SOFTRDMA_BIN   softrdma binary (default: <repo>/target/release/softrdma, or
+#                  $CARGO_TARGET_DIR/release/softrdma), built with the drop-in libraries
+#                  (cargo build --release --workspace)
+#   SOFTRDMA_ADDR  host device address (default and required value 10.47.91.1:4791)
+#   PINGS          rping -C (default 10)
+#   MSGS           ucmatose/udaddy -C (default 10)
+#   PT_ITERS       perftest -n (default 100)
+#   MTU            -m for perftest on both sides (default 1024, the guest's active MTU)
+#   STEP_TIMEOUT   seconds per side of a check (default 60)
+#   SETTLE         seconds a host server gets to start listening (default 3)
+#   ONLY           run only checks whose name matches this extended regex
+#   CAPTURE=1      also capture every check on tap0 with tshark (pcapng in OUT)
+#   OUT            artifacts directory (default /tmp/softrdma-rxe-rdmacm-interop)
+#   RXE_VM_DIR     rxe-vm scripts (default <repo>/../shared/rxe-vm)
+#   RXE_VM_NAME    VM instance / netns name (default softrdma-interop; any stale
+#                  instance of that name is stopped first)
+#   KEEP_VM=1      leave the VM running at the end
+#   SKIP_BUILD=1   do not run rxe-vm/build
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+SOFTRDMA_BIN=${SOFTRDMA_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/softrdma}
+PINGS=${PINGS:-10}
+MSGS=${MSGS:-10}
+PT_ITERS=${PT_ITERS:-100}
+MTU=${MTU:-1024}
+STEP_TIMEOUT=${STEP_TIMEOUT:-60}
+SETTLE=${SETTLE:-3}
+OUT=${OUT:-/tmp/softrdma-rxe-rdmacm-interop}
+# the rdma_cm port every program here uses (rping's and perftest's default differ)
+PORT=18515
+LOG_TAG=rdmacm-interop
+# shellcheck source=tests-ext/rxe/lib.sh
+. "$HERE/lib.sh"
+
+if [ ! -x "$SOFTRDMA_BIN" ] || ! env_out=$(timeout 30 "$SOFTRDMA_BIN" env 2>&1); then
+  echo "FAIL: $SOFTRDMA_BIN env: ${env_out:-not found} (cargo build --release --workspace, or set SOFTRDMA_BIN)"
+  fail=1; finish
+fi
+missing=""
+for t in rping ucmatose udaddy ib_write_bw ib_send_lat; do
+  command -v "$t" > /dev/null || missing="$missing $t"
+done
+if [ -n "$missing" ]; then
+  echo "FAIL: not on the host:$missing (apt-get install -y rdmacm-utils perftest)"
+  fail=1; finish
+fi
+check_addr
+
+rm -rf "$OUT"; mkdir -p "$OUT"
+log "host: $SOFTRDMA_BIN run -- ...; SOFTRDMA_ADDR=$SOFTRDMA_ADDR"
+
+vm_up
+
+# the host side of a check: PROGRAM ARGS... through the drop-in, in the namespace
+host_run() {
+  timeout -k 5 "$STEP_TIMEOUT" "$RUN" ns -- env SOFTRDMA_ADDR="$SOFTRDMA_ADDR" \
+    "$SOFTRDMA_BIN" run -- "$@"
+}
+
+# wait (up to $1 s) until an rdma_cm id in the guest listens on port $2 (the kernel's
+# `rdma resource show cm_id` lists it with state LISTEN)
+guest_cm_listening() {
+  timeout $(($1 + 30)) "$RUN" exec -t "$(($1 + 5))" -- "
+    for i in \$(seq $(($1 * 10))); do
+      rdma resource show cm_id 2>/dev/null | grep 'state LISTEN' | grep -q ':$2 ' && exit 0
+      sleep 0.1
+    done; exit 1" > /dev/null 2>&1
+}
+
+# pair NAME ROLE HOST_ARGS GUEST_ARGS EXPECT [GUEST_PORT]
+#   ROLE guest-server: guest runs GUEST_ARGS (server), host runs HOST_ARGS $GUEST_IP
+#   ROLE host-server:  host runs HOST_ARGS (server), guest runs GUEST_ARGS $HOST_IP
+#   EXPECT: an extended regex both sides' output must match (the work was done)
+#   GUEST_PORT: the rdma_cm port a guest server listens on (default $PORT)
+# HOST_ARGS is word-split; GUEST_ARGS is a guest shell string. A guest server is waited
+# for in the guest's cm_id table; a host server gets SETTLE seconds to start.
+pair() {
+  local name=$1 role=$2 hargs=$3 gargs=$4 expect=$5 gport=${6:-$PORT} g h hp id ok
+  if [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then return 0; fi
+  local -a ha
+  read -r -a ha <<< "$hargs"
+  capture_start "$name"
+  if [ "$role" = guest-server ]; then
+    id=$(timeout 30 "$RUN" exec --bg -t "$STEP_TIMEOUT" -- \
+      "$gargs & p=\$!; echo \$p > /tmp/$name.pid; wait \$p")
+    if [ -z "$id" ]; then capture_stop; result "$name" 1 "could not submit guest job"; return; fi
+    guest_cm_listening "$STEP_TIMEOUT" "$gport" || log "$name: guest server not seen listening; trying anyway"
+    echo "\$ softrdma run -- ${ha[*]} $GUEST_IP" > "$OUT/$name.host.txt"
+    host_run "${ha[@]}" "$GUEST_IP" >> "$OUT/$name.host.txt" 2>&1
+    h=$?
+    if [ "$h" != 0 ]; then
+      timeout 30 "$RUN" exec -t 10 -- "kill \$(cat /tmp/$name.pid) 2>/dev/null" > /dev/null 2>&1
+    fi
+    timeout $((STEP_TIMEOUT + 30)) "$RUN" wait "$id" > "$OUT/$name.guest.txt" 2>&1
+    g=$?
+  else
+    echo "\$ softrdma run -- ${ha[*]}" > "$OUT/$name.host.txt"
+    host_run "${ha[@]}" >> "$OUT/$name.host.txt" 2>&1 &
+    hp=$!
+    sleep "$SETTLE"
+    timeout $((STEP_TIMEOUT + 30)) "$RUN" exec -t "$STEP_TIMEOUT" -- \
+      "$gargs \$HOST_IP" > "$OUT/$name.guest.txt" 2>&1
+    g=$?
+    if [ "$g" != 0 ]; then
+      for _ in $(seq 50); do kill -0 "$hp" 2> /dev/null || break; sleep 0.1; done
+      kill "$hp" 2> /dev/null
+    fi
+    wait "$hp"; h=$?
+  fi
+  capture_stop
+  ok=0
+  grep -qE "$expect" "$OUT/$name.guest.txt" || ok=1
+  grep -qE "$expect" "$OUT/$name.host.txt" || ok=$((ok | 2))
+  echo "== $name  (guest rc=$g, host rc=$h, output checks: $ok)"
+  if [ "$g" = 0 ] && [ "$h" = 0 ] && [ "$ok" = 0 ]; then
+    grep -hE "$expect" "$OUT/$name.guest.txt" | tail -n 2 | sed 's/^/   guest: /'
+  else
+    echo "-- guest output:"; tail -n 20 "$OUT/$name.guest.txt" | sed 's/^/   /'
+    echo "-- host output:"; tail -n 20 "$OUT/$name.host.txt" | sed 's/^/   /'
+  fi
+  stats "$name"
+  result "$name" $((g | h | ok)) "guest rc=$g, host rc=$h, output $ok; $OUT/$name.*.txt"
+}
+
+# rping: the server binds the wildcard address; -V verifies every payload; the client's
+# -v lines and the server's (`server ping data`) prove the data went both ways.
+for role in guest-server host-server; do
+  pair "rping-$role" "$role" \
+    "rping $( [ $role = host-server ] && echo -s || echo -c ) -v -V -C $PINGS -p $PORT $( [ $role = host-server ] || echo -a )" \
+    "rping $( [ $role = guest-server ] && echo -s || echo -c ) -v -V -C $PINGS -p $PORT $( [ $role = guest-server ] || echo -a )" \
+    "ping data: rdma-ping-$((PINGS - 1)):"
+done
+
+# ucmatose / udaddy: the client names the server with -s; both print "test complete".
+# ucmatose's -p is the port; udaddy's -p is the port space, so udaddy keeps its default
+# port, 7174.
+for role in guest-server host-server; do
+  pair "ucmatose-$role" "$role" \
+    "ucmatose -c 2 -C $MSGS -p $PORT $( [ $role = host-server ] || echo -s )" \
+    "ucmatose -c 2 -C $MSGS -p $PORT $( [ $role = guest-server ] || echo -s )" \
+    "test complete"
+done
+for role in guest-server host-server; do
+  pair "udaddy-$role" "$role" \
+    "udaddy -c 2 -C $MSGS $( [ $role = host-server ] || echo -s )" \
+    "udaddy -c 2 -C $MSGS $( [ $role = guest-server ] || echo -s )" \
+    "test complete" 7174
+done
+
+# perftest over rdma_cm: -R; GID index is taken from the CM's route
+for tool in ib_write_bw ib_send_lat; do
+  for role in guest-server host-server; do
+    pair "$tool-R-$role" "$role" \
+      "$tool -d softrdma0 -R -F -m $MTU -n $PT_ITERS -p $PORT" \
+      "$tool -d rxe0 -R -F -m $MTU -n $PT_ITERS -p $PORT" \
+      "^ *[0-9]+ +$PT_ITERS +[0-9.]+"
+  done
+done
+
+timeout 20 "$RUN" console > "$OUT/console.log" 2>&1
+finish
