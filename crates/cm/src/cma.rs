@@ -875,6 +875,18 @@ impl Cma {
     /// `rdma_reject`: refuse a connection request with private data (REJ reason 28,
     /// "consumer reject"; a UD request gets a SIDR_REP "rejected").
     pub fn reject(&mut self, now: u64, id: IdHandle, private: &[u8]) -> Result<()> {
+        self.reject_with_reason(now, id, rej_reason::CONSUMER_REJECT, private)
+    }
+
+    /// [`Cma::reject`] with another REJ reason (`rdma_reject_ece` sends 35, "vendor
+    /// option not supported").
+    pub fn reject_with_reason(
+        &mut self,
+        now: u64,
+        id: IdHandle,
+        reason: u16,
+        private: &[u8],
+    ) -> Result<()> {
         let i = self.id(id)?;
         let (Some(comm), parent) = (i.comm, i.parent) else {
             return Err(err(errno::EINVAL, "no connection request to reject"));
@@ -889,7 +901,7 @@ impl Cma {
             }
             _ => {
                 self.ib
-                    .send_rej(now, comm, rej_reason::CONSUMER_REJECT, &[], private)
+                    .send_rej(now, comm, reason, &[], private)
                     .map_err(|_| err(errno::EINVAL, "nothing to reject"))?;
             }
         }

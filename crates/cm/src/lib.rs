@@ -15,3 +15,6 @@ pub mod agent;
 pub mod cma;
 pub mod host;
 pub mod ib;
+
+/// The REJ reasons a CM consumer may name (IBTA's numbers, as `softrdma_wire` defines them).
+pub use softrdma_wire::cm::rej_reason;

@@ -604,6 +604,8 @@ pub mod rej_reason {
     pub const STALE_CONN: u16 = 10;
     /// Consumer reject (`rdma_reject`).
     pub const CONSUMER_REJECT: u16 = 28;
+    /// The requested vendor options (ECE) are not supported (`rdma_reject_ece`).
+    pub const VENDOR_OPTION_NOT_SUPPORTED: u16 = 35;
 }
 
 impl Rej {

@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use softrdma_cm::agent::EventChannel;
 use softrdma_cm::cma::{ConnParam, IdHandle, IdOption, Service};
+use softrdma_cm::rej_reason;
 
 use super::abi;
 use super::cm::{self, gid_of, sockaddr_from_c, sockaddr_to_c, Cm};
@@ -747,6 +748,77 @@ pub unsafe extern "C" fn rdma_reject(
     private_data: *const c_void,
     private_data_len: u8,
 ) -> c_int {
+    // SAFETY: as the caller's contract.
+    unsafe {
+        reject_with(
+            id,
+            private_data,
+            private_data_len,
+            rej_reason::CONSUMER_REJECT,
+        )
+    }
+}
+
+/// `rdma_reject_ece`: reject because the requested ECE options are not supported (REJ
+/// reason 35).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_reject_ece(
+    id: *mut abi::rdma_cm_id,
+    private_data: *const c_void,
+    private_data_len: u8,
+) -> c_int {
+    // SAFETY: as the caller's contract.
+    unsafe {
+        reject_with(
+            id,
+            private_data,
+            private_data_len,
+            rej_reason::VENDOR_OPTION_NOT_SUPPORTED,
+        )
+    }
+}
+
+/// ECE (vendor options negotiated in the REQ and REP) needs device options softrdma's
+/// devices do not have: `rdma_set_local_ece` is EOPNOTSUPP (after librdmacm's own
+/// argument checks), so a program learns it rather than believing options were sent.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_set_local_ece(
+    id: *mut abi::rdma_cm_id,
+    ece: *mut sys::ibv_ece,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id and null or its ECE struct.
+        let bad = unsafe {
+            id_of(id).is_none() || ece.is_null() || (*ece).vendor_id == 0 || (*ece).comp_mask != 0
+        };
+        minus_one(if bad { libc::EINVAL } else { libc::EOPNOTSUPP })
+    })
+}
+
+/// The peer's ECE options: EOPNOTSUPP (see [`rdma_set_local_ece`]); EINVAL for an id
+/// with a QP, as librdmacm.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_remote_ece(
+    id: *mut abi::rdma_cm_id,
+    ece: *mut sys::ibv_ece,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live id and null or its ECE struct.
+        let bad = unsafe { id_of(id) }.map_or(true, |me| !me.c.qp.is_null()) || ece.is_null();
+        minus_one(if bad { libc::EINVAL } else { libc::EOPNOTSUPP })
+    })
+}
+
+/// Reject a connection request with `reason`.
+///
+/// # Safety
+/// `id` is a live id; `private_data` points at `private_data_len` bytes (or is null).
+unsafe fn reject_with(
+    id: *mut abi::rdma_cm_id,
+    private_data: *const c_void,
+    private_data_len: u8,
+    reason: u16,
+) -> c_int {
     guard(-1, || {
         // SAFETY: the caller passes a live id and private data of the given length.
         done(
@@ -761,7 +833,9 @@ pub unsafe extern "C" fn rdma_reject(
                         )
                     };
                     let h = me.handle;
-                    me.cm.call(|c, now| c.reject(now, h, pd)).map_err(cm::errno)
+                    me.cm
+                        .call(|c, now| c.reject_with_reason(now, h, reason, pd))
+                        .map_err(cm::errno)
                 })
             }
             .map(|()| 0),
