@@ -40,12 +40,17 @@ struct Side {
     pd: PdId,
     cq: CqId,
     qpn: Qpn,
+    qkey: u32,
     mem: Box<[u8]>,
     lkey: u32,
 }
 
 impl Side {
     fn new(d: &Device) -> Side {
+        Side::with_qkey(d, QKEY)
+    }
+    /// With another Q_Key: tests that share a group keep each other's datagrams out.
+    fn with_qkey(d: &Device, qkey: u32) -> Side {
         let mut mem = vec![0xEE_u8; SLOT * (SLOTS + 1)].into_boxed_slice();
         let (pd, cq, qpn, lkey) = d.call(|r, now| {
             let pd = r.alloc_pd().unwrap();
@@ -75,7 +80,7 @@ impl Side {
             let init = QpAttr {
                 qp_state: QpState::Init,
                 port_num: 1,
-                qkey: QKEY,
+                qkey,
                 ..Default::default()
             };
             let m = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
@@ -98,6 +103,7 @@ impl Side {
             pd,
             cq,
             qpn,
+            qkey,
             mem,
             lkey,
         }
@@ -164,7 +170,7 @@ impl Side {
                 ud: Some(UdDest {
                     ah,
                     remote_qpn: MULTICAST_QPN,
-                    remote_qkey: QKEY,
+                    remote_qkey: self.qkey,
                 }),
             };
             d.post(|r, now| r.post_send(now, self.qpn, wr))
@@ -330,4 +336,161 @@ fn attach_errors_are_the_kernels() {
     assert_eq!(e.errno, Errno::EBUSY);
     a.detach_mcast(s.qpn, g, 0).unwrap();
     drop(a);
+}
+
+// ------------------------------------------------------------------ two processes
+
+/// Environment variable that makes [`peer_process`] the peer of
+/// [`two_processes_with_no_setup`].
+const PEER_ENV: &str = "SOFTRDMA_MCAST_PEER";
+/// The Q_Key of the two-process test: other tests' datagrams to 239.1.2.3 carry another
+/// and are dropped by the receiver.
+const PEER_QKEY: u32 = 0x5EED_0002;
+
+/// The peer process (a no-op unless [`PEER_ENV`] is set): its own device, a UD QP
+/// attached to 239.1.2.3. It prints `READY`, then `GOT <hex payload>` for every datagram,
+/// `DETACHED` once it has detached on a `DETACH` line from stdin, and exits on `EXIT`
+/// (or after 60 s).
+#[test]
+fn peer_process() {
+    if std::env::var_os(PEER_ENV).is_none() {
+        return;
+    }
+    use std::io::BufRead;
+    let group = Ipv4Addr::new(239, 1, 2, 3);
+    let d = open("mc-peer");
+    let s = Side::with_qkey(&d, PEER_QKEY);
+    s.post_recvs(&d);
+    d.attach_mcast(s.qpn, mgid(group), 0).expect("attach");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    println!("READY {}", d.addr().ip());
+    let until = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < until {
+        for wc in wait_wcs(&d, s.cq, SLOTS, Duration::from_millis(20)) {
+            let slot = wc.wr_id as usize * SLOT;
+            let len = (wc.byte_len as usize).saturating_sub(40).min(SLOT - 40);
+            let hex: String = s
+                .read(slot + 40, len)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            println!("GOT {:?} {hex}", wc.status);
+        }
+        match rx.try_recv().as_deref() {
+            Ok("DETACH") => {
+                d.detach_mcast(s.qpn, mgid(group), 0).expect("detach");
+                println!("DETACHED");
+            }
+            Ok("EXIT") | Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+            _ => {}
+        }
+    }
+    println!("BYE");
+}
+
+/// What the peer printed, line by line, as it comes.
+fn peer_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let out = child.stdout.take().expect("peer stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The peer's lines starting with `prefix` until one starts with `until` (or `within`
+/// passes). The test harness may print its own words before the peer's on a line
+/// (`test peer_process ... READY`), so a line counts from the word it starts with.
+fn lines_until(
+    rx: &std::sync::mpsc::Receiver<String>,
+    prefix: &str,
+    until: &str,
+    within: Duration,
+) -> (Vec<String>, bool) {
+    let end = Instant::now() + within;
+    let mut got = Vec::new();
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let Ok(l) = rx.recv_timeout(left) else {
+            return (got, false);
+        };
+        let from = |w: &str| l.find(w).map(|at| l[at..].to_string());
+        if from(until).is_some() {
+            return (got, true);
+        }
+        if let Some(x) = from(prefix) {
+            got.push(x);
+        }
+    }
+}
+
+/// Device A in another process (no setup between them: each takes its own 127.0.0.x)
+/// attached to 239.1.2.3 receives the SENDs this process's device B posts to the group,
+/// bytes checked; after A detaches, nothing more reaches it.
+#[test]
+fn two_processes_with_no_setup() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let group = Ipv4Addr::new(239, 1, 2, 3);
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "peer_process", "--nocapture", "--test-threads=1"])
+        .env(PEER_ENV, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the peer");
+    let rx = peer_lines(&mut child);
+    let mut stdin = child.stdin.take().expect("peer stdin");
+    let (ready, ok) = lines_until(&rx, "READY", "READY", Duration::from_secs(30));
+    assert!(ok, "the peer never became ready ({ready:?})");
+
+    let b = open("mc-2p-b");
+    let mut sb = Side::with_qkey(&b, PEER_QKEY);
+    let sent = sb.send_round(&b, group, 0xA0, 77);
+    let hex = |p: &Vec<u8>| p.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let sent_hex: Vec<String> = sent.iter().map(hex).collect();
+    // Wait for the first, then give the rest a moment.
+    let (mut got, _) = lines_until(&rx, "GOT", "NONE", Duration::from_millis(500));
+    writeln!(stdin, "DETACH").expect("to the peer");
+    let (more, detached) = lines_until(&rx, "GOT", "DETACHED", Duration::from_secs(10));
+    assert!(detached, "the peer did not detach");
+    got.extend(more);
+    assert!(
+        !got.is_empty(),
+        "none of {N} datagrams reached the other process"
+    );
+    assert!(got.len() <= N, "{got:?}");
+    for l in &got {
+        let mut w = l.split_whitespace().skip(1);
+        assert_eq!(w.next(), Some("Success"), "{l}");
+        let payload = w.next().unwrap_or_default();
+        assert!(
+            sent_hex.iter().any(|s| s == payload),
+            "not a payload sent: {l}"
+        );
+    }
+
+    // Detached: what B sends now reaches nobody.
+    sb.send_round(&b, group, 0xC0, 77);
+    std::thread::sleep(Duration::from_millis(300));
+    writeln!(stdin, "EXIT").expect("to the peer");
+    let (late, bye) = lines_until(&rx, "GOT", "BYE", Duration::from_secs(10));
+    assert!(bye, "the peer did not finish");
+    assert!(late.is_empty(), "after detach the peer got {late:?}");
+    assert!(
+        child.wait().expect("peer exit").success(),
+        "the peer failed"
+    );
 }
