@@ -138,12 +138,18 @@ impl Side {
     }
     /// Send `N` datagrams of `len` bytes (byte `tag + i` each) to the group through an
     /// AH; returns their payloads.
-    fn send_round(&mut self, d: &Device, group: Ipv4Addr, tag: u8, len: usize) -> Vec<Vec<u8>> {
+    fn send_round(
+        &mut self,
+        d: &Device,
+        group: impl Into<IpAddr>,
+        tag: u8,
+        len: usize,
+    ) -> Vec<Vec<u8>> {
         let at = SLOTS * SLOT;
         let mut sent = Vec::new();
         let av = AhAttr {
             grh: GlobalRoute {
-                dgid: mgid(group),
+                dgid: Gid::from_ip(group.into()),
                 hop_limit: 64,
                 ..Default::default()
             },
@@ -493,4 +499,50 @@ fn two_processes_with_no_setup() {
         child.wait().expect("peer exit").success(),
         "the peer failed"
     );
+}
+
+/// An IPv6 group between two devices, which needs an interface with the MULTICAST flag
+/// (`lo` has no IPv6 multicast route). Ignored by default; run it in a namespace that
+/// has one, giving two of its addresses:
+///
+/// ```sh
+/// unshare -rn sh -c 'ip link set lo up; ip link add v0 type veth peer name v1;
+///   ip link set v1 up; ip link set v0 up;
+///   ip addr add fd00::10/64 dev v0 nodad; ip addr add fd00::11/64 dev v0 nodad;
+///   SOFTRDMA_MCAST_V6="fd00::10 fd00::11" target/debug/deps/mcast-… --ignored ipv6'
+/// ```
+#[test]
+#[ignore = "needs two IPv6 addresses on a multicast-capable interface (SOFTRDMA_MCAST_V6)"]
+fn ipv6_group_between_two_devices() {
+    let addrs: Vec<IpAddr> = std::env::var("SOFTRDMA_MCAST_V6")
+        .expect("SOFTRDMA_MCAST_V6=\"ADDR_A ADDR_B\"")
+        .split_whitespace()
+        .map(|a| a.parse().expect("an IPv6 address"))
+        .collect();
+    let open_at = |name: &str, ip: IpAddr| {
+        let mut cfg =
+            DeviceConfig::new(name, DeviceAddr::Fixed(std::net::SocketAddr::new(ip, 4791)));
+        cfg.stats_dir = None;
+        Device::open(&cfg).expect("open device")
+    };
+    let a = open_at("mc6-a", addrs[0]);
+    let b = open_at("mc6-b", addrs[1]);
+    let group: IpAddr = "ff0e::5eed:6".parse().unwrap();
+    let ra = Side::new(&a);
+    let mut sb = Side::new(&b);
+    ra.post_recvs(&a);
+    a.attach_mcast(ra.qpn, Gid::from_ip(group), 0)
+        .expect("attach");
+    let sent = sb.send_round(&b, group, 0x60, 50);
+    let got = wait_wcs(&a, ra.cq, 1, Duration::from_secs(3));
+    assert!(!got.is_empty(), "none of {N} datagrams arrived");
+    for wc in &got {
+        assert_eq!(wc.status, WcStatus::Success);
+        let slot = wc.wr_id as usize * SLOT;
+        // The GRH is the IPv6 header: destination the group.
+        assert_eq!(ra.read(slot + 24, 16), Gid::from_ip(group).0.to_vec());
+        assert!(sent.contains(&ra.read(slot + 40, 50)));
+    }
+    a.detach_mcast(ra.qpn, Gid::from_ip(group), 0)
+        .expect("detach");
 }
