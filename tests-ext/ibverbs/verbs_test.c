@@ -2637,6 +2637,133 @@ out:
 
 /* ------------------------------------------------------------------------------ */
 
+/* UD multicast: B attached to 239.1.2.3 (MGID ::ffff:239.1.2.3) gets the SENDs A posts
+ * to the group (QPN 0xFFFFFF) through the device's own IP multicast loopback; the
+ * errnos of ibv_attach_mcast / ibv_detach_mcast are the kernel's. */
+#define MCAST_N 4
+static void t_mcast(void)
+{
+	struct pair p;
+	struct pair_opts o;
+	struct ep rc_ep;
+	struct mem ma, mb;
+	struct ibv_ah_attr aha;
+	struct ibv_ah *ah = NULL;
+	struct ibv_wc wc[MCAST_N];
+	struct ibv_send_wr wr, *bad;
+	struct ibv_sge sge;
+	union ibv_gid mgid;
+	int attached = 0, rc, n;
+	const uint32_t len = 200;
+
+	memset(&p, 0, sizeof(p));
+	memset(&rc_ep, 0, sizeof(rc_ep));
+	memset(&ma, 0, sizeof(ma));
+	memset(&mb, 0, sizeof(mb));
+	memset(&mgid, 0, sizeof(mgid));
+	mgid.raw[10] = mgid.raw[11] = 0xff;
+	mgid.raw[12] = 239;
+	mgid.raw[13] = 1;
+	mgid.raw[14] = 2;
+	mgid.raw[15] = 3;
+
+	check_begin("ibv_attach_mcast/ibv_detach_mcast: 0 or the kernel's errno");
+	default_opts(&o, IBV_QPT_UD);
+	if (mem_alloc(&ma, 8192, ACC_ALL) && mem_alloc(&mb, 8192, ACC_ALL) && make_pair(&p, &o)) {
+		struct pair_opts ro;
+
+		EXPECT(D.attr.orig_attr.max_mcast_grp > 0 && D.attr.orig_attr.max_mcast_qp_attach > 0,
+		       "ibv_query_device: max_mcast_grp %d, max_mcast_qp_attach %d",
+		       D.attr.orig_attr.max_mcast_grp, D.attr.orig_attr.max_mcast_qp_attach);
+		rc = ibv_attach_mcast(p.b.qp, &mgid, 0);
+		attached = EXPECT(rc == 0, "attach: %s", strerror(rc));
+		rc = ibv_attach_mcast(p.b.qp, &mgid, 0);
+		EXPECT(rc == 0, "attaching again: %s", strerror(rc));
+		rc = ibv_attach_mcast(p.b.qp, &D.gid, 0);
+		EXPECT(rc == EINVAL, "attach to a unicast GID: %s, want EINVAL", strerror(rc));
+		rc = ibv_detach_mcast(p.a.qp, &mgid, 0);
+		EXPECT(rc == EINVAL, "detach of a QP not attached: %s, want EINVAL", strerror(rc));
+		rc = ibv_destroy_qp(p.b.qp);
+		EXPECT(rc == EBUSY, "destroying an attached QP: %s, want EBUSY", strerror(rc));
+		default_opts(&ro, IBV_QPT_RC);
+		if (make_ep(&rc_ep, &ro, NULL, NULL)) {
+			rc = ibv_attach_mcast(rc_ep.qp, &mgid, 0);
+			EXPECT(rc == EINVAL, "attach of an RC QP: %s, want EINVAL", strerror(rc));
+		}
+	}
+	check_end();
+
+	check_begin("UD SEND to 239.1.2.3: the attached QP gets it with the GRH, then nothing after detach");
+	if (attached) {
+		fill_ah(&aha);
+		aha.grh.dgid = mgid;
+		ah = ibv_create_ah(D.pd, &aha);
+		EXPECT(ah, "ibv_create_ah to the group: %s", strerror(errno));
+	}
+	if (ah) {
+		for (int i = 0; i < MCAST_N; i++)
+			post_recv(p.b.qp, 100 + i, mb.buf + i * 1024, 1024, mb.mr->lkey);
+		memset(&wr, 0, sizeof(wr));
+		wr.opcode = IBV_WR_SEND;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.wr.ud.ah = ah;
+		wr.wr.ud.remote_qpn = 0xffffff;
+		wr.wr.ud.remote_qkey = QKEY;
+		for (int i = 0; i < MCAST_N; i++) {
+			fill(ma.buf + i * 1024, len, 300 + i);
+			sge = (struct ibv_sge){ (uintptr_t)(ma.buf + i * 1024), len, ma.mr->lkey };
+			wr.wr_id = i;
+			rc = ibv_post_send(p.a.qp, &wr, &bad);
+			EXPECT(rc == 0, "post_send: %s", strerror(rc));
+			if (poll1(p.a.scq, wc, "a multicast send"))
+				EXPECT(wc[0].status == IBV_WC_SUCCESS, "send: %s", ibv_wc_status_str(wc[0].status));
+		}
+		/* Multicast may lose datagrams: at least one, each whole and in order. */
+		n = poll_n(p.b.rcq, wc, MCAST_N, 3000);
+		EXPECT(n >= 1, "none of %d multicast SENDs arrived", MCAST_N);
+		for (int k = 0, i = 0; k < n; k++, i++) {
+			char *at = mb.buf + (wc[k].wr_id - 100) * 1024;
+
+			EXPECT(wc[k].status == IBV_WC_SUCCESS && wc[k].byte_len == len + 40 &&
+				       (wc[k].wc_flags & IBV_WC_GRH) && wc[k].src_qp == p.a.qp->qp_num &&
+				       wc[k].qp_num == p.b.qp->qp_num,
+			       "receive %d: status %s byte_len %u flags 0x%x src_qp 0x%x", k,
+			       ibv_wc_status_str(wc[k].status), wc[k].byte_len, wc[k].wc_flags, wc[k].src_qp);
+			while (i < MCAST_N && diff_at(at + 40, ma.buf + i * 1024, len) >= 0)
+				i++;
+			EXPECT(i < MCAST_N, "receive %d holds no payload sent (in order)", k);
+			EXPECT((unsigned char)at[20] == 0x45 && !memcmp(at + 20 + 16, mgid.raw + 12, 4),
+			       "receive %d: the GRH's IPv4 destination is not the group", k);
+		}
+		expect_cq_empty(p.a.rcq, 100, "A's receive CQ (A is not attached)");
+
+		rc = ibv_detach_mcast(p.b.qp, &mgid, 0);
+		attached = !EXPECT(rc == 0, "detach: %s", strerror(rc));
+		post_recv(p.b.qp, 200, mb.buf + 7 * 1024, 1024, mb.mr->lkey);
+		memset(mb.buf + 7 * 1024, 0xee, 1024);
+		sge = (struct ibv_sge){ (uintptr_t)ma.buf, len, ma.mr->lkey };
+		wr.wr_id = 9;
+		rc = ibv_post_send(p.a.qp, &wr, &bad);
+		EXPECT(rc == 0, "post_send: %s", strerror(rc));
+		if (poll1(p.a.scq, wc, "the send after detach"))
+			EXPECT(wc[0].status == IBV_WC_SUCCESS, "send: %s", ibv_wc_status_str(wc[0].status));
+		expect_cq_empty(p.b.rcq, 300, "B's receive CQ after detach");
+		EXPECT((unsigned char)mb.buf[7 * 1024] == 0xee, "the buffer of a detached QP was written");
+		rc = ibv_detach_mcast(p.b.qp, &mgid, 0);
+		EXPECT(rc == EINVAL, "detaching twice: %s, want EINVAL", strerror(rc));
+	}
+	check_end();
+	if (attached)
+		ibv_detach_mcast(p.b.qp, &mgid, 0);
+	if (ah)
+		ibv_destroy_ah(ah);
+	free_ep(&rc_ep, 1);
+	free_pair(&p);
+	mem_free(&ma);
+	mem_free(&mb);
+}
+
 struct test {
 	const char *name;
 	void (*fn)(void);
@@ -2671,6 +2798,7 @@ static const struct test tests[] = {
 	{ "cq_ex", t_cq_ex },
 	{ "ud", t_ud },
 	{ "uc", t_uc },
+	{ "mcast", t_mcast },
 	{ "bad_args", t_bad_args },
 };
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 use rustix::event::EventfdFlags;
 use softrdma_device::{poll_readable, Device, EventFd};
 
-use crate::cma::{Cma, CmaEvent, PortSpace};
+use crate::cma::{self, Cma, CmaEvent, IdHandle, McastJoin, PortSpace};
 use crate::ib::Peer;
 
 /// Where a CM delivers events for the ids that name it: a queue and a file descriptor
@@ -132,6 +132,25 @@ impl EventChannel {
             }
         }
         out
+    }
+
+    /// Drop the queued MULTICAST_JOIN event of `id` that answers `join` (the join was
+    /// left before the program took it, as ucma's `ucma_cleanup_mc_events`), keeping the
+    /// fd's count equal to the queue's length. Returns whether there was one.
+    pub fn withdraw_multicast(&self, id: u32, join: &McastJoin) -> bool {
+        let mut q = self.queue();
+        let Some(at) = q
+            .iter()
+            .position(|e| e.id == id && e.mc.as_ref() == Some(join))
+        else {
+            return false;
+        };
+        q.remove(at);
+        if poll_readable(&[self.inner.fd.as_fd()], Some(Duration::ZERO)).is_ok_and(|r| r[0]) {
+            let mut v = [0u8; 8];
+            let _ = rustix::io::read(&self.inner.fd, &mut v);
+        }
+        true
     }
 
     /// Events waiting.
@@ -257,6 +276,29 @@ impl Agent {
         // A new timer may be earlier than the one the thread sleeps towards.
         self.sh.wake.set();
         r
+    }
+}
+
+impl Agent {
+    /// [`Cma::leave_multicast`], and the join's MULTICAST_JOIN event goes from its
+    /// channel too if the program has not taken it (the agent delivers events as they
+    /// happen, so it is there rather than in the CM's queue). Returns the join left.
+    pub fn leave_multicast(
+        &self,
+        id: IdHandle,
+        addr: std::net::SocketAddr,
+    ) -> cma::Result<McastJoin> {
+        let join = self.call(|c, _| c.leave_multicast(id, addr))?;
+        let chans: Vec<Arc<ChanInner>> = {
+            let chans = self.sh.channels.lock().unwrap_or_else(|p| p.into_inner());
+            chans.values().filter_map(Weak::upgrade).collect()
+        };
+        for inner in chans {
+            if (EventChannel { inner }).withdraw_multicast(id, &join) {
+                break;
+            }
+        }
+        Ok(join)
     }
 }
 

@@ -7,6 +7,9 @@
 //! As under librdmacm, the QP is the face's business: the model says which attributes a
 //! QP needs for INIT, RTR and RTS ([`Cma::init_qp_attr`]) from what the REQ and REP
 //! carried, and a face moves its QP with them (the C face does it where librdmacm does).
+//! Likewise for multicast: [`Cma::join_multicast`] reports MULTICAST_JOIN with the group's
+//! address vector, and the face attaches its QP to the group's MGID on that event (and
+//! detaches it on [`Cma::leave_multicast`]), as librdmacm does.
 //!
 //! Ports are reserved host-wide through a [`PortSpace`] (the device's registry in a real
 //! process, an in-memory one in tests), so that a server bound to the wildcard address
@@ -182,6 +185,21 @@ pub struct CmaEvent {
     pub status: i32,
     /// Parameters.
     pub param: EventParam,
+    /// For MULTICAST_JOIN: which join it answers (None for every other event).
+    pub mc: Option<McastJoin>,
+}
+
+/// A multicast join of an id, as [`Cma::join_multicast`] took it: what a MULTICAST_JOIN
+/// event names, so that a face finds its own record of the join (librdmacm hands the
+/// context back in `param.ud.private_data`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct McastJoin {
+    /// The group's address, as given.
+    pub addr: SocketAddr,
+    /// The caller's context, as given.
+    pub context: u64,
+    /// A send-only join: the face must not attach its QP to the group.
+    pub send_only: bool,
 }
 
 /// The rdma_cm id state (the kernel's `rdma_cm_state`).
@@ -328,6 +346,8 @@ struct Id {
     path_timeout: u8,
     /// Whether DISCONNECTED was reported.
     disconnected: bool,
+    /// Multicast joins, oldest first.
+    mc: Vec<McastJoin>,
 }
 
 struct ListenState {
@@ -364,6 +384,7 @@ impl Id {
             rnr_retry_count: 0,
             path_timeout: 0,
             disconnected: false,
+            mc: Vec::new(),
         }
     }
 }
@@ -455,6 +476,7 @@ impl Cma {
             event,
             status,
             param,
+            mc: None,
         });
     }
 
@@ -997,6 +1019,99 @@ impl Cma {
         }
     }
 
+    /// `rdma_join_multicast` (`rdma_join_multicast_ex` with a full or send-only full
+    /// member join when `send_only`): join the group at `addr` (IPv4 or IPv6) for UD id
+    /// `id`, and report MULTICAST_JOIN. As the kernel's `rdma_join_multicast` /
+    /// `cma_iboe_join_multicast`: EINVAL unless the id carries UD (UDP and IPoIB port
+    /// spaces, or IB with a UD QP), is bound to this device (not a wildcard address) and
+    /// is ADDR_BOUND or ADDR_RESOLVED, and unless `addr` is a non-zero address. The event
+    /// ([`CmaEvent::mc`] names the join, `context` as given) carries in its UD parameters
+    /// the group's address vector as `cma_make_mc_event` builds it (`ah_attr` global, the
+    /// MGID as `grh.dgid` — `::ffff:a.b.c.d` for an IPv4 group, the address itself for
+    /// IPv6 —, GID index 0, hop limit 64, traffic class, flow label, SL and DLID 0, port 1),
+    /// QPN 0xFFFFFF and the id's Q_Key ([`UDP_QKEY`]). The model attaches no QP: the face
+    /// does, on the event, unless the join is send-only (as librdmacm's
+    /// `ucma_process_join`).
+    ///
+    /// Deliberate difference: Linux refuses IPv6 groups on RoCEv2 (`ENOTSUPP`); softrdma
+    /// joins them, MGID the IPv6 address, since its devices send IPv6 multicast as they
+    /// send IPv4.
+    pub fn join_multicast(
+        &mut self,
+        id: IdHandle,
+        addr: SocketAddr,
+        send_only: bool,
+        context: u64,
+    ) -> Result<()> {
+        let i = self.id(id)?;
+        if i.service != Service::Ud {
+            return Err(err(errno::EINVAL, "multicast needs a UD id"));
+        }
+        if !matches!(i.state, IdState::AddrBound | IdState::AddrResolved) || !self.has_device(id)? {
+            return Err(err(
+                errno::EINVAL,
+                "the id is not bound or resolved to this device",
+            ));
+        }
+        if addr.ip().is_unspecified() {
+            return Err(err(errno::EINVAL, "no group address"));
+        }
+        let qkey = ud_qkey(i.ps);
+        let join = McastJoin {
+            addr,
+            context,
+            send_only,
+        };
+        let channel = i.channel;
+        self.id_mut(id)?.mc.push(join);
+        let param = UdParam {
+            private_data: Vec::new(),
+            ah_attr: mcast_ah(addr.ip()),
+            qp_num: softrdma_wire::MULTICAST_QPN,
+            qkey,
+        };
+        self.events.push_back(CmaEvent {
+            channel,
+            id,
+            listen_id: None,
+            event: EventType::MulticastJoin,
+            status: 0,
+            param: EventParam::Ud(param),
+            mc: Some(join),
+        });
+        Ok(())
+    }
+
+    /// `rdma_leave_multicast`: forget the id's oldest join of `addr` (compared as given,
+    /// port included, as librdmacm compares the sockaddr); its MULTICAST_JOIN event, if
+    /// not taken yet, goes too (ucma's `ucma_cleanup_mc_events`). EADDRNOTAVAIL when the
+    /// id has no such join (librdmacm's answer). The face detaches its QP from the group
+    /// first, unless the join was send-only. Returns the join it forgot (an agent withdraws
+    /// its event from the id's channel with it: [`crate::agent::Agent::leave_multicast`]).
+    pub fn leave_multicast(&mut self, id: IdHandle, addr: SocketAddr) -> Result<McastJoin> {
+        let i = self.id_mut(id)?;
+        let Some(at) = i.mc.iter().position(|m| m.addr == addr) else {
+            return Err(err(
+                errno::EADDRNOTAVAIL,
+                "the id has not joined that group",
+            ));
+        };
+        let join = i.mc.remove(at);
+        if let Some(e) = self
+            .events
+            .iter()
+            .position(|e| e.id == id && e.mc == Some(join))
+        {
+            self.events.remove(e);
+        }
+        Ok(join)
+    }
+
+    /// The id's multicast joins, oldest first.
+    pub fn multicast_joins(&self, id: IdHandle) -> Result<&[McastJoin]> {
+        Ok(&self.id(id)?.mc)
+    }
+
     /// Attributes (and mask) that move the id's QP to `state` (INIT, RTR or RTS), as
     /// `rdma_init_qp_attr` gives them.
     pub fn init_qp_attr(&self, id: IdHandle, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
@@ -1012,9 +1127,7 @@ impl Cma {
             QpState::Init => {
                 let mut m = M::STATE | M::PKEY_INDEX | M::PORT;
                 if i.service == Service::Ud {
-                    // Linux's cma_set_qkey gives UD ids of the UDP and IB port spaces
-                    // RDMA_UDP_QKEY; IPoIB's broadcast-group Q_Key has no RoCE meaning.
-                    a.qkey = UDP_QKEY;
+                    a.qkey = ud_qkey(i.ps);
                     m |= M::QKEY;
                 } else {
                     a.qp_access_flags = if connected {
@@ -1232,6 +1345,7 @@ impl Cma {
             event: EventType::ConnectRequest,
             status: 0,
             param: EventParam::Conn(param),
+            mc: None,
         });
     }
 
@@ -1269,6 +1383,7 @@ impl Cma {
                 qp_num: 0,
                 qkey: 0,
             }),
+            mc: None,
         });
     }
 
@@ -1409,6 +1524,36 @@ fn ah_to(ip: IpAddr, tos: u8) -> verbs::AhAttr {
             sgid_index: 0,
             hop_limit: 64,
             traffic_class: tos,
+        },
+        is_global: true,
+        port_num: 1,
+        ..verbs::AhAttr::default()
+    }
+}
+
+/// The Q_Key of a UD id's QP and of its multicast groups: RDMA_UDP_QKEY, as the kernel's
+/// `cma_set_default_qkey` gives UDP and IB port space ids (an IPoIB id would take the
+/// broadcast group's from the SA, which RoCE does not have; it gets the same).
+fn ud_qkey(ps: u16) -> u32 {
+    match ps {
+        port_space::UDP | port_space::IPOIB | port_space::IB => UDP_QKEY,
+        _ => 0,
+    }
+}
+
+/// The address vector of a multicast group, as `cma_iboe_join_multicast` and
+/// `ib_init_ah_from_mcmember` make it for RoCEv2: the MGID (`cma_iboe_set_mgid`: the
+/// IPv4-mapped form of an IPv4 group, an IPv6 group as it is), hop limit 64
+/// (`IPV6_DEFAULT_HOPLIMIT`), traffic class, flow label, SL, DLID and rate 0, GID index 0
+/// (the device's address, `rdma_ip2gid` of the id's source), port 1.
+fn mcast_ah(group: IpAddr) -> verbs::AhAttr {
+    verbs::AhAttr {
+        grh: verbs::GlobalRoute {
+            dgid: verbs::Gid::from_ip(group),
+            flow_label: 0,
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class: 0,
         },
         is_global: true,
         port_num: 1,

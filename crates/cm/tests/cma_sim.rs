@@ -1,8 +1,9 @@
 //! The rdma_cm model between devices on the `sim` network: a wildcard listener found at
 //! 127.0.0.1 whatever address its device has, connect / accept / establish with the QP
 //! attributes each side needs, private data both ways, reject with private data, a
-//! destination nobody serves, disconnect from either side, port conflicts, UD (SIDR), and the
-//! same handshakes under loss, duplication and reordering.
+//! destination nobody serves, disconnect from either side, port conflicts, UD (SIDR),
+//! multicast join and leave, and the same handshakes under loss, duplication and
+//! reordering.
 
 use std::collections::HashMap;
 use std::io;
@@ -11,12 +12,12 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 use softrdma_cm::cma::{
-    errno, Cma, CmaEvent, ConnParam, EventParam, EventType, IdHandle, PortSpace, Reservation,
-    Service, UDP_QKEY,
+    errno, Cma, CmaEvent, ConnParam, EventParam, EventType, IdHandle, McastJoin, PortSpace,
+    Reservation, Service, UDP_QKEY,
 };
 use softrdma_cm::ib::Peer;
 use softrdma_net::sim::{Endpoint, Faults, Network, Packet, Sim};
-use softrdma_verbs::{QpAttrMask, QpState};
+use softrdma_verbs::{AhAttr, Gid, GlobalRoute, QpAttrMask, QpState};
 use softrdma_wire::cm::{port_space, rej_reason};
 
 const SEC: u64 = 1_000_000_000;
@@ -520,6 +521,182 @@ fn backlog_holds_requests_back_until_there_is_room() {
     let mut both = [qpn(&first), qpn(&second)];
     both.sort();
     assert_eq!(both, [1, 2]);
+}
+
+/// Node 0's id in port space `ps` (UD), bound to its own address 127.0.0.3 at `port`.
+fn bound_ud(sim: &mut Sim<Node>, ps: u16, port: u16) -> IdHandle {
+    let c = &mut sim.endpoints[0].cma;
+    let id = c.create_id(5, ps, Some(Service::Ud)).unwrap();
+    c.bind(id, SocketAddr::new(ip(3), port)).unwrap();
+    id
+}
+
+fn group(a: u8, b: u8, c: u8, d: u8) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(a, b, c, d)), 0)
+}
+
+#[test]
+fn a_multicast_join_reports_the_groups_address_vector() {
+    let mut sim = pair(11, faults(0.0, 0.0, 0.0));
+    let id = bound_ud(&mut sim, port_space::UDP, 7201);
+    let g = group(239, 1, 2, 3);
+    let c = &mut sim.endpoints[0].cma;
+    c.join_multicast(id, g, false, 0xC0FFEE).unwrap();
+    let ev = sim.endpoints[0]
+        .take(EventType::MulticastJoin)
+        .expect("MULTICAST_JOIN at once");
+    assert_eq!(
+        (ev.channel, ev.id, ev.listen_id, ev.status),
+        (5, id, None, 0)
+    );
+    assert_eq!(
+        ev.mc,
+        Some(McastJoin {
+            addr: g,
+            context: 0xC0FFEE,
+            send_only: false
+        })
+    );
+    let EventParam::Ud(up) = &ev.param else {
+        panic!("{ev:?}")
+    };
+    // As cma_make_mc_event / ib_init_ah_from_mcmember give it for RoCEv2.
+    let want = AhAttr {
+        grh: GlobalRoute {
+            dgid: Gid::from_ipv4(Ipv4Addr::new(239, 1, 2, 3)),
+            flow_label: 0,
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+        },
+        dlid: 0,
+        sl: 0,
+        src_path_bits: 0,
+        static_rate: 0,
+        is_global: true,
+        port_num: 1,
+    };
+    assert_eq!(up.ah_attr, want);
+    assert_eq!(
+        up.ah_attr.grh.dgid.0,
+        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 3],
+        "MGID ::ffff:239.1.2.3"
+    );
+    assert_eq!((up.qp_num, up.qkey), (0xFF_FFFF, UDP_QKEY));
+    assert!(up.private_data.is_empty());
+    let c = &mut sim.endpoints[0].cma;
+    // The Q_Key is the one the id's QP gets.
+    let (init, _) = c.init_qp_attr(id, QpState::Init).unwrap();
+    assert_eq!(init.qkey, up.qkey);
+    assert_eq!(c.multicast_joins(id).unwrap(), &[ev.mc.unwrap()]);
+
+    // A send-only join says so; an IPv6 group is its own MGID.
+    let v6 = SocketAddr::new(IpAddr::V6("ff0e::1:2:3".parse().unwrap()), 0);
+    c.join_multicast(id, v6, true, 7).unwrap();
+    let ev = sim.endpoints[0].take(EventType::MulticastJoin).unwrap();
+    assert!(ev.mc.unwrap().send_only);
+    let EventParam::Ud(up) = &ev.param else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(up.ah_attr.grh.dgid.to_ip(), v6.ip());
+    assert_eq!(sim.endpoints[0].cma.multicast_joins(id).unwrap().len(), 2);
+}
+
+#[test]
+fn multicast_join_preconditions_are_the_kernels() {
+    let mut sim = pair(12, faults(0.0, 0.0, 0.0));
+    let g = group(239, 1, 2, 3);
+    let einval = |r: softrdma_cm::cma::Result<()>| {
+        assert_eq!(r.unwrap_err().errno, errno::EINVAL);
+    };
+    let c = &mut sim.endpoints[0].cma;
+    // Not UD: TCP, or IB with an RC QP.
+    let tcp = c.create_id(1, port_space::TCP, None).unwrap();
+    c.bind(tcp, SocketAddr::new(ip(3), 7202)).unwrap();
+    einval(c.join_multicast(tcp, g, false, 0));
+    let ib_rc = c.create_id(1, port_space::IB, Some(Service::Rc)).unwrap();
+    c.bind(ib_rc, SocketAddr::new(ip(3), 7203)).unwrap();
+    einval(c.join_multicast(ib_rc, g, false, 0));
+    // Idle, bound to the wildcard address (no device), no such id.
+    let idle = c.create_id(1, port_space::UDP, None).unwrap();
+    einval(c.join_multicast(idle, g, false, 0));
+    let any = c.create_id(1, port_space::UDP, None).unwrap();
+    c.bind(
+        any,
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 7204),
+    )
+    .unwrap();
+    einval(c.join_multicast(any, g, false, 0));
+    einval(c.join_multicast(9999, g, false, 0));
+    // The zero address.
+    let ud = c.create_id(1, port_space::UDP, None).unwrap();
+    c.bind(ud, SocketAddr::new(ip(3), 7205)).unwrap();
+    einval(c.join_multicast(ud, group(0, 0, 0, 0), false, 0));
+    // Resolved (the wildcard bind now has the device): fine; route resolved: too late.
+    c.resolve_addr(any, None, SocketAddr::new(ip(7), 7206))
+        .unwrap();
+    c.join_multicast(any, g, false, 1).unwrap();
+    c.resolve_route(any).unwrap();
+    einval(c.join_multicast(any, g, false, 2));
+    // IPoIB and IB-with-UD ids join.
+    for ps in [port_space::IPOIB, port_space::IB] {
+        let id = c.create_id(1, ps, Some(Service::Ud)).unwrap();
+        c.bind(id, SocketAddr::new(ip(3), 0)).unwrap();
+        c.join_multicast(id, g, false, 3).unwrap();
+    }
+    let n = &mut sim.endpoints[0];
+    n.collect();
+    let joins: Vec<&CmaEvent> = n
+        .events
+        .iter()
+        .filter(|e| e.event == EventType::MulticastJoin)
+        .collect();
+    assert_eq!(joins.len(), 3, "only the accepted joins report: {joins:?}");
+    assert!(joins.iter().all(|e| e.status == 0 && e.mc.is_some()));
+}
+
+#[test]
+fn leave_forgets_the_join_and_its_pending_event() {
+    let mut sim = pair(13, faults(0.0, 0.0, 0.0));
+    let id = bound_ud(&mut sim, port_space::UDP, 7210);
+    let (g1, g2) = (group(239, 1, 2, 3), group(239, 1, 2, 4));
+    let c = &mut sim.endpoints[0].cma;
+    let e = c.leave_multicast(id, g1).unwrap_err();
+    assert_eq!(e.errno, errno::EADDRNOTAVAIL, "not joined");
+    c.join_multicast(id, g1, false, 1).unwrap();
+    c.join_multicast(id, g2, false, 2).unwrap();
+    c.join_multicast(id, g1, false, 3).unwrap();
+    // Leaving g1 drops its oldest join, whose event was not taken yet.
+    c.leave_multicast(id, g1).unwrap();
+    let left: Vec<u64> = c
+        .multicast_joins(id)
+        .unwrap()
+        .iter()
+        .map(|m| m.context)
+        .collect();
+    assert_eq!(left, [2, 3]);
+    // The port is part of the address, as librdmacm compares it.
+    let e = c
+        .leave_multicast(id, SocketAddr::new(g1.ip(), 9))
+        .unwrap_err();
+    assert_eq!(e.errno, errno::EADDRNOTAVAIL);
+    sim.endpoints[0].collect();
+    let ctx: Vec<u64> = sim.endpoints[0]
+        .events
+        .iter()
+        .filter_map(|e| e.mc.map(|m| m.context))
+        .collect();
+    assert_eq!(
+        ctx,
+        [2, 3],
+        "the left join's event is gone, the others stay in order"
+    );
+    // Destroying the id forgets its joins (and any events).
+    let c = &mut sim.endpoints[0].cma;
+    c.join_multicast(id, g2, false, 4).unwrap();
+    c.destroy_id(0, id).unwrap();
+    assert!(c.poll_event().is_none());
+    assert_eq!(c.multicast_joins(id).unwrap_err().errno, errno::EINVAL);
 }
 
 proptest! {

@@ -32,6 +32,10 @@
 //! - Completion channels and async events are real file descriptors (eventfds), readable
 //!   while events are pending, so they work with poll/epoll. So is the inbox of QP1, the
 //!   GSI, where the connection manager's MADs arrive ([`Device::mad_fd`]).
+//! - UD multicast is IP multicast: while a QP is attached to a group, the device has a
+//!   receive socket bound to the group's address and joined on its interface, polled
+//!   beside the device socket ([`Device::attach_mcast`]; `mcast` says why this needs no
+//!   setup between processes on one host).
 //! - Time is nanoseconds since the device opened, from a monotonic clock.
 //! - `SOFTRDMA_PCAP=FILE` (or [`DeviceConfig::pcap`]) traces every datagram sent and
 //!   received as a pcap file.
@@ -42,7 +46,8 @@
 //! the progress thread and application threads share, and one progress step); `tx` (the
 //! send path: per-port sockets, hold-back, GSO); `pacing` (the pure decision of what the
 //! progress thread does next, tested on virtual time) and `progress` (the thread that
-//! carries it out); `poller` ([`CqPoller`], the CQ poll policy every face uses); `stats`
+//! carries it out); `mcast` (the multicast group sockets); `poller` ([`CqPoller`], the
+//! CQ poll policy every face uses); `stats`
 //! and [`statsfile`] (counters); [`registry`] (the host's rdma_cm port bindings, so that
 //! a connecting process finds a listener's device); `sys` (eventfd, poll).
 
@@ -50,6 +55,7 @@
 
 pub mod config;
 pub mod log;
+mod mcast;
 mod pacing;
 mod poller;
 mod progress;
@@ -151,6 +157,15 @@ impl Device {
         };
         let seed = cfg.seed.unwrap_or_else(sys::random_seed);
         let rnic = Rnic::new(addr, seed);
+        // IPv6 multicast leaves from the interface that holds the device's address (an
+        // IPv4 socket bound to its address needs no such choice).
+        let mc_ifindex = match addr.ip() {
+            IpAddr::V6(_) => udp::interface_index(addr.ip()),
+            IpAddr::V4(_) => None,
+        };
+        if let Some(i) = mc_ifindex {
+            link.set_multicast_interface(i)?;
+        }
         // A descriptor of the socket to wait on without holding the receive half.
         let sock_fd = link.as_fd().try_clone_to_owned()?;
         let shared = Arc::new(Runtime {
@@ -167,6 +182,8 @@ impl Device {
                 async_q: VecDeque::new(),
                 async_signaled: false,
                 mad_signaled: false,
+                mc_seen: 0,
+                mc_ifindex,
                 stats: LinkStats::default(),
                 sleeping_until: None,
                 txq: Vec::new(),
@@ -178,12 +195,17 @@ impl Device {
                 link: rx_link,
                 batch,
                 errors: 0,
+                mc_batches: Vec::new(),
+                mc_counts: Vec::new(),
             }),
             wake: EventFd::new()?,
             notify: EventFd::new()?,
             async_fd: EventFd::new()?,
             mad_fd: EventFd::new()?,
             sock_fd,
+            groups: Mutex::new(mcast::Groups::new()),
+            has_groups: AtomicBool::new(false),
+            mc_poll: mcast::Groups::new_poll()?,
             stop: AtomicBool::new(false),
             busy_poll: cfg.busy_poll,
             spin: cfg.spin,
@@ -405,10 +427,44 @@ impl Device {
             if others > 0 {
                 t = Some(t.map_or(SHARED_BLOCK, |l| l.min(SHARED_BLOCK)));
             }
-            let _ = sys::poll_readable(&[sh.sock_fd.as_fd(), sh.notify.as_fd()], t);
+            let _ = sys::poll_readable(
+                &[sh.sock_fd.as_fd(), sh.mc_poll.as_fd(), sh.notify.as_fd()],
+                t,
+            );
             sh.blocked.fetch_sub(1, Ordering::SeqCst);
             sh.notify.clear();
         }
+    }
+
+    /// `ibv_attach_mcast`: attach UD QP `qpn` to the multicast group `mgid` (the rules
+    /// and errors are [`Rnic::attach_mcast`]'s; `mlid` is ignored on RoCE). When the group
+    /// is new on this device, the device joins it on its interface before returning (see
+    /// [`mcast`](crate::mcast) for how, and why that needs no setup on one host); if the
+    /// kernel refuses (an IPv6 group on an IPv4 device, say), the attachment is undone
+    /// and the error returned (EINVAL, or ENOMEM when out of memberships).
+    pub fn attach_mcast(&self, qpn: verbs::Qpn, mgid: Gid, mlid: u16) -> verbs::Result<()> {
+        let sh = &*self.shared;
+        let mut core = sh.lock();
+        let was_member = core.rnic.mcast_members(&mgid).contains(&qpn);
+        core.rnic.attach_mcast(qpn, mgid, mlid)?;
+        core.sync_groups(sh);
+        let refused = sh.groups().join_error(mgid);
+        let r = match refused {
+            Some(e) if !was_member => {
+                let _ = core.rnic.detach_mcast(qpn, mgid, mlid);
+                Err(e)
+            }
+            _ => Ok(()),
+        };
+        let now = sh.now();
+        core.after_step(sh, now, false);
+        r
+    }
+
+    /// `ibv_detach_mcast`: detach UD QP `qpn` from the multicast group `mgid`
+    /// ([`Rnic::detach_mcast`]); the device leaves the group with its last QP.
+    pub fn detach_mcast(&self, qpn: verbs::Qpn, mgid: Gid, mlid: u16) -> verbs::Result<()> {
+        self.call_quiet(|rnic, _| rnic.detach_mcast(qpn, mgid, mlid))
     }
 
     /// Give completion channel `ch` an eventfd, readable while the channel has events.

@@ -62,8 +62,11 @@ fn doze(rt: &Runtime, timeout: Duration, watch_socket: bool) -> bool {
         return false;
     }
     let arrived = if watch_socket {
-        let r = sys::poll_readable(&[rt.wake.as_fd(), rt.sock_fd.as_fd()], Some(timeout));
-        r.is_ok_and(|v| v.get(1).copied().unwrap_or(false))
+        let r = sys::poll_readable(
+            &[rt.wake.as_fd(), rt.sock_fd.as_fd(), rt.mc_poll.as_fd()],
+            Some(timeout),
+        );
+        r.is_ok_and(|v| v.iter().skip(1).any(|&b| b))
     } else {
         let _ = sys::poll_readable(&[rt.wake.as_fd()], Some(timeout));
         false
@@ -88,7 +91,10 @@ fn block(rt: &Runtime) {
         }
         deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)))
     };
-    let _ = sys::poll_readable(&[rt.sock_fd.as_fd(), rt.wake.as_fd()], timeout);
+    let _ = sys::poll_readable(
+        &[rt.sock_fd.as_fd(), rt.mc_poll.as_fd(), rt.wake.as_fd()],
+        timeout,
+    );
     rt.wake.clear();
     rt.lock().sleeping_until = None;
 }

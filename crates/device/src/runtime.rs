@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::BufWriter;
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -17,6 +17,7 @@ use softrdma_transport::{Rnic, Transmit};
 use softrdma_wire::icrc::IpIdCache;
 use softrdma_wire::{frame, pcap::PcapWriter, Addrs};
 
+use crate::mcast::{Groups, MC_BATCH};
 use crate::pacing::Seen;
 use crate::sys::EventFd;
 use crate::tx::{Flush, SendSocket};
@@ -45,6 +46,10 @@ pub(crate) struct Engine {
     pub(crate) async_signaled: bool,
     /// Whether [`Runtime::mad_fd`] is set (MADs wait in the engine's GSI inbox).
     pub(crate) mad_signaled: bool,
+    /// The engine's multicast generation the group sockets were last synced to.
+    pub(crate) mc_seen: u64,
+    /// The interface IPv6 multicast leaves from (the one holding the device's address).
+    pub(crate) mc_ifindex: Option<u32>,
     pub(crate) stats: LinkStats,
     /// Set while the progress thread blocks: the deadline it sleeps until (u64::MAX: none).
     pub(crate) sleeping_until: Option<u64>,
@@ -62,6 +67,10 @@ pub(crate) struct Rx {
     pub(crate) link: udp::Driver,
     pub(crate) batch: udp::RecvBatch,
     pub(crate) errors: u64,
+    /// One batch per multicast group socket, in the order of [`Groups::socks`].
+    pub(crate) mc_batches: Vec<udp::RecvBatch>,
+    /// How many datagrams each of `mc_batches` holds this step.
+    pub(crate) mc_counts: Vec<usize>,
 }
 
 pub(crate) struct Runtime {
@@ -78,6 +87,13 @@ pub(crate) struct Runtime {
     /// Readable while MADs wait in the engine's GSI inbox, for the connection manager.
     pub(crate) mad_fd: EventFd,
     pub(crate) sock_fd: OwnedFd,
+    /// The receive sockets of the multicast groups the device's QPs are attached to.
+    pub(crate) groups: Mutex<Groups>,
+    /// Whether `groups` has any socket, read without its lock on every step.
+    pub(crate) has_groups: AtomicBool,
+    /// Readable while a group socket is (an epoll set of them): waiters poll it beside
+    /// `sock_fd`.
+    pub(crate) mc_poll: OwnedFd,
     pub(crate) stop: AtomicBool,
     pub(crate) busy_poll: bool,
     pub(crate) spin: Duration,
@@ -108,6 +124,10 @@ impl Runtime {
     /// panic too, so poisoning is ignored: the engine's state is still memory-safe.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Engine> {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// The group sockets. A panic while the lock was held leaves them usable.
+    pub(crate) fn groups(&self) -> MutexGuard<'_, Groups> {
+        self.groups.lock().unwrap_or_else(|e| e.into_inner())
     }
     /// The receive half, if no other thread is receiving.
     pub(crate) fn try_rx(&self) -> Option<MutexGuard<'_, Rx>> {
@@ -148,6 +168,8 @@ impl Runtime {
             link,
             batch,
             errors,
+            mc_batches,
+            mc_counts,
         } = rx;
         let n = match link.recv_batch(batch) {
             Ok(n) => n,
@@ -157,8 +179,30 @@ impl Runtime {
                 0
             }
         };
+        mc_counts.clear();
+        let mut mc_full = false;
+        if self.has_groups.load(Ordering::Acquire) {
+            let mut groups = self.groups();
+            for (i, (_, sock)) in groups.socks.iter_mut().enumerate() {
+                if mc_batches.len() <= i {
+                    mc_batches.push(udp::RecvBatch::new(MC_BATCH, crate::RX_BUF));
+                }
+                let k = match sock.recv_batch(&mut mc_batches[i]) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        *errors += 1;
+                        tracing::debug!(error = %e, "multicast receive failed");
+                        0
+                    }
+                };
+                mc_full |= k == MC_BATCH;
+                mc_counts.push(k);
+            }
+        }
+        let m: usize = mc_counts.iter().sum();
         let now = self.now();
         if n == 0
+            && m == 0
             && now < self.next_timer.load(Ordering::Acquire)
             && now < self.ack_due.load(Ordering::Acquire)
         {
@@ -166,10 +210,14 @@ impl Runtime {
         }
         let mut core = self.lock();
         let core = &mut *core;
-        if n > 0 {
+        if n + m > 0 {
             core.stats.rx_batches += 1;
             let ts = if core.pcap.is_some() { wall_ns() } else { 0 };
-            for d in batch.iter().take(n) {
+            let group_datagrams = mc_batches
+                .iter()
+                .zip(mc_counts.iter())
+                .flat_map(|(b, &k)| b.iter().take(k));
+            for d in batch.iter().take(n).chain(group_datagrams) {
                 core.stats.rx_datagrams += 1;
                 core.stats.rx_bytes += d.data.len() as u64;
                 if let Some(p) = core.pcap.as_mut() {
@@ -185,7 +233,7 @@ impl Runtime {
         // A full batch means more may be waiting in the socket, perhaps the very ACK that
         // makes a due retransmission needless: fire timers once the socket is drained, or
         // when they are overdue by more than TIMER_GRACE (so a flood cannot starve them).
-        let drained = n < batch.capacity();
+        let drained = n < batch.capacity() && !mc_full;
         if core
             .rnic
             .poll_timeout()
@@ -218,6 +266,9 @@ impl Engine {
     }
 
     pub(crate) fn after_step_with(&mut self, sh: &Runtime, now: u64, changed: bool, flush: Flush) {
+        if self.rnic.mcast_generation() != self.mc_seen {
+            self.sync_groups(sh);
+        }
         self.flush_tx(sh, now, flush);
         while let Some(ev) = self.rnic.next_event() {
             self.async_q.push_back(ev);
@@ -262,6 +313,17 @@ impl Engine {
                 sh.notify.set();
             }
         }
+    }
+
+    /// Join the multicast groups the engine's QPs are attached to and leave the others
+    /// (see [`crate::mcast`]). Runs after every engine step that changed them, so an
+    /// attach has joined by the time the call that made it returns.
+    pub(crate) fn sync_groups(&mut self, sh: &Runtime) {
+        self.mc_seen = self.rnic.mcast_generation();
+        let mut groups = sh.groups();
+        groups.sync(&self.rnic, sh.addr, sh.mc_poll.as_fd());
+        sh.has_groups
+            .store(!groups.socks.is_empty(), Ordering::Release);
     }
 
     /// Make the MAD fd readable exactly while the GSI inbox has MADs.

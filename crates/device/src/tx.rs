@@ -150,11 +150,16 @@ impl Engine {
     /// Whether a send-only socket for source address `src` exists (binding it on first use).
     fn port_socket(&mut self, src: SocketAddr) -> bool {
         let gso = self.link.gso_enabled();
+        let mc_ifindex = self.mc_ifindex;
         self.ports
             .entry(src.port())
             .or_insert_with(|| match udp::Driver::bind_send_only(src) {
                 Ok(mut d) => {
                     d.set_gso(gso);
+                    if let Some(i) = mc_ifindex {
+                        // Best effort: without it IPv6 multicast follows the routes.
+                        let _ = d.set_multicast_interface(i);
+                    }
                     Some(d)
                 }
                 Err(e) => {

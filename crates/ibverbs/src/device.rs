@@ -341,6 +341,9 @@ pub(crate) fn device_attr(ctx: &Ctx) -> sys::ibv_device_attr {
     o.max_srq_wr = a.max_srq_wr as c_int;
     o.max_srq_sge = a.max_srq_sge as c_int;
     o.max_pkeys = a.max_pkeys;
+    o.max_mcast_grp = a.max_mcast_grp as c_int;
+    o.max_mcast_qp_attach = a.max_mcast_qp_attach as c_int;
+    o.max_total_mcast_qp_attach = a.max_total_mcast_qp_attach as c_int;
     o.local_ca_ack_delay = a.local_ca_ack_delay;
     o.phys_port_cnt = a.phys_port_cnt;
     o

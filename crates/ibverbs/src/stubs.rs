@@ -20,24 +20,6 @@ pub extern "C" fn ibv_copy_qp_attr_from_kern(_dst: *mut c_void, _src: *const c_v
 pub extern "C" fn ibv_copy_ah_attr_from_kern(_dst: *mut c_void, _src: *const c_void) {}
 
 #[no_mangle]
-pub extern "C" fn ibv_attach_mcast(
-    _qp: *mut sys::ibv_qp,
-    _gid: *const sys::ibv_gid,
-    _lid: u16,
-) -> c_int {
-    libc::EOPNOTSUPP
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_detach_mcast(
-    _qp: *mut sys::ibv_qp,
-    _gid: *const sys::ibv_gid,
-    _lid: u16,
-) -> c_int {
-    libc::EOPNOTSUPP
-}
-
-#[no_mangle]
 pub extern "C" fn ibv_resolve_eth_l2_from_gid(
     _context: *mut sys::ibv_context,
     _attr: *mut sys::ibv_ah_attr,

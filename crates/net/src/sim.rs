@@ -75,7 +75,7 @@ impl Default for Faults {
 }
 
 /// Counters of what the network did. Once nothing is in flight,
-/// `delivered + dropped() == sent + duplicated`.
+/// `delivered + dropped() == sent + duplicated + multicast_copies`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Packets handed to [`Network::send`].
@@ -95,6 +95,9 @@ pub struct Stats {
     pub reordered: u64,
     /// Packet copies whose payload had bits flipped.
     pub corrupted: u64,
+    /// Extra copies [`Sim`] made to deliver a packet sent to a multicast address to
+    /// several endpoints (one less than the endpoints that got it).
+    pub multicast_copies: u64,
 }
 
 impl Stats {

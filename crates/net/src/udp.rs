@@ -23,7 +23,8 @@
 //!   reports it (`IP_PKTINFO` / `IPV6_RECVPKTINFO`).
 //! - **No address reuse.** `SO_REUSEADDR`/`SO_REUSEPORT` are left off so that a bound
 //!   address is one device: a second bind fails with `EADDRINUSE`, which
-//!   [`bind_first_free_loopback`] relies on.
+//!   [`bind_first_free_loopback`] relies on. The exception is the receive socket of a
+//!   multicast group ([`Driver::bind_multicast`]), which every member device shares.
 //! - **IPv6 sockets are IPv6-only**, so an IPv4 peer never shows up as a mapped address.
 //!
 //! GSO caveat, measured on Linux 6.18: when the kernel (or a NIC) splits a UDP GSO
@@ -361,7 +362,13 @@ impl Driver {
     /// and configure it as the module docs describe. Fails with `AddrInUse` if another
     /// socket holds the address.
     pub fn bind(addr: SocketAddr) -> io::Result<Driver> {
-        let v6 = addr.is_ipv6();
+        let (fd, gso, gro_supported) = Driver::socket(addr.is_ipv6())?;
+        Driver::bound(fd, addr, gso, gro_supported)
+    }
+
+    /// A non-blocking UDP socket of the family `v6` says, configured as the module docs
+    /// describe, with what the probes found: GSO support and GRO support.
+    fn socket(v6: bool) -> io::Result<(OwnedFd, Gso, bool)> {
         use rustix::net::{AddressFamily, SocketFlags, SocketType};
         let domain = if v6 {
             AddressFamily::INET6
@@ -407,6 +414,13 @@ impl Driver {
         // Likewise UDP_GRO (5.0+): probe by switching it off explicitly.
         let gro_supported = setsockopt_int(s, libc::SOL_UDP, libc::UDP_GRO, 0).is_ok();
 
+        Ok((fd, gso, gro_supported))
+    }
+
+    /// Bind the configured socket `fd` to `addr`.
+    fn bound(fd: OwnedFd, addr: SocketAddr, gso: Gso, gro_supported: bool) -> io::Result<Driver> {
+        let v6 = addr.is_ipv6();
+        let s = fd.as_raw_fd();
         let (raw_addr, len) =
             to_raw(addr, v6).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: `raw_addr` is a valid sockaddr of length `len` for this family.
@@ -423,6 +437,54 @@ impl Driver {
             stats: Stats::default(),
             send: SendScratch::new(),
         })
+    }
+
+    /// A receive-only socket for the multicast group `group` on UDP port `port`, joined
+    /// on the interface that holds `local` (the device's address) and configured as
+    /// [`Driver::bind`] does. It is bound to the group's address itself, with
+    /// `SO_REUSEADDR`: the kernel hands a multicast datagram to every socket bound to its
+    /// address and port, so every device on the host that joins the group gets each one,
+    /// while the unicast device sockets, bound without reuse, still exclude each other
+    /// (a wildcard socket on the port would collide with them; a group address does
+    /// not). Closing it leaves the group. `InvalidInput` unless `group` is a multicast
+    /// address of `local`'s family.
+    ///
+    /// IPv4 multicast works on `lo` without its MULTICAST flag (measured on Linux 6.18,
+    /// host and fresh network namespace alike): a join by address finds `lo` for any
+    /// 127.0.0.0/8 address, a socket bound to a local source address sends multicast out
+    /// of that address's interface, and `IP_MULTICAST_LOOP` (on by default) gives the copy
+    /// to every joined socket there. IPv6 multicast has no route on `lo`
+    /// (`ENETUNREACH`): it needs an interface with the MULTICAST flag.
+    pub fn bind_multicast(group: IpAddr, port: u16, local: IpAddr) -> io::Result<Driver> {
+        use rustix::net::sockopt;
+        let (fd, gso, gro_supported) = Driver::socket(group.is_ipv6())?;
+        sockopt::set_socket_reuseaddr(&fd, true)?;
+        let bind_to = match (group, local) {
+            (IpAddr::V4(g), IpAddr::V4(l)) if g.is_multicast() => {
+                // ip_mreqn with an address and no index: the kernel joins on the
+                // interface that holds the address.
+                sockopt::set_ip_add_membership_with_ifindex(&fd, &g, &l, 0)?;
+                SocketAddr::new(group, port)
+            }
+            (IpAddr::V6(g), IpAddr::V6(l)) if g.is_multicast() => {
+                let ifindex = interface_index(IpAddr::V6(l)).unwrap_or(0);
+                sockopt::set_ipv6_add_membership(&fd, &g, ifindex)?;
+                // Link-local groups need the interface as scope to be bound.
+                SocketAddr::V6(SocketAddrV6::new(g, port, 0, ifindex))
+            }
+            _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
+        };
+        Driver::bound(fd, bind_to, gso, gro_supported)
+    }
+
+    /// Send multicast out of the interface with index `ifindex` (IPv6 sockets:
+    /// `IPV6_MULTICAST_IF`). IPv4 sockets need no such setting: one bound to a local
+    /// address sends multicast out of that address's interface.
+    pub fn set_multicast_interface(&self, ifindex: u32) -> io::Result<()> {
+        if self.v6 {
+            rustix::net::sockopt::set_ipv6_multicast_if(&self.fd, ifindex)?;
+        }
+        Ok(())
     }
 
     /// Bind a socket that is only used to send, from `addr` (a fixed source port, as a
@@ -1061,6 +1123,49 @@ impl RecvBatch {
             h.msg_len = 0;
         }
     }
+}
+
+/// The index of the network interface that holds the address `ip` (from
+/// `getifaddrs(3)`), if one does.
+pub fn interface_index(ip: IpAddr) -> Option<u32> {
+    let mut head: *mut libc::ifaddrs = ptr::null_mut();
+    // SAFETY: getifaddrs writes the head of a list it allocated, freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut cur = head;
+    while !cur.is_null() && found.is_none() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until
+        // freeifaddrs; the kernel-filled fields are plain data.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null `ifa_addr` points to a sockaddr that starts with its family.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        let addr = match family {
+            libc::AF_INET => {
+                // SAFETY: the family says it is a `sockaddr_in`.
+                let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: the family says it is a `sockaddr_in6`.
+                let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr))
+            }
+            _ => continue,
+        };
+        if addr == ip {
+            // SAFETY: `ifa_name` is the interface's NUL-terminated name, alive with the list.
+            found = Some(unsafe { libc::if_nametoindex(ifa.ifa_name) });
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and no reference into the list outlives this.
+    unsafe { libc::freeifaddrs(head) };
+    found.filter(|&i| i != 0)
 }
 
 /// Bind to the first free loopback address 127.0.0.1, 127.0.0.2, ... 127.0.0.254 on

@@ -681,3 +681,66 @@ fn ipv6_loopback_send_and_receive() {
         .unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
 }
+
+#[test]
+fn multicast_reaches_every_joined_socket_on_loopback_until_it_leaves() {
+    use softrdma_net::udp::interface_index;
+    let group = IpAddr::V4(Ipv4Addr::new(239, 255, 77, 1));
+    // Two "devices" at 127.0.0.71 and .72 join; the port is picked by the first.
+    let mut a = Driver::bind_multicast(group, 0, lo(71).ip()).expect("join at .71");
+    let port = a.local_addr().port();
+    assert_eq!(a.local_addr(), SocketAddr::new(group, port));
+    let mut b = Driver::bind_multicast(group, port, lo(72).ip()).expect("join at .72");
+    // The sender is a plain device socket: its bound source picks the interface (lo).
+    let mut tx = Driver::bind(lo(73)).expect("sender");
+    let dst = SocketAddr::new(group, port);
+    let data: Vec<Vec<u8>> = (0..4).map(|i| payload(i, 100 + i)).collect();
+    let out: Vec<OutDatagram<'_>> = data
+        .iter()
+        .map(|d| OutDatagram {
+            dst,
+            tos: 0x08,
+            data: d,
+        })
+        .collect();
+    send_all(&mut tx, &out);
+    let mut batch = RecvBatch::new(8, 2048);
+    for (name, d) in [("a", &mut a), ("b", &mut b)] {
+        let got = recv_n(d, &mut batch, out.len());
+        let want: Vec<Got> = data
+            .iter()
+            .map(|d| Got {
+                src: tx.local_addr(),
+                dst,
+                tos: 0x08,
+                data: d.clone(),
+            })
+            .collect();
+        assert_eq!(
+            got, want,
+            "socket {name}: every datagram once, to the group"
+        );
+    }
+    // `a` leaves (closes): `b` still gets the next one, and only one copy.
+    drop(a);
+    send_all(&mut tx, &out[..1]);
+    let got = recv_n(&mut b, &mut batch, 1);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].data, data[0]);
+    assert!(
+        !b.wait_readable(Some(Duration::from_millis(200)))
+            .expect("poll"),
+        "no second copy"
+    );
+    // Family and address checks.
+    let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+    let e = Driver::bind_multicast(group, port, v6).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    let e = Driver::bind_multicast(lo(9).ip(), port, lo(71).ip()).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "not a group");
+    assert_eq!(interface_index(lo(1).ip()), Some(1), "lo holds 127.0.0.1");
+    assert_eq!(
+        interface_index(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9))),
+        None
+    );
+}

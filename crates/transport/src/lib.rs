@@ -292,6 +292,8 @@ impl Nic {
 pub struct Rnic {
     env: Nic,
     qps: BTreeMap<verbs::Qpn, QpCtx>,
+    /// Bumped whenever a multicast group gains its first QP or loses its last one.
+    mcast_generation: u64,
 }
 
 impl Rnic {
@@ -315,6 +317,7 @@ impl Rnic {
                 gsi: gsi::Gsi::default(),
             },
             qps: BTreeMap::new(),
+            mcast_generation: 0,
         }
     }
     /// Our address.
@@ -647,6 +650,10 @@ impl Rnic {
             env.stats.dropped += 1;
             return;
         }
+        if h.bth.dest_qp == wire::MULTICAST_QPN {
+            self.receive_multicast(now, &addrs, tos, &h, payload, data.len(), info);
+            return;
+        }
         let Some(qp) = self.qps.get_mut(&h.bth.dest_qp) else {
             tracing::debug!(
                 peer = %src,
@@ -660,55 +667,66 @@ impl Rnic {
             env.stats.dropped += 1;
             return;
         };
-        let service_ok = matches!(
-            (info.service, qp.qp_type),
-            (wire::ServiceType::Rc, QpType::Rc)
-                | (wire::ServiceType::Uc, QpType::Uc)
-                | (wire::ServiceType::Ud, QpType::Ud)
-        );
-        let state_ok = if info.is_request {
-            matches!(
-                qp.state,
-                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-            )
-        } else {
-            matches!(qp.state, QpState::Rts | QpState::Sqd)
-        };
-        // RC/UC accept packets only from the connected peer's address, as rxe does.
-        let peer_ok = match qp.peer {
-            Some(p) => same_ip(p.ip(), src.ip()),
-            None => true,
-        };
-        if !service_ok || !state_ok || !peer_ok {
-            tracing::debug!(
-                peer = %src,
-                qpn = format_args!("{:#x}", h.bth.dest_qp),
-                psn = h.bth.psn,
-                opcode = %h.bth.opcode,
-                state = ?qp.state,
-                qp_type = ?qp.qp_type,
-                connected_peer = ?qp.peer,
-                counter = "dropped",
-                reason = if !service_ok {
-                    "transport service differs from the QP type"
-                } else if !state_ok {
-                    "QP state does not accept it"
-                } else {
-                    "not from the connected peer"
-                },
-                "packet dropped"
-            );
-            env.stats.dropped += 1;
+        if !admit(qp, env, info, &h, src) {
             return;
-        }
-        if qp.state == QpState::Rtr && !qp.resp.comm_est {
-            qp.resp.comm_est = true;
-            env.ctx.push_event(verbs::AsyncEvent::CommEst(qp.qpn));
         }
         if info.is_request {
             responder::handle_request(qp, env, now, &addrs, tos, &h, payload, data.len());
         } else {
             completer::handle_response(qp, env, now, &h, payload);
+        }
+    }
+
+    /// A datagram to the multicast QPN: a copy for every QP attached to the group its
+    /// destination IP names (rxe's `rxe_rcv_mcast_pkt`), each QP checked as for a unicast
+    /// datagram (service, state, then Q_Key in the responder) and given its own receive
+    /// WQE. Dropped when the destination is not a multicast address or no QP of this
+    /// device is attached to the group.
+    #[allow(clippy::too_many_arguments)]
+    fn receive_multicast(
+        &mut self,
+        now: u64,
+        addrs: &Addrs,
+        tos: u8,
+        h: &Headers,
+        payload: &[u8],
+        udp_len: usize,
+        info: &wire::OpcodeInfo,
+    ) {
+        let env = &mut self.env;
+        let mgid = verbs::Gid::from_ip(addrs.dst.ip());
+        let reason = if !mgid.is_multicast() {
+            Some("multicast QPN to a unicast address")
+        } else if env.ctx.mcast_members(&mgid).is_empty() {
+            Some("no QP attached to the multicast group")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            tracing::debug!(
+                peer = %addrs.src,
+                group = %addrs.dst.ip(),
+                psn = h.bth.psn,
+                opcode = %h.bth.opcode,
+                counter = "dropped",
+                reason,
+                "packet dropped"
+            );
+            env.stats.dropped += 1;
+            return;
+        }
+        // Indexing rather than iterating: the responder needs the context mutably, and
+        // nothing it does changes the group's members.
+        for i in 0..self.env.ctx.mcast_members(&mgid).len() {
+            let Some(&qpn) = self.env.ctx.mcast_members(&mgid).get(i) else {
+                break;
+            };
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            if admit(qp, &mut self.env, info, h, addrs.src) && info.is_request {
+                responder::handle_request(qp, &mut self.env, now, addrs, tos, h, payload, udp_len);
+            }
         }
     }
 
@@ -831,6 +849,65 @@ impl Rnic {
     pub fn stats(&self) -> &Stats {
         &self.env.stats
     }
+}
+
+/// Whether QP `qp` takes a packet `h` (of opcode `info`) from `src`: its transport service
+/// is the QP's, the QP's state accepts it, and an RC/UC packet comes from the connected
+/// peer (counted and logged as dropped otherwise). The first packet a QP takes in RTR
+/// raises COMM_EST.
+fn admit(
+    qp: &mut QpCtx,
+    env: &mut Nic,
+    info: &wire::OpcodeInfo,
+    h: &Headers,
+    src: SocketAddr,
+) -> bool {
+    let service_ok = matches!(
+        (info.service, qp.qp_type),
+        (wire::ServiceType::Rc, QpType::Rc)
+            | (wire::ServiceType::Uc, QpType::Uc)
+            | (wire::ServiceType::Ud, QpType::Ud)
+    );
+    let state_ok = if info.is_request {
+        matches!(
+            qp.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        )
+    } else {
+        matches!(qp.state, QpState::Rts | QpState::Sqd)
+    };
+    // RC/UC accept packets only from the connected peer's address, as rxe does.
+    let peer_ok = match qp.peer {
+        Some(p) => same_ip(p.ip(), src.ip()),
+        None => true,
+    };
+    if !service_ok || !state_ok || !peer_ok {
+        tracing::debug!(
+            peer = %src,
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = h.bth.psn,
+            opcode = %h.bth.opcode,
+            state = ?qp.state,
+            qp_type = ?qp.qp_type,
+            connected_peer = ?qp.peer,
+            counter = "dropped",
+            reason = if !service_ok {
+                "transport service differs from the QP type"
+            } else if !state_ok {
+                "QP state does not accept it"
+            } else {
+                "not from the connected peer"
+            },
+            "packet dropped"
+        );
+        env.stats.dropped += 1;
+        return false;
+    }
+    if qp.state == QpState::Rtr && !qp.resp.comm_est {
+        qp.resp.comm_est = true;
+        env.ctx.push_event(verbs::AsyncEvent::CommEst(qp.qpn));
+    }
+    true
 }
 
 /// IP equality treating IPv4 and its IPv4-mapped IPv6 form as the same address.

@@ -134,4 +134,41 @@ impl Rnic {
             .map(|q| q.init)
             .ok_or(verbs::Error::new(verbs::Errno::ENOENT, "no such QP"))
     }
+
+    /// Attach UD QP `qpn` to the multicast group `mgid` (the rules and errors are
+    /// [`verbs::Context::attach_mcast`]'s): it receives a copy of every UD SEND to the
+    /// group that reaches this engine. When the group is new here,
+    /// [`Rnic::mcast_generation`] changes, so that a runtime starts receiving the group's
+    /// datagrams ([`Rnic::mcast_groups`]).
+    pub fn attach_mcast(&mut self, qpn: Qpn, mgid: Gid, mlid: u16) -> verbs::Result<()> {
+        if self.env.ctx.attach_mcast(qpn, mgid, mlid)? {
+            self.mcast_generation += 1;
+        }
+        Ok(())
+    }
+
+    /// Detach UD QP `qpn` from the multicast group `mgid`
+    /// ([`verbs::Context::detach_mcast`]); when it was the group's last QP here,
+    /// [`Rnic::mcast_generation`] changes.
+    pub fn detach_mcast(&mut self, qpn: Qpn, mgid: Gid, mlid: u16) -> verbs::Result<()> {
+        if self.env.ctx.detach_mcast(qpn, mgid, mlid)? {
+            self.mcast_generation += 1;
+        }
+        Ok(())
+    }
+
+    /// The multicast groups with at least one QP of this engine attached.
+    pub fn mcast_groups(&self) -> impl Iterator<Item = Gid> + '_ {
+        self.env.ctx.mcast_groups()
+    }
+
+    /// The QPs attached to multicast group `mgid`.
+    pub fn mcast_members(&self, mgid: &Gid) -> &[Qpn] {
+        self.env.ctx.mcast_members(mgid)
+    }
+
+    /// A number that changes whenever the set of [`Rnic::mcast_groups`] does.
+    pub fn mcast_generation(&self) -> u64 {
+        self.mcast_generation
+    }
 }

@@ -966,6 +966,106 @@ fn destroy_ebusy_cases() {
     assert!(c.destroy_qp(q).is_err());
 }
 
+// ------------------------------------------------------------------ multicast
+
+fn mgid(a: u8, b: u8, c: u8, d: u8) -> Gid {
+    Gid::from_ipv4(Ipv4Addr::new(a, b, c, d))
+}
+
+#[test]
+fn multicast_gids_are_ipv6_multicast_or_mapped_ipv4_multicast() {
+    assert!(mgid(239, 1, 2, 3).is_multicast());
+    assert!(mgid(224, 0, 0, 1).is_multicast());
+    assert!(!mgid(127, 0, 0, 1).is_multicast());
+    assert!(!mgid(240, 0, 0, 1).is_multicast());
+    let v6: std::net::Ipv6Addr = "ff0e::1:2:3".parse().unwrap();
+    assert!(Gid(v6.octets()).is_multicast());
+    let v6: std::net::Ipv6Addr = "fd00::1".parse().unwrap();
+    assert!(!Gid(v6.octets()).is_multicast());
+    // 0xff0e:: with an IPv4 multicast tail is the IB form rdma_cm uses on IB; it is
+    // multicast by its first byte.
+    let mut ib = mgid(239, 1, 2, 3).0;
+    ib[0] = 0xFF;
+    ib[1] = 0x0E;
+    assert!(Gid(ib).is_multicast());
+}
+
+#[test]
+fn attach_follows_the_kernel_rules() {
+    let mut c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    let cq = cq(&mut c);
+    let ud = c.create_qp(qp_init(pd, cq, QpType::Ud)).unwrap();
+    let ud2 = c.create_qp(qp_init(pd, cq, QpType::Ud)).unwrap();
+    let rc = c.create_qp(qp_init(pd, cq, QpType::Rc)).unwrap();
+    let g = mgid(239, 1, 2, 3);
+    let inval = |r: Result<bool>| assert_eq!(r.unwrap_err().errno, Errno::EINVAL);
+    // Only UD QPs, only multicast GIDs, only existing QPs.
+    inval(c.attach_mcast(rc, g, 0));
+    inval(c.attach_mcast(ud, mgid(10, 0, 0, 1), 0));
+    inval(c.attach_mcast(0xABCDE, g, 0));
+    assert_eq!(c.mcast_groups().count(), 0);
+    // The first attachment makes the group; a second one of the same QP changes nothing.
+    assert!(c.attach_mcast(ud, g, 0).unwrap());
+    assert!(!c.attach_mcast(ud, g, 0).unwrap());
+    assert!(
+        !c.attach_mcast(ud, g, 0xC001).unwrap(),
+        "the MLID is ignored"
+    );
+    assert!(!c.attach_mcast(ud2, g, 0).unwrap());
+    assert_eq!(c.mcast_members(&g), &[ud, ud2]);
+    assert_eq!(c.mcast_groups().collect::<Vec<_>>(), vec![g]);
+    // Attached QPs cannot be destroyed (uverbs: EBUSY until detached).
+    assert_eq!(c.destroy_qp(ud).unwrap_err().errno, Errno::EBUSY);
+    // Detach: EINVAL when not attached; the group goes with its last QP.
+    inval(c.detach_mcast(ud, mgid(239, 9, 9, 9), 0));
+    inval(c.detach_mcast(rc, g, 0));
+    assert!(!c.detach_mcast(ud, g, 0).unwrap());
+    inval(c.detach_mcast(ud, g, 0));
+    assert_eq!(c.mcast_members(&g), &[ud2]);
+    assert!(c.detach_mcast(ud2, g, 0).unwrap());
+    assert!(c.mcast_members(&g).is_empty());
+    assert_eq!(c.mcast_groups().count(), 0);
+    c.destroy_qp(ud).unwrap();
+    c.destroy_qp(ud2).unwrap();
+}
+
+#[test]
+fn attach_limits_are_rxes() {
+    let mut c = ctx();
+    let a = c.device_attr().clone();
+    assert_eq!(
+        (
+            a.max_mcast_grp,
+            a.max_mcast_qp_attach,
+            a.max_total_mcast_qp_attach
+        ),
+        (8192, 56, 0x70000)
+    );
+    let pd = c.alloc_pd().unwrap();
+    let cq = cq(&mut c);
+    let g = mgid(239, 0, 0, 1);
+    let qps: Vec<Qpn> = (0..=a.max_mcast_qp_attach)
+        .map(|_| c.create_qp(qp_init(pd, cq, QpType::Ud)).unwrap())
+        .collect();
+    for &q in &qps[..a.max_mcast_qp_attach as usize] {
+        c.attach_mcast(q, g, 0).unwrap();
+    }
+    let last = qps[a.max_mcast_qp_attach as usize];
+    assert_eq!(c.attach_mcast(last, g, 0).unwrap_err().errno, Errno::ENOMEM);
+    // One QP may be in many groups, up to the device's group count.
+    for i in 1..a.max_mcast_grp {
+        let g = mgid(239, 1, (i >> 8) as u8, i as u8);
+        assert!(c.attach_mcast(last, g, 0).unwrap(), "group {i}");
+    }
+    assert_eq!(c.mcast_groups().count(), a.max_mcast_grp as usize);
+    let over = mgid(239, 200, 0, 0);
+    assert_eq!(
+        c.attach_mcast(last, over, 0).unwrap_err().errno,
+        Errno::ENOMEM
+    );
+}
+
 // ------------------------------------------------------------------ SRQ
 
 #[test]

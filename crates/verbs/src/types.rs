@@ -210,6 +210,12 @@ impl Gid {
             None => std::net::IpAddr::V6(v6),
         }
     }
+    /// Whether this is a multicast GID, as the kernel's `rdma_is_multicast_addr` decides:
+    /// an IPv6 multicast address (first byte 0xFF), or the IPv4-mapped form of an IPv4
+    /// multicast address (224.0.0.0/4), which is what RoCEv2 uses for IPv4 groups.
+    pub fn is_multicast(self) -> bool {
+        self.to_ip().is_multicast()
+    }
     /// The GID of an IP address.
     pub fn from_ip(ip: std::net::IpAddr) -> Gid {
         match ip {

@@ -61,6 +61,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 pub const ROCEV2_UDP_PORT: u16 = 4791;
 /// The default partition key (full membership, default partition).
 pub const DEFAULT_PKEY: u16 = 0xFFFF;
+/// The destination QP of a datagram sent to a multicast group (IBTA's permissive QPN
+/// 0xFFFFFF): the receiving device gives a copy to every QP attached to the group.
+pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
 /// Base Transport Header length.
 pub const BTH_LEN: usize = 12;
 /// RDMA Extended Transport Header length.

@@ -393,6 +393,72 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
     unsafe { destroy::<Qp>(qp) }
 }
 
+/// The QP and the GID behind `ibv_attach_mcast` / `ibv_detach_mcast`'s pointers, or
+/// EINVAL.
+///
+/// # Safety
+/// `qp` is null or a live QP of this library; `gid` is null or points to an `ibv_gid`.
+unsafe fn mcast_args<'a>(
+    qp: *mut sys::ibv_qp,
+    gid: *const sys::ibv_gid,
+) -> Result<(&'a Qp, &'a Ctx, verbs::Gid), c_int> {
+    // SAFETY: per the contract.
+    let q = unsafe { obj::<Qp, _>(qp) }.ok_or(libc::EINVAL)?;
+    let ctx = q.ctx().ok_or(libc::EINVAL)?;
+    if gid.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: non-null (checked), and the caller's `ibv_gid` is 16 plain bytes, every
+    // bit pattern a valid `raw`.
+    let raw = unsafe { (*gid).raw };
+    Ok((q, ctx, verbs::Gid(raw)))
+}
+
+/// `ibv_attach_mcast`: the UD QP receives a copy of every SEND to the multicast group
+/// `gid` (`::ffff:a.b.c.d` for an IPv4 group); `lid` is ignored, as on any RoCE device.
+/// The device joins the group on its interface before this returns. 0 or an errno:
+/// EINVAL for a QP that is not UD, a GID that is not multicast, or a group the device
+/// cannot join; ENOMEM past the device's `max_mcast_*` limits. Attaching twice is 0.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut sys::ibv_qp,
+    gid: *const sys::ibv_gid,
+    lid: u16,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a QP of this library and a GID.
+        let (q, ctx, mgid) = match unsafe { mcast_args(qp, gid) } {
+            Ok(v) => v,
+            Err(e) => return e,
+        };
+        match ctx.dev().attach_mcast(q.qpn, mgid, lid) {
+            Ok(()) => 0,
+            Err(e) => errno(&e),
+        }
+    })
+}
+
+/// `ibv_detach_mcast`: undo `ibv_attach_mcast` (the device leaves the group with its
+/// last QP). 0 or an errno: EINVAL when the QP is not attached to `gid`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut sys::ibv_qp,
+    gid: *const sys::ibv_gid,
+    lid: u16,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a QP of this library and a GID.
+        let (q, ctx, mgid) = match unsafe { mcast_args(qp, gid) } {
+            Ok(v) => v,
+            Err(e) => return e,
+        };
+        match ctx.dev().detach_mcast(q.qpn, mgid, lid) {
+            Ok(()) => 0,
+            Err(e) => errno(&e),
+        }
+    })
+}
+
 /// Every QP is an `ibv_qp_ex` with the `ibv_wr_*` API set.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut sys::ibv_qp) -> *mut sys::ibv_qp_ex {

@@ -221,6 +221,25 @@ unsafe fn process(ev: CmaEvent) -> Option<*mut abi::rdma_cm_event> {
             // The connection is over: the QP flushes what it still holds.
             let _ = qp::modify_qp_err(me);
         }
+        EventType::MulticastJoin | EventType::MulticastError => {
+            param_to_c(&mut out, &ev.param);
+            let (context, send_only) = ev
+                .mc
+                .as_ref()
+                .map_or((0, false), |j| (j.context, j.send_only));
+            // Writing the ud member just filled (or zeroed): the join's context.
+            out.c.param.ud.private_data = context as *const std::ffi::c_void;
+            out.c.param.ud.private_data_len = 0;
+            if ev.event == EventType::MulticastJoin {
+                // SAFETY: the ud member was filled from the event's parameters.
+                let ah = unsafe { out.c.param.ud.ah_attr };
+                let e = super::mcast::attach_on_join(me, &ah, send_only);
+                if e != 0 {
+                    out.c.event = abi::RDMA_CM_EVENT_MULTICAST_ERROR;
+                    out.c.status = -e;
+                }
+            }
+        }
         _ => param_to_c(&mut out, &ev.param),
     }
     Some(leak(*out).cast())

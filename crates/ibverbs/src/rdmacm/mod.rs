@@ -17,5 +17,6 @@ mod cm;
 mod devices;
 mod event;
 mod id;
+mod mcast;
 mod qp;
 mod rpoll;

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use super::{Network, Packet};
+use super::{Network, Packet, Stats};
 
 /// Something attached to the network, driven by explicit time (sans-IO), e.g. an RDMA
 /// device engine.
@@ -93,7 +93,8 @@ impl<E: Endpoint> Sim<E> {
     /// One step: drain every endpoint's poll_transmit into the network, then advance
     /// `now` to the earliest of (next delivery, endpoints' timeouts), deliver every due
     /// packet to the endpoint whose addr == pkt.dst (packets to unknown addresses are
-    /// dropped and counted), fire due timeouts. Returns false when nothing is pending
+    /// dropped and counted; a packet to a multicast IP address goes to every endpoint on
+    /// its UDP port), fire due timeouts. Returns false when nothing is pending
     /// at all (quiescent). Time never moves backwards: a timeout in the past fires now.
     /// At most 65 536 packets are taken from each endpoint per step; the rest wait for
     /// the next step.
@@ -133,6 +134,10 @@ impl<E: Endpoint> Sim<E> {
         // polled), so this loop ends once the due packets are gone.
         while let Some(pkt) = self.net.pop_due_uncounted(t) {
             let stats = &mut self.net.stats;
+            if pkt.dst.ip().is_multicast() {
+                deliver_multicast(&mut self.endpoints, stats, t, pkt);
+                continue;
+            }
             match self.endpoints.iter_mut().find(|e| e.addr() == pkt.dst) {
                 Some(e) => {
                     stats.delivered = stats.delivered.saturating_add(1);
@@ -192,6 +197,32 @@ impl<E: Endpoint> Sim<E> {
             };
             // The last step may have completed the condition.
             return if done(self) { RunEnd::Done } else { end };
+        }
+    }
+}
+
+/// Deliver a packet sent to a multicast IP address: a copy to every endpoint on the
+/// packet's UDP destination port, the sender included. The sim models a switch that
+/// floods multicast (no IGMP snooping) and hosts that loop their own multicast back
+/// (`IP_MULTICAST_LOOP`, on by default); deciding who is a member is the endpoints'
+/// business, as it is a receiving NIC's.
+fn deliver_multicast<E: Endpoint>(endpoints: &mut [E], stats: &mut Stats, t: u64, pkt: Packet) {
+    let port = pkt.dst.port();
+    let n = endpoints.iter().filter(|e| e.addr().port() == port).count();
+    if n == 0 {
+        stats.dropped_no_endpoint = stats.dropped_no_endpoint.saturating_add(1);
+        return;
+    }
+    stats.multicast_copies = stats.multicast_copies.saturating_add(n as u64 - 1);
+    let mut left = n;
+    let mut pkt = Some(pkt);
+    for e in endpoints.iter_mut().filter(|e| e.addr().port() == port) {
+        left -= 1;
+        // The last receiver gets the packet itself, the others a copy.
+        let p = if left == 0 { pkt.take() } else { pkt.clone() };
+        if let Some(p) = p {
+            stats.delivered = stats.delivered.saturating_add(1);
+            e.handle_packet(t, p);
         }
     }
 }

@@ -48,7 +48,7 @@ fn drain(net: &mut Network) -> Vec<(u64, Packet)> {
 }
 
 fn conserved(s: &Stats, in_flight: usize) -> bool {
-    s.delivered + s.dropped() + in_flight as u64 == s.sent + s.duplicated
+    s.delivered + s.dropped() + in_flight as u64 == s.sent + s.duplicated + s.multicast_copies
 }
 
 fn noisy() -> Faults {
@@ -429,7 +429,11 @@ impl Endpoint for TestEp {
     }
 
     fn handle_packet(&mut self, now: u64, pkt: Packet) {
-        assert_eq!(pkt.dst, self.addr, "delivered to the wrong endpoint");
+        let group = pkt.dst.ip().is_multicast() && pkt.dst.port() == self.addr.port();
+        assert!(
+            pkt.dst == self.addr || group,
+            "delivered to the wrong endpoint"
+        );
         self.log.borrow_mut().push((now, self.addr, "rx"));
         let budget = pkt.data.first().is_some_and(|&h| h > 0);
         if self.echo && (budget || self.forever) {
@@ -504,6 +508,44 @@ fn sim_delivers_to_the_right_endpoint_and_counts_unknown() {
     assert_eq!((s.sent, s.delivered, s.dropped_no_endpoint), (4, 3, 1));
     assert!(conserved(s, sim.net.in_flight()));
     assert!(!sim.step(), "quiescent");
+}
+
+#[test]
+fn sim_floods_multicast_to_every_endpoint_on_the_port_sender_included() {
+    let log = Log::default();
+    let mut sim = Sim::new(Network::new(1, Faults::default()));
+    let group = SocketAddr::from(([239, 1, 2, 3], 4791));
+    let mut a = TestEp::new(1, &log);
+    let mut p = pkt(1, 2, 7);
+    p.dst = group;
+    a.outbox.push_back(p.clone());
+    // And one to a group port nobody listens on.
+    let mut lost = pkt(1, 2, 8);
+    lost.dst = SocketAddr::from(([239, 1, 2, 3], 9));
+    a.outbox.push_back(lost);
+    let a = sim.add(a);
+    let b = sim.add(TestEp::new(2, &log));
+    let c = sim.add(TestEp::new(3, &log));
+    let mut other_port = TestEp::new(4, &log);
+    other_port.addr = SocketAddr::new(other_port.addr.ip(), 1234);
+    let d = sim.add(other_port);
+    assert!(sim.run_to_idle(1_000_000));
+    for i in [a, b, c] {
+        let got: Vec<Packet> = sim.endpoints[i].inbox.iter().map(|x| x.1.clone()).collect();
+        assert_eq!(got, [p.clone()], "endpoint {i}");
+    }
+    assert!(sim.endpoints[d].inbox.is_empty(), "another UDP port");
+    let s = sim.net.stats();
+    assert_eq!(
+        (
+            s.sent,
+            s.delivered,
+            s.multicast_copies,
+            s.dropped_no_endpoint
+        ),
+        (2, 3, 2, 1)
+    );
+    assert!(conserved(s, sim.net.in_flight()));
 }
 
 #[test]

@@ -71,6 +71,12 @@ pub struct DeviceAttr {
     pub max_inline_data: u32,
     /// Max device memory bytes.
     pub max_dm_size: u64,
+    /// Max multicast groups.
+    pub max_mcast_grp: u32,
+    /// Max QPs attached to one multicast group.
+    pub max_mcast_qp_attach: u32,
+    /// Max QP attachments to multicast groups in all.
+    pub max_total_mcast_qp_attach: u32,
 }
 
 impl DeviceAttr {
@@ -111,6 +117,9 @@ impl DeviceAttr {
             phys_port_cnt: 1,
             max_inline_data: 32 * limits::SGE_BYTES,
             max_dm_size: limits::MAX_DM_SIZE,
+            max_mcast_grp: limits::MAX_MCAST_GRP,
+            max_mcast_qp_attach: limits::MAX_MCAST_QP_ATTACH,
+            max_total_mcast_qp_attach: limits::MAX_TOTAL_MCAST_QP_ATTACH,
         }
     }
 }

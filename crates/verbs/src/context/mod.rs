@@ -4,7 +4,7 @@
 //! the `Context` methods that act on it, including the rules that reach into other
 //! families (a PD still in use, a CQ a QP still names): `device` (attributes, GIDs,
 //! P_Keys), `pd`, `mr` (regions and the key checks), `mw`, `dm`, `cq` (with channels),
-//! `srq`, `qp` and `ah`; `mem` is the raw access to registered memory.
+//! `srq`, `qp`, `ah` and `mcast` (multicast attachments); `mem` is the raw access to registered memory.
 //!
 //! Signatures here are the contract the transport layer codes against.
 
@@ -12,6 +12,7 @@ mod ah;
 mod cq;
 mod device;
 mod dm;
+mod mcast;
 mod mem;
 mod mr;
 mod mw;
@@ -45,6 +46,12 @@ mod limits {
     pub const MIN_QPN: u32 = 0x11;
     /// Largest 24-bit number.
     pub const MASK24: u32 = 0x00FF_FFFF;
+    /// Multicast groups (rxe's `RXE_MAX_MCAST_GRP`).
+    pub const MAX_MCAST_GRP: u32 = 8192;
+    /// QPs attached to one group (rxe's `RXE_MAX_MCAST_QP_ATTACH`).
+    pub const MAX_MCAST_QP_ATTACH: u32 = 56;
+    /// Attachments in all (rxe's `RXE_MAX_TOT_MCAST_QP_ATTACH`).
+    pub const MAX_TOTAL_MCAST_QP_ATTACH: u32 = 0x70000;
 }
 
 fn einval(msg: &'static str) -> Error {
@@ -75,6 +82,7 @@ pub struct Context {
     srqs: srq::SrqTable,
     qps: qp::QpTable,
     ahs: ah::AhTable,
+    mcast: mcast::McastTable,
     events: VecDeque<AsyncEvent>,
 }
 
@@ -114,6 +122,7 @@ impl Context {
             srqs: Default::default(),
             qps: Default::default(),
             ahs: Default::default(),
+            mcast: Default::default(),
             events: VecDeque::new(),
         }
     }

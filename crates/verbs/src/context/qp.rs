@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 
 use super::table::Table;
-use super::{einval, enomem, limits, Context};
+use super::{ebusy, einval, enomem, limits, Context};
 use crate::error::Result;
 use crate::qp_table;
 use crate::types::{
@@ -121,11 +121,17 @@ impl Context {
         }
         Err(enomem("no free QP number"))
     }
-    /// Destroy a QP. Type-2 windows bound to it become free (unbound).
+    /// Destroy a QP. Type-2 windows bound to it become free (unbound). EBUSY while it is
+    /// attached to a multicast group: uverbs refuses to destroy such a QP until the
+    /// program detaches it.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<()> {
-        if self.qps.remove(qpn).is_none() {
+        if !self.qps.contains(qpn) {
             return Err(einval("no such QP"));
         }
+        if self.mcast.has_qp(qpn) {
+            return Err(ebusy("the QP is still attached to a multicast group"));
+        }
+        self.qps.remove(qpn);
         self.mws.unbind_qp(qpn);
         Ok(())
     }
