@@ -110,6 +110,9 @@ pair() {
       "$gargs & p=\$!; echo \$p > /tmp/$name.pid; wait \$p")
     if [ -z "$id" ]; then capture_stop; result "$name" 1 "could not submit guest job"; return; fi
     guest_cm_listening "$STEP_TIMEOUT" "$gport" || log "$name: guest server not seen listening; trying anyway"
+    # perftest lists its listening id a moment before the kernel CM serves its service
+    # ID (seen once: REJ 8 right after the probe succeeded)
+    sleep 1
     echo "\$ softrdma run -- ${ha[*]} $GUEST_IP" > "$OUT/$name.host.txt"
     host_run "${ha[@]}" "$GUEST_IP" >> "$OUT/$name.host.txt" 2>&1
     h=$?
