@@ -53,30 +53,15 @@ LOG_TAG=ibverbs-interop
 . "$HERE/lib.sh"
 
 HOST_DEV=softrdma0
-# fail fast (otherwise every check waits out its timeout); `softrdma env` finds the
-# drop-in libibverbs.so.1 the way `softrdma run` does
-if [ ! -x "$SOFTRDMA_BIN" ] || ! env_out=$(timeout 30 "$SOFTRDMA_BIN" env 2>&1); then
-  echo "FAIL: $SOFTRDMA_BIN env: ${env_out:-not found} (cargo build --release --workspace, or set SOFTRDMA_BIN)"
-  fail=1; finish
-fi
-missing=""
-for t in ibv_rc_pingpong $PT_TOOLS; do command -v "$t" > /dev/null || missing="$missing $t"; done
-if [ -n "$missing" ]; then
-  echo "FAIL: not on the host:$missing (apt-get install -y ibverbs-utils perftest)"
-  fail=1; finish
-fi
+check_softrdma_bin
+# shellcheck disable=SC2086 # PT_TOOLS is a list
+need_tools "ibverbs-utils perftest" ibv_rc_pingpong $PT_TOOLS
 check_addr
 
 rm -rf "$OUT"; mkdir -p "$OUT"
 log "host: $SOFTRDMA_BIN run -- ...; SOFTRDMA_ADDR=$SOFTRDMA_ADDR; sizes $SIZES x $ITERS; perftest $PT_TOOLS -n $PT_ITERS -m $MTU"
 
 vm_up
-
-# the host side of a check: PROGRAM ARGS... through the drop-in, in the namespace
-host_run() {
-  timeout -k 5 "$STEP_TIMEOUT" "$RUN" ns -- env SOFTRDMA_ADDR="$SOFTRDMA_ADDR" \
-    "$SOFTRDMA_BIN" run -- "$@"
-}
 
 # pair NAME ROLE HOST_ARGS GUEST_ARGS
 #   ROLE guest-server: guest runs GUEST_ARGS (server), host runs HOST_ARGS $GUEST_IP

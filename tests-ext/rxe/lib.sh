@@ -1,12 +1,14 @@
-# tests-ext/rxe/lib.sh: shell functions shared by interop.sh and ibverbs-interop.sh.
+# tests-ext/rxe/lib.sh: shell functions shared by interop.sh, ibverbs-interop.sh and
+# rdmacm-interop.sh.
 # Sourced, not run. The caller sets, before sourcing:
 #   REPO          repository root
 #   OUT           artifacts directory
 #   STEP_TIMEOUT  seconds per side of a check (used by capture_start)
 #   LOG_TAG       prefix of log lines (default "rxe")
 # and optionally RXE_VM_DIR, RXE_VM_NAME (default softrdma-interop), SKIP_BUILD, KEEP_VM,
-# CAPTURE. Provides: log, result, finish, vm_up, ns, host_listening, guest_listening,
-# capture_start, capture_stop, stats. PORT (TCP port of the out-of-band exchange, default
+# CAPTURE. Provides: log, result, finish, check_addr, check_softrdma_bin, need_tools,
+# vm_up, ns, host_run, host_listening, guest_listening, capture_start, capture_stop,
+# stats. SOFTRDMA_BIN (the softrdma binary) is read by check_softrdma_bin and host_run. PORT (TCP port of the out-of-band exchange, default
 # 18515) is read by host_listening and guest_listening.
 
 RXE_VM_DIR=${RXE_VM_DIR:-$(cd "$REPO/.." && pwd)/shared/rxe-vm}
@@ -37,6 +39,33 @@ check_addr() {
     10.47.91.1:*) ;;
     *) echo "FAIL: SOFTRDMA_ADDR=$SOFTRDMA_ADDR: the host side must be 10.47.91.1 (tap0 in the netns)"; fail=1; finish ;;
   esac
+}
+
+# fail fast (otherwise every check waits out its timeout) unless $SOFTRDMA_BIN finds the
+# drop-in libraries, the way `softrdma run` does
+check_softrdma_bin() {
+  local env_out=""
+  if [ ! -x "$SOFTRDMA_BIN" ] || ! env_out=$(timeout 30 "$SOFTRDMA_BIN" env 2>&1); then
+    echo "FAIL: $SOFTRDMA_BIN env: ${env_out:-not found} (cargo build --release --workspace, or set SOFTRDMA_BIN)"
+    fail=1; finish
+  fi
+}
+
+# need_tools "PACKAGES" TOOL...: fail unless every TOOL is on the host's PATH
+need_tools() {
+  local pkgs=$1 missing="" t
+  shift
+  for t in "$@"; do command -v "$t" > /dev/null || missing="$missing $t"; done
+  if [ -n "$missing" ]; then
+    echo "FAIL: not on the host:$missing (apt-get install -y $pkgs)"
+    fail=1; finish
+  fi
+}
+
+# the host side of a check: PROGRAM ARGS... through the drop-in libraries, in the namespace
+host_run() {
+  timeout -k 5 "$STEP_TIMEOUT" "$RUN" ns -- env SOFTRDMA_ADDR="$SOFTRDMA_ADDR" \
+    "$SOFTRDMA_BIN" run -- "$@"
 }
 
 # build the VM image (unless SKIP_BUILD=1), replace any stale instance, boot; on failure

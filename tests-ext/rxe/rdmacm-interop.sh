@@ -57,30 +57,14 @@ LOG_TAG=rdmacm-interop
 # shellcheck source=tests-ext/rxe/lib.sh
 . "$HERE/lib.sh"
 
-if [ ! -x "$SOFTRDMA_BIN" ] || ! env_out=$(timeout 30 "$SOFTRDMA_BIN" env 2>&1); then
-  echo "FAIL: $SOFTRDMA_BIN env: ${env_out:-not found} (cargo build --release --workspace, or set SOFTRDMA_BIN)"
-  fail=1; finish
-fi
-missing=""
-for t in rping ucmatose udaddy ib_write_bw ib_send_lat; do
-  command -v "$t" > /dev/null || missing="$missing $t"
-done
-if [ -n "$missing" ]; then
-  echo "FAIL: not on the host:$missing (apt-get install -y rdmacm-utils perftest)"
-  fail=1; finish
-fi
+check_softrdma_bin
+need_tools "rdmacm-utils perftest" rping ucmatose udaddy ib_write_bw ib_send_lat
 check_addr
 
 rm -rf "$OUT"; mkdir -p "$OUT"
 log "host: $SOFTRDMA_BIN run -- ...; SOFTRDMA_ADDR=$SOFTRDMA_ADDR"
 
 vm_up
-
-# the host side of a check: PROGRAM ARGS... through the drop-in, in the namespace
-host_run() {
-  timeout -k 5 "$STEP_TIMEOUT" "$RUN" ns -- env SOFTRDMA_ADDR="$SOFTRDMA_ADDR" \
-    "$SOFTRDMA_BIN" run -- "$@"
-}
 
 # wait (up to $1 s) until an rdma_cm id in the guest listens on port $2 (the kernel's
 # `rdma resource show cm_id` lists it with state LISTEN)

@@ -28,8 +28,7 @@ pub(crate) struct Cm {
     ctx: usize,
     /// The PD every id starts with (`id->pd`).
     pd: usize,
-    /// `CmId` addresses by handle, with the count of events handed out for each (see
-    /// [`Cm::claim`]).
+    /// `CmId` addresses by handle (see [`Cm::claim`]).
     ids: Mutex<HashMap<IdHandle, usize>>,
 }
 

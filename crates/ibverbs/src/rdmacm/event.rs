@@ -24,14 +24,22 @@ struct Event {
     owner: *const CmId,
 }
 
+/// Copy private data into the event, for its parameters to point at: (pointer or NULL,
+/// length).
+fn private_to_c(ev: &mut Event, data: &[u8]) -> (*const std::ffi::c_void, u8) {
+    let n = data.len().min(ev.private.len()).min(255);
+    ev.private[..n].copy_from_slice(&data[..n]);
+    let p = if n > 0 {
+        ev.private.as_ptr().cast()
+    } else {
+        std::ptr::null()
+    };
+    (p, n as u8)
+}
+
 fn conn_to_c(ev: &mut Event, p: &ConnParam) {
-    let n = p.private_data.len().min(ev.private.len()).min(255);
-    ev.private[..n].copy_from_slice(&p.private_data[..n]);
     let mut c: abi::rdma_conn_param = zeroed();
-    if n > 0 {
-        c.private_data = ev.private.as_ptr().cast();
-    }
-    c.private_data_len = n as u8;
+    (c.private_data, c.private_data_len) = private_to_c(ev, &p.private_data);
     c.responder_resources = p.responder_resources;
     c.initiator_depth = p.initiator_depth;
     c.flow_control = p.flow_control;
@@ -43,13 +51,8 @@ fn conn_to_c(ev: &mut Event, p: &ConnParam) {
 }
 
 fn ud_to_c(ev: &mut Event, p: &UdParam) {
-    let n = p.private_data.len().min(ev.private.len()).min(255);
-    ev.private[..n].copy_from_slice(&p.private_data[..n]);
     let mut u: abi::rdma_ud_param = zeroed();
-    if n > 0 {
-        u.private_data = ev.private.as_ptr().cast();
-    }
-    u.private_data_len = n as u8;
+    (u.private_data, u.private_data_len) = private_to_c(ev, &p.private_data);
     u.ah_attr = ah_to_c(&p.ah_attr);
     u.qp_num = p.qp_num;
     u.qkey = p.qkey;
@@ -116,12 +119,7 @@ fn conn_resp(me: &CmId) -> Result<(), c_int> {
     let max = abi::RDMA_MAX_RESP_RES as u8;
     let r = qp::modify_qp_rtr(me, max)
         .and_then(|()| qp::modify_qp_rts(me, max))
-        .and_then(|()| {
-            let h = me.handle;
-            me.cm
-                .call(|c, now| c.accept(now, h, &ConnParam::default(), 0))
-                .map_err(super::cm::errno)
-        });
+        .and_then(|()| me.model(|c, now, h| c.accept(now, h, &ConnParam::default(), 0)));
     if r.is_err() {
         let _ = qp::modify_qp_err(me);
     }

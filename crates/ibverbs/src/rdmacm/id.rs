@@ -12,7 +12,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use softrdma_cm::agent::EventChannel;
-use softrdma_cm::cma::{ConnParam, IdHandle, IdOption, Service};
+use softrdma_cm::cma::{self, Cma, ConnParam, IdHandle, IdOption, Service};
 use softrdma_cm::rej_reason;
 
 use super::abi;
@@ -61,6 +61,16 @@ pub(crate) struct CmId {
 }
 
 impl CmId {
+    /// Run a call of the CM model on this id (`f` gets the model, the device's time and
+    /// the id's handle), with the model's error as its errno.
+    pub(crate) fn model<R>(
+        &self,
+        f: impl FnOnce(&mut Cma, u64, IdHandle) -> cma::Result<R>,
+    ) -> Result<R, c_int> {
+        let h = self.handle;
+        self.cm.call(|c, now| f(c, now, h)).map_err(cm::errno)
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, Priv> {
         self.p.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -457,7 +467,8 @@ unsafe fn with_id(
     f(me)
 }
 
-fn done(r: Result<c_int, c_int>) -> c_int {
+/// The C return of a call: its value, or -1 with errno.
+pub(crate) fn done(r: Result<c_int, c_int>) -> c_int {
     match r {
         Ok(v) => v,
         Err(e) => minus_one(e),
@@ -475,8 +486,7 @@ pub unsafe extern "C" fn rdma_bind_addr(
             unsafe {
                 with_id(id, |me| {
                     let a = sockaddr_from_c(addr)?.ok_or(libc::EINVAL)?;
-                    let h = me.handle;
-                    me.cm.call(|c, _| c.bind(h, a)).map_err(cm::errno)
+                    me.model(|c, _, h| c.bind(h, a))
                 })
             }
             .map(|()| {
@@ -502,10 +512,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
                 let dst = sockaddr_from_c(dst_addr)?.ok_or(libc::EINVAL)?;
                 let src = sockaddr_from_c(src_addr)?;
                 (*id).route.addr.dst = sockaddr_to_c(dst);
-                let h = me.handle;
-                me.cm
-                    .call(|c, _| c.resolve_addr(h, src, dst))
-                    .map_err(cm::errno)
+                me.model(|c, _, h| c.resolve_addr(h, src, dst))
             })
         };
         // SAFETY: as above.
@@ -517,12 +524,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
 pub unsafe extern "C" fn rdma_resolve_route(id: *mut abi::rdma_cm_id, _timeout_ms: c_int) -> c_int {
     guard(-1, || {
         // SAFETY: the caller passes a live id.
-        let r = unsafe {
-            with_id(id, |me| {
-                let h = me.handle;
-                me.cm.call(|c, _| c.resolve_route(h)).map_err(cm::errno)
-            })
-        };
+        let r = unsafe { with_id(id, |me| me.model(|c, _, h| c.resolve_route(h))) };
         // SAFETY: as above.
         done(r.map(|()| unsafe { complete(id) }))
     })
@@ -532,12 +534,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut abi::rdma_cm_id, _timeout_m
 pub unsafe extern "C" fn rdma_listen(id: *mut abi::rdma_cm_id, backlog: c_int) -> c_int {
     guard(-1, || {
         // SAFETY: the caller passes a live id.
-        let r = unsafe {
-            with_id(id, |me| {
-                let h = me.handle;
-                me.cm.call(|c, _| c.listen(h, backlog)).map_err(cm::errno)
-            })
-        };
+        let r = unsafe { with_id(id, |me| me.model(|c, _, h| c.listen(h, backlog))) };
         done(r.map(|()| {
             // SAFETY: as above.
             unsafe { query_route(id) };
@@ -560,8 +557,12 @@ fn device_limits(cm: &Cm) -> (u8, u8) {
 }
 
 /// librdmacm's `ucma_valid_param`: in the TCP port space an id without a QP needs
-/// parameters, and resources may not exceed the device's.
-fn valid_param(me: &CmId, param: Option<&abi::rdma_conn_param>) -> Result<(), c_int> {
+/// parameters, and resources may not exceed the device's `limits` (`device_limits`).
+fn valid_param(
+    me: &CmId,
+    param: Option<&abi::rdma_conn_param>,
+    (max_resp, max_init): (u8, u8),
+) -> Result<(), c_int> {
     if me.c.ps != abi::RDMA_PS_TCP {
         return Ok(());
     }
@@ -572,7 +573,6 @@ fn valid_param(me: &CmId, param: Option<&abi::rdma_conn_param>) -> Result<(), c_
             Ok(())
         };
     };
-    let (max_resp, max_init) = device_limits(&me.cm);
     let max = abi::RDMA_MAX_RESP_RES as u8;
     if (p.responder_resources != max && p.responder_resources > max_resp)
         || (p.initiator_depth != max && p.initiator_depth > max_init)
@@ -649,8 +649,8 @@ pub unsafe extern "C" fn rdma_connect(
         let r = unsafe {
             with_id(id, |me| {
                 let param = conn_param.as_ref();
-                valid_param(me, param)?;
                 let (max_resp, max_init) = device_limits(&me.cm);
+                valid_param(me, param, (max_resp, max_init))?;
                 let max = abi::RDMA_MAX_RESP_RES as u8;
                 let (qp_num, srq) = qp_of(me, param);
                 let cp = {
@@ -667,10 +667,7 @@ pub unsafe extern "C" fn rdma_connect(
                     g.connect.clear();
                     cp
                 };
-                let h = me.handle;
-                me.cm
-                    .call(|c, now| c.connect(now, h, &cp))
-                    .map_err(cm::errno)
+                me.model(|c, now, h| c.connect(now, h, &cp))
             })
         };
         // SAFETY: as above.
@@ -688,11 +685,11 @@ pub unsafe extern "C" fn rdma_accept(
         let r = unsafe {
             with_id(id, |me| {
                 let param = conn_param.as_ref();
-                valid_param(me, param)?;
+                let (max_resp, max_init) = device_limits(&me.cm);
+                valid_param(me, param, (max_resp, max_init))?;
                 if me.c.qp.is_null() && param.is_none() {
                     return Err(libc::EINVAL);
                 }
-                let (max_resp, max_init) = device_limits(&me.cm);
                 let max = abi::RDMA_MAX_RESP_RES as u8;
                 let (init_depth, resp_res) = {
                     let mut g = me.lock();
@@ -713,13 +710,12 @@ pub unsafe extern "C" fn rdma_accept(
                 }
                 let (qp_num, srq) = qp_of(me, param);
                 let cp = to_model(&me.lock(), param, qp_num, srq);
-                let h = me.handle;
-                let qkey = softrdma_cm::cma::UDP_QKEY;
-                if let Err(e) = me.cm.call(|c, now| c.accept(now, h, &cp, qkey)) {
+                let qkey = cma::UDP_QKEY;
+                let r = me.model(|c, now, h| c.accept(now, h, &cp, qkey));
+                if r.is_err() {
                     let _ = qp::modify_qp_err(me);
-                    return Err(cm::errno(e));
                 }
-                Ok(())
+                r
             })
         };
         done(r.map(|()| {
@@ -832,10 +828,7 @@ unsafe fn reject_with(
                             usize::from(private_data_len),
                         )
                     };
-                    let h = me.handle;
-                    me.cm
-                        .call(|c, now| c.reject_with_reason(now, h, reason, pd))
-                        .map_err(cm::errno)
+                    me.model(|c, now, h| c.reject_with_reason(now, h, reason, pd))
                 })
             }
             .map(|()| 0),
@@ -854,8 +847,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut abi::rdma_cm_id) -> c_int {
                 }
                 // The QP stops first (it flushes), then the DREQ (or DREP) goes out.
                 qp::modify_qp_err(me)?;
-                let h = me.handle;
-                me.cm.call(|c, now| c.disconnect(now, h)).map_err(cm::errno)
+                me.model(|c, now, h| c.disconnect(now, h))
             })
         };
         // SAFETY: as above.
@@ -875,10 +867,7 @@ pub unsafe extern "C" fn rdma_establish(id: *mut abi::rdma_cm_id) -> c_int {
                     if !me.c.qp.is_null() {
                         return Err(libc::EINVAL);
                     }
-                    let h = me.handle;
-                    me.cm
-                        .call(|c, now| c.accept(now, h, &ConnParam::default(), 0))
-                        .map_err(cm::errno)
+                    me.model(|c, now, h| c.accept(now, h, &ConnParam::default(), 0))
                 })
             }
             .map(|()| 0),
@@ -902,8 +891,7 @@ pub unsafe extern "C" fn rdma_notify(
                     if event != sys::IBV_EVENT_COMM_EST {
                         return Err(libc::EINVAL);
                     }
-                    let h = me.handle;
-                    me.cm.call(|c, now| c.establish(now, h)).map_err(cm::errno)
+                    me.model(|c, now, h| c.establish(now, h))
                 })
             }
             .map(|()| 0),
@@ -950,12 +938,11 @@ pub unsafe extern "C" fn rdma_set_option(
                             IdOption::AckTimeout(opt::<u8>(optval, optlen)?)
                         }
                         (abi::RDMA_OPTION_IB, abi::RDMA_OPTION_IB_PATH) => {
-                            return set_ib_path(me, id, optval, optlen);
+                            return set_ib_path(me, optval, optlen);
                         }
                         _ => return Err(libc::ENOSYS),
                     };
-                    let h = me.handle;
-                    me.cm.call(|c, _| c.set_option(h, o)).map_err(cm::errno)
+                    me.model(|c, _, h| c.set_option(h, o))
                 })
             }
             .map(|()| 0),
@@ -968,13 +955,8 @@ pub unsafe extern "C" fn rdma_set_option(
 /// and the route is resolved (ROUTE_RESOLVED), as Linux does.
 ///
 /// # Safety
-/// `optval` points at `optlen` readable bytes; `id` is `me`'s pointer.
-unsafe fn set_ib_path(
-    me: &CmId,
-    id: *mut abi::rdma_cm_id,
-    optval: *const c_void,
-    optlen: usize,
-) -> Result<(), c_int> {
+/// `optval` points at `optlen` readable bytes.
+unsafe fn set_ib_path(me: &CmId, optval: *const c_void, optlen: usize) -> Result<(), c_int> {
     const PRIMARY: u32 = 1 << 4;
     const GMP: u32 = 1 << 5;
     const BIDIRECTIONAL: u32 = (1 << 2) | (1 << 3);
@@ -990,10 +972,7 @@ unsafe fn set_ib_path(
     if !found {
         return Err(libc::EINVAL);
     }
-    let h = me.handle;
-    me.cm.call(|c, _| c.resolve_route(h)).map_err(cm::errno)?;
-    let _ = id;
-    Ok(())
+    me.model(|c, _, h| c.resolve_route(h))
 }
 
 /// Move an id's events to another channel (NULL: a new one of its own, synchronous).
@@ -1034,20 +1013,16 @@ pub(crate) unsafe fn migrate_id(
     }) else {
         return Err(libc::EINVAL);
     };
-    let h = me.handle;
     let new_id = new.ch.id();
-    me.cm
-        .call(|c, _| {
-            let r = c.migrate(h, new_id);
-            // Events already queued for the id follow it, in order.
-            for e in old.ch.withdraw_if(|e| e.id == h) {
-                let mut e = e;
-                e.channel = new_id;
-                new.ch.deliver(e);
-            }
-            r
-        })
-        .map_err(cm::errno)?;
+    me.model(|c, _, h| {
+        let r = c.migrate(h, new_id);
+        // Events already queued for the id follow it, in order.
+        for mut e in old.ch.withdraw_if(|e| e.id == h) {
+            e.channel = new_id;
+            new.ch.deliver(e);
+        }
+        r
+    })?;
     let old_ptr = me.c.channel;
     // SAFETY: the id is live; its pending event (sync ids) is this library's.
     unsafe {

@@ -8,15 +8,8 @@ use std::ffi::{c_int, c_void};
 
 use super::abi;
 use super::cm::{self, sockaddr_from_c};
-use super::id::{self, id_of, CmId};
+use super::id::{self, done, id_of, CmId};
 use crate::{guard, minus_one, qp as vqp, sys};
-
-fn done(r: Result<c_int, c_int>) -> c_int {
-    match r {
-        Ok(v) => v,
-        Err(e) => minus_one(e),
-    }
-}
 
 /// Join `addr` for the id; a synchronous id waits for the MULTICAST_JOIN event.
 ///
@@ -32,10 +25,7 @@ unsafe fn join(
     let me = unsafe { id_of(id) }.ok_or(libc::EINVAL)?;
     // SAFETY: per the contract.
     let a = unsafe { sockaddr_from_c(addr) }?.ok_or(libc::EINVAL)?;
-    let h = me.handle;
-    me.cm
-        .call(|c, _| c.join_multicast(h, a, send_only, context as u64))
-        .map_err(cm::errno)?;
+    me.model(|c, _, h| c.join_multicast(h, a, send_only, context as u64))?;
     // SAFETY: the id is live.
     Ok(unsafe { id::complete(id) })
 }

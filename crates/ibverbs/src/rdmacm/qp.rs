@@ -52,11 +52,7 @@ fn state_of(s: u32) -> Option<QpState> {
 
 /// What moves the id's QP to `state`, from the model.
 fn attr_for(me: &CmId, state: QpState) -> Result<(sys::ibv_qp_attr, c_int), c_int> {
-    let h = me.handle;
-    let (a, m): (QpAttr, QpAttrMask) = me
-        .cm
-        .call(|c, _| c.init_qp_attr(h, state))
-        .map_err(super::cm::errno)?;
+    let (a, m): (QpAttr, QpAttrMask) = me.model(|c, _, h| c.init_qp_attr(h, state))?;
     Ok((qp_attr_to_c(&a), m.bits() as c_int))
 }
 
