@@ -792,7 +792,29 @@ impl Cma {
     /// `rdma_accept`. Passive side: send the REP (or the SIDR_REP for UD) with `p`'s QP
     /// number and resources; the RTU then reports ESTABLISHED. Active side, after
     /// CONNECT_RESPONSE: send the RTU (the id is established).
+    ///
+    /// A request the passive side fails to accept (too much private data) is rejected
+    /// (REJ "consumer reject", 28, without private data; a SIDR_REP "rejected" for UD)
+    /// and the error returned, as Linux's `rdma_accept` does: the peer learns at once
+    /// instead of waiting out the MRA's service timeout.
     pub fn accept(&mut self, now: u64, id: IdHandle, p: &ConnParam, qkey: u32) -> Result<()> {
+        let r = self.try_accept(now, id, p, qkey);
+        if let Err(e) = r {
+            let passive = self.id(id).ok().and_then(|i| i.comm).is_some_and(|c| {
+                matches!(
+                    self.ib.state(c),
+                    Some(ib::State::SidrReqRcvd | ib::State::ReqRcvd | ib::State::MraReqSent)
+                )
+            });
+            if passive {
+                let _ = self.reject(now, id, &[]);
+            }
+            return Err(e);
+        }
+        r
+    }
+
+    fn try_accept(&mut self, now: u64, id: IdHandle, p: &ConnParam, qkey: u32) -> Result<()> {
         let i = self.id(id)?;
         let Some(comm) = i.comm else {
             return Err(err(errno::EINVAL, "no connection request to accept"));

@@ -429,6 +429,14 @@ fn two_listeners_on_one_port_conflict_and_private_data_is_limited() {
         .accept(sim.now, req.id, &param(2, &[0; 197]), 0)
         .unwrap_err();
     assert_eq!(e.errno, errno::EINVAL);
+    // Linux's rdma_accept rejects a request it fails to accept: the client hears at once
+    // (reason 28, no private data) instead of waiting out the MRA's service timeout.
+    let rej = wait_for(&mut sim, 0, EventType::Rejected);
+    assert_eq!(rej.status, i32::from(rej_reason::CONSUMER_REJECT));
+    let EventParam::Conn(p) = rej.param else {
+        panic!()
+    };
+    assert!(p.private_data.iter().all(|&b| b == 0));
 }
 
 #[test]
