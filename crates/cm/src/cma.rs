@@ -679,8 +679,12 @@ impl Cma {
         }
         .emit(&mut private_data)
         .map_err(|_| err(errno::EAFNOSUPPORT, "address family"))?;
-        private_data[CMA_HEADER_LEN..CMA_HEADER_LEN + p.private_data.len()]
-            .copy_from_slice(&p.private_data);
+        // A UD id's private data goes into the SIDR_REQ (`connect`), which has room for
+        // more than a REQ.
+        if i.service != Service::Ud {
+            private_data[CMA_HEADER_LEN..CMA_HEADER_LEN + p.private_data.len()]
+                .copy_from_slice(&p.private_data);
+        }
         // A REQ's starting PSN is the one its sender's receive queue expects (the
         // IB CM's rq_psn); the REP's says where the active side sends from.
         i.rq_psn = psn;
@@ -767,7 +771,9 @@ impl Cma {
         }
         let comm = if ud {
             let mut private_data = [0u8; private_len::SIDR_REQ];
-            private_data[..private_len::REQ].copy_from_slice(&req.private_data);
+            private_data[..CMA_HEADER_LEN].copy_from_slice(&req.private_data[..CMA_HEADER_LEN]);
+            private_data[CMA_HEADER_LEN..CMA_HEADER_LEN + p.private_data.len()]
+                .copy_from_slice(&p.private_data);
             let sidr = SidrReq {
                 request_id: 0,
                 pkey: 0xFFFF,

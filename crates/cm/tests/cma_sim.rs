@@ -477,12 +477,18 @@ fn ud_ids_resolve_the_peer_qp_with_sidr() {
     let (init, m) = c.init_qp_attr(id, QpState::Init).unwrap();
     assert!(m.contains(QpAttrMask::QKEY));
     assert_eq!(init.qkey, UDP_QKEY);
-    c.connect(0, id, &param(0x333, b"ud hello")).unwrap();
+    // A SIDR_REQ carries 180 bytes after the CMA header (a REQ only 56): 181 is EINVAL.
+    let e = c.connect(0, id, &param(0x333, &[1; 181])).unwrap_err();
+    assert_eq!(e.errno, errno::EINVAL);
+    let mut data = [0u8; 180];
+    data[..8].copy_from_slice(b"ud hello");
+    data[179] = 0xAB;
+    c.connect(0, id, &param(0x333, &data)).unwrap();
     let req = wait_for(&mut sim, 1, EventType::ConnectRequest);
     let EventParam::Ud(up) = &req.param else {
         panic!("{req:?}")
     };
-    assert_eq!(&up.private_data[..8], b"ud hello");
+    assert_eq!(up.private_data, data);
     let now = sim.now;
     sim.endpoints[1]
         .cma
