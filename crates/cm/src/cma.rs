@@ -539,7 +539,13 @@ impl Cma {
                 }
                 i.afonly = a;
             }
-            IdOption::AckTimeout(t) => i.ack_timeout = Some(t.min(31)),
+            IdOption::AckTimeout(t) => {
+                // Linux's rdma_set_ack_timeout: for RC (and XRC initiator) ids only.
+                if i.service != Service::Rc {
+                    return Err(err(errno::EINVAL, "ACK_TIMEOUT on an id that is not RC"));
+                }
+                i.ack_timeout = Some(t.min(31));
+            }
         }
         Ok(())
     }

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 use softrdma_cm::cma::{
-    errno, Cma, CmaEvent, ConnParam, EventParam, EventType, IdHandle, PortSpace, Reservation,
-    Service, UDP_QKEY,
+    errno, Cma, CmaEvent, ConnParam, EventParam, EventType, IdHandle, IdOption, PortSpace,
+    Reservation, Service, UDP_QKEY,
 };
 use softrdma_cm::ib::Peer;
 use softrdma_net::sim::{Endpoint, Faults, Network, Packet, Sim};
@@ -502,6 +502,34 @@ fn ud_ids_resolve_the_peer_qp_with_sidr() {
     assert_eq!(up.qkey, UDP_QKEY);
     assert_eq!(up.ah_attr.grh.dgid.to_ip(), ip(7));
     assert_eq!(&up.private_data[..10], b"ud welcome");
+}
+
+#[test]
+fn ack_timeout_is_for_rc_ids() {
+    let mut sim = pair(9, faults(0.0, 0.0, 0.0));
+    let c = &mut sim.endpoints[0].cma;
+    let ud = c.create_id(1, port_space::UDP, None).unwrap();
+    let e = c.set_option(ud, IdOption::AckTimeout(18)).unwrap_err();
+    assert_eq!(e.errno, errno::EINVAL);
+    let uc = c.create_id(1, port_space::IB, Some(Service::Uc)).unwrap();
+    let e = c.set_option(uc, IdOption::AckTimeout(18)).unwrap_err();
+    assert_eq!(e.errno, errno::EINVAL);
+    // An RC id's RTS timeout is the option's.
+    serve(&mut sim, 7008);
+    let id = client(&mut sim, 7008);
+    let c = &mut sim.endpoints[0].cma;
+    c.set_option(id, IdOption::AckTimeout(18)).unwrap();
+    sim.endpoints[0].cma.connect(0, id, &param(1, b"")).unwrap();
+    let req = wait_for(&mut sim, 1, EventType::ConnectRequest);
+    let now = sim.now;
+    sim.endpoints[1]
+        .cma
+        .accept(now, req.id, &param(2, b""), 0)
+        .unwrap();
+    wait_for(&mut sim, 0, EventType::ConnectResponse);
+    let (rts, m) = sim.endpoints[0].cma.init_qp_attr(id, QpState::Rts).unwrap();
+    assert!(m.contains(QpAttrMask::TIMEOUT));
+    assert_eq!(rts.timeout, 18);
 }
 
 #[test]
