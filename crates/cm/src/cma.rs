@@ -234,6 +234,15 @@ pub trait Reservation: Send {
     /// Start or stop being found by [`PortSpace::lookup`] (listen); Linux's conflict
     /// rules are checked again when listening starts.
     fn set_listening(&mut self, on: bool) -> std::io::Result<()>;
+    /// REUSEADDR set on the bound id: later binds and listens on the port count it. A
+    /// port space that does not keep the flag (a test double) ignores it.
+    fn set_reuse_addr(&mut self, _on: bool) -> std::io::Result<()> {
+        Ok(())
+    }
+    /// AFONLY set on the bound id: as [`Reservation::set_reuse_addr`].
+    fn set_af_only(&mut self, _on: bool) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The host-wide rdma_cm port space (the device's registry, or a test double).
@@ -528,14 +537,25 @@ impl Cma {
         match opt {
             IdOption::Tos(t) => i.tos = t,
             IdOption::ReuseAddr(r) => {
-                if i.state != IdState::Idle {
-                    return Err(err(errno::EINVAL, "REUSEADDR after bind"));
+                // Linux's rdma_set_reuseaddr: either way before bind; after bind only
+                // turning it on, until the id listens.
+                if i.state != IdState::Idle && !(r && i.state != IdState::Listen) {
+                    return Err(err(errno::EINVAL, "REUSEADDR off after bind, or listening"));
+                }
+                if let Some(res) = i.reservation.as_mut() {
+                    res.set_reuse_addr(r)
+                        .map_err(|e| err(io_errno(&e), "port registry"))?;
                 }
                 i.reuse = r;
             }
             IdOption::AfOnly(a) => {
-                if i.state != IdState::Idle {
-                    return Err(err(errno::EINVAL, "AFONLY after bind"));
+                // Linux's rdma_set_afonly: while the id is idle or bound.
+                if !matches!(i.state, IdState::Idle | IdState::AddrBound) {
+                    return Err(err(errno::EINVAL, "AFONLY after resolving or listening"));
+                }
+                if let Some(res) = i.reservation.as_mut() {
+                    res.set_af_only(a)
+                        .map_err(|e| err(io_errno(&e), "port registry"))?;
                 }
                 i.afonly = a;
             }

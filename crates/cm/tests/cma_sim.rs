@@ -533,6 +533,37 @@ fn ack_timeout_is_for_rc_ids() {
 }
 
 #[test]
+fn reuseaddr_and_afonly_follow_linux_state_rules() {
+    let mut sim = pair(10, faults(0.0, 0.0, 0.0));
+    let s = &mut sim.endpoints[1].cma;
+    let l = s.create_id(1, port_space::TCP, None).unwrap();
+    // rdma_set_reuseaddr: either way while idle; after bind only on, until listening.
+    s.set_option(l, IdOption::ReuseAddr(false)).unwrap();
+    s.set_option(l, IdOption::AfOnly(false)).unwrap();
+    s.bind(l, SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 7009))
+        .unwrap();
+    let e = s.set_option(l, IdOption::ReuseAddr(false)).unwrap_err();
+    assert_eq!(e.errno, errno::EINVAL);
+    s.set_option(l, IdOption::ReuseAddr(true)).unwrap();
+    // rdma_set_afonly: while idle or bound.
+    s.set_option(l, IdOption::AfOnly(true)).unwrap();
+    s.listen(l, 4).unwrap();
+    for o in [IdOption::ReuseAddr(true), IdOption::AfOnly(true)] {
+        assert_eq!(
+            s.set_option(l, o).unwrap_err().errno,
+            errno::EINVAL,
+            "{o:?}"
+        );
+    }
+    // A resolved active-side id may still turn REUSEADDR on, not set AFONLY.
+    let id = client(&mut sim, 7009);
+    let c = &mut sim.endpoints[0].cma;
+    c.set_option(id, IdOption::ReuseAddr(true)).unwrap();
+    let e = c.set_option(id, IdOption::AfOnly(true)).unwrap_err();
+    assert_eq!(e.errno, errno::EINVAL);
+}
+
+#[test]
 fn backlog_holds_requests_back_until_there_is_room() {
     let mut sim = pair(8, faults(0.0, 0.0, 0.0));
     let s = &mut sim.endpoints[1].cma;
