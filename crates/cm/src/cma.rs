@@ -515,6 +515,13 @@ impl Cma {
         Ok(self.id(id)?.peer_dev)
     }
 
+    /// The id's type of service: what `RDMA_OPTION_ID_TOS` set, or for an id a
+    /// connection request made, the traffic class of the REQ's path. It is the route's
+    /// traffic class and the address vector's.
+    pub fn tos(&self, id: IdHandle) -> Result<u8> {
+        Ok(self.id(id)?.tos)
+    }
+
     /// Whether the id is bound to this device (a wildcard bind is not, until it resolves
     /// or a connection arrives), so that it has a `verbs` context.
     pub fn has_device(&self, id: IdHandle) -> Result<bool> {
@@ -1248,6 +1255,9 @@ impl Cma {
             // The active side expects our sends at its REQ's PSN; ours is the REP's.
             i.sq_psn = req.starting_psn;
             i.rq_psn = psn;
+            // The passive side's path, and so its address vector, is the REQ's primary
+            // path, with its traffic class (Linux's cm_format_paths_from_req).
+            i.tos = req.primary.traffic_class;
             // Our resources mirror the peer's.
             i.responder_resources = req.initiator_depth;
             i.initiator_depth = req.responder_resources;

@@ -533,6 +533,35 @@ fn ack_timeout_is_for_rc_ids() {
 }
 
 #[test]
+fn the_clients_tos_is_the_traffic_class_of_both_address_vectors() {
+    let mut sim = pair(11, faults(0.0, 0.0, 0.0));
+    let l = serve(&mut sim, 7010);
+    sim.endpoints[1]
+        .cma
+        .set_option(l, IdOption::Tos(64))
+        .unwrap();
+    let c = &mut sim.endpoints[0].cma;
+    let id = c.create_id(1, port_space::TCP, None).unwrap();
+    c.set_option(id, IdOption::Tos(32)).unwrap();
+    c.resolve_addr(id, None, SocketAddr::new(ip(1), 7010))
+        .unwrap();
+    c.resolve_route(id).unwrap();
+    assert_eq!(c.tos(id).unwrap(), 32);
+    c.connect(0, id, &param(1, b"")).unwrap();
+    let req = wait_for(&mut sim, 1, EventType::ConnectRequest);
+    // The passive side's path is the REQ's: the client's TOS, not the listener's.
+    let s = &mut sim.endpoints[1].cma;
+    assert_eq!(s.tos(req.id).unwrap(), 32);
+    let (srtr, _) = s.init_qp_attr(req.id, QpState::Rtr).unwrap();
+    assert_eq!(srtr.ah_attr.grh.traffic_class, 32);
+    let now = sim.now;
+    s.accept(now, req.id, &param(2, b""), 0).unwrap();
+    wait_for(&mut sim, 0, EventType::ConnectResponse);
+    let (crtr, _) = sim.endpoints[0].cma.init_qp_attr(id, QpState::Rtr).unwrap();
+    assert_eq!(crtr.ah_attr.grh.traffic_class, 32);
+}
+
+#[test]
 fn reuseaddr_and_afonly_follow_linux_state_rules() {
     let mut sim = pair(10, faults(0.0, 0.0, 0.0));
     let s = &mut sim.endpoints[1].cma;

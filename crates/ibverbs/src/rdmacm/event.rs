@@ -105,7 +105,7 @@ unsafe fn new_conn_id(
     // SAFETY: the new id is live.
     unsafe {
         id::query_route(child);
-        id::set_path(child, 0);
+        id::set_path(child);
     }
     Ok(child)
 }
@@ -174,7 +174,7 @@ unsafe fn process(ev: CmaEvent) -> Option<*mut abi::rdma_cm_event> {
             // SAFETY: the id is live.
             unsafe {
                 id::query_route(owner_c);
-                id::set_path(owner_c, 0);
+                id::set_path(owner_c);
             }
         }
         EventType::ConnectRequest => {
