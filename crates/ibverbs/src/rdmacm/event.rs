@@ -2,7 +2,8 @@
 //! turned into the `rdma_cm_event` a program reads, with librdmacm's own work on the way:
 //! a connection request gets its new id; a connection response on an id with a QP moves
 //! the QP to RTR and RTS and sends the RTU, and is reported as ESTABLISHED (or
-//! CONNECT_ERROR); REJECTED and DISCONNECTED move the QP to ERR, which flushes it.
+//! CONNECT_ERROR); REJECTED moves the QP to ERR, which flushes it (DISCONNECTED does not:
+//! rdma_disconnect does).
 
 use std::ffi::c_int;
 
@@ -217,9 +218,9 @@ unsafe fn process(ev: CmaEvent) -> Option<*mut abi::rdma_cm_event> {
             if me.lock().connect_error {
                 return skip(me);
             }
+            // The QP is left as it is: librdmacm moves it to ERR (which flushes it) in
+            // rdma_disconnect, which programs call on DISCONNECTED, not here.
             param_to_c(&mut out, &ev.param);
-            // The connection is over: the QP flushes what it still holds.
-            let _ = qp::modify_qp_err(me);
         }
         _ => param_to_c(&mut out, &ev.param),
     }
