@@ -17,15 +17,33 @@
 #             librdmacm;
 #   functions rdmacm_test.c on softrdma's librdmacm.so.1 (through `softrdma run --`) and on
 #             Debian's librdmacm over softrdma's libibverbs.so.1: its checks pass on both,
-#             and what the two libraries return is the same.
+#             and what the two libraries return is the same;
+#   connections
+#             cm_test.c (compiled against Debian's headers, run through `softrdma run --`),
+#             one process per group, its two-sided groups across two processes (two
+#             devices) or two threads: connect/accept/reject/disconnect with private data
+#             and their limits, data over the connected QP, REJECTED 28 and 8,
+#             UNREACHABLE, port conflicts, wildcard listeners, rdma_init_qp_attr,
+#             rdma_migrate_id, rdma_set_option, the rdma_verbs.h flow, UD ids (see the
+#             file's head); then Debian's unmodified programs between two processes on
+#             loopback, judged by their output: rping (-C 20 -v -V, the client's ping data
+#             against the server's), ucmatose (4 connections, 10 messages), udaddy,
+#             rdma_server/rdma_client, cmtime (-c 50, its table in $OUT/cmtime.txt),
+#             perftest with -R: ib_{send,write,read,atomic}_{bw,lat} and ib_send_bw -c UD
+#             (-n 200, the result line; a run lost to perftest's own race between its two
+#             connections is run again, see there). Those processes share a registry of
+#             their own ($OUT/registry, SOFTRDMA_CM_DIR), which also tells when a server
+#             listens.
 #
 # Prints PASS/FAIL per check and "N passed, M failed"; exits 1 on any failure. Logs in
-# $OUT. For CI as root on Debian 12: installs librdmacm-dev, rdmacm-utils, libibverbs-dev,
-# gcc and binutils with apt when missing.
+# $OUT. For CI as root on Debian 12: installs librdmacm-dev, rdmacm-utils, perftest,
+# libibverbs-dev, gcc and binutils with apt when missing.
 #
 # Env:
 #   OUT           artifacts directory (default /tmp/softrdma-rdmacm)
 #   SKIP_BUILD=1  use the libraries and softrdma already built in the target directory
+#                 (the drop-in, the stub providers perftest loads, the softrdma command)
+#   SOFTRDMA_BIN  the softrdma command to use (default: target/release/softrdma)
 #   SKIP_INSTALL=1  never run apt-get
 set -uo pipefail
 
@@ -72,6 +90,7 @@ rm -rf "${OUT:?}"/*
 need_pkgs=()
 [ -f /usr/include/rdma/rdma_cma.h ] || need_pkgs+=(librdmacm-dev)
 command -v rping >/dev/null 2>&1 || need_pkgs+=(rdmacm-utils)
+command -v ib_write_bw >/dev/null 2>&1 || need_pkgs+=(perftest)
 [ -f /usr/include/infiniband/verbs.h ] || need_pkgs+=(libibverbs-dev)
 command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
 command -v nm >/dev/null 2>&1 || need_pkgs+=(binutils)
@@ -83,7 +102,7 @@ if [ "${#need_pkgs[@]}" -gt 0 ]; then
       > "$OUT/install.log" 2>&1
     result "install ${need_pkgs[*]}" $? "apt-get failed, see $OUT/install.log"
   else
-    result "packages present" 1 "missing ${need_pkgs[*]}: apt-get install librdmacm-dev rdmacm-utils libibverbs-dev gcc binutils"
+    result "packages present" 1 "missing ${need_pkgs[*]}: apt-get install librdmacm-dev rdmacm-utils perftest libibverbs-dev gcc binutils"
   fi
 fi
 DEB_RDMACM=$(ls /usr/lib/*-linux-gnu/librdmacm.so.1 2>/dev/null | head -n 1)
@@ -93,10 +112,19 @@ cd "$REPO" || exit 1
 TARGET=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null)
 TARGET=${TARGET:-$REPO/target}
+# The drop-in and the stub providers perftest loads (every workspace package under
+# crates/ibverbs*), and the softrdma command.
+PKGS=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    if "/crates/ibverbs" in p["manifest_path"] or p["name"] == "softrdma-cli":
+        print("-p", p["name"])' 2>/dev/null | tr '\n' ' ')
+[ -n "$PKGS" ] || PKGS="-p softrdma-ibverbs -p softrdma-stub-mlx5 -p softrdma-stub-efa -p softrdma-cli"
 if [ -z "${SKIP_BUILD:-}" ]; then
-  log "cargo build --release -p softrdma-ibverbs -p softrdma-cli"
-  timeout 1800 cargo build --release -p softrdma-ibverbs -p softrdma-cli > "$OUT/build.log" 2>&1
-  result "cargo build --release -p softrdma-ibverbs -p softrdma-cli" $? "see $OUT/build.log"
+  log "cargo build --release $PKGS"
+  # shellcheck disable=SC2086
+  timeout 1800 cargo build --release $PKGS > "$OUT/build.log" 2>&1
+  result "cargo build --release $PKGS" $? "see $OUT/build.log"
 fi
 SOFTRDMA=${SOFTRDMA_BIN:-$TARGET/release/softrdma}
 if [ ! -x "$SOFTRDMA" ]; then
@@ -200,58 +228,207 @@ RT="$OUT/rdmacm_test"
 timeout 120 gcc -O1 -Wall -Werror -o "$RT" "$HERE/rdmacm_test.c" -lrdmacm -libverbs -ldl \
   > "$RT.build.log" 2>&1
 result "gcc rdmacm_test.c -lrdmacm -libverbs" $? "see $RT.build.log"
-if [ ! -x "$RT" ]; then
-  finish
-fi
-# Debian's librdmacm over softrdma's libibverbs: a directory with libibverbs.so.1 alone.
-ORACLE="$OUT/debian-rdmacm"
-mkdir -p "$ORACLE"
-ln -sfn "$(readlink -f "$LIB")" "$ORACLE/libibverbs.so.1"
-ours() { timeout -k 5 $T "$SOFTRDMA" run -- "$RT" "$@"; }
-theirs() { LD_LIBRARY_PATH="$ORACLE" timeout -k 5 $T "$RT" "$@"; }
+if [ -x "$RT" ]; then
+  # Debian's librdmacm over softrdma's libibverbs: a directory with libibverbs.so.1 alone.
+  ORACLE="$OUT/debian-rdmacm"
+  mkdir -p "$ORACLE"
+  ln -sfn "$(readlink -f "$LIB")" "$ORACLE/libibverbs.so.1"
+  ours() { timeout -k 5 $T "$SOFTRDMA" run -- "$RT" "$@"; }
+  theirs() { LD_LIBRARY_PATH="$ORACLE" timeout -k 5 $T "$RT" "$@"; }
 
-w=$(ours -w 2>&1)
-[[ "$w" == "$DIR/"* ]]
-result "softrdma run: rdma_getaddrinfo comes from softrdma's library" $? "$w"
-w=$(SOFTRDMA_RDMACM=0 timeout -k 5 $T "$SOFTRDMA" run -- "$RT" -w 2>&1)
-[ -n "$DEB_RDMACM" ] && [ "$(readlink -f "$w")" = "$(readlink -f "$DEB_RDMACM")" ]
-result "SOFTRDMA_RDMACM=0 softrdma run: rdma_getaddrinfo comes from the system's librdmacm" $? "$w"
-oracle=""
-if [ -n "$DEB_RDMACM" ]; then
-  w=$(theirs -w 2>&1)
-  [ "$(readlink -f "$w")" = "$(readlink -f "$DEB_RDMACM")" ]
-  result "oracle: rdma_getaddrinfo comes from Debian's librdmacm" $? "$w"
-  [ "$(readlink -f "$w")" = "$(readlink -f "$DEB_RDMACM")" ] && oracle=1
+  w=$(ours -w 2>&1)
+  [[ "$w" == "$DIR/"* ]]
+  result "softrdma run: rdma_getaddrinfo comes from softrdma's library" $? "$w"
+  w=$(SOFTRDMA_RDMACM=0 timeout -k 5 $T "$SOFTRDMA" run -- "$RT" -w 2>&1)
+  [ -n "$DEB_RDMACM" ] && [ "$(readlink -f "$w")" = "$(readlink -f "$DEB_RDMACM")" ]
+  result "SOFTRDMA_RDMACM=0 softrdma run: rdma_getaddrinfo comes from the system's librdmacm" $? "$w"
+  oracle=""
+  if [ -n "$DEB_RDMACM" ]; then
+    w=$(theirs -w 2>&1)
+    [ "$(readlink -f "$w")" = "$(readlink -f "$DEB_RDMACM")" ]
+    result "oracle: rdma_getaddrinfo comes from Debian's librdmacm" $? "$w"
+    [ "$(readlink -f "$w")" = "$(readlink -f "$DEB_RDMACM")" ] && oracle=1
+  fi
+  # group [env assignments...]: run one group on both libraries, compare their OUT lines.
+  group() {
+    local g=$1; shift
+    local base="$OUT/rdmacm_test.$g" rc
+    env "$@" timeout -k 5 $T "$SOFTRDMA" run -- "$RT" -t "$g" > "$base.ours.log" 2> "$base.ours.stderr.log"
+    rc=$?
+    fold "rdmacm_test $g" "$base.ours.log"
+    [ "$rc" = 0 ] && [ "$FOLDED" -gt 0 ]
+    result "rdmacm_test $g exits 0" $? "exit $rc; $(tail -n 2 "$base.ours.stderr.log" | tr '\n' ' ')"
+    [ -n "$oracle" ] || return 0
+    env "$@" LD_LIBRARY_PATH="$ORACLE" timeout -k 5 $T "$RT" -t "$g" > "$base.debian.log" 2> "$base.debian.stderr.log"
+    rc=$?
+    fold "rdmacm_test $g on Debian's librdmacm" "$base.debian.log"
+    [ "$rc" = 0 ] && [ "$FOLDED" -gt 0 ]
+    result "rdmacm_test $g on Debian's librdmacm exits 0" $? "exit $rc; $(tail -n 2 "$base.debian.stderr.log" | tr '\n' ' ')"
+    diff <(grep '^OUT:' "$base.debian.log") <(grep '^OUT:' "$base.ours.log") > "$base.diff"
+    result "rdmacm_test $g: softrdma returns what Debian's librdmacm returns" $? \
+      "$(head -n 4 "$base.diff" | tr '\n' ' ' | cut -c1-300); $base.diff"
+  }
+  for g in events ports getaddrinfo devices; do
+    group "$g"
+  done
+  group nodev SOFTRDMA_ADDR=not-an-address   # a configuration error leaves no device
+  group deaddev SOFTRDMA_ADDR=192.0.2.1      # TEST-NET-1: not this host's, cannot bind
+  base="$OUT/rdmacm_test.softrdma"
+  ours -t softrdma > "$base.log" 2> "$base.stderr.log"
+  rc=$?
+  fold "rdmacm_test softrdma" "$base.log"
+  [ "$rc" = 0 ] && [ "$FOLDED" -gt 0 ]
+  result "rdmacm_test softrdma exits 0" $? "exit $rc; $(tail -n 2 "$base.stderr.log" | tr '\n' ' ')"
 fi
-# group [env assignments...]: run one group on both libraries, compare their OUT lines.
-group() {
-  local g=$1; shift
-  local base="$OUT/rdmacm_test.$g" rc
-  env "$@" timeout -k 5 $T "$SOFTRDMA" run -- "$RT" -t "$g" > "$base.ours.log" 2> "$base.ours.stderr.log"
-  rc=$?
-  fold "rdmacm_test $g" "$base.ours.log"
-  [ "$rc" = 0 ] && [ "$FOLDED" -gt 0 ]
-  result "rdmacm_test $g exits 0" $? "exit $rc; $(tail -n 2 "$base.ours.stderr.log" | tr '\n' ' ')"
-  [ -n "$oracle" ] || return 0
-  env "$@" LD_LIBRARY_PATH="$ORACLE" timeout -k 5 $T "$RT" -t "$g" > "$base.debian.log" 2> "$base.debian.stderr.log"
-  rc=$?
-  fold "rdmacm_test $g on Debian's librdmacm" "$base.debian.log"
-  [ "$rc" = 0 ] && [ "$FOLDED" -gt 0 ]
-  result "rdmacm_test $g on Debian's librdmacm exits 0" $? "exit $rc; $(tail -n 2 "$base.debian.stderr.log" | tr '\n' ' ')"
-  diff <(grep '^OUT:' "$base.debian.log") <(grep '^OUT:' "$base.ours.log") > "$base.diff"
-  result "rdmacm_test $g: softrdma returns what Debian's librdmacm returns" $? \
-    "$(head -n 4 "$base.diff" | tr '\n' ' ' | cut -c1-300); $base.diff"
+
+
+# --- connections ---------------------------------------------------------------------------
+# Every process below uses a registry of its own: no binding of another program on the host
+# collides with the ports chosen here, and a server's record says when it listens.
+REG="$OUT/registry"
+mkdir -p -m 700 "$REG"
+export SOFTRDMA_CM_DIR="$REG"
+BG=""   # the background server running, if any: stopped on exit
+trap '[ -n "$BG" ] && kill "$BG" 2>/dev/null' EXIT
+
+CT="$OUT/cm_test"
+timeout 120 gcc -O1 -Wall -Werror -o "$CT" "$HERE/cm_test.c" -lrdmacm -libverbs -lpthread \
+  > "$CT.build.log" 2>&1
+result "gcc cm_test.c -lrdmacm -libverbs" $? "see $CT.build.log"
+if [ -x "$CT" ]; then
+  for g in $("$CT" -l); do
+    base="$OUT/cm_test.$g"
+    envs=()
+    # A peer that never answers: short CM timeouts (one retry, 2^12 x 4.096 us).
+    [ "$g" = unreachable ] && envs=(SOFTRDMA_CM_RETRIES=1 SOFTRDMA_CM_RESPONSE_TIMEOUT=12)
+    env "${envs[@]}" timeout -k 5 200 "$SOFTRDMA" run -- "$CT" -t "$g" \
+      > "$base.log" 2> "$base.stderr.log"
+    rc=$?
+    fold "cm_test $g" "$base.log"
+    [ "$rc" = 0 ] && [ "$FOLDED" -gt 0 ]
+    result "cm_test $g exits 0" $? "exit $rc; $(tail -n 2 "$base.stderr.log" | tr '\n' ' ')"
+  done
+fi
+
+# Debian's programs, a server in the background and its client. A port per test.
+PT=60           # seconds for one program
+# Wait (at most 10 s) until something listens on port $1 (any port space).
+wait_listen() {
+  local i
+  for i in $(seq 100); do
+    grep -qs '^listening 1$' "$REG"/*-"$1"-*.bind && return 0
+    sleep 0.1
+  done
+  return 1
 }
-for g in events ports getaddrinfo devices; do
-  group "$g"
+# pair NAME PORT "SERVER ARGS" "CLIENT ARGS" [keep]: logs $OUT/NAME.server.log and
+# $OUT/NAME.client.log; SRC and CRC are the exit codes. A server still running 10 s after
+# its client succeeded is stopped (SRC 143); so is one whose client failed, at once, and
+# with "keep" (a server that never ends, after checking it is still there: SALIVE=1).
+pair() {
+  local name=$1 port=$2 scmd=$3 ccmd=$4 keep=${5:-} spid i
+  # shellcheck disable=SC2086
+  timeout -k 5 $PT "$SOFTRDMA" run -- $scmd > "$OUT/$name.server.log" 2>&1 &
+  spid=$!
+  BG=$spid
+  wait_listen "$port" || echo "(nothing listened on port $port within 10 s)" > "$OUT/$name.wait.log"
+  # shellcheck disable=SC2086
+  timeout -k 5 $PT "$SOFTRDMA" run -- $ccmd > "$OUT/$name.client.log" 2>&1
+  CRC=$?
+  SALIVE=0
+  if [ -n "$keep" ]; then
+    kill -0 "$spid" 2>/dev/null && SALIVE=1
+  elif [ "$CRC" = 0 ]; then
+    for i in $(seq 100); do
+      kill -0 "$spid" 2>/dev/null || break
+      sleep 0.1
+    done
+  fi
+  kill "$spid" 2>/dev/null
+  wait "$spid"
+  SRC=$?
+  BG=""
+}
+why() { # name: the end of both logs, for a FAIL line
+  echo "client exit $CRC, server exit $SRC; client: $(tail -n 2 "$OUT/$1.client.log" | tr '\n' ' ' | cut -c1-150); server: $(tail -n 2 "$OUT/$1.server.log" | tr '\n' ' ' | cut -c1-150)"
+}
+
+# rping: 20 pings of verified data; the client prints each, the server the same.
+pair rping 27501 "rping -s -v -V -C 20 -a 0.0.0.0 -p 27501" "rping -c -v -V -C 20 -a 127.0.0.1 -p 27501"
+sed -n 's/^ping data: //p' "$OUT/rping.client.log" > "$OUT/rping.client.data"
+sed -n 's/^server ping data: //p' "$OUT/rping.server.log" > "$OUT/rping.server.data"
+seq 0 19 | sed 's/^/rdma-ping-/' > "$OUT/rping.want"
+[ "$CRC" = 0 ] && [ "$SRC" = 0 ] && diff -q "$OUT/rping.want" <(cut -d: -f1 "$OUT/rping.client.data") >/dev/null &&
+  cmp -s "$OUT/rping.client.data" "$OUT/rping.server.data"
+result "rping -C 20 -v -V: 20 pings rdma-ping-0..19, the client's data lines are the server's" $? "$(why rping)"
+
+# ucmatose: 4 connections, 10 messages each way on each.
+pair ucmatose 27502 "ucmatose -p 27502 -c 4 -C 10" "ucmatose -s 127.0.0.1 -p 27502 -c 4 -C 10"
+[ "$CRC" = 0 ] && [ "$SRC" = 0 ] &&
+  grep -q '^data transfers complete' "$OUT/ucmatose.client.log" && grep -q '^return status 0' "$OUT/ucmatose.client.log" &&
+  grep -q '^data transfers complete' "$OUT/ucmatose.server.log" && grep -q '^return status 0' "$OUT/ucmatose.server.log" &&
+  grep -q '^disconnected' "$OUT/ucmatose.server.log"
+result "ucmatose -c 4 -C 10: data transfers complete, both sides return status 0" $? "$(why ucmatose)"
+
+# udaddy: UD ids, SIDR, datagrams both ways (its port is fixed: 7174 of the UDP space).
+pair udaddy 7174 "udaddy" "udaddy -s 127.0.0.1"
+[ "$CRC" = 0 ] && [ "$SRC" = 0 ] &&
+  grep -q '^data transfers complete' "$OUT/udaddy.client.log" && grep -q '^return status 0' "$OUT/udaddy.client.log" &&
+  grep -q '^data transfers complete' "$OUT/udaddy.server.log" && grep -q '^return status 0' "$OUT/udaddy.server.log"
+result "udaddy: data transfers complete, both sides return status 0" $? "$(why udaddy)"
+
+# rdma_server / rdma_client: rdma_verbs.h on synchronous ids.
+pair rdma_server 27503 "rdma_server -p 27503" "rdma_client -s 127.0.0.1 -p 27503"
+[ "$CRC" = 0 ] && [ "$SRC" = 0 ] &&
+  grep -qx 'rdma_client: end 0' "$OUT/rdma_server.client.log" && grep -qx 'rdma_server: end 0' "$OUT/rdma_server.server.log"
+result "rdma_server / rdma_client: both end 0" $? "$(why rdma_server)"
+
+# cmtime: 50 connections made and torn down; its server never ends by itself.
+pair cmtime 27504 "cmtime -p 27504" "cmtime -s 127.0.0.1 -p 27504 -c 50" keep
+sed -n '/^step /,$p' "$OUT/cmtime.client.log" > "$OUT/cmtime.txt"
+steps=0
+for st in "create id" "resolve addr" "resolve route" "create qp" "connect" "disconnect" "destroy"; do
+  grep -qE "^$st *: +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$OUT/cmtime.txt" && steps=$((steps + 1))
 done
-group nodev SOFTRDMA_ADDR=not-an-address   # a configuration error leaves no device
-group deaddev SOFTRDMA_ADDR=192.0.2.1      # TEST-NET-1: not this host's, cannot bind
-base="$OUT/rdmacm_test.softrdma"
-ours -t softrdma > "$base.log" 2> "$base.stderr.log"
-rc=$?
-fold "rdmacm_test softrdma" "$base.log"
-[ "$rc" = 0 ] && [ "$FOLDED" -gt 0 ]
-result "rdmacm_test softrdma exits 0" $? "exit $rc; $(tail -n 2 "$base.stderr.log" | tr '\n' ' ')"
+[ "$CRC" = 0 ] && [ "$SALIVE" = 1 ] && [ "$steps" = 7 ]
+result "cmtime -c 50: the client's table has all 7 steps, the server still serves (table in $OUT/cmtime.txt)" $? \
+  "client exit $CRC, server alive $SALIVE, $steps of 7 steps; $(why cmtime)"
+
+# perftest over rdma_cm (-R): the client's result line (200 iterations, a positive figure).
+# perftest connects twice: an exchange connection, then, right after a handshake on it, the
+# test's, for which the server makes a new listener. A client whose second REQ arrives
+# before that listener exists is rejected (reason 8, as on Linux), and perftest 4.5-0.17's
+# retry then uses the ids it has just destroyed and gives up (fixed upstream in perftest
+# 3d9d8d0, "Fix crashes and logical flaws in RDMA CM connection retry"). softrdma resolves
+# loopback addresses fast enough to lose that race now and then, so a run that failed
+# exactly so is run again (at most 5 runs; the runs are in $OUT/NAME.runs.log).
+perf_pair() { # name port server-args client-args
+  local n
+  : > "$OUT/$1.runs.log"
+  for n in 1 2 3 4 5; do
+    pair "$@"
+    echo "run $n: client exit $CRC, server exit $SRC" >> "$OUT/$1.runs.log"
+    [ "$CRC" != 0 ] && grep -q 'Event: RDMA_CM_EVENT_REJECTED; error: 8\.' "$OUT/$1.client.log" || break
+    cp "$OUT/$1.client.log" "$OUT/$1.client.run$n.log"
+    cp "$OUT/$1.server.log" "$OUT/$1.server.run$n.log"
+  done
+}
+port=27510
+for t in send_bw write_bw read_bw atomic_bw send_lat write_lat read_lat atomic_lat; do
+  port=$((port + 1))
+  perf_pair "ib_$t" $port "ib_$t -R -n 200 -p $port" "ib_$t -R -n 200 -p $port 127.0.0.1"
+  case $t in
+    *_bw) col=4 ;;  # BW average
+    *) col=6 ;;     # t_avg
+  esac
+  [ "$CRC" = 0 ] && [ "$SRC" = 0 ] && grep -q 'Data ex. method : rdma_cm' "$OUT/ib_$t.client.log" &&
+    awk -v c=$col '$1 ~ /^[0-9]+$/ && $2 == 200 && $c > 0 { ok = 1 } END { exit !ok }' "$OUT/ib_$t.client.log"
+  result "ib_$t -R -n 200: rdma_cm exchange, a result line of 200 iterations" $? "$(why "ib_$t")"
+done
+port=$((port + 1))
+perf_pair ib_send_bw_ud $port "ib_send_bw -c UD -R -n 200 -p $port" "ib_send_bw -c UD -R -n 200 -p $port 127.0.0.1"
+[ "$CRC" = 0 ] && [ "$SRC" = 0 ] && grep -q 'Data ex. method : rdma_cm' "$OUT/ib_send_bw_ud.client.log" &&
+  awk '$1 ~ /^[0-9]+$/ && $2 == 200 && $4 > 0 { ok = 1 } END { exit !ok }' "$OUT/ib_send_bw_ud.client.log"
+result "ib_send_bw -c UD -R -n 200: rdma_cm exchange, a result line of 200 iterations" $? "$(why ib_send_bw_ud)"
 
 finish

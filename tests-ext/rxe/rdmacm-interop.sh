@@ -90,21 +90,36 @@ pair() {
   read -r -a ha <<< "$hargs"
   capture_start "$name"
   if [ "$role" = guest-server ]; then
-    id=$(timeout 30 "$RUN" exec --bg -t "$STEP_TIMEOUT" -- \
-      "$gargs & p=\$!; echo \$p > /tmp/$name.pid; wait \$p")
-    if [ -z "$id" ]; then capture_stop; result "$name" 1 "could not submit guest job"; return; fi
-    guest_cm_listening "$STEP_TIMEOUT" "$gport" || log "$name: guest server not seen listening; trying anyway"
-    # perftest lists its listening id a moment before the kernel CM serves its service
-    # ID (seen once: REJ 8 right after the probe succeeded)
-    sleep 1
-    echo "\$ softrdma run -- ${ha[*]} $GUEST_IP" > "$OUT/$name.host.txt"
-    host_run "${ha[@]}" "$GUEST_IP" >> "$OUT/$name.host.txt" 2>&1
-    h=$?
-    if [ "$h" != 0 ]; then
-      timeout 30 "$RUN" exec -t 10 -- "kill \$(cat /tmp/$name.pid) 2>/dev/null" > /dev/null 2>&1
-    fi
-    timeout $((STEP_TIMEOUT + 30)) "$RUN" wait "$id" > "$OUT/$name.guest.txt" 2>&1
-    g=$?
+    local run
+    for run in 1 2 3; do
+      id=$(timeout 30 "$RUN" exec --bg -t "$STEP_TIMEOUT" -- \
+        "$gargs & p=\$!; echo \$p > /tmp/$name.pid; wait \$p")
+      if [ -z "$id" ]; then capture_stop; result "$name" 1 "could not submit guest job"; return; fi
+      guest_cm_listening "$STEP_TIMEOUT" "$gport" || log "$name: guest server not seen listening; trying anyway"
+      # perftest lists its listening id a moment before the kernel CM serves its service
+      # ID (seen once: REJ 8 right after the probe succeeded)
+      sleep 1
+      echo "\$ softrdma run -- ${ha[*]} $GUEST_IP" > "$OUT/$name.host.txt"
+      host_run "${ha[@]}" "$GUEST_IP" >> "$OUT/$name.host.txt" 2>&1
+      h=$?
+      if [ "$h" != 0 ]; then
+        timeout 30 "$RUN" exec -t 10 -- "kill \$(cat /tmp/$name.pid) 2>/dev/null" > /dev/null 2>&1
+      fi
+      timeout $((STEP_TIMEOUT + 30)) "$RUN" wait "$id" > "$OUT/$name.guest.txt" 2>&1
+      g=$?
+      # perftest -R connects twice: once for its parameter exchange and once for the
+      # test, for which the server makes a new listener. A client whose second REQ
+      # arrives before that listener exists is rejected (reason 8, as Linux's CM must),
+      # and perftest 4.5-0.17's retry then reuses the ids it has just destroyed and
+      # gives up (fixed upstream in perftest 3d9d8d0). The guest is slow enough that
+      # the host wins that race now and then; a run that failed exactly so is run again
+      # (at most 3 runs, each kept as NAME.runN.*.txt).
+      [ "$h" != 0 ] && [ "${PERFTEST_RACE:-0}" = 1 ] && [ "$run" -lt 3 ] &&
+        grep -q 'Event: RDMA_CM_EVENT_REJECTED; error: 8\.' "$OUT/$name.host.txt" || break
+      log "$name: run $run lost perftest's reconnect race (REJ 8 on its second connection); running again"
+      mv "$OUT/$name.host.txt" "$OUT/$name.run$run.host.txt"
+      mv "$OUT/$name.guest.txt" "$OUT/$name.run$run.guest.txt"
+    done
   else
     echo "\$ softrdma run -- ${ha[*]}" > "$OUT/$name.host.txt"
     host_run "${ha[@]}" >> "$OUT/$name.host.txt" 2>&1 &
@@ -160,6 +175,7 @@ for role in guest-server host-server; do
 done
 
 # perftest over rdma_cm: -R; GID index is taken from the CM's route
+PERFTEST_RACE=1
 for tool in ib_write_bw ib_send_lat; do
   for role in guest-server host-server; do
     pair "$tool-R-$role" "$role" \

@@ -252,6 +252,15 @@ pub trait Reservation: Send {
     /// Start or stop being found by [`PortSpace::lookup`] (listen); Linux's conflict
     /// rules are checked again when listening starts.
     fn set_listening(&mut self, on: bool) -> std::io::Result<()>;
+    /// REUSEADDR set on the bound id: later binds and listens on the port count it. A
+    /// port space that does not keep the flag (a test double) ignores it.
+    fn set_reuse_addr(&mut self, _on: bool) -> std::io::Result<()> {
+        Ok(())
+    }
+    /// AFONLY set on the bound id: as [`Reservation::set_reuse_addr`].
+    fn set_af_only(&mut self, _on: bool) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The host-wide rdma_cm port space (the device's registry, or a test double).
@@ -528,6 +537,13 @@ impl Cma {
         Ok(self.id(id)?.peer_dev)
     }
 
+    /// The id's type of service: what `RDMA_OPTION_ID_TOS` set, or for an id a
+    /// connection request made, the traffic class of the REQ's path. It is the route's
+    /// traffic class and the address vector's.
+    pub fn tos(&self, id: IdHandle) -> Result<u8> {
+        Ok(self.id(id)?.tos)
+    }
+
     /// Whether the id is bound to this device (a wildcard bind is not, until it resolves
     /// or a connection arrives), so that it has a `verbs` context.
     pub fn has_device(&self, id: IdHandle) -> Result<bool> {
@@ -550,18 +566,35 @@ impl Cma {
         match opt {
             IdOption::Tos(t) => i.tos = t,
             IdOption::ReuseAddr(r) => {
-                if i.state != IdState::Idle {
-                    return Err(err(errno::EINVAL, "REUSEADDR after bind"));
+                // Linux's rdma_set_reuseaddr: either way before bind; after bind only
+                // turning it on, until the id listens.
+                if i.state != IdState::Idle && !(r && i.state != IdState::Listen) {
+                    return Err(err(errno::EINVAL, "REUSEADDR off after bind, or listening"));
+                }
+                if let Some(res) = i.reservation.as_mut() {
+                    res.set_reuse_addr(r)
+                        .map_err(|e| err(io_errno(&e), "port registry"))?;
                 }
                 i.reuse = r;
             }
             IdOption::AfOnly(a) => {
-                if i.state != IdState::Idle {
-                    return Err(err(errno::EINVAL, "AFONLY after bind"));
+                // Linux's rdma_set_afonly: while the id is idle or bound.
+                if !matches!(i.state, IdState::Idle | IdState::AddrBound) {
+                    return Err(err(errno::EINVAL, "AFONLY after resolving or listening"));
+                }
+                if let Some(res) = i.reservation.as_mut() {
+                    res.set_af_only(a)
+                        .map_err(|e| err(io_errno(&e), "port registry"))?;
                 }
                 i.afonly = a;
             }
-            IdOption::AckTimeout(t) => i.ack_timeout = Some(t.min(31)),
+            IdOption::AckTimeout(t) => {
+                // Linux's rdma_set_ack_timeout: for RC (and XRC initiator) ids only.
+                if i.service != Service::Rc {
+                    return Err(err(errno::EINVAL, "ACK_TIMEOUT on an id that is not RC"));
+                }
+                i.ack_timeout = Some(t.min(31));
+            }
         }
         Ok(())
     }
@@ -701,8 +734,12 @@ impl Cma {
         }
         .emit(&mut private_data)
         .map_err(|_| err(errno::EAFNOSUPPORT, "address family"))?;
-        private_data[CMA_HEADER_LEN..CMA_HEADER_LEN + p.private_data.len()]
-            .copy_from_slice(&p.private_data);
+        // A UD id's private data goes into the SIDR_REQ (`connect`), which has room for
+        // more than a REQ.
+        if i.service != Service::Ud {
+            private_data[CMA_HEADER_LEN..CMA_HEADER_LEN + p.private_data.len()]
+                .copy_from_slice(&p.private_data);
+        }
         // A REQ's starting PSN is the one its sender's receive queue expects (the
         // IB CM's rq_psn); the REP's says where the active side sends from.
         i.rq_psn = psn;
@@ -789,7 +826,9 @@ impl Cma {
         }
         let comm = if ud {
             let mut private_data = [0u8; private_len::SIDR_REQ];
-            private_data[..private_len::REQ].copy_from_slice(&req.private_data);
+            private_data[..CMA_HEADER_LEN].copy_from_slice(&req.private_data[..CMA_HEADER_LEN]);
+            private_data[CMA_HEADER_LEN..CMA_HEADER_LEN + p.private_data.len()]
+                .copy_from_slice(&p.private_data);
             let sidr = SidrReq {
                 request_id: 0,
                 pkey: 0xFFFF,
@@ -814,7 +853,29 @@ impl Cma {
     /// `rdma_accept`. Passive side: send the REP (or the SIDR_REP for UD) with `p`'s QP
     /// number and resources; the RTU then reports ESTABLISHED. Active side, after
     /// CONNECT_RESPONSE: send the RTU (the id is established).
+    ///
+    /// A request the passive side fails to accept (too much private data) is rejected
+    /// (REJ "consumer reject", 28, without private data; a SIDR_REP "rejected" for UD)
+    /// and the error returned, as Linux's `rdma_accept` does: the peer learns at once
+    /// instead of waiting out the MRA's service timeout.
     pub fn accept(&mut self, now: u64, id: IdHandle, p: &ConnParam, qkey: u32) -> Result<()> {
+        let r = self.try_accept(now, id, p, qkey);
+        if let Err(e) = r {
+            let passive = self.id(id).ok().and_then(|i| i.comm).is_some_and(|c| {
+                matches!(
+                    self.ib.state(c),
+                    Some(ib::State::SidrReqRcvd | ib::State::ReqRcvd | ib::State::MraReqSent)
+                )
+            });
+            if passive {
+                let _ = self.reject(now, id, &[]);
+            }
+            return Err(e);
+        }
+        r
+    }
+
+    fn try_accept(&mut self, now: u64, id: IdHandle, p: &ConnParam, qkey: u32) -> Result<()> {
         let i = self.id(id)?;
         let Some(comm) = i.comm else {
             return Err(err(errno::EINVAL, "no connection request to accept"));
@@ -1319,6 +1380,9 @@ impl Cma {
             // The active side expects our sends at its REQ's PSN; ours is the REP's.
             i.sq_psn = req.starting_psn;
             i.rq_psn = psn;
+            // The passive side's path, and so its address vector, is the REQ's primary
+            // path, with its traffic class (Linux's cm_format_paths_from_req).
+            i.tos = req.primary.traffic_class;
             // Our resources mirror the peer's.
             i.responder_resources = req.initiator_depth;
             i.initiator_depth = req.responder_resources;

@@ -30,6 +30,12 @@ impl Reservation for Binding {
     fn set_listening(&mut self, on: bool) -> io::Result<()> {
         Binding::set_listening(self, on)
     }
+    fn set_reuse_addr(&mut self, on: bool) -> io::Result<()> {
+        Binding::set_reuse_addr(self, on)
+    }
+    fn set_af_only(&mut self, on: bool) -> io::Result<()> {
+        Binding::set_af_only(self, on)
+    }
 }
 
 fn space(ps: u16) -> io::Result<registry::PortSpace> {

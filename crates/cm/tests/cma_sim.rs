@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 use softrdma_cm::cma::{
-    errno, Cma, CmaEvent, ConnParam, EventParam, EventType, IdHandle, McastJoin, PortSpace,
+    errno, Cma, CmaEvent, ConnParam, EventParam, EventType, IdHandle, IdOption, McastJoin,
+    PortSpace,
     Reservation, Service, UDP_QKEY,
 };
 use softrdma_cm::ib::Peer;
@@ -430,6 +431,14 @@ fn two_listeners_on_one_port_conflict_and_private_data_is_limited() {
         .accept(sim.now, req.id, &param(2, &[0; 197]), 0)
         .unwrap_err();
     assert_eq!(e.errno, errno::EINVAL);
+    // Linux's rdma_accept rejects a request it fails to accept: the client hears at once
+    // (reason 28, no private data) instead of waiting out the MRA's service timeout.
+    let rej = wait_for(&mut sim, 0, EventType::Rejected);
+    assert_eq!(rej.status, i32::from(rej_reason::CONSUMER_REJECT));
+    let EventParam::Conn(p) = rej.param else {
+        panic!()
+    };
+    assert!(p.private_data.iter().all(|&b| b == 0));
 }
 
 #[test]
@@ -470,12 +479,18 @@ fn ud_ids_resolve_the_peer_qp_with_sidr() {
     let (init, m) = c.init_qp_attr(id, QpState::Init).unwrap();
     assert!(m.contains(QpAttrMask::QKEY));
     assert_eq!(init.qkey, UDP_QKEY);
-    c.connect(0, id, &param(0x333, b"ud hello")).unwrap();
+    // A SIDR_REQ carries 180 bytes after the CMA header (a REQ only 56): 181 is EINVAL.
+    let e = c.connect(0, id, &param(0x333, &[1; 181])).unwrap_err();
+    assert_eq!(e.errno, errno::EINVAL);
+    let mut data = [0u8; 180];
+    data[..8].copy_from_slice(b"ud hello");
+    data[179] = 0xAB;
+    c.connect(0, id, &param(0x333, &data)).unwrap();
     let req = wait_for(&mut sim, 1, EventType::ConnectRequest);
     let EventParam::Ud(up) = &req.param else {
         panic!("{req:?}")
     };
-    assert_eq!(&up.private_data[..8], b"ud hello");
+    assert_eq!(up.private_data, data);
     let now = sim.now;
     sim.endpoints[1]
         .cma
@@ -489,6 +504,94 @@ fn ud_ids_resolve_the_peer_qp_with_sidr() {
     assert_eq!(up.qkey, UDP_QKEY);
     assert_eq!(up.ah_attr.grh.dgid.to_ip(), ip(7));
     assert_eq!(&up.private_data[..10], b"ud welcome");
+}
+
+#[test]
+fn ack_timeout_is_for_rc_ids() {
+    let mut sim = pair(9, faults(0.0, 0.0, 0.0));
+    let c = &mut sim.endpoints[0].cma;
+    let ud = c.create_id(1, port_space::UDP, None).unwrap();
+    let e = c.set_option(ud, IdOption::AckTimeout(18)).unwrap_err();
+    assert_eq!(e.errno, errno::EINVAL);
+    let uc = c.create_id(1, port_space::IB, Some(Service::Uc)).unwrap();
+    let e = c.set_option(uc, IdOption::AckTimeout(18)).unwrap_err();
+    assert_eq!(e.errno, errno::EINVAL);
+    // An RC id's RTS timeout is the option's.
+    serve(&mut sim, 7008);
+    let id = client(&mut sim, 7008);
+    let c = &mut sim.endpoints[0].cma;
+    c.set_option(id, IdOption::AckTimeout(18)).unwrap();
+    sim.endpoints[0].cma.connect(0, id, &param(1, b"")).unwrap();
+    let req = wait_for(&mut sim, 1, EventType::ConnectRequest);
+    let now = sim.now;
+    sim.endpoints[1]
+        .cma
+        .accept(now, req.id, &param(2, b""), 0)
+        .unwrap();
+    wait_for(&mut sim, 0, EventType::ConnectResponse);
+    let (rts, m) = sim.endpoints[0].cma.init_qp_attr(id, QpState::Rts).unwrap();
+    assert!(m.contains(QpAttrMask::TIMEOUT));
+    assert_eq!(rts.timeout, 18);
+}
+
+#[test]
+fn the_clients_tos_is_the_traffic_class_of_both_address_vectors() {
+    let mut sim = pair(11, faults(0.0, 0.0, 0.0));
+    let l = serve(&mut sim, 7010);
+    sim.endpoints[1]
+        .cma
+        .set_option(l, IdOption::Tos(64))
+        .unwrap();
+    let c = &mut sim.endpoints[0].cma;
+    let id = c.create_id(1, port_space::TCP, None).unwrap();
+    c.set_option(id, IdOption::Tos(32)).unwrap();
+    c.resolve_addr(id, None, SocketAddr::new(ip(1), 7010))
+        .unwrap();
+    c.resolve_route(id).unwrap();
+    assert_eq!(c.tos(id).unwrap(), 32);
+    c.connect(0, id, &param(1, b"")).unwrap();
+    let req = wait_for(&mut sim, 1, EventType::ConnectRequest);
+    // The passive side's path is the REQ's: the client's TOS, not the listener's.
+    let s = &mut sim.endpoints[1].cma;
+    assert_eq!(s.tos(req.id).unwrap(), 32);
+    let (srtr, _) = s.init_qp_attr(req.id, QpState::Rtr).unwrap();
+    assert_eq!(srtr.ah_attr.grh.traffic_class, 32);
+    let now = sim.now;
+    s.accept(now, req.id, &param(2, b""), 0).unwrap();
+    wait_for(&mut sim, 0, EventType::ConnectResponse);
+    let (crtr, _) = sim.endpoints[0].cma.init_qp_attr(id, QpState::Rtr).unwrap();
+    assert_eq!(crtr.ah_attr.grh.traffic_class, 32);
+}
+
+#[test]
+fn reuseaddr_and_afonly_follow_linux_state_rules() {
+    let mut sim = pair(10, faults(0.0, 0.0, 0.0));
+    let s = &mut sim.endpoints[1].cma;
+    let l = s.create_id(1, port_space::TCP, None).unwrap();
+    // rdma_set_reuseaddr: either way while idle; after bind only on, until listening.
+    s.set_option(l, IdOption::ReuseAddr(false)).unwrap();
+    s.set_option(l, IdOption::AfOnly(false)).unwrap();
+    s.bind(l, SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 7009))
+        .unwrap();
+    let e = s.set_option(l, IdOption::ReuseAddr(false)).unwrap_err();
+    assert_eq!(e.errno, errno::EINVAL);
+    s.set_option(l, IdOption::ReuseAddr(true)).unwrap();
+    // rdma_set_afonly: while idle or bound.
+    s.set_option(l, IdOption::AfOnly(true)).unwrap();
+    s.listen(l, 4).unwrap();
+    for o in [IdOption::ReuseAddr(true), IdOption::AfOnly(true)] {
+        assert_eq!(
+            s.set_option(l, o).unwrap_err().errno,
+            errno::EINVAL,
+            "{o:?}"
+        );
+    }
+    // A resolved active-side id may still turn REUSEADDR on, not set AFONLY.
+    let id = client(&mut sim, 7009);
+    let c = &mut sim.endpoints[0].cma;
+    c.set_option(id, IdOption::ReuseAddr(true)).unwrap();
+    let e = c.set_option(id, IdOption::AfOnly(true)).unwrap_err();
+    assert_eq!(e.errno, errno::EINVAL);
 }
 
 #[test]

@@ -405,6 +405,40 @@ impl Binding {
     pub fn is_listening(&self) -> bool {
         self.rec.listening
     }
+    /// Whether the binding shares its port with other REUSEADDR bindings.
+    pub fn reuse_addr(&self) -> bool {
+        self.rec.reuse
+    }
+    /// Whether the binding ignores bindings of the other address family.
+    pub fn af_only(&self) -> bool {
+        self.rec.afonly
+    }
+
+    /// REUSEADDR set on the bound id (`rdma_set_reuseaddr`, which Linux allows after bind
+    /// until the id listens): later binds and listens on the port count the new flag;
+    /// the binding itself is not checked again, as on Linux. The caller keeps the state
+    /// rules (see the module docs).
+    pub fn set_reuse_addr(&mut self, on: bool) -> io::Result<()> {
+        self.rewrite(|r| r.reuse = on)
+    }
+
+    /// AFONLY set on the bound id (`rdma_set_afonly`, allowed until the id listens): as
+    /// [`Binding::set_reuse_addr`].
+    pub fn set_af_only(&mut self, on: bool) -> io::Result<()> {
+        self.rewrite(|r| r.afonly = on)
+    }
+
+    fn rewrite(&mut self, f: impl FnOnce(&mut Record)) -> io::Result<()> {
+        let mut rec = self.rec.clone();
+        f(&mut rec);
+        if rec == self.rec {
+            return Ok(());
+        }
+        let _lock = RegistryLock::acquire(&self.dir)?;
+        self.file = write_record(&self.dir, &self.stem, &rec)?;
+        self.rec = rec;
+        Ok(())
+    }
 
     /// Start or stop listening: only listeners are found by [`Registry::lookup`]. Starting
     /// re-checks a REUSEADDR binding as `rdma_listen` does and may fail with the same
@@ -1307,6 +1341,33 @@ mod tests {
         assert_eq!(errno(w1.set_listening(true)), Errno::ADDRNOTAVAIL);
         drop(w2);
         assert_eq!(errno(w1.set_listening(true)), Errno::ADDRNOTAVAIL);
+    }
+
+    #[test]
+    fn reuseaddr_and_afonly_set_after_bind_count_for_later_binds() {
+        let t = TempReg::new("late");
+        let mut a = bind(&t.reg, "192.0.2.1:7010").unwrap();
+        assert_eq!(
+            errno(bind_reuse(&t.reg, "192.0.2.1:7010")),
+            Errno::ADDRINUSE
+        );
+        a.set_reuse_addr(true).unwrap();
+        assert!(a.reuse_addr());
+        let b = bind_reuse(&t.reg, "192.0.2.1:7010").unwrap();
+        // And rdma_listen's re-check sees the other REUSEADDR binding.
+        assert_eq!(errno(a.set_listening(true)), Errno::ADDRINUSE);
+        drop(b);
+
+        // An IPv6 wildcard that is not AFONLY takes the IPv4 port too, until it is.
+        let opts = BindOptions {
+            af_only: Some(false),
+            ..BindOptions::default()
+        };
+        let mut v6 = t.reg.bind(TCP, sa("[::]:7011"), sa(DEV), opts).unwrap();
+        assert_eq!(errno(bind(&t.reg, "0.0.0.0:7011")), Errno::ADDRNOTAVAIL);
+        v6.set_af_only(true).unwrap();
+        assert!(v6.af_only());
+        let _v4 = bind(&t.reg, "0.0.0.0:7011").unwrap();
     }
 
     #[test]

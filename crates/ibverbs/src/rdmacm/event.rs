@@ -2,7 +2,8 @@
 //! turned into the `rdma_cm_event` a program reads, with librdmacm's own work on the way:
 //! a connection request gets its new id; a connection response on an id with a QP moves
 //! the QP to RTR and RTS and sends the RTU, and is reported as ESTABLISHED (or
-//! CONNECT_ERROR); REJECTED and DISCONNECTED move the QP to ERR, which flushes it.
+//! CONNECT_ERROR); REJECTED moves the QP to ERR, which flushes it (DISCONNECTED does not:
+//! rdma_disconnect does).
 
 use std::ffi::c_int;
 
@@ -108,7 +109,7 @@ unsafe fn new_conn_id(
     // SAFETY: the new id is live.
     unsafe {
         id::query_route(child);
-        id::set_path(child, 0);
+        id::set_path(child);
     }
     Ok(child)
 }
@@ -172,7 +173,7 @@ unsafe fn process(ev: CmaEvent) -> Option<*mut abi::rdma_cm_event> {
             // SAFETY: the id is live.
             unsafe {
                 id::query_route(owner_c);
-                id::set_path(owner_c, 0);
+                id::set_path(owner_c);
             }
         }
         EventType::ConnectRequest => {
@@ -215,9 +216,9 @@ unsafe fn process(ev: CmaEvent) -> Option<*mut abi::rdma_cm_event> {
             if me.lock().connect_error {
                 return skip(me);
             }
+            // The QP is left as it is: librdmacm moves it to ERR (which flushes it) in
+            // rdma_disconnect, which programs call on DISCONNECTED, not here.
             param_to_c(&mut out, &ev.param);
-            // The connection is over: the QP flushes what it still holds.
-            let _ = qp::modify_qp_err(me);
         }
         EventType::MulticastJoin | EventType::MulticastError => {
             param_to_c(&mut out, &ev.param);

@@ -378,15 +378,18 @@ pub(crate) unsafe fn query_route(p: *mut abi::rdma_cm_id) {
 }
 
 /// Give the id its one RoCE path record (`route.path_rec`), as the kernel reports it once
-/// the route is resolved.
+/// the route is resolved: its traffic class is the id's type of service (what
+/// `RDMA_OPTION_ID_TOS` set; for a connection request's id, the REQ path's).
 ///
 /// # Safety
 /// `p` is a live id of this library.
-pub(crate) unsafe fn set_path(p: *mut abi::rdma_cm_id, tos: u8) {
+pub(crate) unsafe fn set_path(p: *mut abi::rdma_cm_id) {
     // SAFETY: per the contract.
     let Some(me) = (unsafe { id_of(p) }) else {
         return;
     };
+    let h = me.handle;
+    let tos = me.cm.call(|c, _| c.tos(h)).unwrap_or(0);
     // SAFETY: the id is live.
     let ib = unsafe { (*p).route.addr.addr.ibaddr };
     let mut r: abi::ibv_sa_path_rec = zeroed();
