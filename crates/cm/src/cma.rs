@@ -785,7 +785,6 @@ impl Cma {
     /// number and resources; the RTU then reports ESTABLISHED. Active side, after
     /// CONNECT_RESPONSE: send the RTU (the id is established).
     pub fn accept(&mut self, now: u64, id: IdHandle, p: &ConnParam, qkey: u32) -> Result<()> {
-        let psn = (self.rng.next_u64() as u32) & 0xFF_FFFF;
         let i = self.id(id)?;
         let Some(comm) = i.comm else {
             return Err(err(errno::EINVAL, "no connection request to accept"));
@@ -816,7 +815,9 @@ impl Cma {
                     return Err(err(errno::EINVAL, "private data too long"));
                 }
                 let i = self.id_mut(id)?;
-                i.sq_psn = psn;
+                // Drawn with the id, so the QP reached RTS with it before this call, as
+                // librdmacm moves it.
+                let psn = i.sq_psn;
                 i.initiator_depth = p.initiator_depth;
                 i.responder_resources = p.responder_resources;
                 let rep = Rep {
@@ -1120,6 +1121,9 @@ impl Cma {
             (l.channel, l.ps, l.service, l.tos, l.path_timeout);
         let h = self.alloc_handle();
         let mut c = Id::new(channel, ps, service);
+        // Known before the REP goes (`rdma_init_qp_attr` for RTS precedes `rdma_accept`),
+        // as Linux draws it when the id is made.
+        c.sq_psn = (self.rng.next_u64() as u32) & 0xFF_FFFF;
         c.state = IdState::Connect;
         c.src = Some(src);
         c.dst = Some(dst);
