@@ -632,6 +632,10 @@ impl Default for AcceptOptions {
     }
 }
 
+/// SIDR_REP statuses (IBTA 12.11.2): nobody serves the service ID; the server refused.
+const SIDR_UNSUPPORTED: i32 = 1;
+const SIDR_REJECT: i32 = 2;
+
 /// The name of a REJ reason, for messages.
 fn reason_name(r: u16) -> &'static str {
     match r {
@@ -680,13 +684,26 @@ fn event_error(ev: &Event, what: &str, peer: SocketAddr) -> Error {
                 },
             )
         }
-        EventType::Unreachable if ev.status > 0 => Error::rejected(
-            format!("UD service at {peer} refused (SIDR status {})", ev.status),
-            Rejection {
-                reason: u16::try_from(ev.status).unwrap_or(0),
-                private_data: ev.private_data().to_vec(),
-            },
-        ),
+        EventType::Unreachable if ev.status > 0 => {
+            // A SIDR_REP's status, as the REJ reason of the same meaning, so that UD and
+            // connected clients tell "nobody listens" and "refused" apart alike.
+            let reason = match ev.status {
+                SIDR_UNSUPPORTED => rej_reason::INVALID_SERVICE_ID,
+                SIDR_REJECT => rej_reason::CONSUMER_REJECT,
+                s => u16::try_from(s).unwrap_or(0),
+            };
+            Error::rejected(
+                format!(
+                    "UD service at {peer} refused: SIDR status {} (reason {reason}: {})",
+                    ev.status,
+                    reason_name(reason)
+                ),
+                Rejection {
+                    reason,
+                    private_data: ev.private_data().to_vec(),
+                },
+            )
+        }
         EventType::Unreachable => Error::new(
             libc::ETIMEDOUT,
             format!("{peer} unreachable: its CM never answered (UNREACHABLE)"),

@@ -18,7 +18,8 @@ pub struct Error {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     /// The IBTA REJ reason: 8 (invalid service ID) when nothing listens on the port,
-    /// 28 (consumer reject) when the server's program refused.
+    /// 28 (consumer reject) when the server's program refused. A UD request's SIDR_REP
+    /// status is given as the reason of the same meaning (unsupported: 8, rejected: 28).
     pub reason: u16,
     /// The private data the server refused with, padded with zeros to the REJ's 148
     /// bytes as the rdma_cm delivers it (empty when no REJ message carried it).
