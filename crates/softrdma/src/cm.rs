@@ -56,8 +56,9 @@ use crate::error::Rejection;
 use crate::{Device, Error, ProtectionDomain, QpInit, QueuePair, Result};
 
 pub use softrdma_cm::cma::{
-    ConnParam, EventType, IdOption, IdState, UdParam, MAX_ACCEPT_PRIVATE, MAX_CONNECT_PRIVATE,
-    MAX_REJECT_PRIVATE, MAX_UD_ACCEPT_PRIVATE, MAX_UD_CONNECT_PRIVATE, UDP_QKEY,
+    ConnParam, EventType, IdOption, IdState, Timeouts, UdParam, MAX_ACCEPT_PRIVATE,
+    MAX_CONNECT_PRIVATE, MAX_REJECT_PRIVATE, MAX_UD_ACCEPT_PRIVATE, MAX_UD_CONNECT_PRIVATE,
+    UDP_QKEY,
 };
 
 /// Outstanding RDMA READs and atomics the helpers offer by default, each way.
@@ -90,6 +91,15 @@ fn agent_of(dev: &Device) -> Result<Arc<Agent>> {
     let a = Arc::new(a);
     *slot = Some(Arc::clone(&a));
     Ok(a)
+}
+
+/// Make the CM of `dev` wait for answers as `t` says, for the requests, replies and
+/// disconnects it sends from now on. The default is Linux's (a request is tried 16
+/// times, about 4.6 s apart, before UNREACHABLE); shorter suits tests and programs that
+/// would rather fail fast.
+pub fn set_timeouts(dev: &Device, t: Timeouts) -> Result<()> {
+    agent_of(dev)?.call(|c, _| c.set_timeouts(t));
+    Ok(())
 }
 
 /// A seed for the CM's communication IDs and starting PSNs: they guard connections

@@ -295,6 +295,35 @@ fn nobody_listening_is_rejected_with_reason_8() {
     }
 }
 
+/// A device whose CM never answers (it has none running): the client's CM retries the
+/// REQ as its timeouts say and then reports UNREACHABLE, an ETIMEDOUT error.
+#[test]
+fn silent_peer_is_unreachable() {
+    let cli = Side::new("cm9c");
+    let silent = device("cm9s");
+    cm::set_timeouts(
+        &cli.dev,
+        cm::Timeouts {
+            cm_response: 8,
+            max_retries: 2,
+            packet_life_time: 8,
+        },
+    )
+    .unwrap();
+    let opts = ConnectOptions {
+        timeout: Some(T),
+        ..ConnectOptions::default()
+    };
+    let addr = SocketAddr::new(silent.addr().ip(), 4242);
+    let e = cm::connect(&cli.pd, &cli.init(), addr, &opts).unwrap_err();
+    assert_eq!(e.errno(), libc::ETIMEDOUT, "{e}");
+    assert!(e.rejection().is_none(), "{e}");
+    assert!(
+        e.message().contains("UNREACHABLE"),
+        "the CM's verdict, not ours: {e}"
+    );
+}
+
 /// A specific address of this host that is not loopback (Linux counts loopback
 /// addresses as wildcards when ports conflict), if the host has one.
 fn host_address() -> Option<IpAddr> {
