@@ -5,6 +5,7 @@
 //! Every failure is one line on stderr and a non-zero exit; nothing panics on bad input.
 
 mod cabi;
+mod cmconn;
 mod demo;
 mod exch;
 mod info;
@@ -123,9 +124,13 @@ pub struct PingpongArgs {
     /// Queue pair type
     #[arg(short = 't', long = "type", value_enum, default_value = "rc")]
     pub qp_type: PpType,
-    /// TCP port of the address exchange
+    /// TCP port of the address exchange (with --cm: the rdma_cm port)
     #[arg(short, long, default_value_t = 18515)]
     pub port: u16,
+    /// Connect through the rdma_cm (port -p of its TCP port space; UDP for ud, IB for
+    /// uc) instead of the TCP exchange; the peer must use --cm too
+    #[arg(long)]
+    pub cm: bool,
     /// Message size (default 4096; 2048 for ud)
     #[arg(short, long)]
     pub size: Option<u32>,
@@ -201,9 +206,13 @@ pub struct PerfArgs {
     /// Outstanding work requests of bandwidth tests
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
-    /// TCP port of the exchange
+    /// TCP port of the exchange (with --cm: the rdma_cm port)
     #[arg(short, long, default_value_t = 18516)]
     pub port: u16,
+    /// Connect through the rdma_cm (port -p of its TCP port space) instead of the TCP
+    /// exchange; the peer must use --cm too
+    #[arg(long)]
+    pub cm: bool,
     /// Path MTU: 256, 512, 1024, 2048 or 4096
     #[arg(short, long, default_value_t = 1024)]
     pub mtu: u32,

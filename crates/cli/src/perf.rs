@@ -17,21 +17,25 @@
 //! posts nothing and waits for "done"; for SEND bandwidth it keeps receives posted; for
 //! SEND latency it echoes every message; for WRITE latency it answers each write with one
 //! of its own once it sees the last byte change.
+//!
+//! With `--cm` there is no side channel: the request and the answer ride in the rdma_cm's
+//! private data (see "rdma_cm sessions" below) and the client's disconnect says "done".
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use softrdma::cm::{self, AcceptOptions, ConnectOptions, Connection, Listener};
 use softrdma::{
-    wr, Access, CompletionQueue, Device, MemoryRegion, PathOptions, QpCap, QpInit, QpType,
-    QueuePair, RemoteMemory, RemoteQp, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
-    WorkCompletion,
+    wr, Access, CompletionQueue, Device, MemoryRegion, PathOptions, ProtectionDomain, QpCap,
+    QpInit, QpType, QueuePair, RemoteMemory, RemoteQp, SendFlags, SendOp, SendWr, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 
 use crate::exch::{gid_to_wire, wire_to_gid};
 use crate::session::{self, Poller};
-use crate::{output, tcp};
+use crate::{cmconn, output, tcp};
 use crate::{stats, CmdResult, PerfArgs, PerfTest};
 
 const MAGIC: &str = "softrdma-perf 1";
@@ -116,20 +120,33 @@ impl Test {
     }
 }
 
-/// One side's resources: buffer, CQ, QP.
-pub struct Side {
-    pub qp: QueuePair,
-    pub cq: CompletionQueue,
-    pub mr: MemoryRegion,
-    /// Half the buffer: the receive area is `0..half`, the send area `half..2*half`.
-    pub half: usize,
-    pub psn: u32,
-    /// write-lat: wait for the peer's WRITE by watching memory only (`--memory-wait`).
-    pub memory_wait: bool,
+/// A side's QP: its own (connected after the TCP exchange), or the one of its rdma_cm
+/// connection (`--cm`). Either way the session posts on it as on a plain QP.
+pub enum SideQp {
+    Own(QueuePair),
+    Cm(Connection),
 }
 
-impl Side {
-    pub fn new(dev: &Device, max_size: u32) -> CmdResult<Side> {
+impl std::ops::Deref for SideQp {
+    type Target = QueuePair;
+    fn deref(&self) -> &QueuePair {
+        match self {
+            SideQp::Own(q) => q,
+            SideQp::Cm(c) => c.qp(),
+        }
+    }
+}
+
+/// What a side registers before it has a QP: its PD, buffer and CQ.
+pub struct Resources {
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    mr: MemoryRegion,
+    half: usize,
+}
+
+impl Resources {
+    pub fn new(dev: &Device, max_size: u32) -> CmdResult<Resources> {
         let half = (max_size.max(64) as usize).next_multiple_of(64);
         let pd = dev
             .alloc_pd()
@@ -146,7 +163,10 @@ impl Side {
         let cq = dev
             .create_cq(SQ_DEPTH + RQ_DEPTH, None)
             .map_err(|e| format!("couldn't create CQ: {e}"))?;
-        let mut init = QpInit::new(QpType::Rc, &cq);
+        Ok(Resources { pd, cq, mr, half })
+    }
+    fn qp_init(&self) -> QpInit<'_> {
+        let mut init = QpInit::new(QpType::Rc, &self.cq);
         init.cap = QpCap {
             max_send_wr: SQ_DEPTH,
             max_recv_wr: RQ_DEPTH,
@@ -154,17 +174,67 @@ impl Side {
             max_recv_sge: 1,
             max_inline_data: 64,
         };
-        let qp = pd
-            .create_qp(&init)
-            .map_err(|e| format!("couldn't create QP: {e}"))?;
+        init
+    }
+    /// The receive area as the peer addresses it.
+    fn remote(&self) -> RemoteMemory {
+        RemoteMemory {
+            addr: self.mr.addr(),
+            rkey: self.mr.rkey(),
+            len: self.half as u64,
+        }
+    }
+    fn post_recvs(&self, qp: &QueuePair, n: u32) -> CmdResult {
+        for _ in 0..n {
+            qp.post_recv(wr::recv(0, [self.mr.sge(0..self.half)]))
+                .map_err(|e| format!("couldn't post receive: {e}"))?;
+        }
+        Ok(())
+    }
+    /// A side around the QP of an rdma_cm connection (its send PSN is the CM's).
+    fn into_side(self, conn: Connection) -> CmdResult<Side> {
+        let psn = conn
+            .qp()
+            .query()
+            .map_err(|e| format!("couldn't query the QP: {e}"))?
+            .sq_psn;
+        Ok(Side {
+            qp: SideQp::Cm(conn),
+            cq: self.cq,
+            mr: self.mr,
+            half: self.half,
+            psn,
+            memory_wait: false,
+        })
+    }
+}
+
+/// One side's resources: buffer, CQ, QP.
+pub struct Side {
+    pub qp: SideQp,
+    pub cq: CompletionQueue,
+    pub mr: MemoryRegion,
+    /// Half the buffer: the receive area is `0..half`, the send area `half..2*half`.
+    pub half: usize,
+    pub psn: u32,
+    /// write-lat: wait for the peer's WRITE by watching memory only (`--memory-wait`).
+    pub memory_wait: bool,
+}
+
+impl Side {
+    pub fn new(dev: &Device, max_size: u32) -> CmdResult<Side> {
+        let r = Resources::new(dev, max_size)?;
+        let qp =
+            r.pd.create_qp(&r.qp_init())
+                .map_err(|e| format!("couldn't create QP: {e}"))?;
         // INIT now, so receives can be posted before the peer is known.
         qp.to_init(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC)
             .map_err(|e| format!("failed to modify QP to INIT: {e}"))?;
         Ok(Side {
-            qp,
-            cq,
-            mr,
-            half,
+            qp: SideQp::Own(qp),
+            cq: r.cq,
+            mr: r.mr,
+            half: r.half,
             psn: session::random_psn(),
             memory_wait: false,
         })
@@ -365,15 +435,15 @@ pub fn serve_session(
     writeln!(w, "{MAGIC} ok {}", peer_fields(&local))
         .map_err(|e| format!("couldn't answer the client: {e}"))?;
 
-    match test {
-        Test::Perf(PerfTest::SendBw) => serve_recv(&side, &mut r, false)?,
-        Test::Perf(PerfTest::SendLat) | Test::Demo => serve_recv(&side, &mut r, true)?,
-        Test::Perf(PerfTest::WriteLat) => {
-            serve_write_lat(&side, &remote, &sizes, iters, timeout)?;
-            wait_done(&mut r)?;
-        }
-        _ => wait_done(&mut r)?,
-    }
+    serve_test(
+        &side,
+        &mut Ctl::Tcp(&mut r),
+        test,
+        &remote,
+        &sizes,
+        iters,
+        timeout,
+    )?;
     let _ = writeln!(w, "bye");
     Ok(Served {
         test,
@@ -383,18 +453,125 @@ pub fn serve_session(
     })
 }
 
-fn wait_done(r: &mut BufReader<TcpStream>) -> CmdResult {
-    // The run may be long: no timeout; a vanished client closes the connection.
-    let _ = r.get_ref().set_read_timeout(None);
-    let l = read_line(r, "the client's \"done\"")?;
-    if l != "done" {
-        return Err(format!("unexpected message from the client: {l:?}"));
+/// What the server does for each test once connected, until the client is done.
+fn serve_test(
+    side: &Side,
+    ctl: &mut Ctl<'_>,
+    test: Test,
+    remote: &Peer,
+    sizes: &[u32],
+    iters: u32,
+    timeout: Duration,
+) -> CmdResult {
+    match test {
+        Test::Perf(PerfTest::SendBw) => serve_recv(side, ctl, false),
+        Test::Perf(PerfTest::SendLat) | Test::Demo => serve_recv(side, ctl, true),
+        Test::Perf(PerfTest::WriteLat) => {
+            serve_write_lat(side, remote, sizes, iters, timeout)?;
+            wait_done(side, ctl, timeout)
+        }
+        _ => wait_done(side, ctl, timeout),
     }
-    Ok(())
 }
 
-/// Poll the side channel for "done" without blocking.
-fn done_arrived(r: &mut BufReader<TcpStream>) -> CmdResult<bool> {
+/// How the server learns that the client is done: "done" on the side channel, or the
+/// client disconnecting its rdma_cm connection.
+enum Ctl<'a> {
+    Tcp(&'a mut BufReader<TcpStream>),
+    Cm(CmCtl<'a>),
+}
+
+/// The rdma_cm end of a session. A killed client sends no DREQ, so while waiting the
+/// server probes it now and then with an empty RDMA WRITE, whose failure (the client's
+/// QP is gone: no ACK) ends the wait, as a closed TCP connection does.
+struct CmCtl<'a> {
+    conn: &'a Connection,
+    client: RemoteMemory,
+    last_probe: Instant,
+}
+
+/// How often a waiting `--cm` server probes its client.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// The probe's work request id.
+const PROBE_WRID: u64 = u64::MAX;
+
+impl CmCtl<'_> {
+    /// Whether the client disconnected; probes it when due.
+    fn done(&mut self) -> CmdResult<bool> {
+        match self.conn.wait_disconnected(Some(Duration::ZERO)) {
+            Ok(()) => return Ok(true),
+            Err(e) if e.is_timeout() => {}
+            Err(e) => return Err(format!("disconnecting: {e}")),
+        }
+        if self.last_probe.elapsed() >= PROBE_EVERY {
+            self.last_probe = Instant::now();
+            let mut w = wr::write(PROBE_WRID, Vec::new(), &self.client, 0);
+            w.flags |= SendFlags::SIGNALED;
+            self.conn
+                .qp()
+                .post_send(w)
+                .map_err(|e| format!("couldn't probe the client: {e}"))?;
+        }
+        Ok(false)
+    }
+}
+
+fn wait_done(side: &Side, ctl: &mut Ctl<'_>, timeout: Duration) -> CmdResult {
+    match ctl {
+        Ctl::Tcp(r) => {
+            // The run may be long: no timeout; a vanished client closes the connection.
+            let _ = r.get_ref().set_read_timeout(None);
+            let l = read_line(r, "the client's \"done\"")?;
+            if l != "done" {
+                return Err(format!("unexpected message from the client: {l:?}"));
+            }
+            Ok(())
+        }
+        Ctl::Cm(c) => {
+            // The run may be long: no limit while the client answers the probes.
+            let mut poller = Poller::new(timeout);
+            let mut wcs = [WorkCompletion::default(); 16];
+            loop {
+                if c.done()? {
+                    return Ok(());
+                }
+                // Drain what the server's sends left (write-lat) and the probes.
+                let n = side
+                    .cq
+                    .poll(&mut wcs)
+                    .map_err(|e| format!("poll CQ failed: {e}"))?;
+                if let Some(wc) = wcs[..n].iter().find(|w| w.status != WcStatus::Success) {
+                    return Err(gone(wc));
+                }
+                if n == 0 {
+                    // Bounded: the probe ends the wait within its retries.
+                    let _ = c.conn.wait_disconnected(Some(Duration::from_millis(50)));
+                }
+                poller.progress();
+            }
+        }
+    }
+}
+
+/// The error line for a failed completion on a waiting server: a failed probe means the
+/// client is gone.
+fn gone(wc: &WorkCompletion) -> String {
+    if wc.wr_id == PROBE_WRID {
+        format!(
+            "the client is gone: its QP stopped answering ({})",
+            wc.status.as_str()
+        )
+    } else {
+        session::wc_error(wc)
+    }
+}
+
+/// Whether the client is done, without blocking.
+fn done_arrived(ctl: &mut Ctl<'_>) -> CmdResult<bool> {
+    let r = match ctl {
+        Ctl::Tcp(r) => r,
+        Ctl::Cm(c) => return c.done(),
+    };
     let s = r.get_ref();
     s.set_nonblocking(true)
         .map_err(|e| format!("side channel: {e}"))?;
@@ -411,8 +588,8 @@ fn done_arrived(r: &mut BufReader<TcpStream>) -> CmdResult<bool> {
 }
 
 /// SEND bandwidth (count and re-post) or SEND latency / demo (echo every message back).
-/// Ends at the client's "done" (or with an error when the client closes the connection).
-fn serve_recv(side: &Side, r: &mut BufReader<TcpStream>, echo: bool) -> CmdResult {
+/// Ends at the client's "done" or disconnect (or with an error when the client vanishes).
+fn serve_recv(side: &Side, ctl: &mut Ctl<'_>, echo: bool) -> CmdResult {
     let mut wcs = [WorkCompletion::default(); 64];
     let mut last_check = Instant::now();
     let mut poller = Poller::new(Duration::MAX);
@@ -423,7 +600,7 @@ fn serve_recv(side: &Side, r: &mut BufReader<TcpStream>, echo: bool) -> CmdResul
             .map_err(|e| format!("poll CQ failed: {e}"))?;
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
-                return Err(session::wc_error(wc));
+                return Err(gone(wc));
             }
             if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
                 if echo {
@@ -444,7 +621,7 @@ fn serve_recv(side: &Side, r: &mut BufReader<TcpStream>, echo: bool) -> CmdResul
         // meanwhile would wait for them.
         if n == 0 && last_check.elapsed() > Duration::from_millis(20) {
             last_check = Instant::now();
-            if done_arrived(r)? {
+            if done_arrived(ctl)? {
                 return Ok(());
             }
         }
@@ -925,24 +1102,7 @@ pub fn client_session(
         print_addr("local address: ", &local);
         print_addr("remote address:", &remote);
     }
-    let rows = match test {
-        Test::Demo => Rows::Bw(Vec::new()),
-        Test::Perf(t) if test.is_lat() => {
-            let mut seq = 0;
-            let mut v = Vec::new();
-            for &s in sizes {
-                v.push(run_lat(t, &side, &remote, s, iters, &mut seq, timeout)?);
-            }
-            Rows::Lat(v)
-        }
-        Test::Perf(t) => {
-            let mut v = Vec::new();
-            for &s in sizes {
-                v.push(run_bw(t, &side, &remote, s, iters, tx_depth, timeout)?);
-            }
-            Rows::Bw(v)
-        }
-    };
+    let rows = run_rows(test, &side, &remote, sizes, iters, tx_depth, timeout)?;
     Ok((
         ClientRun {
             local,
@@ -952,6 +1112,308 @@ pub fn client_session(
         side,
         Channel { w: stream, r },
     ))
+}
+
+/// The client's part: every size of `test` against `remote`.
+fn run_rows(
+    test: Test,
+    side: &Side,
+    remote: &Peer,
+    sizes: &[u32],
+    iters: u32,
+    tx_depth: u32,
+    timeout: Duration,
+) -> CmdResult<Rows> {
+    Ok(match test {
+        Test::Demo => Rows::Bw(Vec::new()),
+        Test::Perf(t) if test.is_lat() => {
+            let mut seq = 0;
+            let mut v = Vec::new();
+            for &s in sizes {
+                v.push(run_lat(t, side, remote, s, iters, &mut seq, timeout)?);
+            }
+            Rows::Lat(v)
+        }
+        Test::Perf(t) => {
+            let mut v = Vec::new();
+            for &s in sizes {
+                v.push(run_bw(t, side, remote, s, iters, tx_depth, timeout)?);
+            }
+            Rows::Bw(v)
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// rdma_cm sessions (--cm)
+//
+// The request and the answer ride in the CM's private data instead of the text lines of
+// the side channel, big-endian:
+//
+//   REQ (36 of its 56 bytes): "SRP1", test (1), flags (1: bit 0 wait=memory, bit 1 -a),
+//                             0 (2), size (4; with -a unused), iters (4),
+//                             addr (8), rkey (4), len (8)
+//   REP (24 of 196):          "SRP1", addr (8), rkey (4), len (8)
+//
+// QP numbers and PSNs are the CM's own. A request the server refuses is rejected with
+// the reason as text in the REJ; the end of the run is the client's disconnect.
+
+const CM_MAGIC: &[u8; 4] = b"SRP1";
+const CM_REQ_LEN: usize = 36;
+const CM_REP_LEN: usize = 24;
+const CM_WAIT_MEMORY: u8 = 1;
+const CM_ALL_SIZES: u8 = 2;
+/// The tests in the order of their codes in a request.
+const CM_TESTS: [PerfTest; 8] = [
+    PerfTest::WriteBw,
+    PerfTest::ReadBw,
+    PerfTest::SendBw,
+    PerfTest::AtomicBw,
+    PerfTest::WriteLat,
+    PerfTest::ReadLat,
+    PerfTest::SendLat,
+    PerfTest::AtomicLat,
+];
+
+/// What a `--cm` client asks for.
+#[derive(Debug, Clone, PartialEq)]
+struct CmRequest {
+    test: PerfTest,
+    /// None: every size (-a).
+    size: Option<u32>,
+    iters: u32,
+    memory_wait: bool,
+    mem: RemoteMemory,
+}
+
+fn put_mem(v: &mut Vec<u8>, m: &RemoteMemory) {
+    v.extend_from_slice(&m.addr.to_be_bytes());
+    v.extend_from_slice(&m.rkey.to_be_bytes());
+    v.extend_from_slice(&m.len.to_be_bytes());
+}
+
+fn get_mem(b: &[u8]) -> RemoteMemory {
+    let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+    RemoteMemory {
+        addr: u64_at(0),
+        rkey: u32::from_be_bytes(b[8..12].try_into().unwrap_or([0; 4])),
+        len: u64_at(12),
+    }
+}
+
+impl CmRequest {
+    fn encode(&self) -> Vec<u8> {
+        let code = CM_TESTS.iter().position(|&t| t == self.test).unwrap_or(0);
+        let mut flags = 0;
+        if self.memory_wait {
+            flags |= CM_WAIT_MEMORY;
+        }
+        if self.size.is_none() {
+            flags |= CM_ALL_SIZES;
+        }
+        let mut v = CM_MAGIC.to_vec();
+        v.extend_from_slice(&[code as u8, flags, 0, 0]);
+        v.extend_from_slice(&self.size.unwrap_or(0).to_be_bytes());
+        v.extend_from_slice(&self.iters.to_be_bytes());
+        put_mem(&mut v, &self.mem);
+        v
+    }
+
+    fn decode(b: &[u8]) -> CmdResult<CmRequest> {
+        if b.len() < CM_REQ_LEN || &b[..4] != CM_MAGIC {
+            return Err("not a softrdma perf client".into());
+        }
+        let test = *CM_TESTS
+            .get(usize::from(b[4]))
+            .ok_or_else(|| format!("unknown test {}", b[4]))?;
+        let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
+        let (flags, size, iters) = (b[5], u32_at(8), u32_at(12));
+        let size = (flags & CM_ALL_SIZES == 0).then_some(size);
+        if size.is_some_and(|s| !(1..=MAX_SIZE).contains(&s)) {
+            return Err("bad sizes".into());
+        }
+        if iters == 0 {
+            return Err("bad iters".into());
+        }
+        Ok(CmRequest {
+            test,
+            size,
+            iters,
+            memory_wait: flags & CM_WAIT_MEMORY != 0,
+            mem: get_mem(&b[16..CM_REQ_LEN]),
+        })
+    }
+
+    fn sizes(&self) -> CmdResult<Vec<u32>> {
+        sizes_of(self.test, self.size, self.size.is_none())
+    }
+}
+
+fn encode_answer(m: &RemoteMemory) -> Vec<u8> {
+    let mut v = CM_MAGIC.to_vec();
+    put_mem(&mut v, m);
+    v
+}
+
+fn decode_answer(b: &[u8]) -> CmdResult<RemoteMemory> {
+    if b.len() < CM_REP_LEN || &b[..4] != CM_MAGIC {
+        return Err("the peer is not a softrdma perf server".into());
+    }
+    Ok(get_mem(&b[4..CM_REP_LEN]))
+}
+
+/// The peer of a connected QP as the CM set it up, with its memory.
+fn cm_peer(qp: &QueuePair, mem: RemoteMemory) -> CmdResult<Peer> {
+    let a = qp
+        .query()
+        .map_err(|e| format!("couldn't query the QP: {e}"))?;
+    Ok(Peer {
+        qp: RemoteQp {
+            gid: a.ah_attr.grh.dgid,
+            qpn: a.dest_qp_num,
+            psn: a.rq_psn,
+        },
+        mem,
+    })
+}
+
+/// A `prepare` step's error as the CM helpers take it.
+fn cm_err(msg: String) -> softrdma::Error {
+    softrdma::Error::new(12, msg)
+}
+
+/// Serve one `--cm` client from listener `l` of device `dev`.
+pub fn serve_cm(dev: &Device, l: &Listener, timeout: Duration) -> CmdResult<Served> {
+    let req = l
+        .next_request(None)
+        .map_err(|e| format!("waiting for a client: {e}"))?;
+    let peer = req
+        .peer_addr()
+        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let refuse = |req: cm::ConnectRequest, msg: String| -> CmdResult<Served> {
+        let mut why = format!("{MAGIC} error {msg}").into_bytes();
+        why.truncate(cm::MAX_REJECT_PRIVATE);
+        let _ = req.reject(&why);
+        Err(msg)
+    };
+    let q = match CmRequest::decode(req.private_data()) {
+        Ok(q) => q,
+        Err(e) => return refuse(req, e),
+    };
+    let sizes = match q.sizes() {
+        Ok(s) => s,
+        Err(e) => return refuse(req, e),
+    };
+    let test = Test::Perf(q.test);
+    let max = sizes.iter().copied().max().unwrap_or(64);
+    let r = match Resources::new(dev, max) {
+        Ok(r) => r,
+        Err(e) => return refuse(req, e),
+    };
+    let opts = AcceptOptions {
+        timeout: Some(timeout),
+        ..AcceptOptions::new(&encode_answer(&r.remote()))
+    };
+    let prepare = |qp: &QueuePair| {
+        if test.uses_recv() {
+            r.post_recvs(qp, RQ_DEPTH).map_err(cm_err)?;
+        }
+        Ok(())
+    };
+    let conn = req
+        .accept_with(&r.pd, &r.qp_init(), &opts, prepare)
+        .map_err(|e| format!("couldn't accept the client's connection: {e}"))?;
+    let remote = cm_peer(conn.qp(), q.mem)?;
+    let mut side = r.into_side(conn)?;
+    side.memory_wait = q.memory_wait;
+    let local = side.local();
+    let SideQp::Cm(conn) = &side.qp else {
+        return Err("the served QP lost its connection".into());
+    };
+    let mut ctl = Ctl::Cm(CmCtl {
+        conn,
+        client: q.mem,
+        last_probe: Instant::now(),
+    });
+    serve_test(&side, &mut ctl, test, &remote, &sizes, q.iters, timeout)?;
+    Ok(Served {
+        test,
+        peer,
+        local,
+        remote,
+    })
+}
+
+/// A `--cm` client session: connect with the request in the private data, run, and
+/// disconnect.
+#[allow(clippy::too_many_arguments)]
+fn client_cm(
+    a: &PerfArgs,
+    dev: &Device,
+    host: &str,
+    port: u16,
+    test: PerfTest,
+    sizes: &[u32],
+    iters: u32,
+    timeout: Duration,
+) -> CmdResult<ClientRun> {
+    let max = sizes.iter().copied().max().unwrap_or(64);
+    let r = Resources::new(dev, max)?;
+    let q = CmRequest {
+        test,
+        size: (!a.all).then(|| sizes.first().copied().unwrap_or(64)),
+        iters,
+        memory_wait: a.memory_wait,
+        mem: r.remote(),
+    };
+    let opts = ConnectOptions {
+        timeout: Some(timeout),
+        ..ConnectOptions::new(&q.encode())
+    };
+    let prepare = |qp: &QueuePair| {
+        if Test::Perf(test).uses_recv() {
+            r.post_recvs(qp, RQ_DEPTH).map_err(cm_err)?;
+        }
+        Ok(())
+    };
+    let conn = cmconn::connect(&r.pd, &r.qp_init(), host, port, &opts, prepare)
+        .map_err(|e| strip_magic(&e))?;
+    let remote = cm_peer(conn.qp(), decode_answer(conn.private_data())?)?;
+    let mut side = r.into_side(conn)?;
+    side.memory_wait = a.memory_wait;
+    let local = side.local();
+    if !a.json {
+        print_addr("local address: ", &local);
+        print_addr("remote address:", &remote);
+    }
+    let rows = run_rows(
+        Test::Perf(test),
+        &side,
+        &remote,
+        sizes,
+        iters,
+        a.tx_depth,
+        timeout,
+    )?;
+    // "done": the server ends when it hears the disconnect; best effort, the results are in.
+    if let SideQp::Cm(c) = &side.qp {
+        if c.disconnect().is_ok() {
+            let _ = c.wait_disconnected(Some(timeout));
+        }
+    }
+    Ok(ClientRun {
+        local,
+        remote,
+        rows,
+    })
+}
+
+/// A refusal as the TCP path words it: "the server refused: MESSAGE".
+fn strip_magic(e: &str) -> String {
+    match e.split_once(&format!("{MAGIC} error ")) {
+        Some((head, msg)) => format!("{head}{msg}"),
+        None => e.to_string(),
+    }
 }
 
 pub fn print_rows(test: Test, rows: &Rows) {
@@ -1046,6 +1508,31 @@ pub fn run(a: &PerfArgs) -> CmdResult {
         return Err("--memory-wait applies to write-lat only".into());
     }
     let timeout = Duration::from_secs(a.timeout.max(1));
+    if a.cm {
+        cmconn::check_mtu(a.mtu)?;
+    }
+
+    if a.loopback && a.cm {
+        // The server's device and listener first, so the client knows the port.
+        let cfg =
+            softrdma::DeviceConfig::new("softrdma-lo", softrdma::DeviceAddr::AutoLoopback(4791));
+        let sdev = Device::open_with(&cfg)
+            .map_err(|e| format!("cannot open the loopback server's device: {e}"))?;
+        let l = cmconn::listen(&sdev, 0, QpType::Rc)?;
+        let port = l.local_addr().port();
+        let server = std::thread::spawn(move || serve_cm(&sdev, &l, timeout).map(|_| ()));
+        let mut opts = a.dev.clone();
+        opts.device = None;
+        let mut cfg = session::device_config(&opts)?;
+        cfg.addr = softrdma::DeviceAddr::AutoLoopback(4791);
+        let dev = Device::open_with(&cfg).map_err(|e| format!("cannot open device: {e}"))?;
+        let res = client_cm(a, &dev, "127.0.0.1", port, a.test, &sizes, iters, timeout);
+        let srv = server
+            .join()
+            .unwrap_or_else(|_| Err("the loopback server failed".into()));
+        report(a, &dev, test, &res?)?;
+        return srv;
+    }
 
     if a.loopback {
         let l = TcpListener::bind(("127.0.0.1", 0))
@@ -1078,18 +1565,31 @@ pub fn run(a: &PerfArgs) -> CmdResult {
 
     let dev = session::open_device(&a.dev)?;
     match &a.peer {
+        Some(host) if a.cm => {
+            let run = client_cm(a, &dev, host, a.port, a.test, &sizes, iters, timeout)?;
+            report(a, &dev, test, &run)
+        }
         Some(host) => client(a, &dev, host, a.port, test, &sizes, iters, timeout),
         None => {
-            let l = tcp::listen(a.port)?;
-            if !a.json {
-                println!(
-                    "************************************\n* Waiting for client to connect... *\n************************************"
-                );
-                output::flush_stdout();
-            }
-            let (s, peer) = tcp::accept(&l)?;
-            drop(l);
-            let sv = serve_session(&dev, s, peer, timeout)?;
+            let waiting = || {
+                if !a.json {
+                    println!(
+                        "************************************\n* Waiting for client to connect... *\n************************************"
+                    );
+                    output::flush_stdout();
+                }
+            };
+            let sv = if a.cm {
+                let l = cmconn::listen(&dev, a.port, QpType::Rc)?;
+                waiting();
+                serve_cm(&dev, &l, timeout)?
+            } else {
+                let l = tcp::listen(a.port)?;
+                waiting();
+                let (s, peer) = tcp::accept(&l)?;
+                drop(l);
+                serve_session(&dev, s, peer, timeout)?
+            };
             if a.json {
                 output::print_json(&ServerJson {
                     role: "server",
@@ -1137,6 +1637,11 @@ fn client(
         a.memory_wait,
     )?;
     ch.finish();
+    report(a, dev, test, &run)
+}
+
+/// The client's output: the table, or its JSON.
+fn report(a: &PerfArgs, dev: &Device, test: Test, run: &ClientRun) -> CmdResult {
     if a.json {
         output::print_json(&ClientJson {
             role: "client",
@@ -1153,4 +1658,58 @@ fn client(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cm_request_and_answer_fit_and_round_trip() {
+        let mem = RemoteMemory {
+            addr: 0x7f00_1234_5678,
+            rkey: 0xdead_beef,
+            len: 1 << 23,
+        };
+        for (test, size) in [(PerfTest::WriteLat, None), (PerfTest::SendBw, Some(4096))] {
+            let q = CmRequest {
+                test,
+                size,
+                iters: 5000,
+                memory_wait: size.is_none(),
+                mem,
+            };
+            let b = q.encode();
+            assert_eq!(b.len(), CM_REQ_LEN);
+            assert!(b.len() <= cm::MAX_CONNECT_PRIVATE);
+            // The REQ arrives zero-padded to its 56 bytes.
+            let mut padded = b.clone();
+            padded.resize(cm::MAX_CONNECT_PRIVATE, 0);
+            assert_eq!(CmRequest::decode(&padded).unwrap(), q);
+        }
+        let a = encode_answer(&mem);
+        assert_eq!(a.len(), CM_REP_LEN);
+        assert_eq!(decode_answer(&a).unwrap(), mem);
+        assert!(CmRequest::decode(b"SRP1").is_err());
+        assert!(decode_answer(&[0; 24]).is_err());
+        let mut bad = CmRequest {
+            test: PerfTest::ReadBw,
+            size: Some(MAX_SIZE + 1),
+            iters: 1,
+            memory_wait: false,
+            mem,
+        }
+        .encode();
+        assert!(CmRequest::decode(&bad).is_err(), "size out of range");
+        bad[4] = 99;
+        assert!(CmRequest::decode(&bad).is_err(), "unknown test");
+    }
+
+    #[test]
+    fn a_refusal_reads_as_over_tcp() {
+        assert_eq!(
+            strip_magic("the server refused: softrdma-perf 1 error bad iters"),
+            "the server refused: bad iters"
+        );
+    }
 }

@@ -1,20 +1,22 @@
 //! `softrdma pingpong`: rdma-core's `ibv_rc_pingpong`, `ibv_uc_pingpong`, `ibv_ud_pingpong`
 //! and `ibv_srq_pingpong` — the same TCP exchange, QP attributes and traffic pattern, so
-//! either side can be the C example.
+//! either side can be the C example. With `--cm` the QPs are connected through the
+//! rdma_cm instead, and the traffic is the same.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use softrdma::cm::{self, CmId, ConnectOptions};
 use softrdma::{
-    wr, Access, AddressHandle, AhAttr, CompletionChannel, Gid, GlobalRoute, Mtu, QpAttr,
-    QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, SendFlags, SharedReceiveQueue, WcStatus,
-    WorkCompletion,
+    wr, Access, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, Gid, GlobalRoute, Mtu,
+    ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, SendFlags,
+    SharedReceiveQueue, WcStatus, WorkCompletion,
 };
 
 use crate::exch::{self, Dest};
 use crate::session::{self, Poller};
-use crate::{output, tcp};
+use crate::{cmconn, output, tcp};
 use crate::{stats, CmdResult, PingpongArgs, PpType};
 
 const RECV_WRID: u64 = 1;
@@ -182,6 +184,271 @@ impl Conn<'_> {
     }
 }
 
+/// What both sides' setup shares, for connecting by TCP exchange or by the rdma_cm.
+struct Setup<'a> {
+    a: &'a PingpongArgs,
+    ty: PpType,
+    nqp: u32,
+    mtu: Mtu,
+    pd: &'a ProtectionDomain,
+    init: &'a QpInit<'a>,
+    lid: u16,
+    my_gid: Gid,
+    cq: &'a CompletionQueue,
+    /// Arm the CQ once the receives are posted (`-e`).
+    notify: bool,
+}
+
+/// Connected QPs, both sides' addresses, and for UD where to send.
+struct Link {
+    qps: Vec<QueuePair>,
+    mine: Vec<Dest>,
+    theirs: Vec<Dest>,
+    ah: Option<AddressHandle>,
+    /// The Q_Key UD sends carry.
+    qkey: u32,
+    /// A UD server of `--cm`: the peer's QP number comes with its first datagram.
+    learn_peer: bool,
+    /// The CM ids of `--cm` connections: dropping them disconnects.
+    _ids: Vec<CmId>,
+}
+
+/// `-e`: ask for the first CQ event.
+fn arm(cq: &CompletionQueue, on: bool) -> CmdResult {
+    if on {
+        cq.req_notify(false)
+            .map_err(|e| format!("couldn't request CQ notification: {e}"))?;
+    }
+    Ok(())
+}
+
+fn print_all(json: bool, label: &str, ds: &[Dest]) {
+    if !json {
+        for d in ds {
+            print_dest(label, d);
+        }
+        output::flush_stdout();
+    }
+}
+
+impl Setup<'_> {
+    /// rdma-core's way: QPs to INIT, receives, the TCP exchange, RTR and RTS.
+    fn tcp_link(&self, post_recv: &dyn Fn(Option<&QueuePair>, u32) -> u32) -> CmdResult<Link> {
+        let (a, nqp, ty, my_gid) = (self.a, self.nqp, self.ty, self.my_gid);
+        let mut qps = Vec::new();
+        for i in 0..nqp {
+            let qp = self
+                .pd
+                .create_qp(self.init)
+                .map_err(|e| format!("couldn't create QP[{i}]: {e}"))?;
+            qp.to_init(Access::empty())
+                .map_err(|e| format!("failed to modify QP[{i}] to INIT: {e}"))?;
+            qps.push(qp);
+        }
+        let routs = post_recv(qps.first(), a.rx_depth);
+        if routs < a.rx_depth {
+            return Err(format!("couldn't post receive ({routs})"));
+        }
+        arm(self.cq, self.notify)?;
+
+        let mine: Vec<Dest> = qps
+            .iter()
+            .map(|q| Dest {
+                lid: self.lid,
+                qpn: q.qpn(),
+                psn: session::random_psn(),
+                gid: my_gid,
+            })
+            .collect();
+        print_all(a.json, "local address: ", &mine);
+
+        let count = if ty == PpType::Srq {
+            exch::SRQ_MAX_QP
+        } else {
+            1
+        };
+        let conn = Conn {
+            ty,
+            mtu: self.mtu,
+            gid_idx: a.gid_idx,
+            sl: a.sl,
+            qps: &qps,
+        };
+        let fix_gids = |theirs: &mut Vec<Dest>, peer: SocketAddr| -> CmdResult {
+            theirs.truncate(nqp as usize);
+            for (i, d) in theirs.iter_mut().enumerate() {
+                if d.qpn == 0 {
+                    return Err(format!(
+                        "the peer has fewer QPs than our {nqp} (none for QP[{i}]): use the same -q"
+                    ));
+                }
+                // A peer run without -g sends a zero GID: reach it at its TCP address.
+                if d.gid == Gid::default() {
+                    d.gid = Gid::from_ip(peer.ip());
+                }
+            }
+            if my_gid.to_ip().is_loopback() && !peer.ip().is_loopback() {
+                eprintln!(
+                    "softrdma: warning: this device is on loopback ({}) but the peer is at {}: set SOFTRDMA_ADDR to a reachable address",
+                    my_gid.to_ip(),
+                    peer.ip()
+                );
+            }
+            Ok(())
+        };
+        let mut ah = None;
+        let theirs = match &a.peer {
+            Some(host) => {
+                let mut s = tcp::connect(host, a.port)?;
+                let peer = s
+                    .peer_addr()
+                    .map(tcp::canonical)
+                    .map_err(|e| e.to_string())?;
+                let mut theirs = exch::client(&mut s, &mine, count)?;
+                fix_gids(&mut theirs, peer)?;
+                theirs
+            }
+            None => {
+                let l = tcp::listen(a.port)?;
+                let (mut s, peer) = tcp::accept(&l)?;
+                drop(l);
+                let mut theirs = exch::server_read(&mut s, count)?;
+                fix_gids(&mut theirs, peer)?;
+                ah = conn
+                    .connect(self.pd, &mine, &theirs)
+                    .map_err(|e| format!("couldn't connect to remote QP: {e}"))?;
+                exch::server_answer(&mut s, &mine, count)?;
+                theirs
+            }
+        };
+        print_all(a.json, "remote address:", &theirs);
+        if a.peer.is_some() {
+            ah = conn.connect(self.pd, &mine, &theirs)?;
+        }
+        Ok(Link {
+            qps,
+            mine,
+            theirs,
+            ah,
+            qkey: UD_QKEY,
+            learn_peer: false,
+            _ids: Vec::new(),
+        })
+    }
+
+    /// `--cm`: one rdma_cm connection per QP (-q of them for srq) on port -p; the
+    /// connection manager moves the QPs to RTS and, for UD, names the server's QP. A UD
+    /// server learns the client's QP from its first datagram, as UD servers of the
+    /// rdma_cm do.
+    fn cm_link(&self, post_recv: &dyn Fn(Option<&QueuePair>, u32) -> u32) -> CmdResult<Link> {
+        let a = self.a;
+        let timeout = Some(Duration::from_secs(a.timeout.max(1)));
+        let srq = self.ty == PpType::Srq;
+        // A QP's own receives go before the peer may send; an SRQ's once, here.
+        let prepare = |qp: &QueuePair| -> softrdma::Result<()> {
+            if !srq && post_recv(Some(qp), a.rx_depth) < a.rx_depth {
+                // ENOMEM, as a full receive queue is.
+                return Err(softrdma::Error::new(12, "couldn't post receive"));
+            }
+            Ok(())
+        };
+        if srq {
+            let n = post_recv(None, a.rx_depth);
+            if n < a.rx_depth {
+                return Err(format!("couldn't post receive ({n})"));
+            }
+        }
+        // Armed before any QP connects: the peer may send the moment its side is up.
+        arm(self.cq, self.notify)?;
+        let listener = match &a.peer {
+            Some(_) => None,
+            None => Some(cmconn::listen(self.pd.device(), a.port, self.init.qp_type)?),
+        };
+        let (mut qps, mut ids, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+        let mut ah = None;
+        let mut qkey = cm::UDP_QKEY;
+        for i in 0..self.nqp {
+            let conn = match (&a.peer, &listener) {
+                (Some(host), _) => {
+                    let opts = ConnectOptions {
+                        timeout,
+                        ..ConnectOptions::default()
+                    };
+                    cmconn::connect(self.pd, self.init, host, a.port, &opts, prepare)?
+                }
+                (None, Some(l)) => {
+                    let opts = cm::AcceptOptions {
+                        timeout,
+                        ..cm::AcceptOptions::default()
+                    };
+                    l.next_request(None)
+                        .and_then(|r| r.accept_with(self.pd, self.init, &opts, prepare))
+                        .map_err(|e| format!("couldn't accept QP[{i}]'s connection: {e}"))?
+                }
+                (None, None) => return Err("no listener".into()),
+            };
+            if let Some(ud) = conn.ud_param() {
+                ah = Some(
+                    self.pd
+                        .create_ah(&ud.ah_attr)
+                        .map_err(|e| format!("failed to create AH: {e}"))?,
+                );
+                // A client hears the server's QP and Q_Key; a server learns the
+                // client's QP from its first datagram.
+                if a.peer.is_some() {
+                    qkey = ud.qkey;
+                }
+                theirs.push(Dest {
+                    lid: 0,
+                    qpn: ud.qp_num,
+                    psn: 0,
+                    gid: ud.ah_attr.grh.dgid,
+                });
+            }
+            let (qp, id) = conn.into_parts();
+            qps.push(qp);
+            ids.push(id);
+        }
+        drop(listener);
+        let attr = |q: &QueuePair| {
+            q.query()
+                .map_err(|e| format!("couldn't query QP {:#x}: {e}", q.qpn()))
+        };
+        let mut mine = Vec::new();
+        for q in &qps {
+            mine.push(Dest {
+                lid: self.lid,
+                qpn: q.qpn(),
+                psn: attr(q)?.sq_psn,
+                gid: self.my_gid,
+            });
+            if self.ty != PpType::Ud {
+                let at = attr(q)?;
+                theirs.push(Dest {
+                    lid: 0,
+                    qpn: at.dest_qp_num,
+                    psn: at.rq_psn,
+                    gid: at.ah_attr.grh.dgid,
+                });
+            }
+        }
+        print_all(a.json, "local address: ", &mine);
+        let learn = self.ty == PpType::Ud && a.peer.is_none();
+        if !learn {
+            print_all(a.json, "remote address:", &theirs);
+        }
+        Ok(Link {
+            qps,
+            mine,
+            theirs,
+            ah,
+            qkey,
+            learn_peer: learn,
+            _ids: ids,
+        })
+    }
+}
+
 pub fn run(a: &PingpongArgs) -> CmdResult {
     let ty = a.qp_type;
     let size = a.size.unwrap_or(if ty == PpType::Ud { 2048 } else { 4096 });
@@ -195,6 +462,9 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
         return Err("rx-depth must be at least 1".into());
     }
     let mtu = session::mtu_of(a.mtu)?;
+    if a.cm {
+        cmconn::check_mtu(a.mtu)?;
+    }
     let nqp = if ty == PpType::Srq { a.num_qp } else { 1 };
     if ty == PpType::Srq {
         if nqp < 1 || nqp as usize > exch::SRQ_MAX_QP {
@@ -254,36 +524,24 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
         PpType::Uc => QpType::Uc,
         PpType::Ud => QpType::Ud,
     };
-    let mut qps = Vec::new();
-    for i in 0..nqp {
-        let mut init = QpInit::new(qp_type, &cq);
-        init.srq = srq.as_ref();
-        init.cap = QpCap {
-            max_send_wr: 1,
-            max_recv_wr: if srq.is_some() { 0 } else { a.rx_depth },
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: init.cap.max_inline_data,
-        };
-        let qp = pd
-            .create_qp(&init)
-            .map_err(|e| format!("couldn't create QP[{i}]: {e}"))?;
-        qp.to_init(Access::empty())
-            .map_err(|e| format!("failed to modify QP[{i}] to INIT: {e}"))?;
-        qps.push(qp);
-    }
-    let inline = qps
-        .iter()
-        .all(|q| q.cap().max_inline_data as usize >= size_us);
-
+    let mut init = QpInit::new(qp_type, &cq);
+    init.srq = srq.as_ref();
+    init.cap = QpCap {
+        max_send_wr: 1,
+        max_recv_wr: if srq.is_some() { 0 } else { a.rx_depth },
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: init.cap.max_inline_data,
+    };
     // pp_post_recv
-    let post_recv = |n: u32| -> u32 {
+    let post_recv = |qp: Option<&QueuePair>, n: u32| -> u32 {
         let mut posted = 0;
         for _ in 0..n {
             let w = wr::recv(RECV_WRID, [mr.sge(0..buf_len)]);
-            let r = match &srq {
-                Some(s) => s.post_recv(w),
-                None => qps[0].post_recv(w),
+            let r = match (&srq, qp) {
+                (Some(s), _) => s.post_recv(w),
+                (None, Some(qp)) => qp.post_recv(w),
+                (None, None) => break,
             };
             if r.is_err() {
                 break;
@@ -292,103 +550,41 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
         }
         posted
     };
-    let mut routs = post_recv(a.rx_depth);
-    if routs < a.rx_depth {
-        return Err(format!("couldn't post receive ({routs})"));
-    }
-    if channel.is_some() {
-        cq.req_notify(false)
-            .map_err(|e| format!("couldn't request CQ notification: {e}"))?;
-    }
-
-    let mine: Vec<Dest> = qps
-        .iter()
-        .map(|q| Dest {
-            lid: port.lid,
-            qpn: q.qpn(),
-            psn: session::random_psn(),
-            gid: my_gid,
-        })
-        .collect();
-    if !a.json {
-        for d in &mine {
-            print_dest("local address: ", d);
-        }
-        output::flush_stdout();
-    }
-
-    let count = if ty == PpType::Srq {
-        exch::SRQ_MAX_QP
-    } else {
-        1
-    };
-    let conn = Conn {
+    let setup = Setup {
+        a,
         ty,
+        nqp,
         mtu,
-        gid_idx: a.gid_idx,
-        sl: a.sl,
-        qps: &qps,
+        pd: &pd,
+        init: &init,
+        lid: port.lid,
+        my_gid,
+        cq: &cq,
+        notify: channel.is_some(),
     };
-    let fix_gids = |theirs: &mut Vec<Dest>, peer: SocketAddr| -> CmdResult {
-        theirs.truncate(nqp as usize);
-        for (i, d) in theirs.iter_mut().enumerate() {
-            if d.qpn == 0 {
-                return Err(format!(
-                    "the peer has fewer QPs than our {nqp} (none for QP[{i}]): use the same -q"
-                ));
-            }
-            // A peer run without -g sends a zero GID: reach it at its TCP address.
-            if d.gid == Gid::default() {
-                d.gid = Gid::from_ip(peer.ip());
-            }
-        }
-        if my_gid.to_ip().is_loopback() && !peer.ip().is_loopback() {
-            eprintln!(
-                "softrdma: warning: this device is on loopback ({}) but the peer is at {}: set SOFTRDMA_ADDR to a reachable address",
-                my_gid.to_ip(),
-                peer.ip()
-            );
-        }
-        Ok(())
+    let link = if a.cm {
+        setup.cm_link(&post_recv)?
+    } else {
+        setup.tcp_link(&post_recv)?
     };
-    let mut ah = None;
-    let theirs = match &a.peer {
-        Some(host) => {
-            let mut s = tcp::connect(host, a.port)?;
-            let peer = s
-                .peer_addr()
-                .map(tcp::canonical)
-                .map_err(|e| e.to_string())?;
-            let mut theirs = exch::client(&mut s, &mine, count)?;
-            fix_gids(&mut theirs, peer)?;
-            theirs
-        }
-        None => {
-            let l = tcp::listen(a.port)?;
-            let (mut s, peer) = tcp::accept(&l)?;
-            drop(l);
-            let mut theirs = exch::server_read(&mut s, count)?;
-            fix_gids(&mut theirs, peer)?;
-            ah = conn
-                .connect(&pd, &mine, &theirs)
-                .map_err(|e| format!("couldn't connect to remote QP: {e}"))?;
-            exch::server_answer(&mut s, &mine, count)?;
-            theirs
-        }
-    };
-    if !a.json {
-        for d in &theirs {
-            print_dest("remote address:", d);
-        }
-        output::flush_stdout();
-    }
-    if a.peer.is_some() {
-        ah = conn.connect(&pd, &mine, &theirs)?;
-    }
+    let Link {
+        qps,
+        mine,
+        mut theirs,
+        ah,
+        qkey,
+        learn_peer,
+        _ids,
+    } = link;
+    let mut routs = a.rx_depth;
+    let inline = qps
+        .iter()
+        .all(|q| q.cap().max_inline_data as usize >= size_us);
 
     // pp_post_send
-    let ud_dest = ah.as_ref().map(|h| h.dest(theirs[0].qpn, UD_QKEY));
+    let ud_peer = std::cell::Cell::new(theirs[0].qpn);
     let post_send = |i: usize| -> CmdResult {
+        let ud_dest = ah.as_ref().map(|h| h.dest(ud_peer.get(), qkey));
         let mut w = match ud_dest {
             Some(d) => wr::ud_send(SEND_WRID, [mr.sge(GRH_LEN..GRH_LEN + size_us)], d),
             None => wr::send(SEND_WRID, [mr.sge(0..size_us)]),
@@ -450,9 +646,14 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
             match wc.wr_id {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
+                    if learn_peer && ud_peer.get() == 0 {
+                        ud_peer.set(wc.src_qp);
+                        theirs[0].qpn = wc.src_qp;
+                        print_all(a.json, "remote address:", &theirs);
+                    }
                     routs -= 1;
                     if routs <= refill_at {
-                        routs += post_recv(a.rx_depth - routs);
+                        routs += post_recv(qps.first(), a.rx_depth - routs);
                         if routs < a.rx_depth {
                             return Err(format!("couldn't post receive ({routs})"));
                         }

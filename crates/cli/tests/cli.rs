@@ -464,6 +464,179 @@ fn perf_loopback_json_and_stats() {
     assert!(out.contains("retransmits"), "{out}");
 }
 
+/// `pingpong --cm`: every QP type connected through the rdma_cm (one connection per QP
+/// for srq), polling and with -e; the exchanges and the addresses as without it.
+#[test]
+fn pingpong_cm_every_type() {
+    for ty in ["rc", "uc", "ud", "srq"] {
+        for events in [false, true] {
+            let port = free_port().to_string();
+            let mut a = vec![
+                "pingpong", "--cm", "-t", ty, "-s", "64", "-n", "40", "-p", &port,
+            ];
+            if ty == "srq" {
+                a.extend(["-q", "3"]);
+            }
+            if events {
+                a.push("-e");
+            }
+            let (so, co) = pair(&a, &a);
+            let (sout, cout) = (text(&so.stdout), text(&co.stdout));
+            for out in [&sout, &cout] {
+                let nqp = if ty == "srq" { 3 } else { 1 };
+                assert_eq!(
+                    out.matches("  local address:  LID 0x0000, QPN 0x").count(),
+                    nqp,
+                    "{out}"
+                );
+                assert_eq!(
+                    out.matches("  remote address: LID 0x0000, QPN 0x").count(),
+                    nqp,
+                    "{out}"
+                );
+                assert!(
+                    out.contains(&format!("{} bytes in ", 64 * 40 * 2)),
+                    "{ty}: {out}"
+                );
+                assert!(out.contains("40 iters in "), "{ty}: {out}");
+            }
+            // What one side calls its QP the other calls the remote one.
+            let qpns = |out: &str, label: &str| -> Vec<String> {
+                out.lines()
+                    .filter_map(|l| l.split_once(label))
+                    .map(|(_, r)| r[19..25].to_string())
+                    .collect()
+            };
+            let (sl, sr) = (
+                qpns(&sout, "local address:  "),
+                qpns(&sout, "remote address: "),
+            );
+            let (cl, cr) = (
+                qpns(&cout, "local address:  "),
+                qpns(&cout, "remote address: "),
+            );
+            assert_eq!(sl, cr, "{ty}: server's QPs\n{sout}\n{cout}");
+            assert_eq!(sr, cl, "{ty}: client's QPs\n{sout}\n{cout}");
+        }
+    }
+}
+
+#[test]
+fn pingpong_cm_json() {
+    let port = free_port().to_string();
+    let a = [
+        "pingpong", "--cm", "-s", "100", "-n", "25", "-p", &port, "--json",
+    ];
+    let (so, co) = pair(&a, &a);
+    let s: serde_json::Value = serde_json::from_slice(&so.stdout).expect("server json");
+    let c: serde_json::Value = serde_json::from_slice(&co.stdout).expect("client json");
+    assert_eq!(s["role"], "server");
+    assert_eq!(c["role"], "client");
+    for j in [&s, &c] {
+        assert_eq!(j["iters"], 25);
+        assert_eq!(j["bytes"], 100 * 25 * 2);
+    }
+    assert_eq!(s["local"][0]["qpn"], c["remote"][0]["qpn"]);
+    assert_eq!(s["remote"][0]["qpn"], c["local"][0]["qpn"]);
+    // The PSN each side sends from is the one the other expects.
+    assert_eq!(s["local"][0]["psn"], c["remote"][0]["psn"]);
+    assert_eq!(s["remote"][0]["psn"], c["local"][0]["psn"]);
+}
+
+/// `perf --cm`: every benchmark with the request and the memory in the CM's private
+/// data; the rows the client prints are the same as over the TCP exchange.
+#[test]
+fn perf_cm_every_test() {
+    for t in [
+        "write-bw",
+        "read-bw",
+        "send-bw",
+        "atomic-bw",
+        "write-lat",
+        "read-lat",
+        "send-lat",
+        "atomic-lat",
+    ] {
+        let lat = t.ends_with("-lat");
+        let mut extra = vec!["--cm", "-n", "100"];
+        if !t.starts_with("atomic") {
+            extra.extend(["-s", "512"]);
+        }
+        let port = free_port().to_string();
+        let mut a = vec!["perf", t, "-p", &port];
+        a.extend_from_slice(&extra);
+        let (so, co) = pair(&a, &a);
+        let out = text(&co.stdout);
+        let rows = table(&out, if lat { 9 } else { 5 });
+        assert_eq!(rows.len(), 1, "{t}: {out}");
+        let want = if t.starts_with("atomic") { 8.0 } else { 512.0 };
+        assert_eq!(rows[0][0], want, "{t}: {out}");
+        assert_eq!(rows[0][1], 100.0, "{t}: {out}");
+        assert!(
+            text(&so.stdout).contains(&format!("served {t} to 127.0.0.")),
+            "{t}: {}",
+            text(&so.stdout)
+        );
+    }
+}
+
+#[test]
+fn perf_cm_all_sizes_memory_wait_and_loopback() {
+    let port = free_port().to_string();
+    let a = [
+        "perf",
+        "write-lat",
+        "--cm",
+        "-a",
+        "-n",
+        "3",
+        "--memory-wait",
+        "--json",
+        "-p",
+        &port,
+    ];
+    let (so, co) = pair(&a, &a);
+    let j: serde_json::Value = serde_json::from_slice(&co.stdout).expect("json");
+    let sizes: Vec<u64> = j["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, (1..=23).map(|p| 1u64 << p).collect::<Vec<_>>());
+    let s: serde_json::Value = serde_json::from_slice(&so.stdout).expect("server json");
+    assert_eq!(s["test"], "write-lat");
+    assert_eq!(s["local"]["rkey"], j["remote"]["rkey"]);
+    assert_eq!(s["remote"]["addr"], j["local"]["addr"]);
+    let o = run(&["perf", "send-lat", "--cm", "--loopback", "-n", "50"]);
+    assert_ok(&o, "perf --cm --loopback");
+    let out = text(&o.stdout);
+    assert_eq!(table(&out, 9)[0][1], 50.0, "{out}");
+}
+
+#[test]
+fn cm_bad_arguments_and_no_server() {
+    for args in [
+        &["pingpong", "--cm", "-m", "2048", "127.0.0.1"][..],
+        &["perf", "write-bw", "--cm", "-m", "512", "127.0.0.1"],
+        &["pingpong", "--cm", "--bogus"],
+    ] {
+        let o = run(args);
+        one_line_error(&o, &args.join(" "));
+    }
+    // Nobody serves the port: retried while a server might be starting, then one line.
+    let p = free_port().to_string();
+    let o = run(&["pingpong", "--cm", "-p", &p, "127.0.0.1"]);
+    one_line_error(&o, "pingpong --cm to a port nobody serves");
+    assert!(
+        text(&o.stderr).contains("through the rdma_cm"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = run(&["perf", "read-bw", "--cm", "-p", &p, "127.0.0.1"]);
+    one_line_error(&o, "perf --cm to a port nobody serves");
+}
+
 #[test]
 fn devices_and_devinfo() {
     let o = run(&["devices"]);

@@ -104,6 +104,10 @@ fn connect_accept_disconnect_between_two_devices() {
     };
     assert_eq!(&p.private_data[..4], b"ping");
     assert_eq!(p.qp_num, 0x1234);
+    // librdmacm moves the QP to RTS before rdma_accept: its send PSN is known already.
+    let (srv_rts, _) = b
+        .call(|c, _| c.init_qp_attr(req.id, softrdma_verbs::QpState::Rts))
+        .unwrap();
     b.call(|c, now| c.accept(now, req.id, &conn(0x5678, b"pong"), 0))
         .unwrap();
 
@@ -118,6 +122,8 @@ fn connect_accept_disconnect_between_two_devices() {
         .call(|c, _| c.init_qp_attr(id, softrdma_verbs::QpState::Rtr))
         .unwrap();
     assert_eq!(rtr.ah_attr.grh.dgid.to_ip(), db.addr().ip());
+    // …and it is the PSN the REP announced.
+    assert_eq!(rtr.rq_psn, srv_rts.sq_psn);
     a.call(|c, now| c.accept(now, id, &ConnParam::default(), 0))
         .unwrap();
     next(&chb, EventType::Established);

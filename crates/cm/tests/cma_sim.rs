@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex};
 use proptest::prelude::*;
 use softrdma_cm::cma::{
     errno, Cma, CmaEvent, ConnParam, EventParam, EventType, IdHandle, IdOption, McastJoin,
-    PortSpace,
-    Reservation, Service, UDP_QKEY,
+    PortSpace, Reservation, Service, UDP_QKEY,
 };
 use softrdma_cm::ib::Peer;
 use softrdma_net::sim::{Endpoint, Faults, Network, Packet, Sim};

@@ -3,7 +3,7 @@
 use softrdma_device::CqPoller;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use softrdma_device as dev;
@@ -51,7 +51,10 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
 }
 
 pub(crate) struct DevInner {
-    pub(crate) dev: dev::Device,
+    /// Shared with the device's connection manager, which sends and receives on it.
+    pub(crate) dev: Arc<dev::Device>,
+    /// The device's rdma_cm, started by the first CM object made on the device.
+    pub(crate) cm: Mutex<Option<Arc<softrdma_cm::agent::Agent>>>,
 }
 
 /// An open RDMA device: one UDP endpoint with its own protocol engine and progress thread.
@@ -100,7 +103,10 @@ impl Device {
             )
         })?;
         Ok(Device {
-            inner: Arc::new(DevInner { dev: d }),
+            inner: Arc::new(DevInner {
+                dev: Arc::new(d),
+                cm: Mutex::new(None),
+            }),
         })
     }
 

@@ -10,6 +10,20 @@ use softrdma_transport::verbs;
 pub struct Error {
     errno: i32,
     msg: Cow<'static, str>,
+    /// What the peer said when it refused a connection (rdma_cm only).
+    rejection: Option<Box<Rejection>>,
+}
+
+/// A refused connection request: the REJ the peer's connection manager sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The IBTA REJ reason: 8 (invalid service ID) when nothing listens on the port,
+    /// 28 (consumer reject) when the server's program refused. A UD request's SIDR_REP
+    /// status is given as the reason of the same meaning (unsupported: 8, rejected: 28).
+    pub reason: u16,
+    /// The private data the server refused with, padded with zeros to the REJ's 148
+    /// bytes as the rdma_cm delivers it (empty when no REJ message carried it).
+    pub private_data: Vec<u8>,
 }
 
 /// Result with the softrdma [`Error`].
@@ -21,7 +35,20 @@ impl Error {
         Error {
             errno,
             msg: msg.into(),
+            rejection: None,
         }
+    }
+    /// ECONNREFUSED carrying the peer's REJ (what librdmacm's synchronous calls return
+    /// for a REJECTED event).
+    pub(crate) fn rejected(msg: impl Into<Cow<'static, str>>, rejection: Rejection) -> Error {
+        Error {
+            rejection: Some(Box::new(rejection)),
+            ..Error::new(libc::ECONNREFUSED, msg)
+        }
+    }
+    /// For a connection the peer refused: its reason and private data.
+    pub fn rejection(&self) -> Option<&Rejection> {
+        self.rejection.as_deref()
     }
     /// EINVAL.
     pub fn invalid(msg: impl Into<Cow<'static, str>>) -> Error {
@@ -57,6 +84,12 @@ impl std::error::Error for Error {}
 impl From<verbs::Error> for Error {
     fn from(e: verbs::Error) -> Error {
         Error::new(e.errno.code(), e.msg)
+    }
+}
+
+impl From<softrdma_cm::cma::CmaError> for Error {
+    fn from(e: softrdma_cm::cma::CmaError) -> Error {
+        Error::new(e.errno, e.msg)
     }
 }
 

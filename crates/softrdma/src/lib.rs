@@ -19,6 +19,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Instead of exchanging `qp.local(psn)` over a side channel of its own, a program can
+//! connect through the connection manager as librdmacm programs do: see [`cm`].
+//!
 //! Memory is DMA-like: a registered region is written by the device at any time. Safe
 //! registration ([`ProtectionDomain::register`]) owns its buffer and exposes it only by
 //! copying and atomics; [`ProtectionDomain::register_raw`] is `unsafe` with a written
@@ -28,6 +31,7 @@
 #![warn(missing_docs)]
 
 mod ah;
+pub mod cm;
 mod cq;
 mod device;
 mod error;
@@ -41,7 +45,7 @@ pub use cq::{CompletionChannel, CompletionQueue, PollIter};
 pub use device::{
     devices, Device, DeviceAddr, DeviceConfig, DeviceInfo, DeviceStats, DriverStats, LinkStats,
 };
-pub use error::{Error, Result};
+pub use error::{Error, Rejection, Result};
 pub use mr::{DeviceMemory, MemoryRegion, MemoryWindow, MrBuffer, RemoteMemory};
 pub use pd::ProtectionDomain;
 pub use qp::{PathOptions, QpInit, QueuePair, RemoteQp, SharedReceiveQueue, DEFAULT_QKEY};

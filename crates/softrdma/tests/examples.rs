@@ -68,3 +68,8 @@ fn ud_self_test() {
 fn atomic_counter_self_test() {
     self_test("atomic_counter");
 }
+
+#[test]
+fn cm_pingpong_self_test() {
+    self_test("cm_pingpong");
+}
