@@ -243,6 +243,7 @@ impl Agent {
             wake: EventFd::new()?,
             stop: AtomicBool::new(false),
         });
+        sh.dev.set_mad_consumer(true);
         let t = Arc::clone(&sh);
         let thread = std::thread::Builder::new()
             .name(format!("{}-cm", sh.dev.name()))
@@ -309,6 +310,7 @@ impl Drop for Agent {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.sh.dev.set_mad_consumer(false);
     }
 }
 

@@ -23,12 +23,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use softrdma_verbs::{self as verbs, Access, QpAttr, QpAttrMask, QpState};
 use softrdma_wire::cm::{
-    port_space, private_len, rej_reason, service_id, CmPath, CmaHeader, Rep, Req, SidrReq,
+    port_space, private_len, rej_reason, service_id, CmPath, CmaHeader, Rep, Req, SidrRep, SidrReq,
     CMA_HEADER_LEN,
 };
 use softrdma_wire::SplitMix64;
 
-use crate::ib::{self, fill, sidr_rep, CommId, EventKind, IbCm, Peer, MRA_FLAG_DELAY};
+use crate::ib::{self, fill, CommId, EventKind, IbCm, Peer, MRA_FLAG_DELAY};
 
 /// Errno values the model returns (Linux's numbers, which the C face passes on).
 pub mod errno {
@@ -815,12 +815,20 @@ impl Cma {
         if let Some(dst) = dst {
             let local = dst.ip().is_loopback() || self.ports.is_local(dst.ip());
             if local && self.ports.lookup(ps, dst).is_none() && !self.ports.has_device(peer.ip) {
-                self.push(
-                    id,
-                    EventType::Rejected,
-                    i32::from(rej_reason::INVALID_SERVICE_ID),
-                    EventParam::Conn(ConnParam::default()),
-                );
+                // For a UD id it is the SIDR_REP "unsupported" a Linux host would send.
+                let (event, status, param) = if ud {
+                    let param = UdParam {
+                        private_data: vec![0; private_len::SIDR_REP],
+                        ..UdParam::default()
+                    };
+                    let status = i32::from(ib::sidr_status::UNSUPPORTED);
+                    (EventType::Unreachable, status, EventParam::Ud(param))
+                } else {
+                    let status = i32::from(rej_reason::INVALID_SERVICE_ID);
+                    let param = EventParam::Conn(ConnParam::default());
+                    (EventType::Rejected, status, param)
+                };
+                self.push(id, event, status, param);
                 return Ok(());
             }
         }
@@ -889,7 +897,7 @@ impl Cma {
                 if p.private_data.len() > MAX_UD_ACCEPT_PRIVATE {
                     return Err(err(errno::EINVAL, "private data too long"));
                 }
-                let rep = sidr_rep(
+                let rep = SidrRep::new(
                     ib::sidr_status::SUCCESS,
                     p.qp_num & 0xFF_FFFF,
                     qkey,
@@ -979,7 +987,7 @@ impl Cma {
         }
         match self.ib.state(comm) {
             Some(ib::State::SidrReqRcvd) => {
-                let rep = sidr_rep(ib::sidr_status::REJECT, 0, 0, private);
+                let rep = SidrRep::new(ib::sidr_status::REJECT, 0, 0, private);
                 let _ = self.ib.send_sidr_rep(now, comm, rep);
             }
             _ => {
@@ -1415,7 +1423,7 @@ impl Cma {
 
     fn on_sidr_req(&mut self, now: u64, comm: CommId, req: SidrReq, peer: Peer) {
         let reject = |cma: &mut Cma| {
-            let rep = sidr_rep(ib::sidr_status::UNSUPPORTED, 0, 0, &[]);
+            let rep = SidrRep::new(ib::sidr_status::UNSUPPORTED, 0, 0, &[]);
             let _ = cma.ib.send_sidr_rep(now, comm, rep);
         };
         let Some((ps, port)) = softrdma_wire::cm::split_service_id(req.service_id) else {
@@ -1543,11 +1551,17 @@ impl Cma {
                 }
                 self.by_comm.remove(&comm);
                 if rep.status != ib::sidr_status::SUCCESS {
+                    // Linux passes a refusal's private data on in the event's UD
+                    // parameters (cma_sidr_rep_handler), the rest zero.
+                    let param = UdParam {
+                        private_data: rep.private_data.to_vec(),
+                        ..UdParam::default()
+                    };
                     self.push(
                         id,
                         EventType::Unreachable,
                         i32::from(rep.status),
-                        EventParam::None,
+                        EventParam::Ud(param),
                     );
                     return;
                 }

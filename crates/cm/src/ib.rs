@@ -67,25 +67,7 @@ impl Peer {
     }
 }
 
-/// Which message an MRA or REJ refers to (IBTA "message MRAed" / "message rejected").
-pub mod msg_response {
-    /// The REQ.
-    pub const REQ: u8 = 0;
-    /// The REP.
-    pub const REP: u8 = 1;
-    /// Another message.
-    pub const OTHER: u8 = 2;
-}
-
-/// SIDR_REP status values (IBTA table 120).
-pub mod sidr_status {
-    /// The QP was found: the REP carries its number and Q_Key.
-    pub const SUCCESS: u8 = 0;
-    /// The service ID is not supported here (nobody listens).
-    pub const UNSUPPORTED: u8 = 1;
-    /// The request was rejected.
-    pub const REJECT: u8 = 2;
-}
+pub use softrdma_wire::cm::{msg_response, sidr_status};
 
 /// The service timeout with this flag set asks [`IbCm::send_mra`] to hold the MRA until
 /// the peer retransmits (as rdma_cm does for every REQ and REP it receives).
@@ -332,29 +314,7 @@ pub struct IbCm {
 /// Longest private data of each message (its field in the MAD).
 pub use softrdma_wire::cm::private_len;
 
-/// `data` at the start of a zeroed field of `N` bytes (cut at `N`).
-pub(crate) fn fill<const N: usize>(data: &[u8]) -> [u8; N] {
-    let mut a = [0u8; N];
-    let n = data.len().min(N);
-    a[..n].copy_from_slice(&data[..n]);
-    a
-}
-
-/// A SIDR_REP answering with `status`, naming QP `qpn` and Q_Key `qkey` (0 unless the
-/// status is [`sidr_status::SUCCESS`]), with `private` data. [`IbCm::send_sidr_rep`]
-/// fills in the request and service IDs.
-pub fn sidr_rep(status: u8, qpn: u32, qkey: u32, private: &[u8]) -> SidrRep {
-    SidrRep {
-        request_id: 0,
-        status,
-        additional_info_length: 0,
-        qpn,
-        service_id: 0,
-        qkey,
-        additional_info: [0; 72],
-        private_data: fill(private),
-    }
-}
+pub(crate) use softrdma_wire::cm::fill;
 
 /// A REJ of message `rejected` with `reason`, additional information `ari` (at most 72
 /// bytes) and `private` data.
@@ -366,16 +326,9 @@ fn rej(
     ari: &[u8],
     private: &[u8],
 ) -> CmMsg {
-    let info = ari.len().min(72);
-    CmMsg::Rej(Box::new(Rej {
-        local_comm_id: local,
-        remote_comm_id: remote,
-        message_rejected: rejected,
-        rejected_info_length: info as u8,
-        reason,
-        ari: fill(&ari[..info]),
-        private_data: fill(private),
-    }))
+    CmMsg::Rej(Box::new(Rej::new(
+        local, remote, rejected, reason, ari, private,
+    )))
 }
 
 impl IbCm {
@@ -728,7 +681,7 @@ impl IbCm {
         let guid = self.ca_guid.to_be_bytes();
         match c.state {
             State::SidrReqRcvd => {
-                let _ = self.send_sidr_rep(now, id, sidr_rep(sidr_status::REJECT, 0, 0, &[]));
+                let _ = self.send_sidr_rep(now, id, SidrRep::new(sidr_status::REJECT, 0, 0, &[]));
             }
             State::ReqSent | State::MraReqRcvd => {
                 let _ = self.send_rej(now, id, rej_reason::TIMEOUT, &guid, &[]);
@@ -1209,7 +1162,7 @@ impl IbCm {
             return true;
         }
         if !self.listening.contains(&req.service_id) {
-            let mut rep = sidr_rep(sidr_status::UNSUPPORTED, 0, 0, &[]);
+            let mut rep = SidrRep::new(sidr_status::UNSUPPORTED, 0, 0, &[]);
             rep.request_id = req.request_id;
             rep.service_id = req.service_id;
             self.emit(from, &CmMsg::SidrRep(Box::new(rep)), tid);

@@ -505,6 +505,47 @@ fn ud_ids_resolve_the_peer_qp_with_sidr() {
     assert_eq!(&up.private_data[..10], b"ud welcome");
 }
 
+/// A refused UD request: UNREACHABLE with the SIDR_REP's status (2, rejected) and the
+/// server's private data in the event's UD parameters, as Linux's cma_sidr_rep_handler
+/// passes them; nothing listening gives status 1.
+#[test]
+fn ud_refusals_carry_status_and_private_data() {
+    let mut sim = pair(8, faults(0.0, 0.0, 0.0));
+    let s = &mut sim.endpoints[1].cma;
+    let l = s.create_id(1, port_space::UDP, None).unwrap();
+    s.bind(l, SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 7007))
+        .unwrap();
+    s.listen(l, 4).unwrap();
+    let ud_client = |sim: &mut Sim<Node>, port: u16| {
+        let c = &mut sim.endpoints[0].cma;
+        let id = c.create_id(1, port_space::UDP, None).unwrap();
+        c.resolve_addr(id, None, SocketAddr::new(ip(1), port))
+            .unwrap();
+        c.resolve_route(id).unwrap();
+        c.connect(0, id, &param(0x333, b"let me in")).unwrap();
+        id
+    };
+    let id = ud_client(&mut sim, 7007);
+    let req = wait_for(&mut sim, 1, EventType::ConnectRequest);
+    let now = sim.now;
+    sim.endpoints[1]
+        .cma
+        .reject(now, req.id, b"not today")
+        .unwrap();
+    let ev = wait_for(&mut sim, 0, EventType::Unreachable);
+    assert_eq!((ev.id, ev.status), (id, 2));
+    let EventParam::Ud(up) = &ev.param else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(&up.private_data[..9], b"not today");
+    assert_eq!(up.private_data.len(), 136, "a SIDR_REP's private data");
+    assert_eq!((up.qp_num, up.qkey), (0, 0));
+
+    let id = ud_client(&mut sim, 7017);
+    let ev = wait_for(&mut sim, 0, EventType::Unreachable);
+    assert_eq!((ev.id, ev.status), (id, 1));
+}
+
 #[test]
 fn ack_timeout_is_for_rc_ids() {
     let mut sim = pair(9, faults(0.0, 0.0, 0.0));

@@ -519,6 +519,19 @@ impl Device {
         self.call_quiet(|rnic, _| rnic.send_gsi(dst, dst_qpn, tos, mad));
     }
 
+    /// Whether a connection manager takes this device's MADs ([`Device::take_mad`]):
+    /// the CM agent turns it on when it starts and off when it stops. While it is off,
+    /// QP1 answers what needs an answer as a host whose CM has nothing open (a REQ gets
+    /// REJ "invalid service ID", a SIDR_REQ "unsupported", a DREQ its DREP: see
+    /// [`Rnic::set_gsi_consumer`]), so a peer connecting to a process that does not use
+    /// rdma_cm is refused at once rather than after the CM's minute of retries.
+    pub fn set_mad_consumer(&self, on: bool) {
+        let sh = &*self.shared;
+        let mut core = sh.lock();
+        core.rnic.set_gsi_consumer(on);
+        core.signal_mads(sh);
+    }
+
     /// Take the oldest MAD that arrived on QP1, if any. The inbox holds a bounded number
     /// ([`softrdma_transport::GSI_INBOX_MAX`]); MADs past it are dropped and counted, so
     /// a connection manager should take them as [`Device::mad_fd`] signals them.

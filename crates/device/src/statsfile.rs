@@ -75,6 +75,7 @@ pub fn counters(s: &DeviceStats) -> Vec<(&'static str, u64)> {
         ("dropped", e.dropped),
         ("out_of_sequence", e.out_of_sequence),
         ("gsi_dropped", e.gsi_dropped),
+        ("gsi_unserved", e.gsi_unserved),
         ("udp_tx_datagrams", l.tx_datagrams),
         ("udp_tx_bytes", l.tx_bytes),
         ("udp_tx_dropped", l.tx_dropped),

@@ -7,7 +7,14 @@ use softrdma_device::{poll_readable, Device, DeviceAddr, DeviceConfig, GsiMad};
 
 const T: Duration = Duration::from_secs(10);
 
+/// A device whose MADs the test takes, as a connection manager would.
 fn open(name: &str) -> Device {
+    let d = open_plain(name);
+    d.set_mad_consumer(true);
+    d
+}
+
+fn open_plain(name: &str) -> Device {
     let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(4791));
     cfg.stats_dir = None;
     Device::open(&cfg).expect("open device")
@@ -82,4 +89,90 @@ fn mads_cross_between_devices_and_the_fd_follows_the_inbox() {
     let (sa, sb) = (a.stats().engine, b.stats().engine);
     assert_eq!((sa.gsi_dropped, sb.gsi_dropped), (0, 0));
     assert_eq!((sa.dropped, sb.dropped), (0, 0));
+}
+
+/// A device nobody runs a CM on answers a REQ with REJ "invalid service ID" and a DREQ
+/// with its DREP (a peer is refused at once, as by a Linux host with nothing listening),
+/// drops other MADs, keeps none of them, and counts them all; once a consumer takes the
+/// MADs they queue again, and stopping it empties the inbox.
+#[test]
+fn a_device_without_a_cm_refuses_requests_itself() {
+    use softrdma_wire::cm::{
+        msg_response, private_len, rej_reason, CmAttr, CmMsg, Dreq, Ids, MadHeader, Rtu,
+        MAD_HEADER_LEN, MAD_LEN,
+    };
+    let a = open("gsi-cm-a");
+    let b = open_plain("gsi-cm-b");
+    // A REQ as bytes: its header and the local communication ID; the rest parses as zeros.
+    let mut req_mad = [0u8; MAD_LEN];
+    MadHeader::cm(CmAttr::Req, 0xAB)
+        .emit(&mut req_mad)
+        .expect("header");
+    req_mad[MAD_HEADER_LEN..][..4].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+    let dreq = CmMsg::Dreq(Box::new(Dreq {
+        ids: Ids {
+            local_comm_id: 0x55,
+            remote_comm_id: 0x66,
+            private_data: [0; private_len::DREQ],
+        },
+        remote_qpn: 0x12,
+    }));
+    a.send_mad(b.addr().ip(), 1, 0, &req_mad);
+    let got = take(&a, 1);
+    assert_eq!((got[0].src, got[0].src_qpn), (b.addr().ip(), 1));
+    let (h, msg) = CmMsg::parse(&got[0].mad).expect("a CM message");
+    assert_eq!(h.tid, 0xAB);
+    let CmMsg::Rej(rej) = msg else {
+        panic!("not a REJ: {msg:?}")
+    };
+    assert_eq!(rej.remote_comm_id, 0x1234_5678);
+    assert_eq!(
+        (rej.message_rejected, rej.reason),
+        (msg_response::REQ, rej_reason::INVALID_SERVICE_ID)
+    );
+
+    a.send_mad(b.addr().ip(), 1, 0, &dreq.emit(0xCD));
+    let (h, msg) = CmMsg::parse(&take(&a, 1)[0].mad).expect("a CM message");
+    let CmMsg::Drep(drep) = msg else {
+        panic!("not a DREP: {msg:?}")
+    };
+    assert_eq!(
+        (h.tid, drep.local_comm_id, drep.remote_comm_id),
+        (0xCD, 0x66, 0x55)
+    );
+
+    // An RTU needs no answer: it is dropped; nothing waits in b's inbox.
+    let rtu = CmMsg::Rtu(Box::new(Rtu {
+        local_comm_id: 1,
+        remote_comm_id: 2,
+        private_data: [0; private_len::RTU],
+    }));
+    a.send_mad(b.addr().ip(), 1, 0, &rtu.emit(1));
+    let until = Instant::now() + T;
+    while b.stats().engine.gsi_unserved < 3 {
+        assert!(Instant::now() < until, "the RTU did not arrive");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!fd_readable(&b));
+    assert!(b.take_mad().is_none());
+    assert!(a.take_mad().is_none(), "nothing answers an RTU");
+
+    // With a consumer, the same REQ queues for it instead.
+    b.set_mad_consumer(true);
+    a.send_mad(b.addr().ip(), 1, 0, &req_mad);
+    assert_eq!(take(&b, 1)[0].mad, req_mad);
+    a.send_mad(b.addr().ip(), 1, 0, &req_mad);
+    let until = Instant::now() + T;
+    while !fd_readable(&b) {
+        assert!(Instant::now() < until, "the REQ did not arrive");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    b.set_mad_consumer(false);
+    assert!(
+        !fd_readable(&b),
+        "a consumer that stops leaves no MAD behind"
+    );
+    assert!(b.take_mad().is_none());
+    assert_eq!(b.stats().engine.gsi_unserved, 3);
+    assert_eq!(b.stats().engine.gsi_dropped, 0);
 }

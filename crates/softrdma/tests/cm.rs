@@ -295,12 +295,40 @@ fn nobody_listening_is_rejected_with_reason_8() {
     }
 }
 
-/// A device whose CM never answers (it has none running): the client's CM retries the
-/// REQ as its timeouts say and then reports UNREACHABLE, an ETIMEDOUT error.
+/// A device on which nothing runs a CM (a process that uses verbs but not rdma_cm) is
+/// still a host whose CM answers: the client is refused at once with reason 8, as by a
+/// Linux host where nothing listens, instead of retrying its REQ for a minute.
+#[test]
+fn device_without_cm_refuses_at_once() {
+    let cli = Side::new("cm9c");
+    let bare = device("cm9b");
+    let opts = ConnectOptions {
+        timeout: Some(T),
+        ..ConnectOptions::default()
+    };
+    let addr = SocketAddr::new(bare.addr().ip(), 4242);
+    let e = cm::connect(&cli.pd, &cli.init(), addr, &opts).unwrap_err();
+    let r = e
+        .rejection()
+        .unwrap_or_else(|| panic!("no rejection in {e}"));
+    assert_eq!(r.reason, 8, "{e}");
+    assert!(
+        bare.stats().engine.gsi_unserved >= 1,
+        "the bare device answered"
+    );
+}
+
+/// A peer that never answers (a UDP socket holding a loopback address's RoCE port, the
+/// devices' port here): the
+/// client's CM retries the REQ as its timeouts say and then reports UNREACHABLE, an
+/// ETIMEDOUT error; the socket saw every REQ.
 #[test]
 fn silent_peer_is_unreachable() {
-    let cli = Side::new("cm9c");
-    let silent = device("cm9s");
+    let cli = Side::new("cm9s");
+    // 127.0.0.254 is left to nobody_listening_is_rejected_with_reason_8.
+    let silent = (250..=253)
+        .find_map(|i| UdpSocket::bind((Ipv4Addr::new(127, 0, 0, i), DEV_PORT)).ok())
+        .expect("a free 127.0.0.25x RoCE port");
     cm::set_timeouts(
         &cli.dev,
         cm::Timeouts {
@@ -314,7 +342,7 @@ fn silent_peer_is_unreachable() {
         timeout: Some(T),
         ..ConnectOptions::default()
     };
-    let addr = SocketAddr::new(silent.addr().ip(), 4242);
+    let addr = SocketAddr::new(silent.local_addr().unwrap().ip(), 4242);
     let e = cm::connect(&cli.pd, &cli.init(), addr, &opts).unwrap_err();
     assert_eq!(e.errno(), libc::ETIMEDOUT, "{e}");
     assert!(e.rejection().is_none(), "{e}");
@@ -322,6 +350,16 @@ fn silent_peer_is_unreachable() {
         e.message().contains("UNREACHABLE"),
         "the CM's verdict, not ours: {e}"
     );
+    silent.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 512];
+    let mut reqs = 0;
+    while let Ok(n) = silent.recv(&mut buf) {
+        // BTH (12) + DETH (8), then the MAD: attribute ID 0x0010 is a REQ.
+        if n >= 20 + 24 && buf[20 + 16..20 + 18] == [0x00, 0x10] {
+            reqs += 1;
+        }
+    }
+    assert_eq!(reqs, 3, "the first REQ and its two retries");
 }
 
 /// A specific address of this host that is not loopback (Linux counts loopback

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 
-use softrdma_wire::cm::{GSI_QKEY, GSI_QPN, MAD_LEN};
+use softrdma_wire::cm::{answer_without_cm, GSI_QKEY, GSI_QPN, MAD_LEN};
 use softrdma_wire::{psn, Bth, Deth, Headers, Opcode};
 
 use crate::{norm_ip, Nic, Rnic};
@@ -52,6 +52,8 @@ pub(crate) struct Gsi {
     /// PSN of the next MAD sent. Starts at 0: the kernel's MAD layer moves QP1 to RTS
     /// with SQ PSN 0, and rxe counts up from there, one per packet.
     next_psn: u32,
+    /// A connection manager takes the inbox ([`Rnic::set_gsi_consumer`]).
+    consumer: bool,
 }
 
 /// A packet to QP1 not taken: count it and say why.
@@ -88,6 +90,16 @@ pub(crate) fn receive(env: &mut Nic, src: SocketAddr, tos: u8, h: &Headers, payl
     let Ok(mad) = <[u8; MAD_LEN]>::try_from(payload) else {
         return drop_gsi(env, src, h, "payload is not one MAD");
     };
+    if !env.gsi.consumer {
+        // Nobody here runs a CM: answer as a Linux host's CM with nothing open does, so a
+        // peer's connect is refused at once instead of timing out after a minute.
+        env.stats.gsi_unserved += 1;
+        if let Some(answer) = answer_without_cm(&mad) {
+            let dst = SocketAddr::new(norm_ip(src.ip()), env.addr.port());
+            send(env, dst, deth.src_qp, tos, &answer);
+        }
+        return;
+    }
     if env.gsi.inbox.len() >= GSI_INBOX_MAX {
         return drop_gsi(env, src, h, "GSI inbox full");
     }
@@ -106,6 +118,18 @@ impl Rnic {
         self.env.gsi.inbox.pop_front()
     }
 
+    /// Whether a connection manager takes the MADs QP1 receives ([`Rnic::take_gsi`]).
+    /// Until one does (and after it stops), the GSI keeps no inbox: it answers a REQ,
+    /// SIDR_REQ or DREQ as a CM with no listener and no connection would
+    /// ([`answer_without_cm`]), drops the rest and counts them all in
+    /// [`Stats::gsi_unserved`](crate::Stats::gsi_unserved). Stopping empties the inbox.
+    pub fn set_gsi_consumer(&mut self, on: bool) {
+        self.env.gsi.consumer = on;
+        if !on {
+            self.env.gsi.inbox.clear();
+        }
+    }
+
     /// Whether a MAD waits in the QP1 inbox (a runtime signals its CM with this).
     pub fn gsi_pending(&self) -> bool {
         !self.env.gsi.inbox.is_empty()
@@ -117,21 +141,25 @@ impl Rnic {
     /// QP 1, from UDP source port `udp_src_port(1)`. It is queued for
     /// [`Rnic::poll_transmit`] as a request, which a runtime sends at once.
     pub fn send_gsi(&mut self, dst: IpAddr, dst_qpn: u32, tos: u8, mad: &[u8; MAD_LEN]) {
-        let env = &mut self.env;
-        let pkt_psn = env.gsi.next_psn;
-        env.gsi.next_psn = psn::add(pkt_psn, 1);
-        let mut bth = Bth::new(Opcode::UD_SEND_ONLY, dst_qpn, pkt_psn);
-        // rxe sets AckReq on the last packet of a message of every QP type but UD and UC;
-        // its GSI QP is a type of its own, so its MADs carry it (the receiver ignores it).
-        bth.ack_req = true;
-        let mut h = Headers::new(bth);
-        h.deth = Some(Deth {
-            qkey: GSI_QKEY,
-            src_qp: GSI_QPN,
-        });
-        let dst = SocketAddr::new(dst, env.addr.port());
-        env.send(GSI_QPN, dst, tos, &h, mad);
+        let dst = SocketAddr::new(dst, self.env.addr.port());
+        send(&mut self.env, dst, dst_qpn, tos, mad);
     }
+}
+
+/// [`Rnic::send_gsi`] to the device at `dst`.
+fn send(env: &mut Nic, dst: SocketAddr, dst_qpn: u32, tos: u8, mad: &[u8; MAD_LEN]) {
+    let pkt_psn = env.gsi.next_psn;
+    env.gsi.next_psn = psn::add(pkt_psn, 1);
+    let mut bth = Bth::new(Opcode::UD_SEND_ONLY, dst_qpn, pkt_psn);
+    // rxe sets AckReq on the last packet of a message of every QP type but UD and UC;
+    // its GSI QP is a type of its own, so its MADs carry it (the receiver ignores it).
+    bth.ack_req = true;
+    let mut h = Headers::new(bth);
+    h.deth = Some(Deth {
+        qkey: GSI_QKEY,
+        src_qp: GSI_QPN,
+    });
+    env.send(GSI_QPN, dst, tos, &h, mad);
 }
 
 #[cfg(test)]
@@ -153,8 +181,12 @@ mod tests {
         std::array::from_fn(|i| (i as u8).wrapping_mul(7).wrapping_add(tag))
     }
 
+    /// Two nodes whose MADs a connection manager takes.
     fn nodes() -> (Node, Node) {
-        (Node::new(A, 1), Node::new(B, 2))
+        let (mut a, mut b) = (Node::new(A, 1), Node::new(B, 2));
+        a.nic.set_gsi_consumer(true);
+        b.nic.set_gsi_consumer(true);
+        (a, b)
     }
 
     /// A sealed packet from A to B with headers `h` and `payload`.

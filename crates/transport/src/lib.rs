@@ -92,6 +92,10 @@ pub struct Stats {
     /// Datagrams to QP1 (the GSI) dropped: not a MAD as the GSI takes them (opcode,
     /// Q_Key, length, P_Key), or the inbox was full.
     pub gsi_dropped: u64,
+    /// MADs to QP1 while no connection manager ran: requests answered as a CM with
+    /// nothing open answers them (REJ "invalid service ID", SIDR_REP "unsupported",
+    /// DREP), the rest dropped.
+    pub gsi_unserved: u64,
 }
 
 /// What a datagram is, for a runtime deciding when to send it (it may hold plain ACKs

@@ -608,7 +608,59 @@ pub mod rej_reason {
     pub const VENDOR_OPTION_NOT_SUPPORTED: u16 = 35;
 }
 
+/// Which message an MRA or REJ refers to (IBTA "message MRAed" / "message rejected").
+pub mod msg_response {
+    /// The REQ.
+    pub const REQ: u8 = 0;
+    /// The REP.
+    pub const REP: u8 = 1;
+    /// Another message.
+    pub const OTHER: u8 = 2;
+}
+
+/// SIDR_REP status values (IBTA table 120).
+pub mod sidr_status {
+    /// The QP was found: the REP carries its number and Q_Key.
+    pub const SUCCESS: u8 = 0;
+    /// The service ID is not supported here (nobody listens).
+    pub const UNSUPPORTED: u8 = 1;
+    /// The request was rejected.
+    pub const REJECT: u8 = 2;
+}
+
+/// `data` at the start of an `N`-byte field, the rest zero (longer data is cut): how a
+/// message's fixed-size private data is made from a program's shorter buffer.
+pub fn fill<const N: usize>(data: &[u8]) -> [u8; N] {
+    let mut a = [0u8; N];
+    let n = data.len().min(N);
+    a[..n].copy_from_slice(&data[..n]);
+    a
+}
+
 impl Rej {
+    /// A REJ from communication ID `local` to `remote` of message `rejected`
+    /// ([`msg_response`]) with `reason`, additional information `ari` (at most 72 bytes
+    /// count) and `private` data (cut to the REJ's 148 bytes).
+    pub fn new(
+        local: u32,
+        remote: u32,
+        rejected: u8,
+        reason: u16,
+        ari: &[u8],
+        private: &[u8],
+    ) -> Rej {
+        let info = ari.len().min(INFO_LEN);
+        Rej {
+            local_comm_id: local,
+            remote_comm_id: remote,
+            message_rejected: rejected,
+            rejected_info_length: info as u8,
+            reason,
+            ari: fill(&ari[..info]),
+            private_data: fill(private),
+        }
+    }
+
     fn parse(d: &[u8]) -> Rej {
         let mut ari = [0u8; INFO_LEN];
         ari.copy_from_slice(&d[12..12 + INFO_LEN]);
@@ -721,6 +773,55 @@ pub struct SidrRep {
     pub additional_info: [u8; INFO_LEN],
     /// Private data.
     pub private_data: [u8; private_len::SIDR_REP],
+}
+
+impl SidrRep {
+    /// A SIDR_REP answering with `status` ([`sidr_status`]), naming QP `qpn` and Q_Key
+    /// `qkey` (0 unless the status is [`sidr_status::SUCCESS`]), with `private` data; the
+    /// request and service IDs are the caller's to fill in.
+    pub fn new(status: u8, qpn: u32, qkey: u32, private: &[u8]) -> SidrRep {
+        SidrRep {
+            request_id: 0,
+            status,
+            additional_info_length: 0,
+            qpn,
+            service_id: 0,
+            qkey,
+            additional_info: [0; INFO_LEN],
+            private_data: fill(private),
+        }
+    }
+}
+
+/// What a CM that has nothing (no listener, no connection) answers to the MAD `mad`, as
+/// the Linux CM does for every RoCE device whether or not a program uses rdma_cm: a REQ
+/// gets a REJ "invalid service ID" (8), a SIDR_REQ a SIDR_REP "unsupported", a DREQ a
+/// DREP (so a peer stops asking); anything else, and what does not parse, gets nothing.
+pub fn answer_without_cm(mad: &[u8]) -> Option<[u8; MAD_LEN]> {
+    let (h, msg) = CmMsg::parse(mad).ok()?;
+    let answer = match msg {
+        CmMsg::Req(req) => CmMsg::Rej(Box::new(Rej::new(
+            0,
+            req.local_comm_id,
+            msg_response::REQ,
+            rej_reason::INVALID_SERVICE_ID,
+            &[],
+            &[],
+        ))),
+        CmMsg::SidrReq(req) => {
+            let mut rep = SidrRep::new(sidr_status::UNSUPPORTED, 0, 0, &[]);
+            rep.request_id = req.request_id;
+            rep.service_id = req.service_id;
+            CmMsg::SidrRep(Box::new(rep))
+        }
+        CmMsg::Dreq(dreq) => CmMsg::Drep(Box::new(Ids {
+            local_comm_id: dreq.ids.remote_comm_id,
+            remote_comm_id: dreq.ids.local_comm_id,
+            private_data: [0; private_len::DREP],
+        })),
+        _ => return None,
+    };
+    Some(answer.emit(h.tid))
 }
 
 /// A CM message.
@@ -1167,5 +1268,82 @@ mod tests {
         assert_eq!(split_service_id(0x0106_1C06), Some((port_space::TCP, 7174)));
         assert_eq!(split_service_id(0x1_0106_1C06), None);
         assert_eq!(split_service_id(0x0206_1C06), None);
+    }
+
+    #[test]
+    fn a_cm_with_nothing_open_refuses_requests_and_answers_disconnects() {
+        let tid = 0x1122_3344_5566_7788;
+        let answer = |m: CmMsg| answer_without_cm(&m.emit(tid)).map(|a| CmMsg::parse(&a).unwrap());
+
+        let (h, rej) = answer(CmMsg::Req(Box::new(req()))).expect("a REQ is answered");
+        assert_eq!(h.tid, tid);
+        let CmMsg::Rej(rej) = rej else {
+            panic!("not a REJ: {rej:?}")
+        };
+        assert_eq!((rej.local_comm_id, rej.remote_comm_id), (0, 0xA1B2_C3D4));
+        assert_eq!(rej.message_rejected, msg_response::REQ);
+        assert_eq!(rej.reason, rej_reason::INVALID_SERVICE_ID);
+        assert_eq!(rej.rejected_info_length, 0);
+
+        let sidr = SidrReq {
+            request_id: 77,
+            pkey: 0xFFFF,
+            service_id: service_id(port_space::UDP, 7174),
+            private_data: [3; private_len::SIDR_REQ],
+        };
+        let (_, rep) = answer(CmMsg::SidrReq(Box::new(sidr))).expect("a SIDR_REQ is answered");
+        let CmMsg::SidrRep(rep) = rep else {
+            panic!("not a SIDR_REP: {rep:?}")
+        };
+        assert_eq!((rep.request_id, rep.status), (77, sidr_status::UNSUPPORTED));
+        assert_eq!(rep.service_id, service_id(port_space::UDP, 7174));
+        assert_eq!((rep.qpn, rep.qkey), (0, 0));
+
+        let dreq = Dreq {
+            ids: Ids {
+                local_comm_id: 5,
+                remote_comm_id: 9,
+                private_data: [0; private_len::DREQ],
+            },
+            remote_qpn: 0x11,
+        };
+        let (_, drep) = answer(CmMsg::Dreq(Box::new(dreq))).expect("a DREQ is answered");
+        let CmMsg::Drep(drep) = drep else {
+            panic!("not a DREP: {drep:?}")
+        };
+        assert_eq!((drep.local_comm_id, drep.remote_comm_id), (9, 5));
+
+        // Answers and what cannot be parsed get nothing.
+        let rtu = Rtu {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            private_data: [0; private_len::RTU],
+        };
+        assert!(answer(CmMsg::Rtu(Box::new(rtu))).is_none());
+        let rej = Rej::new(
+            1,
+            2,
+            msg_response::REQ,
+            rej_reason::CONSUMER_REJECT,
+            &[],
+            b"no",
+        );
+        assert!(answer(CmMsg::Rej(Box::new(rej))).is_none());
+        assert!(answer_without_cm(&[0u8; MAD_LEN]).is_none());
+        assert!(answer_without_cm(&[1u8; 12]).is_none());
+    }
+
+    #[test]
+    fn rej_new_keeps_the_lengths_it_can_carry() {
+        let r = Rej::new(1, 2, msg_response::REP, 28, &[7; 100], &[9; 200]);
+        assert_eq!(r.rejected_info_length, 72);
+        assert_eq!(r.ari, [7; 72]);
+        assert_eq!(r.private_data, [9; private_len::REJ]);
+        let r = Rej::new(1, 2, msg_response::REP, 28, &[7; 3], b"ab");
+        assert_eq!(
+            (r.rejected_info_length, &r.ari[..4]),
+            (3, &[7, 7, 7, 0][..])
+        );
+        assert_eq!(&r.private_data[..3], b"ab\0");
     }
 }
