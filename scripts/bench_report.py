@@ -67,6 +67,46 @@ def load_udp_pp(path):
     return {k: statistics.median(v) for k, v in rows.items()}
 
 
+CMTIME_STEPS = ("create id", "resolve addr", "resolve route", "create qp", "connect")
+
+
+def load_cmtime(path):
+    """Median connections per second over the cmtime runs: for the connect step alone
+    (REQ to ESTABLISHED, 100 at once) and for the whole set-up (create id to
+    ESTABLISHED, the sum of its steps' wall times)."""
+    connect, setup = [], []
+    for name in sorted(os.listdir(path)):
+        if not (name.startswith("cmtime,") and name.endswith(".txt")):
+            continue
+        total, conns = {}, None
+        with open(os.path.join(path, name)) as f:
+            for line in f:
+                m = re.match(r"^(\S.*?)\s*:\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)$", line)
+                if m:
+                    total[m.group(1)] = float(m.group(2))
+                    # us/conn = total ms * 1000 / connections
+                    if float(m.group(5)) > 0:
+                        conns = round(float(m.group(2)) * 1000 / float(m.group(5)))
+        if conns and all(s in total for s in CMTIME_STEPS) and total["connect"] > 0:
+            connect.append(conns / (total["connect"] / 1000))
+            setup.append(conns / (sum(total[s] for s in CMTIME_STEPS) / 1000))
+    med = lambda v: statistics.median(v) if v else None
+    return med(connect), med(setup), len(connect)
+
+
+def load_tcp_conn(path):
+    """Median TCP connections per second over every round of every tcp_conn run."""
+    v = []
+    for name in sorted(os.listdir(path)):
+        if name.startswith("tcp_conn,") and name.endswith(".txt"):
+            with open(os.path.join(path, name)) as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) == 2 and parts[0] == "conns_per_s":
+                        v.append(float(parts[1]))
+    return statistics.median(v) if v else None
+
+
 def anchor(anchors, pattern, unit):
     """The median of the first anchor metric matching `pattern`."""
     for (sec, metric, u), (v, n) in anchors.items():
@@ -142,6 +182,30 @@ def main():
                f"(`scripts/udp_pp.c`) | {fmt(pp.get(1))} / {fmt(pp.get(2))} µs |")
     out.append(f"| UCX tcp ucp_put_bw / tag_bw 1 MiB | {fmt(ucx_put_1m)} / {fmt(ucx_tag_1m)} GB/s |")
     out.append(f"| UCX tcp ucp_put_lat / tag_lat 8 B one way (p50) | {fmt(ucx_put_lat)} / {fmt(ucx_tag_lat)} µs |")
+    out.append("")
+    out.append("## Through the rdma_cm (path MTU 1024, the CM's)\n")
+    out.append("The same `softrdma perf` data path, its QPs connected by the TCP exchange and by "
+               "the rdma_cm (`--cm`), and connection set-up through the drop-in `librdmacm.so.1` "
+               "(Debian's `cmtime -c 100`: 100 connections at once, median of the runs) beside "
+               "TCP's on loopback (`scripts/tcp_conn.c`: 100 connects at once, each done when the "
+               "server program's first byte arrives).\n")
+    out.append("| figure | TCP exchange | rdma_cm | rdma_cm / TCP exchange |")
+    out.append("|---|---|---|---|")
+    for label, test, size, unit in (("write-bw 64 KiB (GB/s)", "write-bw", 65536, "GB/s"),
+                                    ("send-lat 8 B busy poll (µs)", "send-lat", 8, "us")):
+        plain = mine(f"{test} mtu1024", size, unit)
+        cm = mine(f"{test} mtu1024 cm", size, unit)
+        out.append(f"| {label} | {fmt(plain)} | {fmt(cm)} | {fmt(ratio(cm, plain))} |")
+    cm_connect, cm_setup, cm_runs = load_cmtime(sys.argv[2])
+    tcp_rate = load_tcp_conn(sys.argv[2])
+    out.append("")
+    out.append("| connection set-up, 100 at once | connections/s | / TCP connect |")
+    out.append("|---|---|---|")
+    out.append(f"| cmtime `connect` step (REQ to ESTABLISHED), {cm_runs} runs | {fmt(cm_connect, 0)} | "
+               f"{fmt(ratio(cm_connect, tcp_rate), 3)} |")
+    out.append(f"| cmtime whole set-up (create id to ESTABLISHED) | {fmt(cm_setup, 0)} | "
+               f"{fmt(ratio(cm_setup, tcp_rate), 3)} |")
+    out.append(f"| TCP connect + accept + first byte (`scripts/tcp_conn.c`) | {fmt(tcp_rate, 0)} | 1 |")
     out.append("")
     w1m = mine("write-bw", 1048576, "GB/s")
     lat = mine("send-lat (busy)", 8, "us")
