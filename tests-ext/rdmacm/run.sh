@@ -28,6 +28,7 @@
 #             file's head); then Debian's unmodified programs between two processes on
 #             loopback, judged by their output: rping (-C 100 -v -V, the client's ping
 #             data against the server's), ucmatose (4 connections, 10 messages), udaddy,
+#             mckey (multicast: a sender, two receivers of its 20 datagrams),
 #             rdma_server/rdma_client, cmtime (-c 100, its table in $OUT/cmtime.txt),
 #             perftest with -R: ib_{send,write,read,atomic}_{bw,lat} and ib_send_bw -c UD
 #             (-n 200, the result line; a run lost to perftest's own race between its two
@@ -288,8 +289,8 @@ fi
 REG="$OUT/registry"
 mkdir -p -m 700 "$REG"
 export SOFTRDMA_CM_DIR="$REG"
-BG=""   # the background server running, if any: stopped on exit
-trap '[ -n "$BG" ] && kill "$BG" 2>/dev/null' EXIT
+BG=""   # the background processes running (pids), if any: stopped on exit
+trap '[ -n "$BG" ] && kill $BG 2>/dev/null' EXIT
 
 CT="$OUT/cm_test"
 timeout 120 gcc -O1 -Wall -Werror -o "$CT" "$HERE/cm_test.c" -lrdmacm -libverbs -lpthread \
@@ -381,6 +382,49 @@ pair udaddy 7174 "udaddy" "udaddy -s 127.0.0.1"
   grep -q '^data transfers complete' "$OUT/udaddy.client.log" && grep -q '^return status 0' "$OUT/udaddy.client.log" &&
   grep -q '^data transfers complete' "$OUT/udaddy.server.log" && grep -q '^return status 0' "$OUT/udaddy.server.log"
 result "udaddy: data transfers complete, both sides return status 0" $? "$(why udaddy)"
+
+# mckey: multicast on UD ids (RDMA_PS_UDP) between processes on one host. Two receivers
+# join 239.1.2.3 (MGID ::ffff:239.1.2.3) with 20 receives posted each, then a sender joins
+# and sends 20 datagrams to the group. A receiver says "data transfers complete" only after
+# 20 completions on its CQ and polls without end before (so a datagram lost to either one
+# is a timeout here); mckey does not look at the completions' status. Its stdout is made
+# line-buffered (stdbuf) to see each receiver's join before the sender starts; a sender
+# waits 3 s after its own join before sending, so receivers complete within a few seconds.
+MC_RECV="mckey -m 239.1.2.3 -b 127.0.0.1 -C 20"
+MC_SEND="mckey -m 239.1.2.3 -b 127.0.0.1 -C 20 -s"
+mc_pids=()
+for r in 1 2; do
+  # shellcheck disable=SC2086
+  timeout -k 5 30 "$SOFTRDMA" run -- stdbuf -oL $MC_RECV > "$OUT/mckey.recv$r.log" 2>&1 &
+  mc_pids+=($!)
+done
+BG="${mc_pids[*]}"
+joined=0
+for i in $(seq 100); do
+  joined=$(grep -l '^mckey: joined dgid: ::ffff:239\.1\.2\.3 ' "$OUT"/mckey.recv[12].log 2>/dev/null | wc -l)
+  [ "$joined" = 2 ] && break
+  sleep 0.1
+done
+# shellcheck disable=SC2086
+timeout -k 5 $PT "$SOFTRDMA" run -- $MC_SEND > "$OUT/mckey.send.log" 2>&1
+CRC=$?
+[ "$CRC" = 0 ] || kill "${mc_pids[@]}" 2>/dev/null
+mc_rc=()
+for p in "${mc_pids[@]}"; do
+  wait "$p"
+  mc_rc+=($?)
+done
+BG=""
+mc_ok() { # log: joined the group, the transfers complete, status 0
+  grep -q '^mckey: joined dgid: ::ffff:239\.1\.2\.3 ' "$1" && grep -q '^data transfers complete' "$1" &&
+    grep -q '^return status 0' "$1"
+}
+[ "$joined" = 2 ] && [ "$CRC" = 0 ] && [ "${mc_rc[*]}" = "0 0" ] && mc_ok "$OUT/mckey.send.log" &&
+  grep -q '^initiating data transfers' "$OUT/mckey.send.log" &&
+  mc_ok "$OUT/mckey.recv1.log" && mc_ok "$OUT/mckey.recv2.log" &&
+  grep -q '^receiving data transfers' "$OUT/mckey.recv1.log" && grep -q '^receiving data transfers' "$OUT/mckey.recv2.log"
+result "mckey -m 239.1.2.3 -C 20: a sender's 20 datagrams reach both receivers, all return status 0" $? \
+  "$joined of 2 receivers joined before the sender; sender exit $CRC: $(tail -n 2 "$OUT/mckey.send.log" | tr '\n' ' '); receivers exit ${mc_rc[*]}: $(tail -n 1 "$OUT/mckey.recv1.log") / $(tail -n 1 "$OUT/mckey.recv2.log")"
 
 # rdma_server / rdma_client: rdma_verbs.h on synchronous ids.
 pair rdma_server 27503 "rdma_server -p 27503" "rdma_client -s 127.0.0.1 -p 27503"
