@@ -22,7 +22,11 @@
  *               the client set them, ESTABLISHED on both sides, SEND/RECV, RDMA WRITE and
  *               READ with data and completion order checked; the client disconnects: one
  *               DISCONNECTED each side, receives flush (the other side's when it calls
- *               rdma_disconnect on DISCONNECTED: librdmacm leaves the QP until then)
+ *               rdma_disconnect on DISCONNECTED: librdmacm leaves the QP until then). Each
+ *               side's connected QP (the server's made on CONNECT_REQUEST) has CQs on a
+ *               completion channel of the program's and a thread that blocks in
+ *               ibv_get_cq_event, acks, re-arms and polls, as rping's does; the flushed
+ *               receive ends it, then CQs and channel are destroyed
  *   sdisconnect the same, the server disconnects
  *   threads     the same in one process, two threads with an event channel each (one
  *               device connects to itself), the server disconnects
@@ -396,6 +400,221 @@ static int wc_is(int n, const struct ibv_wc *wc, enum ibv_wc_status st, enum ibv
 #define WC_ARGS(n, wc) n, n == 1 ? ibv_wc_status_str((wc).status) : "-", n == 1 ? (int)(wc).opcode : -1, \
 	n == 1 ? (unsigned long long)(wc).wr_id : 0ULL, n == 1 ? (wc).byte_len : 0
 
+/* -------------------------------------------------------- completion channel */
+
+/* A completion channel with a QP's send and receive CQs on it and a thread that blocks in
+ * ibv_get_cq_event, acks the event, re-arms the CQ and polls it empty, as rping's cq_thread
+ * does; the test takes the completions from a queue per CQ. The thread ends after the first
+ * completion in error, which is how every connection that uses one here ends (a flushed
+ * receive): no thread is left blocked in the channel when it is destroyed. */
+enum { SQ, RQ };
+#define CQ_DEPTH 16
+#define CQ_QUEUE 32
+
+struct cq_queue {
+	struct ibv_cq *cq;
+	struct ibv_wc wc[CQ_QUEUE];
+	int n, taken;           /* queued by the thread, taken by the test */
+	int events;             /* CQ events naming this CQ */
+};
+
+struct cq_thread {
+	struct ibv_comp_channel *ch;
+	struct cq_queue q[2];   /* SQ, RQ */
+	pthread_t th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int started, ended;
+	int strays;             /* events naming another CQ or another context */
+	int dropped;            /* completions beyond CQ_QUEUE */
+	char err[120];          /* the thread's first failed call */
+};
+
+static void cq_thread_fail(struct cq_thread *t, const char *what, int r)
+{
+	pthread_mutex_lock(&t->mu);
+	if (!t->err[0])
+		snprintf(t->err, sizeof t->err, "%s: %d (errno %d)", what, r, errno);
+	pthread_mutex_unlock(&t->mu);
+}
+
+static void *cq_thread_main(void *arg)
+{
+	struct cq_thread *t = arg;
+	struct ibv_cq *cq;
+	struct ibv_wc wc;
+	void *ctx;
+	int end = 0, i, n, r;
+
+	while (!end) {
+		r = ibv_get_cq_event(t->ch, &cq, &ctx);
+		if (r) {
+			cq_thread_fail(t, "ibv_get_cq_event", r);
+			break;
+		}
+		ibv_ack_cq_events(cq, 1);
+		for (i = 0; i < 2 && t->q[i].cq != cq; i++)
+			;
+		pthread_mutex_lock(&t->mu);
+		if (i == 2 || ctx != &t->q[i])
+			t->strays++;
+		else
+			t->q[i].events++;
+		pthread_mutex_unlock(&t->mu);
+		if (i == 2)
+			continue;
+		r = ibv_req_notify_cq(cq, 0);
+		if (r) {
+			cq_thread_fail(t, "ibv_req_notify_cq", r);
+			break;
+		}
+		while ((n = ibv_poll_cq(cq, 1, &wc)) == 1) {
+			pthread_mutex_lock(&t->mu);
+			if (t->q[i].n < CQ_QUEUE)
+				t->q[i].wc[t->q[i].n++] = wc;
+			else
+				t->dropped++;
+			pthread_cond_broadcast(&t->cv);
+			pthread_mutex_unlock(&t->mu);
+			if (wc.status != IBV_WC_SUCCESS)
+				end = 1;
+		}
+		if (n < 0) {
+			cq_thread_fail(t, "ibv_poll_cq", n);
+			break;
+		}
+	}
+	pthread_mutex_lock(&t->mu);
+	t->ended = 1;
+	pthread_cond_broadcast(&t->cv);
+	pthread_mutex_unlock(&t->mu);
+	return NULL;
+}
+
+/* The id's QP (RC), made with CQs of a completion channel of the program's own, both armed,
+ * and the thread that waits on the channel. */
+static int cq_qp(struct cq_thread *t, struct rdma_cm_id *id, const char *what)
+{
+	struct ibv_qp_init_attr a;
+	int i, r = -1;
+
+	memset(t, 0, sizeof *t);
+	pthread_mutex_init(&t->mu, NULL);
+	pthread_cond_init(&t->cv, NULL);
+	t->ch = ibv_create_comp_channel(id->verbs);
+	if (!CHECK(N(what, "ibv_create_comp_channel"), t->ch, "errno %d", errno))
+		return 0;
+	for (i = 0; i < 2; i++) {
+		t->q[i].cq = ibv_create_cq(id->verbs, CQ_DEPTH, &t->q[i], t->ch, 0);
+		r = t->q[i].cq ? ibv_req_notify_cq(t->q[i].cq, 0) : -1;
+		if (!CHECK(N(what, "ibv_create_cq on the channel, ibv_req_notify_cq (%s)",
+			     i == SQ ? "send" : "receive"), r == 0, "ret %d errno %d", r, errno))
+			return 0;
+	}
+	memset(&a, 0, sizeof a);
+	a.send_cq = t->q[SQ].cq;
+	a.recv_cq = t->q[RQ].cq;
+	a.cap.max_send_wr = a.cap.max_recv_wr = 8;
+	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+	a.qp_type = IBV_QPT_RC;
+	r = rdma_create_qp(id, NULL, &a);
+	if (!CHECK(N(what, "rdma_create_qp with those CQs"), r == 0 && id->qp,
+		   "ret %d errno %d", r, errno))
+		return 0;
+	/* librdmacm names only the CQs it made itself (rdma_create_qp_ex). */
+	CHECK(N(what, "id->send_cq and id->recv_cq stay NULL"), !id->send_cq && !id->recv_cq,
+	      "send_cq %p recv_cq %p", (void *)id->send_cq, (void *)id->recv_cq);
+	r = pthread_create(&t->th, NULL, cq_thread_main, t);
+	t->started = r == 0;
+	return CHECK(N(what, "the CQ thread started"), r == 0, "pthread_create %d", r);
+}
+
+static void cq_deadline(struct timespec *ts, int ms)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+/* The next completion the thread took from CQ `which` within `ms`: 1, or 0. */
+static int cq_wait_ms(struct cq_thread *t, int which, struct ibv_wc *wc, int ms)
+{
+	struct cq_queue *q = &t->q[which];
+	struct timespec ts;
+	int n = 0;
+
+	cq_deadline(&ts, ms);
+	pthread_mutex_lock(&t->mu);
+	while (q->taken == q->n && !t->ended)
+		if (pthread_cond_timedwait(&t->cv, &t->mu, &ts))
+			break;
+	if (q->taken < q->n) {
+		*wc = q->wc[q->taken++];
+		n = 1;
+	}
+	pthread_mutex_unlock(&t->mu);
+	return n;
+}
+
+static int cq_wait(struct cq_thread *t, int which, struct ibv_wc *wc)
+{
+	return cq_wait_ms(t, which, wc, WC_MS);
+}
+
+/* The end: the thread has ended at the flushed receive (within WC_MS) and saw no stray
+ * event or failed call; every completion was the test's, each CQ with completions had
+ * events; then the QP, the CQs (all their events acked) and the channel go. */
+static void cq_finish(struct cq_thread *t, struct rdma_cm_id *id)
+{
+	struct timespec ts;
+	int ended, i, r;
+
+	if (!t->ch)
+		return;
+	if (t->started) {
+		cq_deadline(&ts, WC_MS);
+		pthread_mutex_lock(&t->mu);
+		while (!t->ended)
+			if (pthread_cond_timedwait(&t->cv, &t->mu, &ts))
+				break;
+		ended = t->ended;
+		pthread_mutex_unlock(&t->mu);
+		if (!CHECK("the CQ thread ends after the flushed receive", ended, "still in ibv_get_cq_event")) {
+			/* Blocked in the channel: it and its CQs stay. */
+			pthread_detach(t->th);
+			if (id->qp)
+				rdma_destroy_qp(id);
+			return;
+		}
+		pthread_join(t->th, NULL);
+		printf("OUT: %sCQ events: send CQ %d (%d completions), receive CQ %d (%d completions)\n",
+		       side, t->q[SQ].events, t->q[SQ].n, t->q[RQ].events, t->q[RQ].n);
+		CHECK("every CQ event named one of the channel's CQs and its context, no call failed",
+		      !t->strays && !t->err[0] && !t->dropped, "%d stray events, %d completions too many; %s",
+		      t->strays, t->dropped, t->err);
+		CHECK("each CQ with completions had CQ events, the test took every completion",
+		      (t->q[SQ].events > 0) == (t->q[SQ].n > 0) && (t->q[RQ].events > 0) == (t->q[RQ].n > 0) &&
+			      t->q[SQ].taken == t->q[SQ].n && t->q[RQ].taken == t->q[RQ].n,
+		      "send %d events %d/%d taken, receive %d events %d/%d taken", t->q[SQ].events,
+		      t->q[SQ].taken, t->q[SQ].n, t->q[RQ].events, t->q[RQ].taken, t->q[RQ].n);
+	}
+	if (id->qp)
+		rdma_destroy_qp(id);
+	for (i = 0; i < 2; i++) {
+		if (!t->q[i].cq)
+			continue;
+		r = ibv_destroy_cq(t->q[i].cq);
+		CHECK(N("ibv_destroy_cq", "%s CQ: 0", i == SQ ? "send" : "receive"), r == 0, "ret %d", r);
+	}
+	r = ibv_destroy_comp_channel(t->ch);
+	CHECK("ibv_destroy_comp_channel: 0", r == 0, "ret %d", r);
+	t->ch = NULL;
+}
+
 /* ------------------------------------------------------------------- peers */
 
 struct peer {
@@ -539,7 +758,7 @@ static void check_request(struct rdma_cm_event *e, const char *what)
  * rdma_disconnect), then disconnects too, as rping does. Either way the receive posted as
  * `flush_wr` completes with IBV_WC_WR_FLUSH_ERR, and no second DISCONNECTED comes. */
 static void disconnect_phase(struct rdma_event_channel *ch, struct rdma_cm_id *id, int first,
-			     uint64_t flush_wr)
+			     struct cq_thread *t, uint64_t flush_wr)
 {
 	struct rdma_cm_event *e;
 	struct ibv_wc wc;
@@ -557,13 +776,13 @@ static void disconnect_phase(struct rdma_event_channel *ch, struct rdma_cm_id *i
 		rdma_ack_cm_event(e);
 	}
 	if (!first) {
-		n = ibv_poll_cq(id->recv_cq, 1, &wc);
+		n = cq_wait_ms(t, RQ, &wc, DRAIN_MS);
 		CHECK("after DISCONNECTED the receive is still posted (rdma_disconnect flushes it)",
 		      n == 0, WC_FMT, WC_ARGS(n, wc));
 		r = rdma_disconnect(id);
 		CHECK("rdma_disconnect after DISCONNECTED: 0", r == 0, "ret %d errno %d", r, errno);
 	}
-	n = wait_wc(id->recv_cq, &wc);
+	n = cq_wait(t, RQ, &wc);
 	CHECK("the posted receive completes with IBV_WC_WR_FLUSH_ERR",
 	      wc_is(n, &wc, IBV_WC_WR_FLUSH_ERR, 0, flush_wr), WC_FMT, WC_ARGS(n, wc));
 	CHECK("the QP is in the error state", qp_state(id->qp) == IBV_QPS_ERR, "state %d",
@@ -574,6 +793,7 @@ static void disconnect_phase(struct rdma_event_channel *ch, struct rdma_cm_id *i
 static void conn_client(const char *arg)
 {
 	int port = 0, server_disconnects = 0;
+	struct cq_thread cqt = { 0 };
 	struct rdma_event_channel *ch;
 	struct rdma_cm_event *e;
 	struct rdma_cm_id *id;
@@ -623,11 +843,11 @@ static void conn_client(const char *arg)
 	id = resolved_id(ch, RDMA_PS_TCP, "127.0.0.1", port, "connection 2");
 	if (!id)
 		goto out;
-	r = make_qp(id, IBV_QPT_RC);
-	mr = r ? NULL : ibv_reg_mr(id->pd, buf, BUF, IBV_ACCESS_LOCAL_WRITE |
-				   IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-	if (!CHECK("connection 2: rdma_create_qp and ibv_reg_mr on id->pd", r == 0 && mr,
-		   "ret %d errno %d", r, errno))
+	if (!cq_qp(&cqt, id, "connection 2"))
+		goto out_id;
+	mr = ibv_reg_mr(id->pd, buf, BUF, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			IBV_ACCESS_REMOTE_READ);
+	if (!CHECK("connection 2: ibv_reg_mr on id->pd", mr, "errno %d", errno))
 		goto out_id;
 	fill(buf + WRITE_OFF, RDMA_LEN, 4);
 	r = post_recv(id->qp, mr, buf, SLOT, 1);
@@ -655,7 +875,7 @@ static void conn_client(const char *arg)
 	      qp_state(id->qp));
 
 	/* The server's buffer. */
-	n = wait_wc(id->recv_cq, &wc);
+	n = cq_wait(&cqt, RQ, &wc);
 	if (!CHECK("the server's message arrives", wc_is(n, &wc, IBV_WC_SUCCESS, IBV_WC_RECV, 1) &&
 		   wc.byte_len == sizeof(struct info), WC_FMT, WC_ARGS(n, wc)))
 		goto out_id;
@@ -695,7 +915,7 @@ static void conn_client(const char *arg)
 	enum ibv_wc_opcode want[4] = { IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ, IBV_WC_SEND };
 	const char *names[4] = { "SEND", "RDMA WRITE", "RDMA READ", "the last SEND" };
 	for (i = 0; i < 4; i++) {
-		n = wait_wc(id->send_cq, &wc);
+		n = cq_wait(&cqt, SQ, &wc);
 		CHECK(N("completions in order", "%s succeeds", names[i]),
 		      wc_is(n, &wc, IBV_WC_SUCCESS, want[i], 11 + i), WC_FMT, WC_ARGS(n, wc));
 	}
@@ -704,11 +924,11 @@ static void conn_client(const char *arg)
 
 	r = post_recv(id->qp, mr, buf + SLOT, SLOT, 2);
 	CHECK("receive posted before the disconnect", r == 0, "ret %d", r);
-	disconnect_phase(ch, id, !server_disconnects, 2);
+	disconnect_phase(ch, id, !server_disconnects, &cqt, 2);
 out_id:
 	if (mr)
 		ibv_dereg_mr(mr);
-	rdma_destroy_qp(id);
+	cq_finish(&cqt, id);
 	rdma_destroy_id(id);
 out:
 	rdma_destroy_event_channel(ch);
@@ -717,6 +937,7 @@ out:
 
 static void conn_server(int threads, int server_disconnects)
 {
+	struct cq_thread cqt = { 0 };
 	struct rdma_event_channel *ch;
 	struct rdma_cm_id *lid, *id, *id1;
 	struct rdma_cm_event *e;
@@ -777,10 +998,11 @@ static void conn_server(int threads, int server_disconnects)
 	id = e->id;
 	client_qpn = e->param.conn.qp_num;
 	rdma_ack_cm_event(e);
-	r = make_qp(id, IBV_QPT_RC);
-	mr = r ? NULL : ibv_reg_mr(id->pd, buf, BUF, IBV_ACCESS_LOCAL_WRITE |
-				   IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-	if (!CHECK("request 2: rdma_create_qp and ibv_reg_mr", r == 0 && mr, "ret %d errno %d", r, errno))
+	if (!cq_qp(&cqt, id, "request 2"))
+		goto out_id;
+	mr = ibv_reg_mr(id->pd, buf, BUF, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			IBV_ACCESS_REMOTE_READ);
+	if (!CHECK("request 2: ibv_reg_mr", mr, "errno %d", errno))
 		goto out_id;
 	fill(buf + READ_OFF, RDMA_LEN, 5);
 	r = post_recv(id->qp, mr, buf, SLOT, 1) || post_recv(id->qp, mr, buf + SLOT, SLOT, 2);
@@ -799,11 +1021,11 @@ static void conn_server(int threads, int server_disconnects)
 	in->rkey = mr->rkey;
 	in->qpn = id->qp->qp_num;
 	r = post_send(id->qp, IBV_WR_SEND, mr, in, sizeof *in, 10, 0, 0);
-	n = r ? 0 : wait_wc(id->send_cq, &wc);
+	n = r ? 0 : cq_wait(&cqt, SQ, &wc);
 	CHECK("SEND of the buffer's address completes", wc_is(n, &wc, IBV_WC_SUCCESS, IBV_WC_SEND, 10),
 	      "post %d " WC_FMT, r, WC_ARGS(n, wc));
 
-	n = wait_wc(id->recv_cq, &wc);
+	n = cq_wait(&cqt, RQ, &wc);
 	if (CHECK("the client's SEND arrives in the first receive",
 		  wc_is(n, &wc, IBV_WC_SUCCESS, IBV_WC_RECV, 1) && wc.byte_len == sizeof(struct hello),
 		  WC_FMT, WC_ARGS(n, wc))) {
@@ -814,7 +1036,7 @@ static void conn_server(int threads, int server_disconnects)
 		CHECK("the request's qp_num is the client's QP", h->qpn == client_qpn,
 		      "event %u client %u", client_qpn, h->qpn);
 	}
-	n = wait_wc(id->recv_cq, &wc);
+	n = cq_wait(&cqt, RQ, &wc);
 	if (CHECK("the client's last SEND arrives in the second receive",
 		  wc_is(n, &wc, IBV_WC_SUCCESS, IBV_WC_RECV, 2) && wc.byte_len == 8 &&
 			  !memcmp(buf + SLOT, "done", 5),
@@ -826,11 +1048,11 @@ static void conn_server(int threads, int server_disconnects)
 	}
 	r = post_recv(id->qp, mr, buf + 2 * SLOT, SLOT, 3);
 	CHECK("receive posted before the disconnect", r == 0, "ret %d", r);
-	disconnect_phase(ch, id, server_disconnects, 3);
+	disconnect_phase(ch, id, server_disconnects, &cqt, 3);
 out_id:
 	if (mr)
 		ibv_dereg_mr(mr);
-	rdma_destroy_qp(id);
+	cq_finish(&cqt, id);
 	rdma_destroy_id(id);
 out:
 	wait_peer(&peer);
