@@ -32,8 +32,11 @@
  *               device connects to itself), the server disconnects
  *   verbs       rdma_getaddrinfo(RAI_PASSIVE) / rdma_create_ep / rdma_listen /
  *               rdma_get_request / rdma_accept on synchronous ids with rdma_verbs.h's
- *               rdma_reg_msgs, rdma_post_recv/send, rdma_get_send/recv_comp, as
- *               rdma_server and rdma_client do
+ *               rdma_reg_msgs, rdma_reg_read, rdma_post_recv/send, rdma_get_send/recv_comp,
+ *               as rdma_server and rdma_client do; the server sends two regions' addresses
+ *               and rkeys, the client rdma_post_write's into one, rdma_post_read's it back
+ *               and the other (completions in order, wr_id the context given); the client
+ *               checks what it read, the server its memory after the client's last SEND
  *   reject      rdma_reject with private data: REJECTED, status 28, the data; 149 bytes EINVAL
  *   noport      127.0.0.1 on a port nobody listens on: REJECTED, status 8
  *   unreachable a peer that never answers (a UDP socket this test holds on port 4791):
@@ -1078,59 +1081,136 @@ static void test_threads(void)
 
 /* -------------------------------------------------------------------- verbs */
 
+/* The server's first message: where the client may write and read, then a pattern. */
+struct regions {
+	uint64_t waddr;         /* RDMA_LEN bytes to write, then a guard of VERBS_GUARD */
+	uint32_t wrkey;
+	uint32_t pad;
+	uint64_t raddr;         /* RDMA_LEN bytes of pattern 23 to read */
+	uint32_t rrkey;
+	uint32_t pad2;
+};
+#define VERBS_MSG 64
+#define VERBS_GUARD 64
+
+static void verbs_attr(struct ibv_qp_init_attr *attr)
+{
+	memset(attr, 0, sizeof *attr);
+	attr->cap.max_send_wr = 4;      /* the client's WRITE, READ, READ in one go */
+	attr->cap.max_recv_wr = 2;      /* the server's hello and done */
+	attr->cap.max_send_sge = attr->cap.max_recv_sge = 1;
+	attr->sq_sig_all = 1;
+}
+
+/* rdma_get_send_comp / rdma_get_recv_comp's completion: one, a success of `op`, whose wr_id
+ * is the context the rdma_post_* call was given. */
+static int comp_is(int r, const struct ibv_wc *wc, enum ibv_wc_opcode op, uintptr_t ctx)
+{
+	return r == 1 && wc->status == IBV_WC_SUCCESS && wc->opcode == op && wc->wr_id == ctx;
+}
+
+#define COMP_FMT "ret %d errno %d status %s opcode %d wr_id %llu byte_len %u"
+#define COMP_ARGS(r, wc) r, errno, r == 1 ? ibv_wc_status_str((wc).status) : "-", \
+	r == 1 ? (int)(wc).opcode : -1, r == 1 ? (unsigned long long)(wc).wr_id : 0ULL, \
+	r == 1 ? (wc).byte_len : 0
+
 static void verbs_client(const char *port)
 {
 	struct rdma_addrinfo hints, *res = NULL;
 	struct ibv_qp_init_attr attr;
 	struct rdma_cm_id *id = NULL;
-	struct ibv_mr *smr = NULL, *rmr = NULL;
+	struct ibv_mr *smr = NULL, *rmr = NULL, *lmr = NULL;
 	struct ibv_wc wc;
-	uint8_t sbuf[64], rbuf[64];
-	int r;
+	struct regions rg;
+	uint8_t sbuf[VERBS_MSG], rbuf[VERBS_MSG], *lbuf = calloc(3, RDMA_LEN);
+	int r, i;
 
 	side = "client: ";
 	memset(&hints, 0, sizeof hints);
 	hints.ai_port_space = RDMA_PS_TCP;
 	r = rdma_getaddrinfo("127.0.0.1", port, &hints, &res);
 	if (!CHECK("rdma_getaddrinfo 127.0.0.1", r == 0, "ret %d errno %d", r, errno))
-		return;
-	memset(&attr, 0, sizeof attr);
-	attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
-	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-	attr.sq_sig_all = 1;
+		goto out_buf;
+	verbs_attr(&attr);
 	r = rdma_create_ep(&id, res, NULL, &attr);
 	rdma_freeaddrinfo(res);
 	if (!CHECK("rdma_create_ep: a synchronous id with its QP", r == 0 && id->qp,
 		   "ret %d errno %d", r, errno))
-		return;
+		goto out_buf;
 	rmr = rdma_reg_msgs(id, rbuf, sizeof rbuf);
 	smr = rdma_reg_msgs(id, sbuf, sizeof sbuf);
-	if (!CHECK("rdma_reg_msgs", rmr && smr, "errno %d", errno))
+	/* Local memory of RDMA WRITE's source and both READs' targets. */
+	lmr = rdma_reg_msgs(id, lbuf, 3 * RDMA_LEN);
+	if (!CHECK("rdma_reg_msgs", rmr && smr && lmr, "errno %d", errno))
 		goto out;
 	memset(rbuf, 0, sizeof rbuf);
-	r = rdma_post_recv(id, NULL, rbuf, sizeof rbuf, rmr);
+	r = rdma_post_recv(id, (void *)1, rbuf, sizeof rbuf, rmr);
 	CHECK("rdma_post_recv", r == 0, "ret %d errno %d", r, errno);
 	r = rdma_connect(id, NULL);
 	if (!CHECK("rdma_connect returns 0 once connected", r == 0, "ret %d errno %d", r, errno))
 		goto out;
 	fill(sbuf, sizeof sbuf, 20);
-	r = rdma_post_send(id, NULL, sbuf, sizeof sbuf, smr, 0);
+	r = rdma_post_send(id, (void *)2, sbuf, sizeof sbuf, smr, 0);
 	CHECK("rdma_post_send", r == 0, "ret %d errno %d", r, errno);
 	r = rdma_get_send_comp(id, &wc);
-	CHECK("rdma_get_send_comp: the SEND succeeded", r == 1 && wc.status == IBV_WC_SUCCESS &&
-	      wc.opcode == IBV_WC_SEND, "ret %d status %d opcode %d", r, wc.status, wc.opcode);
+	CHECK("rdma_get_send_comp: the SEND succeeded", comp_is(r, &wc, IBV_WC_SEND, 2),
+	      COMP_FMT, COMP_ARGS(r, wc));
 	r = rdma_get_recv_comp(id, &wc);
-	CHECK("rdma_get_recv_comp: the server's 64 bytes", r == 1 && wc.status == IBV_WC_SUCCESS &&
-	      wc.opcode == IBV_WC_RECV && wc.byte_len == 64 && mismatch(rbuf, 64, 21) < 0,
-	      "ret %d status %d byte_len %u", r, wc.status, wc.byte_len);
+	if (!CHECK("rdma_get_recv_comp: the server's 64 bytes, its regions then a pattern",
+		   comp_is(r, &wc, IBV_WC_RECV, 1) && wc.byte_len == VERBS_MSG &&
+			   mismatch(rbuf + sizeof rg, VERBS_MSG - sizeof rg, 21) < 0,
+		   COMP_FMT, COMP_ARGS(r, wc)))
+		goto disconnect;
+	memcpy(&rg, rbuf, sizeof rg);
+
+	/* Back to back: WRITE pattern 22, READ it back, READ the server's pattern 23. An RC
+	 * responder executes them in order, so the first READ sees the WRITE. */
+	fill(lbuf, RDMA_LEN, 22);
+	r = rdma_post_write(id, (void *)3, lbuf, RDMA_LEN, lmr, 0, rg.waddr, rg.wrkey);
+	CHECK("rdma_post_write to the server's address and rkey", r == 0, "ret %d errno %d", r, errno);
+	r = rdma_post_read(id, (void *)4, lbuf + RDMA_LEN, RDMA_LEN, lmr, 0, rg.waddr, rg.wrkey);
+	CHECK("rdma_post_read of the same bytes", r == 0, "ret %d errno %d", r, errno);
+	r = rdma_post_read(id, (void *)5, lbuf + 2 * RDMA_LEN, RDMA_LEN, lmr, 0, rg.raddr, rg.rrkey);
+	CHECK("rdma_post_read of the server's second region", r == 0, "ret %d errno %d", r, errno);
+	{
+		const enum ibv_wc_opcode want[3] = { IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ, IBV_WC_RDMA_READ };
+		const char *names[3] = { "RDMA WRITE", "RDMA READ back", "RDMA READ of the second region" };
+
+		for (i = 0; i < 3; i++) {
+			r = rdma_get_send_comp(id, &wc);
+			CHECK(N("rdma_get_send_comp in order", "%s succeeds", names[i]),
+			      comp_is(r, &wc, want[i], 3 + i), COMP_FMT, COMP_ARGS(r, wc));
+		}
+	}
+	long m = mismatch(lbuf + RDMA_LEN, RDMA_LEN, 22);
+	CHECK("RDMA READ back: the 1024 bytes written are in the server's memory", m < 0,
+	      "first difference at %ld", m);
+	m = mismatch(lbuf + 2 * RDMA_LEN, RDMA_LEN, 23);
+	CHECK("RDMA READ of the second region: the server's 1024 bytes are in local memory", m < 0,
+	      "first difference at %ld", m);
+	m = mismatch(lbuf, RDMA_LEN, 22);
+	CHECK("the WRITE's source is unchanged", m < 0, "first difference at %ld", m);
+
+	/* Done: the server then looks at its memory. */
+	fill(sbuf, sizeof sbuf, 24);
+	r = rdma_post_send(id, (void *)6, sbuf, sizeof sbuf, smr, 0);
+	if (r == 0)
+		r = rdma_get_send_comp(id, &wc);
+	CHECK("rdma_post_send, rdma_get_send_comp: the last SEND succeeded",
+	      comp_is(r, &wc, IBV_WC_SEND, 6), COMP_FMT, COMP_ARGS(r, wc));
+disconnect:
 	r = rdma_disconnect(id);
 	CHECK("rdma_disconnect", r == 0, "ret %d errno %d", r, errno);
 out:
+	if (lmr)
+		rdma_dereg_mr(lmr);
 	if (rmr)
 		rdma_dereg_mr(rmr);
 	if (smr)
 		rdma_dereg_mr(smr);
 	rdma_destroy_ep(id);
+out_buf:
+	free(lbuf);
 }
 
 static void test_verbs(void)
@@ -1138,11 +1218,14 @@ static void test_verbs(void)
 	struct rdma_addrinfo hints, *res = NULL;
 	struct ibv_qp_init_attr attr;
 	struct rdma_cm_id *lid = NULL, *id = NULL;
-	struct ibv_mr *smr = NULL, *rmr = NULL;
+	struct ibv_mr *smr = NULL, *rmr = NULL, *wmr = NULL, *dmr = NULL;
 	struct ibv_wc wc;
 	struct peer peer;
-	uint8_t sbuf[64], rbuf[64];
+	struct regions rg;
+	uint8_t sbuf[VERBS_MSG], rbuf[2][VERBS_MSG];
+	uint8_t *wbuf = calloc(1, RDMA_LEN + VERBS_GUARD), *dbuf = calloc(1, RDMA_LEN);
 	int r, port;
+	long m;
 
 	side = "server: ";
 	memset(&hints, 0, sizeof hints);
@@ -1150,15 +1233,12 @@ static void test_verbs(void)
 	hints.ai_port_space = RDMA_PS_TCP;
 	r = rdma_getaddrinfo("127.0.0.1", "0", &hints, &res);
 	if (!CHECK("rdma_getaddrinfo RAI_PASSIVE 127.0.0.1", r == 0, "ret %d errno %d", r, errno))
-		return;
-	memset(&attr, 0, sizeof attr);
-	attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
-	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-	attr.sq_sig_all = 1;
+		goto out_buf;
+	verbs_attr(&attr);
 	r = rdma_create_ep(&lid, res, NULL, &attr);
 	rdma_freeaddrinfo(res);
 	if (!CHECK("rdma_create_ep (passive)", r == 0, "ret %d errno %d", r, errno))
-		return;
+		goto out_buf;
 	r = rdma_listen(lid, 0);
 	port = ntohs(rdma_get_src_port(lid));
 	if (!CHECK("rdma_listen on a port", r == 0 && port, "ret %d errno %d port %d", r, errno, port))
@@ -1174,30 +1254,64 @@ static void test_verbs(void)
 		goto out_peer;
 	rmr = rdma_reg_msgs(id, rbuf, sizeof rbuf);
 	smr = rdma_reg_msgs(id, sbuf, sizeof sbuf);
-	if (!CHECK("rdma_reg_msgs", rmr && smr, "errno %d", errno))
+	/* The region the client writes and reads back (rdma_reg_write would not let it read),
+	 * and one it only reads. */
+	wmr = ibv_reg_mr(id->pd, wbuf, RDMA_LEN + VERBS_GUARD, IBV_ACCESS_LOCAL_WRITE |
+			 IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	fill(dbuf, RDMA_LEN, 23);
+	dmr = rdma_reg_read(id, dbuf, RDMA_LEN);
+	if (!CHECK("rdma_reg_msgs, ibv_reg_mr (remote write and read), rdma_reg_read",
+		   rmr && smr && wmr && dmr, "errno %d", errno))
 		goto out_id;
 	memset(rbuf, 0, sizeof rbuf);
-	r = rdma_post_recv(id, NULL, rbuf, sizeof rbuf, rmr);
-	CHECK("rdma_post_recv", r == 0, "ret %d errno %d", r, errno);
+	r = rdma_post_recv(id, (void *)1, rbuf[0], VERBS_MSG, rmr);
+	if (r == 0)
+		r = rdma_post_recv(id, (void *)2, rbuf[1], VERBS_MSG, rmr);
+	CHECK("rdma_post_recv twice", r == 0, "ret %d errno %d", r, errno);
 	r = rdma_accept(id, NULL);
 	if (!CHECK("rdma_accept returns 0 once established", r == 0, "ret %d errno %d", r, errno))
 		goto out_id;
 	r = rdma_get_recv_comp(id, &wc);
-	CHECK("rdma_get_recv_comp: the client's 64 bytes", r == 1 && wc.status == IBV_WC_SUCCESS &&
-	      wc.opcode == IBV_WC_RECV && wc.byte_len == 64 && mismatch(rbuf, 64, 20) < 0,
-	      "ret %d status %d byte_len %u", r, wc.status, wc.byte_len);
-	fill(sbuf, sizeof sbuf, 21);
-	r = rdma_post_send(id, NULL, sbuf, sizeof sbuf, smr, 0);
-	CHECK("rdma_post_send", r == 0, "ret %d errno %d", r, errno);
+	CHECK("rdma_get_recv_comp: the client's 64 bytes", comp_is(r, &wc, IBV_WC_RECV, 1) &&
+	      wc.byte_len == VERBS_MSG && mismatch(rbuf[0], VERBS_MSG, 20) < 0,
+	      COMP_FMT, COMP_ARGS(r, wc));
+
+	memset(&rg, 0, sizeof rg);
+	rg.waddr = (uintptr_t)wmr->addr;
+	rg.wrkey = wmr->rkey;
+	rg.raddr = (uintptr_t)dmr->addr;
+	rg.rrkey = dmr->rkey;
+	memcpy(sbuf, &rg, sizeof rg);
+	fill(sbuf + sizeof rg, VERBS_MSG - sizeof rg, 21);
+	r = rdma_post_send(id, (void *)3, sbuf, sizeof sbuf, smr, 0);
+	CHECK("rdma_post_send of the regions' addresses and rkeys", r == 0, "ret %d errno %d", r, errno);
 	r = rdma_get_send_comp(id, &wc);
-	CHECK("rdma_get_send_comp: the SEND succeeded", r == 1 && wc.status == IBV_WC_SUCCESS &&
-	      wc.opcode == IBV_WC_SEND, "ret %d status %d opcode %d", r, wc.status, wc.opcode);
+	CHECK("rdma_get_send_comp: the SEND succeeded", comp_is(r, &wc, IBV_WC_SEND, 3),
+	      COMP_FMT, COMP_ARGS(r, wc));
+
+	/* The client's last SEND follows its WRITE and READs. */
+	r = rdma_get_recv_comp(id, &wc);
+	if (CHECK("rdma_get_recv_comp: the client's done, after its RDMA", comp_is(r, &wc, IBV_WC_RECV, 2) &&
+		  wc.byte_len == VERBS_MSG && mismatch(rbuf[1], VERBS_MSG, 24) < 0,
+		  COMP_FMT, COMP_ARGS(r, wc))) {
+		m = mismatch(wbuf, RDMA_LEN, 22);
+		CHECK("RDMA WRITE: the client's 1024 bytes are in the server's memory", m < 0,
+		      "first difference at %ld", m);
+		m = nonzero(wbuf + RDMA_LEN, VERBS_GUARD);
+		CHECK("RDMA WRITE: the bytes after them are untouched", m < 0, "nonzero at %ld", m);
+		m = mismatch(dbuf, RDMA_LEN, 23);
+		CHECK("the region read is unchanged", m < 0, "first difference at %ld", m);
+	}
 	/* Both sides disconnect, as rdma_server and rdma_client do; each call returns once
 	 * its DISCONNECTED came. */
 	r = rdma_disconnect(id);
 	CHECK("rdma_disconnect", r == 0, "ret %d errno %d", r, errno);
 out_id:
 	wait_peer(&peer);
+	if (dmr)
+		rdma_dereg_mr(dmr);
+	if (wmr)
+		ibv_dereg_mr(wmr);
 	if (rmr)
 		rdma_dereg_mr(rmr);
 	if (smr)
@@ -1205,11 +1319,14 @@ out_id:
 	if (id)
 		rdma_destroy_ep(id);
 	rdma_destroy_ep(lid);
-	return;
+	goto out_buf;
 out_peer:
 	wait_peer(&peer);
 out:
 	rdma_destroy_ep(lid);
+out_buf:
+	free(wbuf);
+	free(dbuf);
 }
 
 /* ------------------------------------------------------------------- reject */
