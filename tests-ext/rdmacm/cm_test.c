@@ -30,6 +30,17 @@
  *   sdisconnect the same, the server disconnects
  *   threads     the same in one process, two threads with an event channel each (one
  *               device connects to itself), the server disconnects
+ *   inflight    disconnect mid-transfer: the client posts 64 RDMA WRITEs and SENDs of 4 KiB
+ *               back to back; the server has 8 receives posted, so the ninth SEND meets RNR
+ *               (retried without end) and the WRs after it stay in flight, and disconnects
+ *               after its 8th receive: one DISCONNECTED each side; nothing of the client's
+ *               fails before it calls rdma_disconnect, then each WR completes once, in
+ *               order, successes (at least to the eighth SEND, at most to the ninth) then
+ *               IBV_WC_WR_FLUSH_ERR; the SENDs' bytes, the WRITEs before each and every WRITE
+ *               the client saw succeed (it says on a pipe) are in the server's memory
+ *   cinflight   the same, the client disconnects right after posting: its WRs and the
+ *               server's receives each complete once, successes then flushed; every SEND the
+ *               client saw succeed was received
  *   verbs       rdma_getaddrinfo(RAI_PASSIVE) / rdma_create_ep / rdma_listen /
  *               rdma_get_request / rdma_accept on synchronous ids with rdma_verbs.h's
  *               rdma_reg_msgs, rdma_reg_read, rdma_post_recv/send, rdma_get_send/recv_comp,
@@ -1077,6 +1088,367 @@ static void test_sdisconnect(void)
 static void test_threads(void)
 {
 	conn_server(1, 1);
+}
+
+/* ----------------------------------------------------------------- inflight */
+
+/* The client posts IF_WRS work requests back to back, even ones RDMA WRITEs of IF_LEN
+ * bytes to slot i/2 of the server's region, odd ones SENDs of IF_LEN bytes; each carries
+ * pattern 100 + i. The server posts IF_RECVS receives, so the client's ninth SEND (WR 17)
+ * meets RNR (the server accepts with rnr_retry_count 7: retried without end) and the WRs
+ * after it stay in flight until the disconnect ends them. */
+#define IF_WRS 64
+#define IF_LEN 4096
+#define IF_RECVS 8
+#define IF_LAST_OK (2 * IF_RECVS + 1)   /* WRs that can succeed: up to the ninth SEND */
+
+static int make_qp_n(struct rdma_cm_id *id, int send_wr, int recv_wr)
+{
+	struct ibv_qp_init_attr a;
+
+	memset(&a, 0, sizeof a);
+	a.cap.max_send_wr = send_wr;
+	a.cap.max_recv_wr = recv_wr;
+	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+	a.qp_type = IBV_QPT_RC;
+	return rdma_create_qp(id, NULL, &a);
+}
+
+/* Up to `want` completions of `cq`, then DRAIN_MS more for ones that must not come, in
+ * the order they came; the number, or more than `want` when there were extra ones. */
+static int collect_wcs(struct ibv_cq *cq, struct ibv_wc *wcs, int want, int max)
+{
+	struct timespec t0;
+	int got = 0, n;
+
+	while (got < want && wait_wc(cq, &wcs[got]) == 1)
+		got++;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (got < max && ms_since(&t0) < DRAIN_MS) {
+		n = ibv_poll_cq(cq, 1, &wcs[got]);
+		if (n == 1)
+			got++;
+		else
+			usleep(1000);
+	}
+	return got;
+}
+
+/* `n` completions of WRs first_wr .. first_wr + want - 1: each exactly once, in posting
+ * order (RC completes in order, flushed ones too), successes (with the opcode `op` gives)
+ * then IBV_WC_WR_FLUSH_ERR, no success after a flush. The number of successes. */
+static int check_wc_run(const struct ibv_wc *wcs, int n, int want, uint64_t first_wr,
+			enum ibv_wc_opcode (*op)(int i), const char *what)
+{
+	int i, ok = 0, flushed = 0, bad = -1;
+
+	for (i = 0; i < n && i < want; i++) {
+		const struct ibv_wc *w = &wcs[i];
+
+		if (w->wr_id != first_wr + i) {
+			bad = i;
+			break;
+		}
+		if (w->status == IBV_WC_SUCCESS && !flushed && w->opcode == op(i)) {
+			ok++;
+			continue;
+		}
+		if (w->status == IBV_WC_WR_FLUSH_ERR) {
+			flushed++;
+			continue;
+		}
+		bad = i;
+		break;
+	}
+	printf("OUT: %s%s: %d completions: %d successes, then %d flushed\n", side, what, n, ok, flushed);
+	CHECK(N(what, "each of the %d WRs completes once, in order, successes then IBV_WC_WR_FLUSH_ERR", want),
+	      n == want && bad < 0 && ok + flushed == want,
+	      "%d completions (%d wanted), %d successes, %d flushed; completion %d: wr_id %llu status %s opcode %d",
+	      n, want, ok, flushed, bad, bad >= 0 ? (unsigned long long)wcs[bad].wr_id : 0ULL,
+	      bad >= 0 ? ibv_wc_status_str(wcs[bad].status) : "-", bad >= 0 ? (int)wcs[bad].opcode : -1);
+	return ok;
+}
+
+static enum ibv_wc_opcode if_send_op(int i)
+{
+	return i % 2 ? IBV_WC_SEND : IBV_WC_RDMA_WRITE;
+}
+
+static enum ibv_wc_opcode if_recv_op(int i)
+{
+	(void)i;
+	return IBV_WC_RECV;
+}
+
+static void inflight_client(const char *arg)
+{
+	int port = 0, client_disconnects = 0, report = -1;
+	struct rdma_event_channel *ch;
+	struct rdma_cm_event *e;
+	struct rdma_cm_id *id;
+	struct rdma_conn_param cp;
+	struct ibv_mr *mr = NULL;
+	struct ibv_wc wcs[IF_WRS + 4];
+	struct ibv_sge sge[IF_WRS];
+	struct ibv_send_wr wr[IF_WRS], *bad;
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qia;
+	struct info in;
+	uint8_t *buf;
+	int r, n, i, ok = 0, sends_ok = 0;
+
+	side = "client: ";
+	sscanf(arg, "%d,%d,%d", &port, &client_disconnects, &report);
+	ch = rdma_create_event_channel();
+	if (!CHECK("rdma_create_event_channel", ch, "errno %d", errno))
+		return;
+	buf = calloc(IF_WRS, IF_LEN);
+	id = resolved_id(ch, RDMA_PS_TCP, "127.0.0.1", port, "connect");
+	if (!id)
+		goto out;
+	r = make_qp_n(id, IF_WRS, 1);
+	mr = r ? NULL : ibv_reg_mr(id->pd, buf, IF_WRS * IF_LEN, IBV_ACCESS_LOCAL_WRITE);
+	if (!CHECK("rdma_create_qp for 64 send WRs, ibv_reg_mr", r == 0 && mr, "ret %d errno %d", r, errno))
+		goto out_id;
+	conn_params(&cp, NULL, 0);
+	r = rdma_connect(id, &cp);
+	CHECK("rdma_connect", r == 0, "ret %d errno %d", r, errno);
+	e = expect(ch, RDMA_CM_EVENT_ESTABLISHED, 0, "connect");
+	if (!e)
+		goto out_id;
+	n = e->param.conn.private_data_len >= sizeof in;
+	if (n)
+		memcpy(&in, e->param.conn.private_data, sizeof in);
+	rdma_ack_cm_event(e);
+	if (!CHECK("ESTABLISHED carries the server's region in its private data", n && in.rkey,
+		   "len ok %d", n))
+		goto out_id;
+	r = ibv_query_qp(id->qp, &qa, IBV_QP_RNR_RETRY, &qia);
+	CHECK("the QP's rnr_retry is the REP's rnr_retry_count 7", r == 0 && qa.rnr_retry == 7,
+	      "ret %d rnr_retry %d", r, qa.rnr_retry);
+
+	memset(wr, 0, sizeof wr);
+	for (i = 0; i < IF_WRS; i++) {
+		fill(buf + i * IF_LEN, IF_LEN, 100 + i);
+		sge[i] = (struct ibv_sge){ (uintptr_t)(buf + i * IF_LEN), IF_LEN, mr->lkey };
+		wr[i].wr_id = i;
+		wr[i].sg_list = &sge[i];
+		wr[i].num_sge = 1;
+		wr[i].opcode = i % 2 ? IBV_WR_SEND : IBV_WR_RDMA_WRITE;
+		wr[i].send_flags = IBV_SEND_SIGNALED;
+		wr[i].wr.rdma.remote_addr = in.addr + (i / 2) * IF_LEN;
+		wr[i].wr.rdma.rkey = in.rkey;
+		wr[i].next = i + 1 < IF_WRS ? &wr[i + 1] : NULL;
+	}
+	r = ibv_post_send(id->qp, wr, &bad);
+	CHECK("64 RDMA WRITEs and SENDs of 4 KiB posted in one call", r == 0, "ret %d", r);
+
+	if (client_disconnects) {
+		/* At once: most of them are still in flight. */
+		r = rdma_disconnect(id);
+		CHECK("rdma_disconnect with the WRs in flight: 0", r == 0, "ret %d errno %d", r, errno);
+		e = expect(ch, RDMA_CM_EVENT_DISCONNECTED, 0, "after rdma_disconnect");
+		n = 0;
+	} else {
+		e = expect(ch, RDMA_CM_EVENT_DISCONNECTED, 0, "the server disconnects");
+		/* librdmacm leaves the QP to rdma_disconnect: what has not completed is still
+		 * posted, nothing has failed. */
+		for (n = 0; n < IF_WRS && ibv_poll_cq(id->send_cq, 1, &wcs[n]) == 1; n++)
+			;
+		for (i = 0; i < n && wcs[i].status == IBV_WC_SUCCESS; i++)
+			;
+		CHECK("at DISCONNECTED, before rdma_disconnect: no WR has failed, not all completed",
+		      i == n && n < IF_WRS, "%d completions, the first failure at %d", n, i);
+		r = rdma_disconnect(id);
+		CHECK("rdma_disconnect after DISCONNECTED: 0", r == 0, "ret %d errno %d", r, errno);
+	}
+	if (e) {
+		CHECK("DISCONNECTED names the connection's id", e->id == id, "id %p", (void *)e->id);
+		rdma_ack_cm_event(e);
+	}
+	n += collect_wcs(id->send_cq, wcs + n, IF_WRS - n, IF_WRS + 4 - n);
+	ok = check_wc_run(wcs, n, IF_WRS, 0, if_send_op, "the 64 WRs");
+	for (i = 0; i < ok; i++)
+		sends_ok += i % 2;
+	CHECK(N("the 64 WRs", "none succeeded past the ninth SEND (the server had 8 receives)"),
+	      ok <= IF_LAST_OK, "%d successes", ok);
+	if (!client_disconnects)
+		CHECK(N("the 64 WRs", "all up to the eighth SEND succeeded (the server got them)"),
+		      ok >= 2 * IF_RECVS, "%d successes", ok);
+	CHECK("the QP is in the error state", qp_state(id->qp) == IBV_QPS_ERR, "state %d",
+	      qp_state(id->qp));
+	expect_no_more(ch, RDMA_CM_EVENT_DISCONNECTED, "after DISCONNECTED");
+	if (report >= 0) {
+		char line[32];
+		int len = snprintf(line, sizeof line, "%d %d\n", ok, sends_ok);
+
+		CHECK("the WRs' outcome reported to the server", write(report, line, len) == len,
+		      "errno %d", errno);
+		close(report);
+	}
+out_id:
+	if (mr)
+		ibv_dereg_mr(mr);
+	if (id->qp)
+		rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+out:
+	rdma_destroy_event_channel(ch);
+	free(buf);
+}
+
+/* SEND 2i + 1 landed in receive i: its bytes, and (RC places in order) every WRITE posted
+ * before it, in the region. */
+static void check_landed(const uint8_t *rbuf, const uint8_t *region, int i)
+{
+	long m = mismatch(rbuf + i * IF_LEN, IF_LEN, 100 + 2 * i + 1);
+	int w, bad = -1;
+
+	for (w = 0; w <= i && bad < 0; w++)
+		if (mismatch(region + w * IF_LEN, IF_LEN, 100 + 2 * w) >= 0)
+			bad = w;
+	CHECK(N("receive", "%d holds SEND %d; the WRITEs before it are in the region", i, 2 * i + 1),
+	      m < 0 && bad < 0, "first difference at %ld; WRITE %d not in place", m, 2 * bad);
+}
+
+static void inflight_server(int client_disconnects)
+{
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *lid, *id = NULL;
+	struct rdma_cm_event *e;
+	struct rdma_conn_param cp;
+	struct ibv_mr *mr = NULL;
+	struct ibv_wc wcs[IF_RECVS + 4];
+	struct peer peer;
+	struct info in;
+	uint8_t *region, *rbuf;
+	int port, r, n, i, ok = 0, pfd[2] = { -1, -1 };
+	int client_ok = -1, client_sends = -1;
+	FILE *rep;
+
+	side = "server: ";
+	ch = rdma_create_event_channel();
+	if (!CHECK("rdma_create_event_channel", ch, "errno %d", errno))
+		return;
+	lid = listener(ch, RDMA_PS_TCP, "127.0.0.1", &port);
+	if (!lid)
+		return;
+	/* The client says on a pipe which of its WRs succeeded. */
+	if (!CHECK("pipe", pipe(pfd) == 0, "errno %d", errno))
+		return;
+	if (!start_peer(&peer, 0, inflight_client, "%d,%d,%d", port, client_disconnects, pfd[1]))
+		return;
+	close(pfd[1]);
+	region = calloc(IF_WRS / 2 + IF_RECVS, IF_LEN);
+	rbuf = region + IF_WRS / 2 * IF_LEN;
+
+	e = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0, "request");
+	if (!e)
+		goto out;
+	id = e->id;
+	rdma_ack_cm_event(e);
+	r = make_qp_n(id, 4, IF_RECVS);
+	mr = r ? NULL : ibv_reg_mr(id->pd, region, (IF_WRS / 2 + IF_RECVS) * IF_LEN,
+				   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	if (!CHECK("rdma_create_qp, ibv_reg_mr", r == 0 && mr, "ret %d errno %d", r, errno))
+		goto out_id;
+	for (i = 0; i < IF_RECVS && r == 0; i++)
+		r = post_recv(id->qp, mr, rbuf + i * IF_LEN, IF_LEN, 100 + i);
+	CHECK("8 receives of 4 KiB posted", r == 0, "ret %d", r);
+	memset(&in, 0, sizeof in);
+	in.addr = (uintptr_t)region;
+	in.rkey = mr->rkey;
+	memset(&cp, 0, sizeof cp);
+	cp.private_data = &in;
+	cp.private_data_len = sizeof in;
+	cp.responder_resources = SERVER_RESP;
+	cp.initiator_depth = SERVER_INIT;
+	cp.rnr_retry_count = 7;
+	r = rdma_accept(id, &cp);
+	CHECK("rdma_accept with rnr_retry_count 7", r == 0, "ret %d errno %d", r, errno);
+	e = expect(ch, RDMA_CM_EVENT_ESTABLISHED, 0, "accepted");
+	if (!e)
+		goto out_id;
+	rdma_ack_cm_event(e);
+
+	if (client_disconnects) {
+		e = expect(ch, RDMA_CM_EVENT_DISCONNECTED, 0, "the client disconnects");
+		n = 0;
+	} else {
+		/* All 8 receives used, then time for the ninth SEND to meet RNR: the client
+		 * has 47 WRs in flight when this side disconnects. */
+		for (n = 0; n < IF_RECVS && wait_wc(id->recv_cq, &wcs[n]) == 1; n++)
+			;
+		usleep(200000);
+		r = rdma_disconnect(id);
+		CHECK("rdma_disconnect mid-transfer: 0", r == 0, "ret %d errno %d", r, errno);
+		e = expect(ch, RDMA_CM_EVENT_DISCONNECTED, 0, "after rdma_disconnect");
+	}
+	if (e) {
+		CHECK("DISCONNECTED names the connection's id", e->id == id, "id %p", (void *)e->id);
+		rdma_ack_cm_event(e);
+	}
+	if (client_disconnects) {
+		r = rdma_disconnect(id);
+		CHECK("rdma_disconnect after DISCONNECTED: 0", r == 0, "ret %d errno %d", r, errno);
+	}
+	n += collect_wcs(id->recv_cq, wcs + n, IF_RECVS - n, IF_RECVS + 4 - n);
+	ok = check_wc_run(wcs, n, IF_RECVS, 100, if_recv_op, "the 8 receives");
+	if (!client_disconnects)
+		CHECK(N("the 8 receives", "all succeeded before the disconnect"), ok == IF_RECVS,
+		      "%d successes", ok);
+	for (i = 0; i < ok; i++) {
+		CHECK(N("receive", "%d: 4096 bytes", i), wcs[i].byte_len == IF_LEN, "byte_len %u",
+		      wcs[i].byte_len);
+		check_landed(rbuf, region, i);
+	}
+	CHECK("the QP is in the error state", qp_state(id->qp) == IBV_QPS_ERR, "state %d",
+	      qp_state(id->qp));
+	expect_no_more(ch, RDMA_CM_EVENT_DISCONNECTED, "after DISCONNECTED");
+out_id:
+	wait_peer(&peer);
+	peer.pid = 0;
+	rep = fdopen(pfd[0], "r");
+	pfd[0] = -1;
+	if (CHECK("the client's report", rep && fscanf(rep, "%d %d", &client_ok, &client_sends) == 2,
+		  "none")) {
+		long m = -1;
+
+		printf("OUT: server: the client had %d WRs succeed, %d of them SENDs\n", client_ok,
+		       client_sends);
+		CHECK("every SEND the client saw succeed was received here", client_sends <= ok,
+		      "client %d, received %d", client_sends, ok);
+		for (i = 0; i < client_ok && m < 0; i += 2)
+			m = mismatch(region + i / 2 * IF_LEN, IF_LEN, 100 + i);
+		CHECK("every WRITE the client saw succeed is in the region", m < 0,
+		      "WRITE %d: first difference at %ld", i - 2, m);
+	}
+	if (rep)
+		fclose(rep);
+	if (mr)
+		ibv_dereg_mr(mr);
+	if (id) {
+		if (id->qp)
+			rdma_destroy_qp(id);
+		rdma_destroy_id(id);
+	}
+out:
+	if (pfd[0] >= 0)
+		close(pfd[0]);
+	wait_peer(&peer);
+	rdma_destroy_id(lid);
+	rdma_destroy_event_channel(ch);
+	free(region);
+}
+
+static void test_inflight(void)
+{
+	inflight_server(0);
+}
+
+static void test_cinflight(void)
+{
+	inflight_server(1);
 }
 
 /* -------------------------------------------------------------------- verbs */
@@ -2423,6 +2795,8 @@ static const struct {
 	{ "connect", test_connect, conn_client },
 	{ "sdisconnect", test_sdisconnect, conn_client },
 	{ "threads", test_threads, conn_client },
+	{ "inflight", test_inflight, inflight_client },
+	{ "cinflight", test_cinflight, inflight_client },
 	{ "verbs", test_verbs, verbs_client },
 	{ "reject", test_reject, reject_client },
 	{ "noport", test_noport, NULL },
