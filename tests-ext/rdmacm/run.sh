@@ -22,19 +22,20 @@
 #             cm_test.c (compiled against Debian's headers, run through `softrdma run --`),
 #             one process per group, its two-sided groups across two processes (two
 #             devices) or two threads: connect/accept/reject/disconnect with private data
-#             and their limits, data over the connected QP, REJECTED 28 and 8,
+#             and their limits, data over the connected QP (its completion channel waited
+#             on in a thread), disconnects with 64 WRs in flight, REJECTED 28 and 8,
 #             UNREACHABLE, port conflicts, wildcard listeners, rdma_init_qp_attr,
-#             rdma_migrate_id, rdma_set_option, the rdma_verbs.h flow, UD ids (see the
-#             file's head); then Debian's unmodified programs between two processes on
-#             loopback, judged by their output: rping (-C 100 -v -V, the client's ping
-#             data against the server's), ucmatose (4 connections, 10 messages), udaddy,
-#             mckey (multicast: a sender, two receivers of its 20 datagrams),
-#             rdma_server/rdma_client, cmtime (-c 100, its table in $OUT/cmtime.txt),
-#             perftest with -R: ib_{send,write,read,atomic}_{bw,lat} and ib_send_bw -c UD
-#             (-n 200, the result line; a run lost to perftest's own race between its two
-#             connections is run again, see there). Those processes share a registry of
-#             their own ($OUT/registry, SOFTRDMA_CM_DIR), which also tells when a server
-#             listens.
+#             rdma_migrate_id, rdma_set_option, the rdma_verbs.h flow with RDMA WRITE and
+#             READ, UD ids (see the file's head); then Debian's unmodified programs between
+#             two processes on loopback, judged by their output: rping (-C 100 -v -V, the
+#             client's ping data against the server's), ucmatose (4 connections, 10
+#             messages), udaddy, mckey (multicast: a sender, two receivers of its 20
+#             datagrams), rdma_server/rdma_client, cmtime (-c 100, its table in
+#             $OUT/cmtime.txt), perftest with -R: ib_{send,write,read,atomic}_{bw,lat} and
+#             ib_send_bw -c UD (-n 200, the result line; a run lost to perftest's own race
+#             between its two connections is run again, see there). Those processes share
+#             a registry of their own ($OUT/registry, SOFTRDMA_CM_DIR), which also tells
+#             when a server listens.
 #
 # Prints PASS/FAIL per check and "N passed, M failed"; exits 1 on any failure. Logs in
 # $OUT. For CI as root on Debian 12: installs librdmacm-dev, rdmacm-utils, perftest,
