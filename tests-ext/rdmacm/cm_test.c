@@ -22,14 +22,32 @@
  *               the client set them, ESTABLISHED on both sides, SEND/RECV, RDMA WRITE and
  *               READ with data and completion order checked; the client disconnects: one
  *               DISCONNECTED each side, receives flush (the other side's when it calls
- *               rdma_disconnect on DISCONNECTED: librdmacm leaves the QP until then)
+ *               rdma_disconnect on DISCONNECTED: librdmacm leaves the QP until then). Each
+ *               side's connected QP (the server's made on CONNECT_REQUEST) has CQs on a
+ *               completion channel of the program's and a thread that blocks in
+ *               ibv_get_cq_event, acks, re-arms and polls, as rping's does; the flushed
+ *               receive ends it, then CQs and channel are destroyed
  *   sdisconnect the same, the server disconnects
  *   threads     the same in one process, two threads with an event channel each (one
  *               device connects to itself), the server disconnects
+ *   inflight    disconnect mid-transfer: the client posts 64 RDMA WRITEs and SENDs of 4 KiB
+ *               back to back; the server has 8 receives posted, so the ninth SEND meets RNR
+ *               (retried without end) and the WRs after it stay in flight, and disconnects
+ *               after its 8th receive: one DISCONNECTED each side; nothing of the client's
+ *               fails before it calls rdma_disconnect, then each WR completes once, in
+ *               order, successes (at least to the eighth SEND, at most to the ninth) then
+ *               IBV_WC_WR_FLUSH_ERR; the SENDs' bytes, the WRITEs before each and every WRITE
+ *               the client saw succeed (it says on a pipe) are in the server's memory
+ *   cinflight   the same, the client disconnects right after posting: its WRs and the
+ *               server's receives each complete once, successes then flushed; every SEND the
+ *               client saw succeed was received
  *   verbs       rdma_getaddrinfo(RAI_PASSIVE) / rdma_create_ep / rdma_listen /
  *               rdma_get_request / rdma_accept on synchronous ids with rdma_verbs.h's
- *               rdma_reg_msgs, rdma_post_recv/send, rdma_get_send/recv_comp, as
- *               rdma_server and rdma_client do
+ *               rdma_reg_msgs, rdma_reg_read, rdma_post_recv/send, rdma_get_send/recv_comp,
+ *               as rdma_server and rdma_client do; the server sends two regions' addresses
+ *               and rkeys, the client rdma_post_write's into one, rdma_post_read's it back
+ *               and the other (completions in order, wr_id the context given); the client
+ *               checks what it read, the server its memory after the client's last SEND
  *   reject      rdma_reject with private data: REJECTED, status 28, the data; 149 bytes EINVAL
  *   noport      127.0.0.1 on a port nobody listens on: REJECTED, status 8
  *   unreachable a peer that never answers (a UDP socket this test holds on port 4791):
@@ -396,6 +414,221 @@ static int wc_is(int n, const struct ibv_wc *wc, enum ibv_wc_status st, enum ibv
 #define WC_ARGS(n, wc) n, n == 1 ? ibv_wc_status_str((wc).status) : "-", n == 1 ? (int)(wc).opcode : -1, \
 	n == 1 ? (unsigned long long)(wc).wr_id : 0ULL, n == 1 ? (wc).byte_len : 0
 
+/* -------------------------------------------------------- completion channel */
+
+/* A completion channel with a QP's send and receive CQs on it and a thread that blocks in
+ * ibv_get_cq_event, acks the event, re-arms the CQ and polls it empty, as rping's cq_thread
+ * does; the test takes the completions from a queue per CQ. The thread ends after the first
+ * completion in error, which is how every connection that uses one here ends (a flushed
+ * receive): no thread is left blocked in the channel when it is destroyed. */
+enum { SQ, RQ };
+#define CQ_DEPTH 16
+#define CQ_QUEUE 32
+
+struct cq_queue {
+	struct ibv_cq *cq;
+	struct ibv_wc wc[CQ_QUEUE];
+	int n, taken;           /* queued by the thread, taken by the test */
+	int events;             /* CQ events naming this CQ */
+};
+
+struct cq_thread {
+	struct ibv_comp_channel *ch;
+	struct cq_queue q[2];   /* SQ, RQ */
+	pthread_t th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int started, ended;
+	int strays;             /* events naming another CQ or another context */
+	int dropped;            /* completions beyond CQ_QUEUE */
+	char err[120];          /* the thread's first failed call */
+};
+
+static void cq_thread_fail(struct cq_thread *t, const char *what, int r)
+{
+	pthread_mutex_lock(&t->mu);
+	if (!t->err[0])
+		snprintf(t->err, sizeof t->err, "%s: %d (errno %d)", what, r, errno);
+	pthread_mutex_unlock(&t->mu);
+}
+
+static void *cq_thread_main(void *arg)
+{
+	struct cq_thread *t = arg;
+	struct ibv_cq *cq;
+	struct ibv_wc wc;
+	void *ctx;
+	int end = 0, i, n, r;
+
+	while (!end) {
+		r = ibv_get_cq_event(t->ch, &cq, &ctx);
+		if (r) {
+			cq_thread_fail(t, "ibv_get_cq_event", r);
+			break;
+		}
+		ibv_ack_cq_events(cq, 1);
+		for (i = 0; i < 2 && t->q[i].cq != cq; i++)
+			;
+		pthread_mutex_lock(&t->mu);
+		if (i == 2 || ctx != &t->q[i])
+			t->strays++;
+		else
+			t->q[i].events++;
+		pthread_mutex_unlock(&t->mu);
+		if (i == 2)
+			continue;
+		r = ibv_req_notify_cq(cq, 0);
+		if (r) {
+			cq_thread_fail(t, "ibv_req_notify_cq", r);
+			break;
+		}
+		while ((n = ibv_poll_cq(cq, 1, &wc)) == 1) {
+			pthread_mutex_lock(&t->mu);
+			if (t->q[i].n < CQ_QUEUE)
+				t->q[i].wc[t->q[i].n++] = wc;
+			else
+				t->dropped++;
+			pthread_cond_broadcast(&t->cv);
+			pthread_mutex_unlock(&t->mu);
+			if (wc.status != IBV_WC_SUCCESS)
+				end = 1;
+		}
+		if (n < 0) {
+			cq_thread_fail(t, "ibv_poll_cq", n);
+			break;
+		}
+	}
+	pthread_mutex_lock(&t->mu);
+	t->ended = 1;
+	pthread_cond_broadcast(&t->cv);
+	pthread_mutex_unlock(&t->mu);
+	return NULL;
+}
+
+/* The id's QP (RC), made with CQs of a completion channel of the program's own, both armed,
+ * and the thread that waits on the channel. */
+static int cq_qp(struct cq_thread *t, struct rdma_cm_id *id, const char *what)
+{
+	struct ibv_qp_init_attr a;
+	int i, r = -1;
+
+	memset(t, 0, sizeof *t);
+	pthread_mutex_init(&t->mu, NULL);
+	pthread_cond_init(&t->cv, NULL);
+	t->ch = ibv_create_comp_channel(id->verbs);
+	if (!CHECK(N(what, "ibv_create_comp_channel"), t->ch, "errno %d", errno))
+		return 0;
+	for (i = 0; i < 2; i++) {
+		t->q[i].cq = ibv_create_cq(id->verbs, CQ_DEPTH, &t->q[i], t->ch, 0);
+		r = t->q[i].cq ? ibv_req_notify_cq(t->q[i].cq, 0) : -1;
+		if (!CHECK(N(what, "ibv_create_cq on the channel, ibv_req_notify_cq (%s)",
+			     i == SQ ? "send" : "receive"), r == 0, "ret %d errno %d", r, errno))
+			return 0;
+	}
+	memset(&a, 0, sizeof a);
+	a.send_cq = t->q[SQ].cq;
+	a.recv_cq = t->q[RQ].cq;
+	a.cap.max_send_wr = a.cap.max_recv_wr = 8;
+	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+	a.qp_type = IBV_QPT_RC;
+	r = rdma_create_qp(id, NULL, &a);
+	if (!CHECK(N(what, "rdma_create_qp with those CQs"), r == 0 && id->qp,
+		   "ret %d errno %d", r, errno))
+		return 0;
+	/* librdmacm names only the CQs it made itself (rdma_create_qp_ex). */
+	CHECK(N(what, "id->send_cq and id->recv_cq stay NULL"), !id->send_cq && !id->recv_cq,
+	      "send_cq %p recv_cq %p", (void *)id->send_cq, (void *)id->recv_cq);
+	r = pthread_create(&t->th, NULL, cq_thread_main, t);
+	t->started = r == 0;
+	return CHECK(N(what, "the CQ thread started"), r == 0, "pthread_create %d", r);
+}
+
+static void cq_deadline(struct timespec *ts, int ms)
+{
+	clock_gettime(CLOCK_REALTIME, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+/* The next completion the thread took from CQ `which` within `ms`: 1, or 0. */
+static int cq_wait_ms(struct cq_thread *t, int which, struct ibv_wc *wc, int ms)
+{
+	struct cq_queue *q = &t->q[which];
+	struct timespec ts;
+	int n = 0;
+
+	cq_deadline(&ts, ms);
+	pthread_mutex_lock(&t->mu);
+	while (q->taken == q->n && !t->ended)
+		if (pthread_cond_timedwait(&t->cv, &t->mu, &ts))
+			break;
+	if (q->taken < q->n) {
+		*wc = q->wc[q->taken++];
+		n = 1;
+	}
+	pthread_mutex_unlock(&t->mu);
+	return n;
+}
+
+static int cq_wait(struct cq_thread *t, int which, struct ibv_wc *wc)
+{
+	return cq_wait_ms(t, which, wc, WC_MS);
+}
+
+/* The end: the thread has ended at the flushed receive (within WC_MS) and saw no stray
+ * event or failed call; every completion was the test's, each CQ with completions had
+ * events; then the QP, the CQs (all their events acked) and the channel go. */
+static void cq_finish(struct cq_thread *t, struct rdma_cm_id *id)
+{
+	struct timespec ts;
+	int ended, i, r;
+
+	if (!t->ch)
+		return;
+	if (t->started) {
+		cq_deadline(&ts, WC_MS);
+		pthread_mutex_lock(&t->mu);
+		while (!t->ended)
+			if (pthread_cond_timedwait(&t->cv, &t->mu, &ts))
+				break;
+		ended = t->ended;
+		pthread_mutex_unlock(&t->mu);
+		if (!CHECK("the CQ thread ends after the flushed receive", ended, "still in ibv_get_cq_event")) {
+			/* Blocked in the channel: it and its CQs stay. */
+			pthread_detach(t->th);
+			if (id->qp)
+				rdma_destroy_qp(id);
+			return;
+		}
+		pthread_join(t->th, NULL);
+		printf("OUT: %sCQ events: send CQ %d (%d completions), receive CQ %d (%d completions)\n",
+		       side, t->q[SQ].events, t->q[SQ].n, t->q[RQ].events, t->q[RQ].n);
+		CHECK("every CQ event named one of the channel's CQs and its context, no call failed",
+		      !t->strays && !t->err[0] && !t->dropped, "%d stray events, %d completions too many; %s",
+		      t->strays, t->dropped, t->err);
+		CHECK("each CQ with completions had CQ events, the test took every completion",
+		      (t->q[SQ].events > 0) == (t->q[SQ].n > 0) && (t->q[RQ].events > 0) == (t->q[RQ].n > 0) &&
+			      t->q[SQ].taken == t->q[SQ].n && t->q[RQ].taken == t->q[RQ].n,
+		      "send %d events %d/%d taken, receive %d events %d/%d taken", t->q[SQ].events,
+		      t->q[SQ].taken, t->q[SQ].n, t->q[RQ].events, t->q[RQ].taken, t->q[RQ].n);
+	}
+	if (id->qp)
+		rdma_destroy_qp(id);
+	for (i = 0; i < 2; i++) {
+		if (!t->q[i].cq)
+			continue;
+		r = ibv_destroy_cq(t->q[i].cq);
+		CHECK(N("ibv_destroy_cq", "%s CQ: 0", i == SQ ? "send" : "receive"), r == 0, "ret %d", r);
+	}
+	r = ibv_destroy_comp_channel(t->ch);
+	CHECK("ibv_destroy_comp_channel: 0", r == 0, "ret %d", r);
+	t->ch = NULL;
+}
+
 /* ------------------------------------------------------------------- peers */
 
 struct peer {
@@ -539,7 +772,7 @@ static void check_request(struct rdma_cm_event *e, const char *what)
  * rdma_disconnect), then disconnects too, as rping does. Either way the receive posted as
  * `flush_wr` completes with IBV_WC_WR_FLUSH_ERR, and no second DISCONNECTED comes. */
 static void disconnect_phase(struct rdma_event_channel *ch, struct rdma_cm_id *id, int first,
-			     uint64_t flush_wr)
+			     struct cq_thread *t, uint64_t flush_wr)
 {
 	struct rdma_cm_event *e;
 	struct ibv_wc wc;
@@ -557,13 +790,13 @@ static void disconnect_phase(struct rdma_event_channel *ch, struct rdma_cm_id *i
 		rdma_ack_cm_event(e);
 	}
 	if (!first) {
-		n = ibv_poll_cq(id->recv_cq, 1, &wc);
+		n = cq_wait_ms(t, RQ, &wc, DRAIN_MS);
 		CHECK("after DISCONNECTED the receive is still posted (rdma_disconnect flushes it)",
 		      n == 0, WC_FMT, WC_ARGS(n, wc));
 		r = rdma_disconnect(id);
 		CHECK("rdma_disconnect after DISCONNECTED: 0", r == 0, "ret %d errno %d", r, errno);
 	}
-	n = wait_wc(id->recv_cq, &wc);
+	n = cq_wait(t, RQ, &wc);
 	CHECK("the posted receive completes with IBV_WC_WR_FLUSH_ERR",
 	      wc_is(n, &wc, IBV_WC_WR_FLUSH_ERR, 0, flush_wr), WC_FMT, WC_ARGS(n, wc));
 	CHECK("the QP is in the error state", qp_state(id->qp) == IBV_QPS_ERR, "state %d",
@@ -574,6 +807,7 @@ static void disconnect_phase(struct rdma_event_channel *ch, struct rdma_cm_id *i
 static void conn_client(const char *arg)
 {
 	int port = 0, server_disconnects = 0;
+	struct cq_thread cqt = { 0 };
 	struct rdma_event_channel *ch;
 	struct rdma_cm_event *e;
 	struct rdma_cm_id *id;
@@ -623,11 +857,11 @@ static void conn_client(const char *arg)
 	id = resolved_id(ch, RDMA_PS_TCP, "127.0.0.1", port, "connection 2");
 	if (!id)
 		goto out;
-	r = make_qp(id, IBV_QPT_RC);
-	mr = r ? NULL : ibv_reg_mr(id->pd, buf, BUF, IBV_ACCESS_LOCAL_WRITE |
-				   IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-	if (!CHECK("connection 2: rdma_create_qp and ibv_reg_mr on id->pd", r == 0 && mr,
-		   "ret %d errno %d", r, errno))
+	if (!cq_qp(&cqt, id, "connection 2"))
+		goto out_id;
+	mr = ibv_reg_mr(id->pd, buf, BUF, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			IBV_ACCESS_REMOTE_READ);
+	if (!CHECK("connection 2: ibv_reg_mr on id->pd", mr, "errno %d", errno))
 		goto out_id;
 	fill(buf + WRITE_OFF, RDMA_LEN, 4);
 	r = post_recv(id->qp, mr, buf, SLOT, 1);
@@ -655,7 +889,7 @@ static void conn_client(const char *arg)
 	      qp_state(id->qp));
 
 	/* The server's buffer. */
-	n = wait_wc(id->recv_cq, &wc);
+	n = cq_wait(&cqt, RQ, &wc);
 	if (!CHECK("the server's message arrives", wc_is(n, &wc, IBV_WC_SUCCESS, IBV_WC_RECV, 1) &&
 		   wc.byte_len == sizeof(struct info), WC_FMT, WC_ARGS(n, wc)))
 		goto out_id;
@@ -695,7 +929,7 @@ static void conn_client(const char *arg)
 	enum ibv_wc_opcode want[4] = { IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ, IBV_WC_SEND };
 	const char *names[4] = { "SEND", "RDMA WRITE", "RDMA READ", "the last SEND" };
 	for (i = 0; i < 4; i++) {
-		n = wait_wc(id->send_cq, &wc);
+		n = cq_wait(&cqt, SQ, &wc);
 		CHECK(N("completions in order", "%s succeeds", names[i]),
 		      wc_is(n, &wc, IBV_WC_SUCCESS, want[i], 11 + i), WC_FMT, WC_ARGS(n, wc));
 	}
@@ -704,11 +938,11 @@ static void conn_client(const char *arg)
 
 	r = post_recv(id->qp, mr, buf + SLOT, SLOT, 2);
 	CHECK("receive posted before the disconnect", r == 0, "ret %d", r);
-	disconnect_phase(ch, id, !server_disconnects, 2);
+	disconnect_phase(ch, id, !server_disconnects, &cqt, 2);
 out_id:
 	if (mr)
 		ibv_dereg_mr(mr);
-	rdma_destroy_qp(id);
+	cq_finish(&cqt, id);
 	rdma_destroy_id(id);
 out:
 	rdma_destroy_event_channel(ch);
@@ -717,6 +951,7 @@ out:
 
 static void conn_server(int threads, int server_disconnects)
 {
+	struct cq_thread cqt = { 0 };
 	struct rdma_event_channel *ch;
 	struct rdma_cm_id *lid, *id, *id1;
 	struct rdma_cm_event *e;
@@ -777,10 +1012,11 @@ static void conn_server(int threads, int server_disconnects)
 	id = e->id;
 	client_qpn = e->param.conn.qp_num;
 	rdma_ack_cm_event(e);
-	r = make_qp(id, IBV_QPT_RC);
-	mr = r ? NULL : ibv_reg_mr(id->pd, buf, BUF, IBV_ACCESS_LOCAL_WRITE |
-				   IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-	if (!CHECK("request 2: rdma_create_qp and ibv_reg_mr", r == 0 && mr, "ret %d errno %d", r, errno))
+	if (!cq_qp(&cqt, id, "request 2"))
+		goto out_id;
+	mr = ibv_reg_mr(id->pd, buf, BUF, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+			IBV_ACCESS_REMOTE_READ);
+	if (!CHECK("request 2: ibv_reg_mr", mr, "errno %d", errno))
 		goto out_id;
 	fill(buf + READ_OFF, RDMA_LEN, 5);
 	r = post_recv(id->qp, mr, buf, SLOT, 1) || post_recv(id->qp, mr, buf + SLOT, SLOT, 2);
@@ -799,11 +1035,11 @@ static void conn_server(int threads, int server_disconnects)
 	in->rkey = mr->rkey;
 	in->qpn = id->qp->qp_num;
 	r = post_send(id->qp, IBV_WR_SEND, mr, in, sizeof *in, 10, 0, 0);
-	n = r ? 0 : wait_wc(id->send_cq, &wc);
+	n = r ? 0 : cq_wait(&cqt, SQ, &wc);
 	CHECK("SEND of the buffer's address completes", wc_is(n, &wc, IBV_WC_SUCCESS, IBV_WC_SEND, 10),
 	      "post %d " WC_FMT, r, WC_ARGS(n, wc));
 
-	n = wait_wc(id->recv_cq, &wc);
+	n = cq_wait(&cqt, RQ, &wc);
 	if (CHECK("the client's SEND arrives in the first receive",
 		  wc_is(n, &wc, IBV_WC_SUCCESS, IBV_WC_RECV, 1) && wc.byte_len == sizeof(struct hello),
 		  WC_FMT, WC_ARGS(n, wc))) {
@@ -814,7 +1050,7 @@ static void conn_server(int threads, int server_disconnects)
 		CHECK("the request's qp_num is the client's QP", h->qpn == client_qpn,
 		      "event %u client %u", client_qpn, h->qpn);
 	}
-	n = wait_wc(id->recv_cq, &wc);
+	n = cq_wait(&cqt, RQ, &wc);
 	if (CHECK("the client's last SEND arrives in the second receive",
 		  wc_is(n, &wc, IBV_WC_SUCCESS, IBV_WC_RECV, 2) && wc.byte_len == 8 &&
 			  !memcmp(buf + SLOT, "done", 5),
@@ -826,11 +1062,11 @@ static void conn_server(int threads, int server_disconnects)
 	}
 	r = post_recv(id->qp, mr, buf + 2 * SLOT, SLOT, 3);
 	CHECK("receive posted before the disconnect", r == 0, "ret %d", r);
-	disconnect_phase(ch, id, server_disconnects, 3);
+	disconnect_phase(ch, id, server_disconnects, &cqt, 3);
 out_id:
 	if (mr)
 		ibv_dereg_mr(mr);
-	rdma_destroy_qp(id);
+	cq_finish(&cqt, id);
 	rdma_destroy_id(id);
 out:
 	wait_peer(&peer);
@@ -854,61 +1090,499 @@ static void test_threads(void)
 	conn_server(1, 1);
 }
 
+/* ----------------------------------------------------------------- inflight */
+
+/* The client posts IF_WRS work requests back to back, even ones RDMA WRITEs of IF_LEN
+ * bytes to slot i/2 of the server's region, odd ones SENDs of IF_LEN bytes; each carries
+ * pattern 100 + i. The server posts IF_RECVS receives, so the client's ninth SEND (WR 17)
+ * meets RNR (the server accepts with rnr_retry_count 7: retried without end) and the WRs
+ * after it stay in flight until the disconnect ends them. */
+#define IF_WRS 64
+#define IF_LEN 4096
+#define IF_RECVS 8
+#define IF_LAST_OK (2 * IF_RECVS + 1)   /* WRs that can succeed: up to the ninth SEND */
+
+static int make_qp_n(struct rdma_cm_id *id, int send_wr, int recv_wr)
+{
+	struct ibv_qp_init_attr a;
+
+	memset(&a, 0, sizeof a);
+	a.cap.max_send_wr = send_wr;
+	a.cap.max_recv_wr = recv_wr;
+	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+	a.qp_type = IBV_QPT_RC;
+	return rdma_create_qp(id, NULL, &a);
+}
+
+/* Up to `want` completions of `cq`, then DRAIN_MS more for ones that must not come, in
+ * the order they came; the number, or more than `want` when there were extra ones. */
+static int collect_wcs(struct ibv_cq *cq, struct ibv_wc *wcs, int want, int max)
+{
+	struct timespec t0;
+	int got = 0, n;
+
+	while (got < want && wait_wc(cq, &wcs[got]) == 1)
+		got++;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (got < max && ms_since(&t0) < DRAIN_MS) {
+		n = ibv_poll_cq(cq, 1, &wcs[got]);
+		if (n == 1)
+			got++;
+		else
+			usleep(1000);
+	}
+	return got;
+}
+
+/* `n` completions of WRs first_wr .. first_wr + want - 1: each exactly once, in posting
+ * order (RC completes in order, flushed ones too), successes (with the opcode `op` gives)
+ * then IBV_WC_WR_FLUSH_ERR, no success after a flush. The number of successes. */
+static int check_wc_run(const struct ibv_wc *wcs, int n, int want, uint64_t first_wr,
+			enum ibv_wc_opcode (*op)(int i), const char *what)
+{
+	int i, ok = 0, flushed = 0, bad = -1;
+
+	for (i = 0; i < n && i < want; i++) {
+		const struct ibv_wc *w = &wcs[i];
+
+		if (w->wr_id != first_wr + i) {
+			bad = i;
+			break;
+		}
+		if (w->status == IBV_WC_SUCCESS && !flushed && w->opcode == op(i)) {
+			ok++;
+			continue;
+		}
+		if (w->status == IBV_WC_WR_FLUSH_ERR) {
+			flushed++;
+			continue;
+		}
+		bad = i;
+		break;
+	}
+	printf("OUT: %s%s: %d completions: %d successes, then %d flushed\n", side, what, n, ok, flushed);
+	CHECK(N(what, "each of the %d WRs completes once, in order, successes then IBV_WC_WR_FLUSH_ERR", want),
+	      n == want && bad < 0 && ok + flushed == want,
+	      "%d completions (%d wanted), %d successes, %d flushed; completion %d: wr_id %llu status %s opcode %d",
+	      n, want, ok, flushed, bad, bad >= 0 ? (unsigned long long)wcs[bad].wr_id : 0ULL,
+	      bad >= 0 ? ibv_wc_status_str(wcs[bad].status) : "-", bad >= 0 ? (int)wcs[bad].opcode : -1);
+	return ok;
+}
+
+static enum ibv_wc_opcode if_send_op(int i)
+{
+	return i % 2 ? IBV_WC_SEND : IBV_WC_RDMA_WRITE;
+}
+
+static enum ibv_wc_opcode if_recv_op(int i)
+{
+	(void)i;
+	return IBV_WC_RECV;
+}
+
+static void inflight_client(const char *arg)
+{
+	int port = 0, client_disconnects = 0, report = -1;
+	struct rdma_event_channel *ch;
+	struct rdma_cm_event *e;
+	struct rdma_cm_id *id;
+	struct rdma_conn_param cp;
+	struct ibv_mr *mr = NULL;
+	struct ibv_wc wcs[IF_WRS + 4];
+	struct ibv_sge sge[IF_WRS];
+	struct ibv_send_wr wr[IF_WRS], *bad;
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qia;
+	struct info in;
+	uint8_t *buf;
+	int r, n, i, ok = 0, sends_ok = 0;
+
+	side = "client: ";
+	sscanf(arg, "%d,%d,%d", &port, &client_disconnects, &report);
+	ch = rdma_create_event_channel();
+	if (!CHECK("rdma_create_event_channel", ch, "errno %d", errno))
+		return;
+	buf = calloc(IF_WRS, IF_LEN);
+	id = resolved_id(ch, RDMA_PS_TCP, "127.0.0.1", port, "connect");
+	if (!id)
+		goto out;
+	r = make_qp_n(id, IF_WRS, 1);
+	mr = r ? NULL : ibv_reg_mr(id->pd, buf, IF_WRS * IF_LEN, IBV_ACCESS_LOCAL_WRITE);
+	if (!CHECK("rdma_create_qp for 64 send WRs, ibv_reg_mr", r == 0 && mr, "ret %d errno %d", r, errno))
+		goto out_id;
+	conn_params(&cp, NULL, 0);
+	r = rdma_connect(id, &cp);
+	CHECK("rdma_connect", r == 0, "ret %d errno %d", r, errno);
+	e = expect(ch, RDMA_CM_EVENT_ESTABLISHED, 0, "connect");
+	if (!e)
+		goto out_id;
+	n = e->param.conn.private_data_len >= sizeof in;
+	if (n)
+		memcpy(&in, e->param.conn.private_data, sizeof in);
+	rdma_ack_cm_event(e);
+	if (!CHECK("ESTABLISHED carries the server's region in its private data", n && in.rkey,
+		   "len ok %d", n))
+		goto out_id;
+	r = ibv_query_qp(id->qp, &qa, IBV_QP_RNR_RETRY, &qia);
+	CHECK("the QP's rnr_retry is the REP's rnr_retry_count 7", r == 0 && qa.rnr_retry == 7,
+	      "ret %d rnr_retry %d", r, qa.rnr_retry);
+
+	memset(wr, 0, sizeof wr);
+	for (i = 0; i < IF_WRS; i++) {
+		fill(buf + i * IF_LEN, IF_LEN, 100 + i);
+		sge[i] = (struct ibv_sge){ (uintptr_t)(buf + i * IF_LEN), IF_LEN, mr->lkey };
+		wr[i].wr_id = i;
+		wr[i].sg_list = &sge[i];
+		wr[i].num_sge = 1;
+		wr[i].opcode = i % 2 ? IBV_WR_SEND : IBV_WR_RDMA_WRITE;
+		wr[i].send_flags = IBV_SEND_SIGNALED;
+		wr[i].wr.rdma.remote_addr = in.addr + (i / 2) * IF_LEN;
+		wr[i].wr.rdma.rkey = in.rkey;
+		wr[i].next = i + 1 < IF_WRS ? &wr[i + 1] : NULL;
+	}
+	r = ibv_post_send(id->qp, wr, &bad);
+	CHECK("64 RDMA WRITEs and SENDs of 4 KiB posted in one call", r == 0, "ret %d", r);
+
+	if (client_disconnects) {
+		/* At once: most of them are still in flight. */
+		r = rdma_disconnect(id);
+		CHECK("rdma_disconnect with the WRs in flight: 0", r == 0, "ret %d errno %d", r, errno);
+		e = expect(ch, RDMA_CM_EVENT_DISCONNECTED, 0, "after rdma_disconnect");
+		n = 0;
+	} else {
+		e = expect(ch, RDMA_CM_EVENT_DISCONNECTED, 0, "the server disconnects");
+		/* librdmacm leaves the QP to rdma_disconnect: what has not completed is still
+		 * posted, nothing has failed. */
+		for (n = 0; n < IF_WRS && ibv_poll_cq(id->send_cq, 1, &wcs[n]) == 1; n++)
+			;
+		for (i = 0; i < n && wcs[i].status == IBV_WC_SUCCESS; i++)
+			;
+		CHECK("at DISCONNECTED, before rdma_disconnect: no WR has failed, not all completed",
+		      i == n && n < IF_WRS, "%d completions, the first failure at %d", n, i);
+		r = rdma_disconnect(id);
+		CHECK("rdma_disconnect after DISCONNECTED: 0", r == 0, "ret %d errno %d", r, errno);
+	}
+	if (e) {
+		CHECK("DISCONNECTED names the connection's id", e->id == id, "id %p", (void *)e->id);
+		rdma_ack_cm_event(e);
+	}
+	n += collect_wcs(id->send_cq, wcs + n, IF_WRS - n, IF_WRS + 4 - n);
+	ok = check_wc_run(wcs, n, IF_WRS, 0, if_send_op, "the 64 WRs");
+	for (i = 0; i < ok; i++)
+		sends_ok += i % 2;
+	CHECK(N("the 64 WRs", "none succeeded past the ninth SEND (the server had 8 receives)"),
+	      ok <= IF_LAST_OK, "%d successes", ok);
+	if (!client_disconnects)
+		CHECK(N("the 64 WRs", "all up to the eighth SEND succeeded (the server got them)"),
+		      ok >= 2 * IF_RECVS, "%d successes", ok);
+	CHECK("the QP is in the error state", qp_state(id->qp) == IBV_QPS_ERR, "state %d",
+	      qp_state(id->qp));
+	expect_no_more(ch, RDMA_CM_EVENT_DISCONNECTED, "after DISCONNECTED");
+	if (report >= 0) {
+		char line[32];
+		int len = snprintf(line, sizeof line, "%d %d\n", ok, sends_ok);
+
+		CHECK("the WRs' outcome reported to the server", write(report, line, len) == len,
+		      "errno %d", errno);
+		close(report);
+	}
+out_id:
+	if (mr)
+		ibv_dereg_mr(mr);
+	if (id->qp)
+		rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+out:
+	rdma_destroy_event_channel(ch);
+	free(buf);
+}
+
+/* SEND 2i + 1 landed in receive i: its bytes, and (RC places in order) every WRITE posted
+ * before it, in the region. */
+static void check_landed(const uint8_t *rbuf, const uint8_t *region, int i)
+{
+	long m = mismatch(rbuf + i * IF_LEN, IF_LEN, 100 + 2 * i + 1);
+	int w, bad = -1;
+
+	for (w = 0; w <= i && bad < 0; w++)
+		if (mismatch(region + w * IF_LEN, IF_LEN, 100 + 2 * w) >= 0)
+			bad = w;
+	CHECK(N("receive", "%d holds SEND %d; the WRITEs before it are in the region", i, 2 * i + 1),
+	      m < 0 && bad < 0, "first difference at %ld; WRITE %d not in place", m, 2 * bad);
+}
+
+static void inflight_server(int client_disconnects)
+{
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *lid, *id = NULL;
+	struct rdma_cm_event *e;
+	struct rdma_conn_param cp;
+	struct ibv_mr *mr = NULL;
+	struct ibv_wc wcs[IF_RECVS + 4];
+	struct peer peer;
+	struct info in;
+	uint8_t *region, *rbuf;
+	int port, r, n, i, ok = 0, pfd[2] = { -1, -1 };
+	int client_ok = -1, client_sends = -1;
+	FILE *rep;
+
+	side = "server: ";
+	ch = rdma_create_event_channel();
+	if (!CHECK("rdma_create_event_channel", ch, "errno %d", errno))
+		return;
+	lid = listener(ch, RDMA_PS_TCP, "127.0.0.1", &port);
+	if (!lid)
+		return;
+	/* The client says on a pipe which of its WRs succeeded. */
+	if (!CHECK("pipe", pipe(pfd) == 0, "errno %d", errno))
+		return;
+	if (!start_peer(&peer, 0, inflight_client, "%d,%d,%d", port, client_disconnects, pfd[1]))
+		return;
+	close(pfd[1]);
+	region = calloc(IF_WRS / 2 + IF_RECVS, IF_LEN);
+	rbuf = region + IF_WRS / 2 * IF_LEN;
+
+	e = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 0, "request");
+	if (!e)
+		goto out;
+	id = e->id;
+	rdma_ack_cm_event(e);
+	r = make_qp_n(id, 4, IF_RECVS);
+	mr = r ? NULL : ibv_reg_mr(id->pd, region, (IF_WRS / 2 + IF_RECVS) * IF_LEN,
+				   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	if (!CHECK("rdma_create_qp, ibv_reg_mr", r == 0 && mr, "ret %d errno %d", r, errno))
+		goto out_id;
+	for (i = 0; i < IF_RECVS && r == 0; i++)
+		r = post_recv(id->qp, mr, rbuf + i * IF_LEN, IF_LEN, 100 + i);
+	CHECK("8 receives of 4 KiB posted", r == 0, "ret %d", r);
+	memset(&in, 0, sizeof in);
+	in.addr = (uintptr_t)region;
+	in.rkey = mr->rkey;
+	memset(&cp, 0, sizeof cp);
+	cp.private_data = &in;
+	cp.private_data_len = sizeof in;
+	cp.responder_resources = SERVER_RESP;
+	cp.initiator_depth = SERVER_INIT;
+	cp.rnr_retry_count = 7;
+	r = rdma_accept(id, &cp);
+	CHECK("rdma_accept with rnr_retry_count 7", r == 0, "ret %d errno %d", r, errno);
+	e = expect(ch, RDMA_CM_EVENT_ESTABLISHED, 0, "accepted");
+	if (!e)
+		goto out_id;
+	rdma_ack_cm_event(e);
+
+	if (client_disconnects) {
+		e = expect(ch, RDMA_CM_EVENT_DISCONNECTED, 0, "the client disconnects");
+		n = 0;
+	} else {
+		/* All 8 receives used, then time for the ninth SEND to meet RNR: the client
+		 * has 47 WRs in flight when this side disconnects. */
+		for (n = 0; n < IF_RECVS && wait_wc(id->recv_cq, &wcs[n]) == 1; n++)
+			;
+		usleep(200000);
+		r = rdma_disconnect(id);
+		CHECK("rdma_disconnect mid-transfer: 0", r == 0, "ret %d errno %d", r, errno);
+		e = expect(ch, RDMA_CM_EVENT_DISCONNECTED, 0, "after rdma_disconnect");
+	}
+	if (e) {
+		CHECK("DISCONNECTED names the connection's id", e->id == id, "id %p", (void *)e->id);
+		rdma_ack_cm_event(e);
+	}
+	if (client_disconnects) {
+		r = rdma_disconnect(id);
+		CHECK("rdma_disconnect after DISCONNECTED: 0", r == 0, "ret %d errno %d", r, errno);
+	}
+	n += collect_wcs(id->recv_cq, wcs + n, IF_RECVS - n, IF_RECVS + 4 - n);
+	ok = check_wc_run(wcs, n, IF_RECVS, 100, if_recv_op, "the 8 receives");
+	if (!client_disconnects)
+		CHECK(N("the 8 receives", "all succeeded before the disconnect"), ok == IF_RECVS,
+		      "%d successes", ok);
+	for (i = 0; i < ok; i++) {
+		CHECK(N("receive", "%d: 4096 bytes", i), wcs[i].byte_len == IF_LEN, "byte_len %u",
+		      wcs[i].byte_len);
+		check_landed(rbuf, region, i);
+	}
+	CHECK("the QP is in the error state", qp_state(id->qp) == IBV_QPS_ERR, "state %d",
+	      qp_state(id->qp));
+	expect_no_more(ch, RDMA_CM_EVENT_DISCONNECTED, "after DISCONNECTED");
+out_id:
+	wait_peer(&peer);
+	peer.pid = 0;
+	rep = fdopen(pfd[0], "r");
+	pfd[0] = -1;
+	if (CHECK("the client's report", rep && fscanf(rep, "%d %d", &client_ok, &client_sends) == 2,
+		  "none")) {
+		long m = -1;
+
+		printf("OUT: server: the client had %d WRs succeed, %d of them SENDs\n", client_ok,
+		       client_sends);
+		CHECK("every SEND the client saw succeed was received here", client_sends <= ok,
+		      "client %d, received %d", client_sends, ok);
+		for (i = 0; i < client_ok && m < 0; i += 2)
+			m = mismatch(region + i / 2 * IF_LEN, IF_LEN, 100 + i);
+		CHECK("every WRITE the client saw succeed is in the region", m < 0,
+		      "WRITE %d: first difference at %ld", i - 2, m);
+	}
+	if (rep)
+		fclose(rep);
+	if (mr)
+		ibv_dereg_mr(mr);
+	if (id) {
+		if (id->qp)
+			rdma_destroy_qp(id);
+		rdma_destroy_id(id);
+	}
+out:
+	if (pfd[0] >= 0)
+		close(pfd[0]);
+	wait_peer(&peer);
+	rdma_destroy_id(lid);
+	rdma_destroy_event_channel(ch);
+	free(region);
+}
+
+static void test_inflight(void)
+{
+	inflight_server(0);
+}
+
+static void test_cinflight(void)
+{
+	inflight_server(1);
+}
+
 /* -------------------------------------------------------------------- verbs */
+
+/* The server's first message: where the client may write and read, then a pattern. */
+struct regions {
+	uint64_t waddr;         /* RDMA_LEN bytes to write, then a guard of VERBS_GUARD */
+	uint32_t wrkey;
+	uint32_t pad;
+	uint64_t raddr;         /* RDMA_LEN bytes of pattern 23 to read */
+	uint32_t rrkey;
+	uint32_t pad2;
+};
+#define VERBS_MSG 64
+#define VERBS_GUARD 64
+
+static void verbs_attr(struct ibv_qp_init_attr *attr)
+{
+	memset(attr, 0, sizeof *attr);
+	attr->cap.max_send_wr = 4;      /* the client's WRITE, READ, READ in one go */
+	attr->cap.max_recv_wr = 2;      /* the server's hello and done */
+	attr->cap.max_send_sge = attr->cap.max_recv_sge = 1;
+	attr->sq_sig_all = 1;
+}
+
+/* rdma_get_send_comp / rdma_get_recv_comp's completion: one, a success of `op`, whose wr_id
+ * is the context the rdma_post_* call was given. */
+static int comp_is(int r, const struct ibv_wc *wc, enum ibv_wc_opcode op, uintptr_t ctx)
+{
+	return r == 1 && wc->status == IBV_WC_SUCCESS && wc->opcode == op && wc->wr_id == ctx;
+}
+
+#define COMP_FMT "ret %d errno %d status %s opcode %d wr_id %llu byte_len %u"
+#define COMP_ARGS(r, wc) r, errno, r == 1 ? ibv_wc_status_str((wc).status) : "-", \
+	r == 1 ? (int)(wc).opcode : -1, r == 1 ? (unsigned long long)(wc).wr_id : 0ULL, \
+	r == 1 ? (wc).byte_len : 0
 
 static void verbs_client(const char *port)
 {
 	struct rdma_addrinfo hints, *res = NULL;
 	struct ibv_qp_init_attr attr;
 	struct rdma_cm_id *id = NULL;
-	struct ibv_mr *smr = NULL, *rmr = NULL;
+	struct ibv_mr *smr = NULL, *rmr = NULL, *lmr = NULL;
 	struct ibv_wc wc;
-	uint8_t sbuf[64], rbuf[64];
-	int r;
+	struct regions rg;
+	uint8_t sbuf[VERBS_MSG], rbuf[VERBS_MSG], *lbuf = calloc(3, RDMA_LEN);
+	int r, i;
 
 	side = "client: ";
 	memset(&hints, 0, sizeof hints);
 	hints.ai_port_space = RDMA_PS_TCP;
 	r = rdma_getaddrinfo("127.0.0.1", port, &hints, &res);
 	if (!CHECK("rdma_getaddrinfo 127.0.0.1", r == 0, "ret %d errno %d", r, errno))
-		return;
-	memset(&attr, 0, sizeof attr);
-	attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
-	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-	attr.sq_sig_all = 1;
+		goto out_buf;
+	verbs_attr(&attr);
 	r = rdma_create_ep(&id, res, NULL, &attr);
 	rdma_freeaddrinfo(res);
 	if (!CHECK("rdma_create_ep: a synchronous id with its QP", r == 0 && id->qp,
 		   "ret %d errno %d", r, errno))
-		return;
+		goto out_buf;
 	rmr = rdma_reg_msgs(id, rbuf, sizeof rbuf);
 	smr = rdma_reg_msgs(id, sbuf, sizeof sbuf);
-	if (!CHECK("rdma_reg_msgs", rmr && smr, "errno %d", errno))
+	/* Local memory of RDMA WRITE's source and both READs' targets. */
+	lmr = rdma_reg_msgs(id, lbuf, 3 * RDMA_LEN);
+	if (!CHECK("rdma_reg_msgs", rmr && smr && lmr, "errno %d", errno))
 		goto out;
 	memset(rbuf, 0, sizeof rbuf);
-	r = rdma_post_recv(id, NULL, rbuf, sizeof rbuf, rmr);
+	r = rdma_post_recv(id, (void *)1, rbuf, sizeof rbuf, rmr);
 	CHECK("rdma_post_recv", r == 0, "ret %d errno %d", r, errno);
 	r = rdma_connect(id, NULL);
 	if (!CHECK("rdma_connect returns 0 once connected", r == 0, "ret %d errno %d", r, errno))
 		goto out;
 	fill(sbuf, sizeof sbuf, 20);
-	r = rdma_post_send(id, NULL, sbuf, sizeof sbuf, smr, 0);
+	r = rdma_post_send(id, (void *)2, sbuf, sizeof sbuf, smr, 0);
 	CHECK("rdma_post_send", r == 0, "ret %d errno %d", r, errno);
 	r = rdma_get_send_comp(id, &wc);
-	CHECK("rdma_get_send_comp: the SEND succeeded", r == 1 && wc.status == IBV_WC_SUCCESS &&
-	      wc.opcode == IBV_WC_SEND, "ret %d status %d opcode %d", r, wc.status, wc.opcode);
+	CHECK("rdma_get_send_comp: the SEND succeeded", comp_is(r, &wc, IBV_WC_SEND, 2),
+	      COMP_FMT, COMP_ARGS(r, wc));
 	r = rdma_get_recv_comp(id, &wc);
-	CHECK("rdma_get_recv_comp: the server's 64 bytes", r == 1 && wc.status == IBV_WC_SUCCESS &&
-	      wc.opcode == IBV_WC_RECV && wc.byte_len == 64 && mismatch(rbuf, 64, 21) < 0,
-	      "ret %d status %d byte_len %u", r, wc.status, wc.byte_len);
+	if (!CHECK("rdma_get_recv_comp: the server's 64 bytes, its regions then a pattern",
+		   comp_is(r, &wc, IBV_WC_RECV, 1) && wc.byte_len == VERBS_MSG &&
+			   mismatch(rbuf + sizeof rg, VERBS_MSG - sizeof rg, 21) < 0,
+		   COMP_FMT, COMP_ARGS(r, wc)))
+		goto disconnect;
+	memcpy(&rg, rbuf, sizeof rg);
+
+	/* Back to back: WRITE pattern 22, READ it back, READ the server's pattern 23. An RC
+	 * responder executes them in order, so the first READ sees the WRITE. */
+	fill(lbuf, RDMA_LEN, 22);
+	r = rdma_post_write(id, (void *)3, lbuf, RDMA_LEN, lmr, 0, rg.waddr, rg.wrkey);
+	CHECK("rdma_post_write to the server's address and rkey", r == 0, "ret %d errno %d", r, errno);
+	r = rdma_post_read(id, (void *)4, lbuf + RDMA_LEN, RDMA_LEN, lmr, 0, rg.waddr, rg.wrkey);
+	CHECK("rdma_post_read of the same bytes", r == 0, "ret %d errno %d", r, errno);
+	r = rdma_post_read(id, (void *)5, lbuf + 2 * RDMA_LEN, RDMA_LEN, lmr, 0, rg.raddr, rg.rrkey);
+	CHECK("rdma_post_read of the server's second region", r == 0, "ret %d errno %d", r, errno);
+	{
+		const enum ibv_wc_opcode want[3] = { IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ, IBV_WC_RDMA_READ };
+		const char *names[3] = { "RDMA WRITE", "RDMA READ back", "RDMA READ of the second region" };
+
+		for (i = 0; i < 3; i++) {
+			r = rdma_get_send_comp(id, &wc);
+			CHECK(N("rdma_get_send_comp in order", "%s succeeds", names[i]),
+			      comp_is(r, &wc, want[i], 3 + i), COMP_FMT, COMP_ARGS(r, wc));
+		}
+	}
+	long m = mismatch(lbuf + RDMA_LEN, RDMA_LEN, 22);
+	CHECK("RDMA READ back: the 1024 bytes written are in the server's memory", m < 0,
+	      "first difference at %ld", m);
+	m = mismatch(lbuf + 2 * RDMA_LEN, RDMA_LEN, 23);
+	CHECK("RDMA READ of the second region: the server's 1024 bytes are in local memory", m < 0,
+	      "first difference at %ld", m);
+	m = mismatch(lbuf, RDMA_LEN, 22);
+	CHECK("the WRITE's source is unchanged", m < 0, "first difference at %ld", m);
+
+	/* Done: the server then looks at its memory. */
+	fill(sbuf, sizeof sbuf, 24);
+	r = rdma_post_send(id, (void *)6, sbuf, sizeof sbuf, smr, 0);
+	if (r == 0)
+		r = rdma_get_send_comp(id, &wc);
+	CHECK("rdma_post_send, rdma_get_send_comp: the last SEND succeeded",
+	      comp_is(r, &wc, IBV_WC_SEND, 6), COMP_FMT, COMP_ARGS(r, wc));
+disconnect:
 	r = rdma_disconnect(id);
 	CHECK("rdma_disconnect", r == 0, "ret %d errno %d", r, errno);
 out:
+	if (lmr)
+		rdma_dereg_mr(lmr);
 	if (rmr)
 		rdma_dereg_mr(rmr);
 	if (smr)
 		rdma_dereg_mr(smr);
 	rdma_destroy_ep(id);
+out_buf:
+	free(lbuf);
 }
 
 static void test_verbs(void)
@@ -916,11 +1590,14 @@ static void test_verbs(void)
 	struct rdma_addrinfo hints, *res = NULL;
 	struct ibv_qp_init_attr attr;
 	struct rdma_cm_id *lid = NULL, *id = NULL;
-	struct ibv_mr *smr = NULL, *rmr = NULL;
+	struct ibv_mr *smr = NULL, *rmr = NULL, *wmr = NULL, *dmr = NULL;
 	struct ibv_wc wc;
 	struct peer peer;
-	uint8_t sbuf[64], rbuf[64];
+	struct regions rg;
+	uint8_t sbuf[VERBS_MSG], rbuf[2][VERBS_MSG];
+	uint8_t *wbuf = calloc(1, RDMA_LEN + VERBS_GUARD), *dbuf = calloc(1, RDMA_LEN);
 	int r, port;
+	long m;
 
 	side = "server: ";
 	memset(&hints, 0, sizeof hints);
@@ -928,15 +1605,12 @@ static void test_verbs(void)
 	hints.ai_port_space = RDMA_PS_TCP;
 	r = rdma_getaddrinfo("127.0.0.1", "0", &hints, &res);
 	if (!CHECK("rdma_getaddrinfo RAI_PASSIVE 127.0.0.1", r == 0, "ret %d errno %d", r, errno))
-		return;
-	memset(&attr, 0, sizeof attr);
-	attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
-	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-	attr.sq_sig_all = 1;
+		goto out_buf;
+	verbs_attr(&attr);
 	r = rdma_create_ep(&lid, res, NULL, &attr);
 	rdma_freeaddrinfo(res);
 	if (!CHECK("rdma_create_ep (passive)", r == 0, "ret %d errno %d", r, errno))
-		return;
+		goto out_buf;
 	r = rdma_listen(lid, 0);
 	port = ntohs(rdma_get_src_port(lid));
 	if (!CHECK("rdma_listen on a port", r == 0 && port, "ret %d errno %d port %d", r, errno, port))
@@ -952,30 +1626,64 @@ static void test_verbs(void)
 		goto out_peer;
 	rmr = rdma_reg_msgs(id, rbuf, sizeof rbuf);
 	smr = rdma_reg_msgs(id, sbuf, sizeof sbuf);
-	if (!CHECK("rdma_reg_msgs", rmr && smr, "errno %d", errno))
+	/* The region the client writes and reads back (rdma_reg_write would not let it read),
+	 * and one it only reads. */
+	wmr = ibv_reg_mr(id->pd, wbuf, RDMA_LEN + VERBS_GUARD, IBV_ACCESS_LOCAL_WRITE |
+			 IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	fill(dbuf, RDMA_LEN, 23);
+	dmr = rdma_reg_read(id, dbuf, RDMA_LEN);
+	if (!CHECK("rdma_reg_msgs, ibv_reg_mr (remote write and read), rdma_reg_read",
+		   rmr && smr && wmr && dmr, "errno %d", errno))
 		goto out_id;
 	memset(rbuf, 0, sizeof rbuf);
-	r = rdma_post_recv(id, NULL, rbuf, sizeof rbuf, rmr);
-	CHECK("rdma_post_recv", r == 0, "ret %d errno %d", r, errno);
+	r = rdma_post_recv(id, (void *)1, rbuf[0], VERBS_MSG, rmr);
+	if (r == 0)
+		r = rdma_post_recv(id, (void *)2, rbuf[1], VERBS_MSG, rmr);
+	CHECK("rdma_post_recv twice", r == 0, "ret %d errno %d", r, errno);
 	r = rdma_accept(id, NULL);
 	if (!CHECK("rdma_accept returns 0 once established", r == 0, "ret %d errno %d", r, errno))
 		goto out_id;
 	r = rdma_get_recv_comp(id, &wc);
-	CHECK("rdma_get_recv_comp: the client's 64 bytes", r == 1 && wc.status == IBV_WC_SUCCESS &&
-	      wc.opcode == IBV_WC_RECV && wc.byte_len == 64 && mismatch(rbuf, 64, 20) < 0,
-	      "ret %d status %d byte_len %u", r, wc.status, wc.byte_len);
-	fill(sbuf, sizeof sbuf, 21);
-	r = rdma_post_send(id, NULL, sbuf, sizeof sbuf, smr, 0);
-	CHECK("rdma_post_send", r == 0, "ret %d errno %d", r, errno);
+	CHECK("rdma_get_recv_comp: the client's 64 bytes", comp_is(r, &wc, IBV_WC_RECV, 1) &&
+	      wc.byte_len == VERBS_MSG && mismatch(rbuf[0], VERBS_MSG, 20) < 0,
+	      COMP_FMT, COMP_ARGS(r, wc));
+
+	memset(&rg, 0, sizeof rg);
+	rg.waddr = (uintptr_t)wmr->addr;
+	rg.wrkey = wmr->rkey;
+	rg.raddr = (uintptr_t)dmr->addr;
+	rg.rrkey = dmr->rkey;
+	memcpy(sbuf, &rg, sizeof rg);
+	fill(sbuf + sizeof rg, VERBS_MSG - sizeof rg, 21);
+	r = rdma_post_send(id, (void *)3, sbuf, sizeof sbuf, smr, 0);
+	CHECK("rdma_post_send of the regions' addresses and rkeys", r == 0, "ret %d errno %d", r, errno);
 	r = rdma_get_send_comp(id, &wc);
-	CHECK("rdma_get_send_comp: the SEND succeeded", r == 1 && wc.status == IBV_WC_SUCCESS &&
-	      wc.opcode == IBV_WC_SEND, "ret %d status %d opcode %d", r, wc.status, wc.opcode);
+	CHECK("rdma_get_send_comp: the SEND succeeded", comp_is(r, &wc, IBV_WC_SEND, 3),
+	      COMP_FMT, COMP_ARGS(r, wc));
+
+	/* The client's last SEND follows its WRITE and READs. */
+	r = rdma_get_recv_comp(id, &wc);
+	if (CHECK("rdma_get_recv_comp: the client's done, after its RDMA", comp_is(r, &wc, IBV_WC_RECV, 2) &&
+		  wc.byte_len == VERBS_MSG && mismatch(rbuf[1], VERBS_MSG, 24) < 0,
+		  COMP_FMT, COMP_ARGS(r, wc))) {
+		m = mismatch(wbuf, RDMA_LEN, 22);
+		CHECK("RDMA WRITE: the client's 1024 bytes are in the server's memory", m < 0,
+		      "first difference at %ld", m);
+		m = nonzero(wbuf + RDMA_LEN, VERBS_GUARD);
+		CHECK("RDMA WRITE: the bytes after them are untouched", m < 0, "nonzero at %ld", m);
+		m = mismatch(dbuf, RDMA_LEN, 23);
+		CHECK("the region read is unchanged", m < 0, "first difference at %ld", m);
+	}
 	/* Both sides disconnect, as rdma_server and rdma_client do; each call returns once
 	 * its DISCONNECTED came. */
 	r = rdma_disconnect(id);
 	CHECK("rdma_disconnect", r == 0, "ret %d errno %d", r, errno);
 out_id:
 	wait_peer(&peer);
+	if (dmr)
+		rdma_dereg_mr(dmr);
+	if (wmr)
+		ibv_dereg_mr(wmr);
 	if (rmr)
 		rdma_dereg_mr(rmr);
 	if (smr)
@@ -983,11 +1691,14 @@ out_id:
 	if (id)
 		rdma_destroy_ep(id);
 	rdma_destroy_ep(lid);
-	return;
+	goto out_buf;
 out_peer:
 	wait_peer(&peer);
 out:
 	rdma_destroy_ep(lid);
+out_buf:
+	free(wbuf);
+	free(dbuf);
 }
 
 /* ------------------------------------------------------------------- reject */
@@ -2084,6 +2795,8 @@ static const struct {
 	{ "connect", test_connect, conn_client },
 	{ "sdisconnect", test_sdisconnect, conn_client },
 	{ "threads", test_threads, conn_client },
+	{ "inflight", test_inflight, inflight_client },
+	{ "cinflight", test_cinflight, inflight_client },
 	{ "verbs", test_verbs, verbs_client },
 	{ "reject", test_reject, reject_client },
 	{ "noport", test_noport, NULL },
