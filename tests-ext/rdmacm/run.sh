@@ -121,7 +121,7 @@ import json, sys
 for p in json.load(sys.stdin)["packages"]:
     if "/crates/ibverbs" in p["manifest_path"] or p["name"] == "softrdma-cli":
         print("-p", p["name"])' 2>/dev/null | tr '\n' ' ')
-[ -n "$PKGS" ] || PKGS="-p softrdma-ibverbs -p softrdma-stub-mlx5 -p softrdma-stub-efa -p softrdma-cli"
+[ -n "$PKGS" ] || PKGS="-p softrdma-ibverbs -p softrdma-stub-mlx5 -p softrdma-stub-efa -p softrdma-stub-mlx4 -p softrdma-stub-mana -p softrdma-cli"
 if [ -z "${SKIP_BUILD:-}" ]; then
   log "cargo build --release $PKGS"
   # shellcheck disable=SC2086

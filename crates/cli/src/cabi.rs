@@ -1,10 +1,12 @@
 //! `softrdma run` and `softrdma env`: run unmodified verbs programs (ibverbs-utils,
 //! perftest, your own) on softrdma's C face, the drop-in `libibverbs.so.1` built from
-//! `crates/ibverbs`, with the stand-in `libmlx5.so.1` and `libefa.so.1` perftest links to.
+//! `crates/ibverbs`, with stand-ins for Debian's public provider libraries
+//! (`libmlx5.so.1`, `libefa.so.1`, `libmlx4.so.1`, `libmana.so.1`, from
+//! `crates/ibverbs-stubs`) that perftest, UCX, libfabric and pyverbs link to.
 //!
 //! The libraries are found in `$SOFTRDMA_LIB_DIR`, else next to the `softrdma` binary
-//! (cargo's target directory). Cargo names its outputs `libibverbs.so`, `libmlx5.so` and
-//! `libefa.so`; the loader looks for the SONAMEs (`….so.1`), so a directory of symlinks
+//! (cargo's target directory). Cargo names its outputs `libibverbs.so`, `libmlx5.so`,
+//! …; the loader looks for the SONAMEs (`….so.1`), so a directory of symlinks
 //! with those names is made beside them (or in the temporary directory when that is
 //! read-only) and put first on `LD_LIBRARY_PATH`.
 //!
@@ -39,10 +41,15 @@ pub struct EnvArgs {
 }
 
 /// (SONAME the loader wants, file name cargo writes).
-const LIBS: [(&str, &str); 3] = [
+/// The stand-ins come after `libibverbs.so.1`: a program linked against Debian's
+/// provider libraries would otherwise load the real ones, which need rdma-core's
+/// libibverbs and its private provider interface.
+const LIBS: [(&str, &str); 5] = [
     ("libibverbs.so.1", "libibverbs.so"),
     ("libmlx5.so.1", "libmlx5.so"),
     ("libefa.so.1", "libefa.so"),
+    ("libmlx4.so.1", "libmlx4.so"),
+    ("libmana.so.1", "libmana.so"),
 ];
 
 /// `librdmacm.so.1`, the same file as `libibverbs.so.1`, in this subdirectory of the
@@ -92,7 +99,8 @@ pub fn lib_dir() -> CmdResult<PathBuf> {
     let looked: Vec<String> = cands.iter().map(|d| d.display().to_string()).collect();
     Err(format!(
         "softrdma's libibverbs.so.1 not found (looked in {}); build it with \
-         `cargo build -p softrdma-ibverbs -p softrdma-stub-mlx5 -p softrdma-stub-efa` \
+         `cargo build -p softrdma-ibverbs -p softrdma-stub-mlx5 -p softrdma-stub-efa \
+         -p softrdma-stub-mlx4 -p softrdma-stub-mana` \
          or set SOFTRDMA_LIB_DIR",
         if looked.is_empty() {
             "nowhere".to_string()
@@ -196,7 +204,7 @@ pub fn run(a: &RunArgs) -> CmdResult {
     let missing = missing_stubs(&dir);
     if !missing.is_empty() {
         eprintln!(
-            "softrdma: warning: {} not built; programs linked against them (perftest) will not load",
+            "softrdma: warning: {} not built; programs linked against them (perftest, UCX, libfabric) will not load",
             missing.join(", ")
         );
     }
@@ -292,7 +300,10 @@ mod tests {
             vec![dir.join("rdmacm"), dir.clone()]
         );
         assert!(dir.join("libmlx5.so.1").exists());
-        assert_eq!(missing_stubs(&dir), vec!["libefa.so.1"]);
+        assert_eq!(
+            missing_stubs(&dir),
+            vec!["libefa.so.1", "libmlx4.so.1", "libmana.so.1"]
+        );
         // A second time finds the links in place.
         assert_eq!(link_dir(&built).unwrap(), dir);
         let _ = std::fs::remove_dir_all(&base);
