@@ -2204,6 +2204,68 @@ static void t_bad_args(void)
 		ibv_destroy_cq(cq);
 	check_end();
 
+	check_begin("ibv_create_cq / ibv_create_cq_ex with comp_vector >= num_comp_vectors: NULL, EINVAL");
+	{
+		int nv = D.ctx->num_comp_vectors;
+		struct ibv_cq_init_attr_ex cx;
+		struct ibv_cq_ex *cqx;
+
+		EXPECT(nv >= 1, "num_comp_vectors %d", nv);
+		cq = ibv_create_cq(D.ctx, 16, NULL, NULL, nv - 1);
+		EXPECT(cq, "comp_vector %d (the last): %s", nv - 1, strerror(errno));
+		if (cq)
+			ibv_destroy_cq(cq);
+		errno = 0;
+		cq = ibv_create_cq(D.ctx, 16, NULL, NULL, nv);
+		EXPECT(!cq && errno == EINVAL, "comp_vector %d: cq %p errno %s", nv, (void *)cq, strerror(errno));
+		if (cq)
+			ibv_destroy_cq(cq);
+		errno = 0;
+		cq = ibv_create_cq(D.ctx, 16, NULL, NULL, -1);
+		EXPECT(!cq && errno == EINVAL, "comp_vector -1: cq %p errno %s", (void *)cq, strerror(errno));
+		if (cq)
+			ibv_destroy_cq(cq);
+		memset(&cx, 0, sizeof(cx));
+		cx.cqe = 16;
+		cx.comp_vector = nv;
+		cx.wc_flags = IBV_WC_STANDARD_FLAGS;
+		errno = 0;
+		cqx = ibv_create_cq_ex(D.ctx, &cx);
+		EXPECT(!cqx && errno == EINVAL, "cq_ex comp_vector %d: cq %p errno %s", nv, (void *)cqx,
+		       strerror(errno));
+		if (cqx)
+			ibv_destroy_cq(ibv_cq_ex_to_cq(cqx));
+	}
+	check_end();
+
+	check_begin("ibv_create_qp_ex with IBV_QP_INIT_ATTR_CREATE_FLAGS: flags 0 accepted, a flag refused");
+	cq = ibv_create_cq(D.ctx, 16, NULL, NULL, 0);
+	if (EXPECT(cq, "create_cq: %s", strerror(errno))) {
+		struct ibv_qp_init_attr_ex qx;
+
+		memset(&qx, 0, sizeof(qx));
+		qx.send_cq = qx.recv_cq = cq;
+		qx.qp_type = IBV_QPT_RC;
+		qx.cap.max_send_wr = qx.cap.max_recv_wr = 4;
+		qx.cap.max_send_sge = qx.cap.max_recv_sge = 1;
+		qx.pd = D.pd;
+		qx.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+		qx.create_flags = 0;
+		qp = ibv_create_qp_ex(D.ctx, &qx);
+		EXPECT(qp, "create_flags 0: %s", strerror(errno));
+		if (qp)
+			ibv_destroy_qp(qp);
+		qx.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+		errno = 0;
+		qp = ibv_create_qp_ex(D.ctx, &qx);
+		EXPECT(!qp && errno == EOPNOTSUPP, "create_flags SCATTER_FCS: qp %p errno %s", (void *)qp,
+		       strerror(errno));
+		if (qp)
+			ibv_destroy_qp(qp);
+		ibv_destroy_cq(cq);
+	}
+	check_end();
+
 	check_begin("ibv_modify_qp RESET to RTS: EINVAL; RESET to INIT without PORT: EINVAL");
 	cq = ibv_create_cq(D.ctx, 16, NULL, NULL, 0);
 	if (EXPECT(cq, "create_cq: %s", strerror(errno))) {

@@ -107,9 +107,16 @@ fn create_cq_obj(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut sys::ibv_comp_channel,
+    comp_vector: i64,
     timestamps: bool,
 ) -> Result<*mut Cq, c_int> {
     if cqe <= 0 {
+        return Err(libc::EINVAL);
+    }
+    // A completion vector names one of the context's `num_comp_vectors` interrupt
+    // vectors; a program that asks for one the device lacks gets EINVAL, as from a
+    // kernel device, rather than a CQ whose events it would look for elsewhere.
+    if !(0..i64::from(ctx.vctx.context.num_comp_vectors)).contains(&comp_vector) {
         return Err(libc::EINVAL);
     }
     let ch = if channel.is_null() {
@@ -144,14 +151,14 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut sys::ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut sys::ibv_cq {
     guard(std::ptr::null_mut(), || {
         // SAFETY: the caller passes a live context.
         let Some(ctx) = (unsafe { ctx_of(context) }) else {
             return null_errno(libc::EINVAL);
         };
-        match create_cq_obj(ctx, cqe, cq_context, channel, false) {
+        match create_cq_obj(ctx, cqe, cq_context, channel, comp_vector.into(), false) {
             Ok(p) => p.cast(),
             Err(e) => null_errno(e),
         }
@@ -191,7 +198,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         }
         let ts = a.wc_flags & u64::from(sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) != 0;
         let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
-        match create_cq_obj(ctx, cqe, a.cq_context, a.channel, ts) {
+        match create_cq_obj(ctx, cqe, a.cq_context, a.channel, a.comp_vector.into(), ts) {
             Ok(p) => {
                 // SAFETY: `p` is the live CQ just made; nothing else uses it yet.
                 poll::init_cq_ex(unsafe { &mut (*p).c });

@@ -211,8 +211,16 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         }
         // SAFETY: `attr` points at the caller's attributes.
         let a = unsafe { &mut *attr };
-        let known = sys::IBV_QP_INIT_ATTR_PD | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let known = sys::IBV_QP_INIT_ATTR_PD
+            | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+            | sys::IBV_QP_INIT_ATTR_CREATE_FLAGS;
         if a.comp_mask & !known != 0 {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        // Creation flags ask for hardware behaviours (scatter FCS, VLAN stripping, a
+        // source QPN, …) softrdma has none of; no flags asks for nothing, and is what a
+        // program that always sets the mask bit passes by default.
+        if a.comp_mask & sys::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
             return null_errno(libc::EOPNOTSUPP);
         }
         if a.comp_mask & sys::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
