@@ -10,14 +10,21 @@
 #     (not the atomics, which have no -a) and with -b (bandwidth tools); ib_send_bw and
 #     ib_send_lat with -c UD and -c UC;
 #   verbs_test.c (one PASS/FAIL line per check it makes; one process per test group, two
-#     QPs on its device) and verbs_test -f (the responder in a second process).
+#     QPs on its device) and verbs_test -f (the responder in a second process);
+#   the stand-in provider libraries (crates/ibverbs-stubs): each of libmlx5, libefa,
+#     libmlx4 and libmana exports exactly the (symbol, version) pairs and version nodes of
+#     Debian's, its generated code is up to date with the installed library and header
+#     (gen.py --check), provider_test.c calls them as a program built against Debian's
+#     headers does, and programs that link them load: ucx_info -d (no module fails to
+#     load), fi_info -l.
 #
 # Idempotent and bounded: every step runs under `timeout`. Prints PASS/FAIL per check and
 # "N passed, M failed"; exits 1 on any failure. Logs go to $OUT. Checks the library
 # cannot pass yet are run all the same (not skipped) and show as FAIL.
 #
-# For CI as root on Debian 12 (installs ibverbs-utils, perftest, libibverbs-dev and gcc
-# with apt when a tool is missing). Elsewhere install those first.
+# For CI as root on Debian 12 (installs ibverbs-utils, perftest, libibverbs-dev, gcc,
+# ibverbs-providers, ucx-utils and libfabric-bin with apt when one is missing). Elsewhere
+# install those first.
 #
 # Env:
 #   OUT           artifacts directory (default /tmp/softrdma-ibverbs)
@@ -72,6 +79,9 @@ command -v ibv_devinfo >/dev/null 2>&1 || need_pkgs+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null 2>&1 || need_pkgs+=(perftest)
 [ -f /usr/include/infiniband/verbs.h ] || need_pkgs+=(libibverbs-dev)
 command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
+[ -f /usr/lib/x86_64-linux-gnu/libmlx5.so.1 ] || need_pkgs+=(ibverbs-providers)
+command -v ucx_info >/dev/null 2>&1 || need_pkgs+=(ucx-utils)
+command -v fi_info >/dev/null 2>&1 || need_pkgs+=(libfabric-bin)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && [ -z "${SKIP_INSTALL:-}" ] && command -v apt-get >/dev/null 2>&1; then
     log "installing ${need_pkgs[*]}"
@@ -80,7 +90,7 @@ if [ "${#need_pkgs[@]}" -gt 0 ]; then
       > "$OUT/install.log" 2>&1
     result "install ${need_pkgs[*]}" $? "apt-get failed, see $OUT/install.log"
   else
-    result "packages present" 1 "missing ${need_pkgs[*]}: apt-get install ibverbs-utils perftest libibverbs-dev gcc"
+    result "packages present" 1 "missing ${need_pkgs[*]}: apt-get install ${need_pkgs[*]}"
   fi
 fi
 
@@ -95,7 +105,7 @@ import json, sys
 for p in json.load(sys.stdin)["packages"]:
     if "/crates/ibverbs" in p["manifest_path"] or p["name"] == "softrdma-cli":
         print("-p", p["name"])' 2>/dev/null | tr '\n' ' ')
-[ -n "$PKGS" ] || PKGS="-p softrdma-ibverbs -p softrdma-stub-mlx5 -p softrdma-stub-efa -p softrdma-cli"
+[ -n "$PKGS" ] || PKGS="-p softrdma-ibverbs -p softrdma-stub-mlx5 -p softrdma-stub-efa -p softrdma-stub-mlx4 -p softrdma-stub-mana -p softrdma-cli"
 if [ -z "${SKIP_BUILD:-}" ]; then
   log "cargo build --release $PKGS"
   # shellcheck disable=SC2086
@@ -113,6 +123,10 @@ result "softrdma env" $? "$(head -c 300 "$OUT/env.txt")"
 VT="$OUT/verbs_test"
 timeout 120 gcc -O1 -Wall -Werror -o "$VT" "$HERE/verbs_test.c" -libverbs > "$OUT/verbs_test.build.log" 2>&1
 result "gcc -O1 -Wall -Werror verbs_test.c -libverbs" $? "see $OUT/verbs_test.build.log"
+PT_BIN="$OUT/provider_test"
+timeout 120 gcc -O1 -Wall -Werror -o "$PT_BIN" "$HERE/provider_test.c" \
+  -lmlx5 -lefa -lmlx4 -lmana -libverbs -ldl > "$OUT/provider_test.build.log" 2>&1
+result "gcc -O1 -Wall -Werror provider_test.c -lmlx5 -lefa -lmlx4 -lmana -libverbs" $? "see $OUT/provider_test.build.log"
 
 sr() { # run one program through softrdma run, bounded
   local t=$1; shift
@@ -188,6 +202,66 @@ single "ibv_devinfo -d $DEV -v" "GID\[ *0\]" 30 ibv_devinfo -d "$DEV" -v
 MTU=$(sed -nE 's/.*active_mtu:[[:space:]]*([0-9]+).*/\1/p' "$OUT"/*-ibv_devinfo_-v.log 2>/dev/null | head -n 1)
 MTU=${MTU:-1024}
 UDBIG=$((MTU < 4096 ? MTU : 4096))
+
+# --- 3b. the stand-in provider libraries -------------------------------------------------
+# Functions as "name@@NODE" (default) or "name@NODE" (older), sorted; the version nodes
+# by name. Debian's are in /usr/lib, ours in the build directory. (The nodes' parents are
+# not compared: rustc links with LLD, which writes no version-definition parents; the
+# dynamic loader binds by (name, version) and never reads them.)
+DEBLIB=/usr/lib/x86_64-linux-gnu
+exports_of() { nm -D --with-symbol-versions --defined-only "$1" | awk '$2 != "A" { print $3 }' | sort; }
+nodes_of() {
+  readelf -V -W "$1" | sed -n '/Version definition/,/Version needs/p' |
+    awk '/Flags:/ && !/BASE/ { print $NF }' | sort -u
+}
+for lib in mlx5 efa mlx4 mana; do
+  nstep=$((nstep + 1))
+  want "lib$lib.so.1 exports" || continue
+  ours="$TARGET/release/lib$lib.so" lf="$OUT/$(slug "lib$lib exports").log"
+  if [ ! -f "$ours" ] || [ ! -f "$DEBLIB/lib$lib.so.1" ]; then
+    result "lib$lib.so.1 exports Debian's (symbol, version) pairs" 1 "missing $ours or $DEBLIB/lib$lib.so.1"
+    continue
+  fi
+  diff <(exports_of "$DEBLIB/lib$lib.so.1") <(exports_of "$ours") > "$lf" 2>&1
+  result "lib$lib.so.1 exports Debian's (symbol, version) pairs and no others ($(exports_of "$ours" | wc -l))" $? \
+    "< Debian's only, > ours only: $(grep '^[<>]' "$lf" | head -n 5 | tr '\n' ' '); $lf"
+  diff <(nodes_of "$DEBLIB/lib$lib.so.1") <(nodes_of "$ours") > "$lf.nodes" 2>&1
+  result "lib$lib.so.1 defines Debian's version nodes" $? "$(grep '^[<>]' "$lf.nodes" | head -n 5 | tr '\n' ' ')"
+done
+if want "gen.py --check"; then
+  nstep=$((nstep + 1))
+  lf="$OUT/$(slug "gen.py --check").log"
+  python3 "$REPO/crates/ibverbs-stubs/gen.py" --check > "$lf" 2>&1
+  result "crates/ibverbs-stubs/gen.py --check (generated exports match the installed libraries and headers)" $? "$(tail -n 3 "$lf" | tr '\n' ' '); $lf"
+fi
+if want "provider_test" && [ -x "$PT_BIN" ]; then
+  nstep=$((nstep + 1))
+  lf="$OUT/$(slug "provider_test").log"
+  sr 60 "$PT_BIN" -d "$DEV" > "$lf" 2> "$lf.stderr"
+  rc=$?
+  while IFS= read -r line; do
+    case $line in
+      PASS:\ *) result "provider_test: ${line#PASS: }" 0 "" ;;
+      FAIL:\ *) result "provider_test: ${line#FAIL: }" 1 "$lf" ;;
+    esac
+  done < "$lf"
+  [ "$rc" = 0 ] || [ "$rc" = 1 ] || result "provider_test exited" 1 "exit $rc; $(tail -n 3 "$lf.stderr" | tr '\n' ' ')"
+fi
+# Programs linked against the provider libraries load. UCX reports a module it cannot
+# load (libuct_ib: libmlx5's version nodes) only at debug level.
+if want "ucx_info -d"; then
+  nstep=$((nstep + 1))
+  lf="$OUT/$(slug "ucx_info -d").log"
+  UCX_LOG_LEVEL=debug sr 60 ucx_info -d > "$lf" 2>&1
+  rc=$?
+  if [ $rc = 0 ] && grep -q "dlopen.*failed" "$lf"; then rc=1; fi
+  result "ucx_info -d loads every UCX module (libuct_ib, libuct_rdmacm)" $rc \
+    "exit $rc; $(grep -m 2 "dlopen.*failed" "$lf" | cut -c1-200 | tr '\n' ' '); $lf"
+  log "ucx_info -d: transports $(grep -E '^# +Transport:' "$lf" | awk '{print $3}' | sort -u | tr '\n' ' ')"
+fi
+if want "fi_info -l"; then
+  single "fi_info -l" "verbs" 60 fi_info -l
+fi
 
 # --- 4. ping-pongs between two processes ---------------------------------------------------
 for prog in ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong; do
