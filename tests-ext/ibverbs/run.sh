@@ -2,14 +2,17 @@
 # tests-ext/ibverbs/run.sh: unmodified C verbs programs on softrdma's drop-in
 # libibverbs.so.1, each run through `softrdma run --`:
 #
-#   ibv_devices, ibv_devinfo -v;
+#   ibv_devices, ibv_devinfo -v (GID 0 of type RoCE v2);
+#   the device view under `softrdma run` (/sys/class/infiniband, /dev/infiniband) as root
+#     and as nobody, and the host unchanged after; `ucx_info -d` reported when installed;
 #   ibv_rc/uc/ud/srq_pingpong between two processes (server and client each with its own
 #     zero-config device, 127.0.0.1 and 127.0.0.2), -g 0, -s 64 and -s 4096 (UD: the
 #     port MTU), -n 100, with and without -e; ibv_rc_pingpong -N, -t, -j;
 #   perftest over RC: ib_{write,read,send,atomic}_{bw,lat} with default options, with -a
 #     (not the atomics, which have no -a) and with -b (bandwidth tools); ib_send_bw and
 #     ib_send_lat with -c UD and -c UC;
-#   verbs_test.c (one PASS/FAIL line per check it makes; one process per test group, two
+#   verbs_test.c (one PASS/FAIL line per check it makes, among them the GID's netdev by
+#     if_indextoname beside sysfs's and the uverbs node; one process per test group, two
 #     QPs on its device) and verbs_test -f (the responder in a second process);
 #   the stand-in provider libraries (crates/ibverbs-stubs): each of libmlx5, libefa,
 #     libmlx4 and libmana exports exactly the (symbol, version) pairs and version nodes of
@@ -196,7 +199,48 @@ pair() {
 
 single "ibv_devices" "$DEV" 30 ibv_devices
 single "ibv_devinfo -v" "PORT_ACTIVE" 30 ibv_devinfo -v
-single "ibv_devinfo -d $DEV -v" "GID\[ *0\]" 30 ibv_devinfo -d "$DEV" -v
+single "ibv_devinfo -d $DEV -v" "GID\[ *0\]:.*, RoCE v2" 30 ibv_devinfo -d "$DEV" -v
+
+# The device view of `softrdma run` (/sys/class/infiniband, infiniband_verbs and
+# /dev/infiniband for the program only), as root and as a regular user (nobody): the
+# values, the uverbs node UCX tests for, and the host unchanged afterwards.
+VIEW_SH='set -e
+p=/sys/class/infiniband/softrdma0/ports/1
+test "$(ls /sys/class/infiniband)" = softrdma0
+test "$(cat $p/state)" = "4: ACTIVE"
+test "$(cat $p/link_layer)" = Ethernet
+test "$(cat $p/gids/0)" = 0000:0000:0000:0000:0000:ffff:7f00:00c8
+test "$(cat $p/gid_attrs/types/0)" = "RoCE v2"
+test "$(cat $p/gid_attrs/ndevs/0)" = lo
+test "$(ls /sys/class/infiniband/softrdma0/device/net)" = lo
+test "$(cat /sys/class/infiniband_verbs/uverbs0/ibdev)" = softrdma0
+test -c /dev/infiniband/uverbs0 -a -r /dev/infiniband/uverbs0 -a -w /dev/infiniband/uverbs0
+test -c /dev/infiniband/rdma_cm
+echo "view ok as uid $(id -u)"'
+view_before="$(ls -d /sys/class/infiniband* /dev/infiniband 2>&1; wc -l < /proc/self/mountinfo)"
+for who in root nobody; do
+  nstep=$((nstep + 1))
+  want "device view as $who" || continue
+  lf="$OUT/$(slug "device view as $who").log"
+  if [ $who = root ]; then
+    SOFTRDMA_ADDR=127.0.0.200 timeout 30 "$SOFTRDMA" run -- sh -c "$VIEW_SH" > "$lf" 2>&1
+  else
+    (cd / && SOFTRDMA_ADDR=127.0.0.200 timeout 30 setpriv --reuid=65534 --regid=65534 --clear-groups \
+      "$SOFTRDMA" run -- sh -c "$VIEW_SH") > "$lf" 2>&1
+  fi
+  rc=$?
+  [ $rc = 0 ] && ! grep -q "view ok" "$lf" && rc=1
+  result "device view as $who" $rc "$(tail -n 3 "$lf" | tr '\n' ' ' | cut -c1-300); $lf"
+done
+view_after="$(ls -d /sys/class/infiniband* /dev/infiniband 2>&1; wc -l < /proc/self/mountinfo)"
+[ "$view_before" = "$view_after" ]
+result "device view: host unchanged" $? "before: $view_before; after: $view_after"
+# UCX, when installed, is reported (not judged: whether libuct_ib loads is the provider
+# stand-ins' matter).
+if command -v ucx_info > /dev/null 2>&1; then
+  UCX_LOG_LEVEL=diag timeout 60 "$SOFTRDMA" run -- ucx_info -d > "$OUT/ucx_info-d.log" 2>&1
+  log "ucx_info -d: $(grep -cE '^#[[:space:]]+Transport:' "$OUT/ucx_info-d.log") transports, on softrdma0: $(grep -E 'Transport:|Device:' "$OUT/ucx_info-d.log" | grep -c softrdma0) lines; $OUT/ucx_info-d.log"
+fi
 
 # The UD ping-pong's message must fit the port MTU (its receive buffer adds the 40-byte GRH).
 MTU=$(sed -nE 's/.*active_mtu:[[:space:]]*([0-9]+).*/\1/p' "$OUT"/*-ibv_devinfo_-v.log 2>/dev/null | head -n 1)

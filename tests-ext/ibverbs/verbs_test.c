@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <infiniband/verbs.h>
+#include <net/if.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -30,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -748,6 +750,36 @@ static int open_device(void)
 		fprintf(stderr, "device %s port %d gid[%d] %s mtu %d atomic_cap %d max_qp_rd_atom %d\n", D.name,
 			D.port_num, D.gidx, s, 128 << D.port.active_mtu, D.attr.orig_attr.atomic_cap,
 			D.attr.orig_attr.max_qp_rd_atom);
+	}
+	{
+		/* Where RDMA software looks for the device, as for a kernel RoCE device: the GID
+		 * entry names the interface holding the address, sysfs names the same one, and
+		 * the uverbs node is a character device the program may open (UCX's test). */
+		struct ibv_gid_entry ge;
+		char ifname[IF_NAMESIZE] = "", path[512], sysname[64] = "";
+		struct stat st;
+		FILE *f;
+
+		rc = ibv_query_gid_ex(D.ctx, D.port_num, D.gidx, &ge, 0);
+		EXPECT(rc == 0, "ibv_query_gid_ex(%d): %s", D.gidx, strerror(rc));
+		EXPECT(ge.gid_type == IBV_GID_TYPE_ROCE_V2, "gid_type %u", ge.gid_type);
+		EXPECT(ge.ndev_ifindex && if_indextoname(ge.ndev_ifindex, ifname),
+		       "if_indextoname(ndev_ifindex %u): %s", ge.ndev_ifindex, strerror(errno));
+		snprintf(path, sizeof(path), "%s/ports/%d/gid_attrs/ndevs/%d", D.ctx->device->ibdev_path,
+			 D.port_num, D.gidx);
+		f = fopen(path, "r");
+		if (EXPECT(f, "%s: %s", path, strerror(errno))) {
+			if (!fgets(sysname, sizeof(sysname), f))
+				sysname[0] = 0;
+			sysname[strcspn(sysname, "\n")] = 0;
+			fclose(f);
+			EXPECT(!strcmp(sysname, ifname), "%s says %s, ndev_ifindex names %s", path, sysname,
+			       ifname);
+		}
+		snprintf(path, sizeof(path), "/dev/infiniband/%s", D.ctx->device->dev_name);
+		EXPECT(stat(path, &st) == 0 && S_ISCHR(st.st_mode) && access(path, R_OK | W_OK) == 0,
+		       "%s is not a character device open for reading and writing", path);
+		fprintf(stderr, "device %s gid[%d] on %s, %s\n", D.name, D.gidx, ifname, path);
 	}
 	D.pd = ibv_alloc_pd(D.ctx);
 	EXPECT(D.pd, "ibv_alloc_pd: %s", strerror(errno));

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use crate::view;
 use crate::CmdResult;
 
 /// `softrdma run`.
@@ -63,6 +64,11 @@ const RDMACM_ENV: &str = "SOFTRDMA_RDMACM";
 /// Whether programs get softrdma's `librdmacm.so.1` (unless [`RDMACM_ENV`] is `0`).
 fn rdmacm_enabled() -> bool {
     std::env::var_os(RDMACM_ENV).map_or(true, |v| v != "0")
+}
+
+/// Whether programs get the device view (unless [`view::VIEW_ENV`] is `0`).
+fn view_enabled() -> bool {
+    std::env::var_os(view::VIEW_ENV).map_or(true, |v| v != "0")
 }
 
 /// Where to look for the built libraries, in order.
@@ -222,6 +228,14 @@ pub fn run(a: &RunArgs) -> CmdResult {
     } else {
         PathBuf::from(prog)
     };
+    if view_enabled() {
+        if let Err(e) = view::devices().and_then(|d| view::enter(&d)) {
+            eprintln!(
+                "softrdma: warning: {prog} runs without the /sys/class/infiniband and \
+                 /dev/infiniband view: {e}"
+            );
+        }
+    }
     let err = std::process::Command::new(&exe)
         .args(args)
         .env("LD_LIBRARY_PATH", ld_path(&search_dirs(&dir, rdmacm)))

@@ -15,6 +15,7 @@ mod pingpong;
 mod session;
 mod stats;
 mod tcp;
+mod view;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

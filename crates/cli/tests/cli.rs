@@ -1032,3 +1032,189 @@ fn demo_runs() {
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(j["round_trips"].as_array().unwrap().len(), 4);
 }
+
+/// A shell script run under `softrdma run` that prints each thing a program would find
+/// where RDMA software looks for a device, one `what=value` per line.
+const VIEW_PROBE: &str = r#"
+d=/sys/class/infiniband
+echo "uid=$(id -u)"
+echo "devices=$(ls $d | tr '\n' ' ')"
+echo "verbs=$(ls /sys/class/infiniband_verbs | tr '\n' ' ')"
+for dev in $(ls $d); do
+  p=$d/$dev/ports/1
+  echo "$dev.state=$(cat $p/state)"
+  echo "$dev.phys_state=$(cat $p/phys_state)"
+  echo "$dev.link_layer=$(cat $p/link_layer)"
+  echo "$dev.rate=$(cat $p/rate)"
+  echo "$dev.gid0=$(cat $p/gids/0)"
+  echo "$dev.type0=$(cat $p/gid_attrs/types/0)"
+  echo "$dev.ndev0=$(cat $p/gid_attrs/ndevs/0)"
+  echo "$dev.net=$(ls $d/$dev/device/net)"
+  echo "$dev.net_is_lo=$(test "$(readlink -f $d/$dev/device/net/lo)" = "$(readlink -f /sys/class/net/lo)" && echo yes)"
+  echo "$dev.node_type=$(cat $d/$dev/node_type)"
+  echo "$dev.pkey0=$(cat $p/pkeys/0)"
+done
+for u in /sys/class/infiniband_verbs/uverbs*; do
+  n=$(basename $u)
+  echo "$n.ibdev=$(cat $u/ibdev)"
+  echo "$n.node=$(test -c /dev/infiniband/$n && test -r /dev/infiniband/$n && test -w /dev/infiniband/$n && echo chr-rw)"
+done
+echo "rdma_cm=$(test -c /dev/infiniband/rdma_cm && echo chr)"
+echo "null=$(echo x > /dev/null && echo ok)"
+echo "class_net=$(test -e /sys/class/net/lo && echo ok)"
+echo "readonly=$(touch $d/x 2>/dev/null || echo yes)"
+"#;
+
+/// What exists on the host where the view goes, and this process's mounts.
+fn host_state() -> (bool, bool, bool, String) {
+    (
+        Path::new("/sys/class/infiniband").exists(),
+        Path::new("/sys/class/infiniband_verbs").exists(),
+        Path::new("/dev/infiniband").exists(),
+        std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+    )
+}
+
+/// A library directory of empty stand-ins for `softrdma run` (the programs these tests
+/// run load no verbs library).
+fn stand_in_lib_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("softrdma-{tag}-test-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("rdmacm")).unwrap();
+    for f in [
+        "libibverbs.so.1",
+        "libmlx5.so.1",
+        "libefa.so.1",
+        "rdmacm/librdmacm.so.1",
+    ] {
+        std::fs::write(dir.join(f), b"").unwrap();
+    }
+    dir
+}
+
+/// `softrdma run -- sh -c VIEW_PROBE` (as `as_user` through setpriv when given), with a
+/// stand-in library directory (sh loads no verbs library) and `config` as the devices.
+fn view_probe(config: &str, as_user: Option<u32>) -> Output {
+    let dir = stand_in_lib_dir("view");
+    let conf = dir.join(format!("conf-{}", config.len()));
+    std::fs::write(&conf, config).unwrap();
+    let mut c = match as_user {
+        Some(u) => {
+            let mut c = Command::new("setpriv");
+            c.args([
+                &format!("--reuid={u}"),
+                &format!("--regid={u}"),
+                "--clear-groups",
+                BIN,
+            ]);
+            c
+        }
+        None => Command::new(BIN),
+    };
+    c.args(["run", "--", "sh", "-c", VIEW_PROBE])
+        .env("SOFTRDMA_LIB_DIR", &dir)
+        .env("SOFTRDMA_CONFIG", &conf)
+        .env_remove("SOFTRDMA_ADDR")
+        .env_remove("SOFTRDMA_VIEW")
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    finish(c.spawn().expect("spawn"), "softrdma run -- sh (view)")
+}
+
+fn probe_values(o: &Output) -> std::collections::HashMap<String, String> {
+    assert_ok(o, "softrdma run -- sh (view)");
+    assert!(
+        o.stderr.is_empty(),
+        "the view is made without a word: {}",
+        text(&o.stderr)
+    );
+    text(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+fn check_view(as_user: Option<u32>) {
+    let before = host_state();
+    let o = view_probe("dev0 127.0.0.77\ndev1 [::1]:4791\n", as_user);
+    let v = probe_values(&o);
+    let get = |k: &str| v.get(k).map(String::as_str).unwrap_or("<missing>");
+    let expect = [
+        ("devices", "dev0 dev1"),
+        ("verbs", "abi_version uverbs0 uverbs1"),
+        ("dev0.state", "4: ACTIVE"),
+        ("dev0.phys_state", "5: LinkUp"),
+        ("dev0.link_layer", "Ethernet"),
+        ("dev0.rate", "40 Gb/sec (4X FDR10)"),
+        ("dev0.gid0", "0000:0000:0000:0000:0000:ffff:7f00:004d"),
+        ("dev0.type0", "RoCE v2"),
+        ("dev0.ndev0", "lo"),
+        ("dev0.net", "lo"),
+        ("dev0.net_is_lo", "yes"),
+        ("dev0.node_type", "1: CA"),
+        ("dev0.pkey0", "0xffff"),
+        ("dev1.gid0", "0000:0000:0000:0000:0000:0000:0000:0001"),
+        ("dev1.type0", "RoCE v2"),
+        ("dev1.ndev0", "lo"),
+        ("uverbs0.ibdev", "dev0"),
+        ("uverbs1.ibdev", "dev1"),
+        ("uverbs0.node", "chr-rw"),
+        ("uverbs1.node", "chr-rw"),
+        ("rdma_cm", "chr"),
+        ("null", "ok"),
+        ("class_net", "ok"),
+        ("readonly", "yes"),
+    ];
+    for (k, want) in expect {
+        assert_eq!(
+            get(k),
+            want,
+            "{k} (as uid {as_user:?})\n{}",
+            text(&o.stdout)
+        );
+    }
+    if let Some(u) = as_user {
+        assert_eq!(get("uid"), u.to_string(), "the program runs as the user");
+    }
+    // Nothing changed outside the program's namespace.
+    assert_eq!(
+        host_state(),
+        before,
+        "the host's /sys, /dev or mounts changed"
+    );
+}
+
+/// `softrdma run` gives the program a /sys/class/infiniband, /sys/class/infiniband_verbs
+/// and /dev/infiniband view of softrdma's devices, as root and as a regular user, and
+/// leaves the host as it was.
+#[test]
+fn run_presents_the_device_view() {
+    // Root checks both ways, anyone else as itself.
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+    check_view(None);
+    if root {
+        if Command::new("setpriv").arg("--version").output().is_ok() {
+            check_view(Some(65534));
+        } else {
+            eprintln!("setpriv missing: the view as a regular user is not checked");
+        }
+    }
+}
+
+/// `SOFTRDMA_VIEW=0` runs the program without the view.
+#[test]
+fn run_without_the_view() {
+    let dir = stand_in_lib_dir("noview");
+    let o = cmd(&["run", "--", "sh", "-c", "cat /proc/self/mountinfo"])
+        .env("SOFTRDMA_LIB_DIR", &dir)
+        .env("SOFTRDMA_VIEW", "0")
+        .output()
+        .expect("run");
+    assert_ok(&o, "softrdma run with SOFTRDMA_VIEW=0");
+    assert_eq!(text(&o.stdout), host_state().3, "same mounts as the host");
+}

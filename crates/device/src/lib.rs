@@ -56,6 +56,7 @@
 pub mod config;
 pub mod log;
 mod mcast;
+pub mod netdev;
 mod pacing;
 mod poller;
 mod progress;

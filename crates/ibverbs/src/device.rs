@@ -1,6 +1,6 @@
 //! Devices: the list, the device an open context shares with the process's other contexts
 //! on it, what a context tells of its device (attributes, ports, GIDs, P_Keys), its async
-//! events, and sysfs (which softrdma devices do not have).
+//! events, and sysfs (the view `softrdma run` mounts for the program).
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -507,7 +507,10 @@ fn gid_entry(ctx: &Ctx, port: u32, index: u32) -> Result<sys::ibv_gid_entry, i32
     e.gid_index = index;
     e.port_num = port;
     e.gid_type = sys::IBV_GID_TYPE_ROCE_V2;
-    e.ndev_ifindex = 0;
+    // The interface holding the GID's address (`lo` for 127.0.0.x), so that programs can
+    // name it with if_indextoname as they do for a kernel RoCE device; 0 (none) when no
+    // interface of this host holds it.
+    e.ndev_ifindex = softrdma_device::netdev::holding(g.to_ip()).map_or(0, |n| n.index);
     Ok(e)
 }
 
@@ -771,7 +774,8 @@ pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
 }
 
 /// Read `dir/file` into `buf` (NUL-terminated, a trailing newline removed); -1 if absent.
-/// softrdma devices have no sysfs entries, so this only reads real files.
+/// Under `softrdma run` the devices' entries (`ibdev_path`, `dev_path`) are the view it
+/// mounts for the program; elsewhere they are absent and this reads only real files.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_read_sysfs_file(
     dir: *const c_char,

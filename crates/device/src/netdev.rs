@@ -1,0 +1,178 @@
+//! Which network interface holds a device's IP address: the netdev a GID entry names
+//! (`ndev_ifindex` in the drop-in's GID table, `gid_attrs/ndevs` in the sysfs view of
+//! `softrdma run`), as the kernel's RoCE GID table names the interface an address is on.
+
+use std::ffi::CStr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// A network interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetDev {
+    /// Its name (`lo`, `eth0`).
+    pub name: String,
+    /// Its index (`if_nametoindex`).
+    pub index: u32,
+}
+
+/// One address of an interface, as `getifaddrs` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct IfAddr {
+    name: String,
+    loopback: bool,
+    addr: IpAddr,
+    /// Prefix length of the address's network.
+    prefix: u32,
+}
+
+/// The interface holding `ip`: the one with exactly that address, else a loopback
+/// interface whose network contains it (Linux answers every 127.0.0.x on `lo`, which
+/// lists only 127.0.0.1/8). None if no interface does.
+pub fn holding(ip: IpAddr) -> Option<NetDev> {
+    let list = interface_addrs();
+    let name = pick(&list, ip)?;
+    let c = std::ffi::CString::new(name.as_str()).ok()?;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
+    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (index != 0).then_some(NetDev { name, index })
+}
+
+fn pick(list: &[IfAddr], ip: IpAddr) -> Option<String> {
+    let ip = canonical(ip);
+    if let Some(a) = list.iter().find(|a| a.addr == ip) {
+        return Some(a.name.clone());
+    }
+    list.iter()
+        .find(|a| a.loopback && contains(a.addr, a.prefix, ip))
+        .map(|a| a.name.clone())
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn contains(net: IpAddr, prefix: u32, ip: IpAddr) -> bool {
+    match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(i)) => {
+            let mask = u32::MAX.checked_shl(32 - prefix.min(32)).unwrap_or(0);
+            u32::from(n) & mask == u32::from(i) & mask
+        }
+        (IpAddr::V6(n), IpAddr::V6(i)) => {
+            let mask = u128::MAX.checked_shl(128 - prefix.min(128)).unwrap_or(0);
+            u128::from(n) & mask == u128::from(i) & mask
+        }
+        _ => false,
+    }
+}
+
+/// Every IPv4 and IPv6 address of every interface; empty if `getifaddrs` fails.
+fn interface_addrs() -> Vec<IfAddr> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into `head`, freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr/ifa_netmask are null or point at sockaddrs of the family they
+        // name; ifa_name is a NUL-terminated string.
+        let (addr, mask) = unsafe { (sockaddr_ip(ifa.ifa_addr), sockaddr_ip(ifa.ifa_netmask)) };
+        let Some(addr) = addr else { continue };
+        let prefix = match mask {
+            Some(IpAddr::V4(m)) => u32::from(m).count_ones(),
+            Some(IpAddr::V6(m)) => u128::from(m).count_ones(),
+            None => {
+                if addr.is_ipv4() {
+                    32
+                } else {
+                    128
+                }
+            }
+        };
+        // SAFETY: see above.
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) };
+        out.push(IfAddr {
+            name: name.to_string_lossy().into_owned(),
+            loopback: ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0,
+            addr,
+            prefix,
+        });
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once; no reference into it remains.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
+/// The IP address in a sockaddr of family AF_INET or AF_INET6.
+///
+/// # Safety
+/// `sa` is null or points at a sockaddr as large as its family says.
+unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract; the family field is common to every sockaddr.
+    match i32::from(unsafe { (*sa).sa_family }) {
+        libc::AF_INET => {
+            // SAFETY: the family says it is a sockaddr_in.
+            let s = unsafe { &*sa.cast::<libc::sockaddr_in>() };
+            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says it is a sockaddr_in6.
+            let s = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
+            Some(IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(name: &str, loopback: bool, addr: &str, prefix: u32) -> IfAddr {
+        IfAddr {
+            name: name.into(),
+            loopback,
+            addr: addr.parse().unwrap(),
+            prefix,
+        }
+    }
+
+    #[test]
+    fn picks_exact_then_loopback_network() {
+        let l = [
+            a("lo", true, "127.0.0.1", 8),
+            a("lo", true, "::1", 128),
+            a("eth0", false, "192.0.2.2", 24),
+            a("eth0", false, "fd00::2", 64),
+        ];
+        let p = |s: &str| pick(&l, s.parse().unwrap());
+        assert_eq!(p("127.0.0.1").as_deref(), Some("lo"));
+        assert_eq!(p("127.0.0.7").as_deref(), Some("lo"));
+        assert_eq!(p("::ffff:127.0.0.3").as_deref(), Some("lo"));
+        assert_eq!(p("192.0.2.2").as_deref(), Some("eth0"));
+        assert_eq!(p("fd00::2").as_deref(), Some("eth0"));
+        // Another host on eth0's network is not this host's address.
+        assert_eq!(p("192.0.2.9"), None);
+        assert_eq!(p("::2"), None);
+    }
+
+    #[test]
+    fn loopback_of_this_host() {
+        let lo = holding("127.0.0.2".parse().unwrap()).expect("lo holds 127.0.0.2");
+        assert_eq!(lo.name, "lo");
+        assert!(lo.index > 0);
+    }
+}
