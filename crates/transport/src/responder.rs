@@ -1333,6 +1333,7 @@ fn ud_request(
         Ok(()) => {
             wc.byte_len = (payload.len() + GRH_LEN) as u32;
             wc.wc_flags = WcFlags::GRH;
+            wc.sl = wire::frame::ud_roce_pkt_type(addrs);
             if let Some(imm) = h.imm {
                 wc.wc_flags |= WcFlags::WITH_IMM;
                 wc.imm_data = imm;

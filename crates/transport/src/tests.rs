@@ -739,6 +739,8 @@ fn ud_send_with_grh() {
     assert_eq!(w[0].src_qp, a.qpn);
     assert_eq!(w[0].imm_data, 77);
     assert!(w[0].wc_flags.contains(verbs::WcFlags::GRH));
+    // The RoCE packet type where Mellanox devices report it: RoCE v2 (UDP), IPv4.
+    assert_eq!(w[0].sl, 0xA);
     assert_eq!(b.read(40, 100), data);
     assert_eq!(a.wcs()[0].status, WcStatus::Success);
     // Too large for the MTU: rejected at post.

@@ -202,7 +202,8 @@ fn ud_send_and_send_with_imm() {
                     wc_flags: flags,
                     pkey_index: 0,
                     slid: 0,
-                    sl: 0,
+                    // RoCE v2 over IPv4, where Mellanox devices report the packet type.
+                    sl: 0xA,
                     dlid_path_bits: 0,
                     timestamp: None,
                 };

@@ -103,6 +103,19 @@ pub fn ud_grh(addrs: &Addrs, tos: u8, udp_payload_len: usize) -> [u8; GRH_LEN] {
     g
 }
 
+/// What a UD receive's completion reports in its `sl` field for a datagram between
+/// `addrs`: the RoCE packet type as Mellanox devices put it there (bit 3: a UDP header,
+/// i.e. RoCE v2; bits 2..0: the network header, 2 IPv4, 1 IPv6), since a RoCE packet
+/// carries no service level. UCX's ud_verbs reads it to find the destination GID in the
+/// GRH area ([`ud_grh`]): 4 bytes of an IPv4 header or the IPv6 header's 16.
+pub fn ud_roce_pkt_type(addrs: &Addrs) -> u8 {
+    const UDP: u8 = 0x8;
+    match addrs.ip_pair() {
+        IpPair::V4(..) => UDP | 0x2,
+        IpPair::V6(..) => UDP | 0x1,
+    }
+}
+
 /// Split an IP + UDP frame into (IP header length, UDP payload). Checks the IP
 /// version, that the protocol is UDP (no IPv6 extension headers), and that the
 /// IP and UDP length fields fit the frame; bytes after the UDP length are ignored.
@@ -195,6 +208,8 @@ mod tests {
         let (b, tos, p) = parse_ip_udp(&f).unwrap();
         assert_eq!((b, tos, p), (a, 0xB8, &[9u8; 8][..]));
         assert_eq!(&ud_grh(&a, 0xB8, 8)[..], &f[..40]);
+        assert_eq!(ud_roce_pkt_type(&a), 0x9);
+        assert_eq!(ud_roce_pkt_type(&v4()), 0xA);
     }
 
     #[test]
