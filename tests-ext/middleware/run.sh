@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# tests-ext/middleware/run.sh: the middleware RDMA users already run, from Debian's
+# packages and unmodified, on softrdma through `softrdma run --`, two processes on one
+# host:
+#   UCX 1.13: `ucx_info -d` lists rc_verbs and ud_verbs on softrdma0:1; ucx_perftest
+#     ucp_put_bw, ucp_get, tag_lat and tag_bw over rc_verbs (with ud_verbs, UCX's
+#     auxiliary transport for wire-up) and over ud_verbs alone, each judged by the
+#     transport UCX's log says it chose and a "Final:" row with a positive figure;
+#   libfabric 1.17: `fi_info -p verbs` lists softrdma0's message and datagram domains;
+#     fi_pingpong with data checks (-c) over verbs;ofi_rxd (reliable datagrams over UD)
+#     and over verbs message endpoints (connected through the rdma_cm).
+# Prints PASS/FAIL per check and "N passed, M failed"; exits 1 on any failure. Installs
+# ucx-utils and libfabric-bin when missing (root). Every step runs under `timeout`.
+#
+#   sudo tests-ext/middleware/run.sh
+#
+# Env: SOFTRDMA_BIN (default <target>/release/softrdma, built with the drop-ins and the
+# provider stand-ins: the script builds them unless SKIP_BUILD=1), ONLY (regex of check
+# names), OUT (artifacts, default /tmp/softrdma-middleware), STEP_TIMEOUT (s, default 60).
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+OUT=${OUT:-/tmp/softrdma-middleware}
+STEP_TIMEOUT=${STEP_TIMEOUT:-60}
+ONLY=${ONLY:-}
+PORT=${BASE_PORT:-13400}
+
+pass=0 fail=0
+failed_names=()
+log() { printf '[middleware %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+result() { # name rc detail
+  if [ "$2" = 0 ]; then
+    echo "PASS: $1"; pass=$((pass + 1))
+  else
+    echo "FAIL: $1 ($3)"; fail=$((fail + 1)); failed_names+=("$1")
+  fi
+}
+finish() {
+  echo "artifacts: $OUT"
+  if [ "$fail" != 0 ]; then
+    echo "failed:"; printf '  %s\n' "${failed_names[@]}"
+  fi
+  echo "$pass passed, $fail failed"
+  [ "$fail" = 0 ] && [ "$pass" -gt 0 ]
+  exit $?
+}
+want() { [ -z "$ONLY" ] || [[ "$1" =~ $ONLY ]]; }
+slug() { printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-80; }
+
+mkdir -p "$OUT"
+rm -f "$OUT"/*.log
+
+# --- packages ----------------------------------------------------------------------------
+need_pkgs=()
+command -v ucx_perftest >/dev/null 2>&1 || need_pkgs+=(ucx-utils)
+command -v fi_pingpong >/dev/null 2>&1 || need_pkgs+=(libfabric-bin)
+[ -f /usr/lib/x86_64-linux-gnu/libmlx5.so.1 ] || need_pkgs+=(ibverbs-providers)
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && [ -z "${SKIP_INSTALL:-}" ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing ${need_pkgs[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    { timeout 600 apt-get update && timeout 900 apt-get install -y --no-install-recommends "${need_pkgs[@]}"; } \
+      > "$OUT/install.log" 2>&1
+    result "install ${need_pkgs[*]}" $? "apt-get failed, see $OUT/install.log"
+  else
+    result "packages present" 1 "missing ${need_pkgs[*]}: apt-get install ${need_pkgs[*]}"
+    finish
+  fi
+fi
+
+# --- build -------------------------------------------------------------------------------
+cd "$REPO" || exit 1
+TARGET=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null)
+TARGET=${TARGET:-$REPO/target}
+PKGS=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    if "/crates/ibverbs" in p["manifest_path"] or p["name"] == "softrdma-cli":
+        print("-p", p["name"])' 2>/dev/null | tr '\n' ' ')
+if [ -z "${SKIP_BUILD:-}" ]; then
+  log "cargo build --release $PKGS"
+  # shellcheck disable=SC2086
+  timeout 1800 cargo build --release $PKGS > "$OUT/build.log" 2>&1
+  result "cargo build --release $PKGS" $? "see $OUT/build.log"
+fi
+SOFTRDMA=${SOFTRDMA_BIN:-$TARGET/release/softrdma}
+if [ ! -x "$SOFTRDMA" ]; then
+  result "softrdma binary" 1 "$SOFTRDMA not built"
+  finish
+fi
+
+# A server and a client of one program, both through `softrdma run`; the client gets the
+# server's address last. Sets SRC/CRC (exit codes) and SL/CL (logs).
+#   pair NAME SERVER-ARGS... -- CLIENT-ARGS...
+pair() {
+  local name=$1 spid i
+  shift
+  local -a sargs=() cargs=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do sargs+=("$1"); shift; done
+  shift
+  cargs=("$@")
+  SL="$OUT/$(slug "$name").server.log" CL="$OUT/$(slug "$name").client.log"
+  echo "\$ softrdma run -- ${sargs[*]}" > "$SL"
+  timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run -- "${sargs[@]}" >> "$SL" 2>&1 &
+  spid=$!
+  # Both programs wait on a TCP port for their out-of-band exchange.
+  for i in $(seq 1 100); do
+    grep -qE "^ *[0-9]+: [0-9A-F]+:$(printf '%04X' "$PORT") [0-9A-F]+:0000 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null && break
+    kill -0 "$spid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "\$ softrdma run -- ${cargs[*]} 127.0.0.1" > "$CL"
+  timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run -- "${cargs[@]}" 127.0.0.1 >> "$CL" 2>&1
+  CRC=$?
+  if [ "$CRC" != 0 ]; then
+    for i in $(seq 1 30); do kill -0 "$spid" 2>/dev/null || break; sleep 0.1; done
+    kill "$spid" 2>/dev/null
+  fi
+  wait "$spid"
+  SRC=$?
+}
+why() { echo "server exit $SRC, client exit $CRC; client: $(grep -v '^\$' "$CL" | tail -n 2 | tr '\n' ' ' | cut -c1-200); $OUT/$(slug "$1").*.log"; }
+
+# --- UCX -----------------------------------------------------------------------------------
+if want "ucx_info"; then
+  timeout "$STEP_TIMEOUT" "$SOFTRDMA" run -- ucx_info -d > "$OUT/ucx_info.log" 2>&1
+  rc=$?
+  for tl in rc_verbs ud_verbs; do
+    [ $rc = 0 ] && awk -v tl="$tl" '/Transport: /{t=$3} /Device: /{ if (t == tl && $3 == "softrdma0:1") ok=1 } END { exit !ok }' "$OUT/ucx_info.log"
+    result "ucx_info -d: $tl on softrdma0:1" $? "exit $rc; $OUT/ucx_info.log"
+  done
+fi
+
+# UCX_TLS names the transports; with rc_verbs UCX needs ud_verbs (or another transport
+# that reaches the peer without a connection) to wire up, as on any RoCE device.
+for tls in rc_verbs,ud_verbs ud_verbs; do
+  used=${tls%%,*}
+  for t in "ucp_put_bw -s 65536 -n 2000" "ucp_get -s 65536 -n 1000" "tag_lat -s 8 -n 5000" "tag_bw -s 65536 -n 1000"; do
+    name="ucx_perftest -t $t over $used"
+    want "$name" || continue
+    PORT=$((PORT + 1))
+    # shellcheck disable=SC2086
+    UCX_TLS=$tls UCX_NET_DEVICES=softrdma0:1 UCX_LOG_LEVEL=info \
+      pair "$name" ucx_perftest -p "$PORT" -- ucx_perftest -p "$PORT" -t $t
+    # The row: "Final: iterations p50 avg overall bw_avg bw_overall rate_avg rate_overall".
+    [ "$SRC" = 0 ] && [ "$CRC" = 0 ] && ! grep -q ' UCX  ERROR' "$CL" "$SL" &&
+      grep -qE "ep_cfg\[[0-9]+\]: .*\($used/softrdma0:1\)" "$CL" &&
+      awk '$1 == "Final:" && $2 > 0 && $4 > 0 { ok = 1 } END { exit !ok }' "$CL"
+    result "$name: UCX chose $used on softrdma0:1, a Final row" $? "$(why "$name")"
+  done
+done
+
+# --- libfabric -----------------------------------------------------------------------------
+if want "fi_info"; then
+  timeout "$STEP_TIMEOUT" "$SOFTRDMA" run -- fi_info -p verbs > "$OUT/fi_info.log" 2>&1
+  rc=$?
+  [ $rc = 0 ] && grep -qE 'domain: softrdma0$' "$OUT/fi_info.log" && grep -qE 'domain: softrdma0-dgram$' "$OUT/fi_info.log"
+  result "fi_info -p verbs: softrdma0 and softrdma0-dgram" $? "exit $rc; $OUT/fi_info.log"
+fi
+
+# fi_pingpong: -c checks every message's data; both sides print the same result table.
+for prov in "verbs;ofi_rxd rdm" "verbs msg"; do
+  read -r p ep <<< "$prov"
+  name="fi_pingpong -p $p -e $ep -c"
+  want "$name" || continue
+  PORT=$((PORT + 1))
+  pair "$name" fi_pingpong -p "$p" -e "$ep" -c -I 200 -B "$PORT" -- \
+    fi_pingpong -p "$p" -e "$ep" -c -I 200 -P "$PORT"
+  # rows: "bytes iters total time MB/sec usec/xfer Mxfers/sec"; the 1m row ends the table
+  [ "$SRC" = 0 ] && [ "$CRC" = 0 ] &&
+    awk '$1 == "1m" && $2 == 200 && $5 > 0 { ok = 1 } END { exit !ok }' "$CL" "$SL"
+  result "$name: data checked, 64 B to 1 MiB" $? "$(why "$name")"
+done
+
+finish
