@@ -1032,3 +1032,51 @@ fn demo_runs() {
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(j["round_trips"].as_array().unwrap().len(), 4);
 }
+
+/// The checkout the binary under test was built from.
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("workspace")
+        .to_path_buf()
+}
+
+#[test]
+fn installed_binary_finds_or_names_the_build_of_the_libraries() {
+    // A copy of the binary outside any target directory, as `cargo install` leaves it.
+    let bin = std::env::temp_dir().join(format!("softrdma-cli-install-{}", std::process::id()));
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    let exe = bin.join("softrdma");
+    std::fs::copy(BIN, &exe).expect("copy softrdma");
+    let o = Command::new(&exe)
+        .args(["env", "--dir"])
+        .env_remove("SOFTRDMA_LIB_DIR")
+        .env("SOFTRDMA_BUILD", "0")
+        .output()
+        .expect("run the copy");
+    let _ = std::fs::remove_dir_all(&bin);
+    let ws = workspace();
+    if o.status.success() {
+        // Found in the checkout's target directory (either profile).
+        let dir = text(&o.stdout);
+        let dir = Path::new(dir.trim());
+        assert!(
+            dir.starts_with(ws.join("target")),
+            "want a directory under {}/target, got {}",
+            ws.display(),
+            dir.display()
+        );
+        assert!(dir.join("libibverbs.so.1").exists(), "{}", dir.display());
+    } else {
+        // Not built: the error names the exact command that builds what is searched.
+        one_line_error(&o, "env --dir of an installed copy");
+        let e = text(&o.stderr);
+        let want = format!(
+            "cargo build --release --manifest-path {}",
+            ws.join("Cargo.toml").display()
+        );
+        assert!(e.contains(&want), "want {want:?} in {e}");
+        assert!(e.contains("-p softrdma-ibverbs"), "{e}");
+    }
+}
