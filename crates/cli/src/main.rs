@@ -131,10 +131,12 @@ pub struct PingpongArgs {
     /// uc) instead of the TCP exchange; the peer must use --cm too
     #[arg(long)]
     pub cm: bool,
-    /// Message size (default 4096; 2048 for ud)
+    /// Message size (default 4096; for ud 2048 or the MTU if smaller, as a UD message
+    /// must fit in one packet)
     #[arg(short, long)]
     pub size: Option<u32>,
-    /// Path MTU: 256, 512, 1024, 2048 or 4096
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (ud: the port's active MTU, which bounds
+    /// the message size)
     #[arg(short, long, default_value_t = 1024)]
     pub mtu: u32,
     /// Receives to post at a time

@@ -451,7 +451,14 @@ impl Setup<'_> {
 
 pub fn run(a: &PingpongArgs) -> CmdResult {
     let ty = a.qp_type;
-    let size = a.size.unwrap_or(if ty == PpType::Ud { 2048 } else { 4096 });
+    // A UD message is one packet, so it is bounded by the port's active MTU, which `-m`
+    // sets for ud (ibv_ud_pingpong's rule: size <= the port's active MTU); upstream's
+    // default of 2048 would not fit the default MTU of 1024.
+    let size = a.size.unwrap_or(if ty == PpType::Ud {
+        a.mtu.min(2048)
+    } else {
+        4096
+    });
     if size < 1 {
         return Err("size must be at least 1".into());
     }
@@ -480,6 +487,10 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     let size_us = size as usize;
 
     let dev = session::open_device(&a.dev)?;
+    if ty == PpType::Ud {
+        dev.set_port_mtu(mtu)
+            .map_err(|e| format!("couldn't set the port MTU to {}: {e}", a.mtu))?;
+    }
     let port = dev
         .query_port(1)
         .map_err(|e| format!("couldn't get port info: {e}"))?;

@@ -213,6 +213,43 @@ fn pingpong_ud() {
     pingpong_matrix("ud", &[1, 64, 1024]);
     let o = run(&["pingpong", "-t", "ud", "-s", "4096", "127.0.0.1"]);
     one_line_error(&o, "ud larger than the MTU");
+    assert!(text(&o.stderr).contains("(1024)"), "{}", text(&o.stderr));
+}
+
+/// `pingpong -t ud` with its own defaults, and `-m` raising the port MTU so that larger
+/// messages fit (2048 by default, up to the MTU with `-s`).
+#[test]
+fn pingpong_ud_defaults_and_mtu() {
+    for (extra, size) in [
+        (&[][..], 1024u64),
+        (&["-m", "4096"][..], 2048),
+        (&["-m", "4096", "-s", "4096"][..], 4096),
+        (&["-m", "2048", "-s", "2048"][..], 2048),
+    ] {
+        let port = free_port().to_string();
+        let mut a = vec!["pingpong", "-t", "ud", "-n", "20", "-p", &port];
+        a.extend_from_slice(extra);
+        let (so, co) = pair(&a, &a);
+        for o in [&so, &co] {
+            let out = text(&o.stdout);
+            assert!(
+                out.contains(&format!("{} bytes in ", size * 20 * 2)),
+                "{extra:?}: {out}"
+            );
+        }
+    }
+    let o = run(&[
+        "pingpong",
+        "-t",
+        "ud",
+        "-m",
+        "2048",
+        "-s",
+        "4096",
+        "127.0.0.1",
+    ]);
+    one_line_error(&o, "ud larger than -m");
+    assert!(text(&o.stderr).contains("(2048)"), "{}", text(&o.stderr));
 }
 
 #[test]
