@@ -219,7 +219,7 @@ pub fn lib_dir() -> CmdResult<PathBuf> {
              `{command}` or set SOFTRDMA_LIB_DIR"
         ));
     }
-    eprintln!("softrdma: building the drop-in libraries (once): {command}");
+    errln!("softrdma: building the drop-in libraries (once): {command}");
     // Cargo's progress goes to stderr; its stdout too, so `softrdma env`'s stays clean.
     let status = std::process::Command::new(cargo())
         .args(&args)
@@ -334,14 +334,14 @@ pub fn run(a: &RunArgs) -> CmdResult {
     let dir = lib_dir()?;
     let missing = missing_stubs(&dir);
     if !missing.is_empty() {
-        eprintln!(
+        errln!(
             "softrdma: warning: {} not built; programs linked against them (perftest) will not load",
             missing.join(", ")
         );
     }
     let rdmacm = rdmacm_enabled();
     if rdmacm && !dir.join(RDMACM.0).join(RDMACM.1).exists() {
-        eprintln!(
+        errln!(
             "softrdma: warning: {} has no {}/{}; programs will load the system's librdmacm",
             dir.display(),
             RDMACM.0,
@@ -376,15 +376,15 @@ fn sh_quote(s: &str) -> String {
 pub fn env(a: &EnvArgs) -> CmdResult {
     let dir = lib_dir()?;
     if a.dir {
-        println!("{}", dir.display());
+        outln!("{}", dir.display());
         return Ok(());
     }
     let path = ld_path(&search_dirs(&dir, rdmacm_enabled()));
-    println!(
+    outln!(
         "export LD_LIBRARY_PATH={}",
         sh_quote(&path.to_string_lossy())
     );
-    println!(
+    outln!(
         "export SOFTRDMA_LIB_DIR={}",
         sh_quote(&dir.to_string_lossy())
     );

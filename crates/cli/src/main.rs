@@ -4,6 +4,30 @@
 //!
 //! Every failure is one line on stderr and a non-zero exit; nothing panics on bad input.
 
+/// `println!` that never panics: see [`output`].
+macro_rules! outln {
+    () => {
+        $crate::output::write_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `eprintln!` that never panics: see [`output`].
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::output::write_err(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `eprint!` that never panics: see [`output`].
+macro_rules! errout {
+    ($($arg:tt)*) => {
+        $crate::output::write_err(format_args!($($arg)*))
+    };
+}
+
 mod cabi;
 mod cmconn;
 mod demo;
@@ -310,15 +334,19 @@ fn main() -> ExitCode {
                 .unwrap_or("invalid arguments")
                 .trim()
                 .trim_start_matches("error: ");
-            eprintln!("softrdma: {first} (see --help)");
+            errln!("softrdma: {first} (see --help)");
             return ExitCode::from(2);
         }
     };
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            // A last line without its newline is still buffered: its write error counts.
+            output::flush_stdout();
+            ExitCode::SUCCESS
+        }
         Err(msg) => {
             output::flush_stdout();
-            eprintln!("softrdma: {msg}");
+            errln!("softrdma: {msg}");
             ExitCode::FAILURE
         }
     }

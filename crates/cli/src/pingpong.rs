@@ -75,7 +75,7 @@ struct PingpongJson {
 }
 
 fn print_dest(label: &str, d: &Dest) {
-    println!(
+    outln!(
         "  {label} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
         d.lid,
         d.qpn,
@@ -288,7 +288,7 @@ impl Setup<'_> {
                 }
             }
             if my_gid.to_ip().is_loopback() && !peer.ip().is_loopback() {
-                eprintln!(
+                errln!(
                     "softrdma: warning: this device is on loopback ({}) but the peer is at {}: set SOFTRDMA_ADDR to a reachable address",
                     my_gid.to_ip(),
                     peer.ip()
@@ -702,12 +702,12 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
             stats: a.dev.stats.then(|| stats::device_json(&dev)),
         })?;
     } else {
-        println!(
+        outln!(
             "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
             usec / 1e6,
             mbit
         );
-        println!(
+        outln!(
             "{} iters in {:.2} seconds = {:.2} usec/iter",
             a.iters,
             usec / 1e6,

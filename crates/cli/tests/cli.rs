@@ -2,6 +2,9 @@
 //! process still running after its limit is killed and the test fails), no duration
 //! assertions.
 
+// The std macros are fine here: a test reports on stderr, where a failed write may panic.
+#![allow(clippy::disallowed_macros)]
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -1115,5 +1118,75 @@ fn installed_binary_finds_or_names_the_build_of_the_libraries() {
         );
         assert!(e.contains(&want), "want {want:?} in {e}");
         assert!(e.contains("-p softrdma-ibverbs"), "{e}");
+    }
+}
+
+/// The status of a process that died of SIGPIPE, as coreutils do on a closed pipe.
+fn died_of_sigpipe(o: &Output) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    o.status.signal() == Some(13)
+}
+
+#[test]
+fn closed_pipe_ends_quietly_and_full_disk_is_one_line() {
+    // `softrdma devices | head -0`: the reader is gone before anything is written.
+    for args in [
+        &["devices"][..],
+        &["devinfo", "-v"],
+        &["stats"],
+        &["--help"],
+    ] {
+        let (r, w) = std::io::pipe().expect("pipe");
+        drop(r);
+        let mut c = cmd(args);
+        c.stdout(w);
+        let o = finish(c.spawn().expect("spawn"), &args.join(" "));
+        assert!(
+            died_of_sigpipe(&o) || o.status.success(),
+            "{args:?}: {:?}\nstderr:\n{}",
+            o.status,
+            text(&o.stderr)
+        );
+        assert!(o.stderr.is_empty(), "{args:?}: {}", text(&o.stderr));
+    }
+
+    // `softrdma perf … | head -1`: the reader goes after the first line.
+    let (r, w) = std::io::pipe().expect("pipe");
+    let mut c = cmd(&["perf", "write-bw", "--loopback", "-a", "-n", "20"]);
+    c.stdout(w);
+    let child = c.spawn().expect("spawn");
+    drop(c);
+    let mut first = Vec::new();
+    let mut r = std::io::BufReader::new(r);
+    std::io::BufRead::read_until(&mut r, b'\n', &mut first).expect("first line");
+    drop(r);
+    let o = finish(child, "perf write-bw --loopback -a | head -1");
+    assert!(!first.is_empty());
+    assert!(
+        died_of_sigpipe(&o),
+        "{:?}\nstderr:\n{}",
+        o.status,
+        text(&o.stderr)
+    );
+    assert!(o.stderr.is_empty(), "{}", text(&o.stderr));
+
+    // `softrdma stats > /dev/full` (and the others): one line, status 1, no panic.
+    if Path::new("/dev/full").exists() {
+        for args in [&["stats"][..], &["devices"], &["devinfo", "--json"]] {
+            let full = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .expect("/dev/full");
+            let mut c = cmd(args);
+            c.stdout(full);
+            let o = finish(c.spawn().expect("spawn"), &args.join(" "));
+            one_line_error(&o, &format!("{args:?} > /dev/full"));
+            assert_eq!(o.status.code(), Some(1), "{args:?}");
+            assert!(
+                text(&o.stderr).contains("cannot write to standard output"),
+                "{args:?}: {}",
+                text(&o.stderr)
+            );
+        }
     }
 }
