@@ -310,6 +310,26 @@ fn run(cli: Cli) -> CmdResult {
     }
 }
 
+/// Clap's error as one line, without its usage block. A missing argument's name is on
+/// the lines after "the following required arguments were not provided:", so those are
+/// kept, joined.
+fn one_line(text: &str) -> String {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines
+        .next()
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ");
+    if !first.ends_with(':') {
+        return first.to_string();
+    }
+    let named: Vec<&str> = lines.take_while(|l| !l.starts_with("Usage:")).collect();
+    if named.is_empty() {
+        first.to_string()
+    } else {
+        format!("{first} {}", named.join(", "))
+    }
+}
+
 fn main() -> ExitCode {
     softrdma_device::log::init_from_env();
     let cli = match Cli::try_parse() {
@@ -326,15 +346,10 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 };
             }
-            // One line: clap's first line, without its usage block.
-            let text = e.render().to_string();
-            let first = text
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments")
-                .trim()
-                .trim_start_matches("error: ");
-            errln!("softrdma: {first} (see --help)");
+            errln!(
+                "softrdma: {} (see --help)",
+                one_line(&e.render().to_string())
+            );
             return ExitCode::from(2);
         }
     };

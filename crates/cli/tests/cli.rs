@@ -148,6 +148,21 @@ fn bad_arguments_give_one_line() {
 }
 
 #[test]
+fn missing_arguments_are_named() {
+    for (args, name) in [
+        (&["trace", "-o", "x.pcap"][..], "<COMMAND>"),
+        (&["run"], "<PROGRAM>"),
+        (&["perf"], "<TEST>"),
+        (&["trace", "--", "true"], "--output"),
+    ] {
+        let o = run(args);
+        one_line_error(&o, &args.join(" "));
+        let e = text(&o.stderr);
+        assert!(e.contains(name), "{args:?}: want {name} in {e}");
+    }
+}
+
+#[test]
 fn unreachable_peer_fails_in_bounded_time() {
     // Nobody listens on this port: refused (retried for a few seconds), then one line.
     let p = free_port().to_string();
