@@ -163,6 +163,21 @@ fn missing_arguments_are_named() {
 }
 
 #[test]
+fn address_in_use_names_the_address_once() {
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let p = free_port().to_string();
+    let o = cmd(&["pingpong", "-p", &p])
+        .env("SOFTRDMA_ADDR", &addr)
+        .output()
+        .expect("run");
+    one_line_error(&o, "pingpong on a taken address");
+    let e = text(&o.stderr);
+    assert!(e.contains(&addr), "want {addr} in {e}");
+    assert_eq!(e.matches("Address already in use").count(), 1, "{e}");
+}
+
+#[test]
 fn unreachable_peer_fails_in_bounded_time() {
     // Nobody listens on this port: refused (retried for a few seconds), then one line.
     let p = free_port().to_string();

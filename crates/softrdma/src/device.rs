@@ -97,10 +97,20 @@ impl Device {
     pub fn open_with(cfg: &DeviceConfig) -> Result<Device> {
         dev::log::init_from_env();
         let d = dev::Device::open(cfg).map_err(|e| {
-            Error::new(
-                e.raw_os_error().unwrap_or(libc::EIO),
-                format!("opening {}: {e}", cfg.name),
-            )
+            // The address says which socket failed; an OS error's text is added by
+            // `Error`'s Display, so only a message of the error's own is kept here.
+            let at = match cfg.addr {
+                dev::DeviceAddr::Fixed(a) => a.to_string(),
+                dev::DeviceAddr::AutoLoopback(port) => format!("127.0.0.x:{port}"),
+            };
+            let (errno, detail) = match e.raw_os_error() {
+                Some(n) => (n, String::new()),
+                None if e.kind() == std::io::ErrorKind::AddrInUse => {
+                    (libc::EADDRINUSE, format!(": {e}"))
+                }
+                None => (libc::EIO, format!(": {e}")),
+            };
+            Error::new(errno, format!("opening {} at UDP {at}{detail}", cfg.name))
         })?;
         Ok(Device {
             inner: Arc::new(DevInner {
