@@ -53,7 +53,7 @@ pub fn serve(sessions: u32) -> CmdResult {
         .map_err(|e| format!("couldn't listen on loopback: {e}"))?;
     let port = l.local_addr().map_err(|e| e.to_string())?.port();
     let dev = loopback_device("softrdma0")?;
-    println!(
+    outln!(
         "ready port={port} pid={} {}",
         std::process::id(),
         describe(&dev)
@@ -156,9 +156,9 @@ pub fn run(json: bool) -> CmdResult {
 
     let dev = loopback_device("softrdma0")?;
     if !json {
-        println!("softrdma demo: two processes, each its own RDMA device speaking RoCEv2 over UDP on loopback\n");
-        println!("  server: {server_desc}");
-        println!("  client: pid={} {}", std::process::id(), describe(&dev));
+        outln!("softrdma demo: two processes, each its own RDMA device speaking RoCEv2 over UDP on loopback\n");
+        outln!("  server: {server_desc}");
+        outln!("  client: pid={} {}", std::process::id(), describe(&dev));
     }
 
     // Round trips on one RC QP.
@@ -176,9 +176,10 @@ pub fn run(json: bool) -> CmdResult {
         false,
     )?;
     if !json {
-        println!(
+        outln!(
             "  connected: RC QP 0x{:06x} (client) <-> QP 0x{:06x} (server)\n",
-            run.local.qp.qpn, run.remote.qp.qpn
+            run.local.qp.qpn,
+            run.remote.qp.qpn
         );
     }
     let mut poller = Poller::new(TIMEOUT);
@@ -271,9 +272,9 @@ pub fn run(json: bool) -> CmdResult {
 
     if !json {
         for (op, n, t, note) in &trips {
-            println!("  {op:<10} {n:>3} bytes  {t:>9.1} us  {note}");
+            outln!("  {op:<10} {n:>3} bytes  {t:>9.1} us  {note}");
         }
-        println!("\n  short benchmarks (see `softrdma perf --help` for real runs):");
+        outln!("\n  short benchmarks (see `softrdma perf --help` for real runs):");
     }
 
     let mut bw_rows = Vec::new();
@@ -320,27 +321,45 @@ pub fn run(json: bool) -> CmdResult {
             benchmarks: results,
         });
     }
-    println!(
+    outln!(
         "  {:<11} {:>8} {:>8} {:>20} {:>15}",
-        "test", "#bytes", "#iters", "BW average[MB/sec]", "MsgRate[Mpps]"
+        "test",
+        "#bytes",
+        "#iters",
+        "BW average[MB/sec]",
+        "MsgRate[Mpps]"
     );
     for (n, r) in &bw_rows {
-        println!(
+        outln!(
             "  {:<11} {:>8} {:>8} {:>20.2} {:>15.6}",
-            n, r.bytes, r.iters, r.avg_mb, r.mpps
+            n,
+            r.bytes,
+            r.iters,
+            r.avg_mb,
+            r.mpps
         );
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "  {:<11} {:>8} {:>8} {:>16} {:>12} {:>21}",
-        "test", "#bytes", "#iters", "t_typical[usec]", "t_avg[usec]", "99% percentile[usec]"
+        "test",
+        "#bytes",
+        "#iters",
+        "t_typical[usec]",
+        "t_avg[usec]",
+        "99% percentile[usec]"
     );
     for (n, r) in &lat_rows {
-        println!(
+        outln!(
             "  {:<11} {:>8} {:>8} {:>16.2} {:>12.2} {:>21.2}",
-            n, r.bytes, r.iters, r.typical, r.avg, r.p99
+            n,
+            r.bytes,
+            r.iters,
+            r.typical,
+            r.avg,
+            r.p99
         );
     }
-    println!("\n  (write/send latencies are half a round trip, read/atomic a full one, as perftest reports them)");
+    outln!("\n  (write/send latencies are half a round trip, read/atomic a full one, as perftest reports them)");
     Ok(())
 }

@@ -74,10 +74,10 @@ pub fn devices(json: bool) -> CmdResult {
                 .collect(),
         });
     }
-    println!("    {:<16}\t{:<22}\tGID[0]", "device", "address");
-    println!("    {:<16}\t{:<22}\t------", "------", "-------");
+    outln!("    {:<16}\t{:<22}\tGID[0]", "device", "address");
+    outln!("    {:<16}\t{:<22}\t------", "------", "-------");
     for d in &l {
-        println!(
+        outln!(
             "    {:<16}\t{:<22}\t{}{}",
             d.name,
             d.addr.to_string(),
@@ -260,12 +260,12 @@ pub fn devinfo(only: Option<&str>, verbose: bool, json: bool) -> CmdResult {
                 // The address is taken (the device is open in another process): what the
                 // configuration says is still what a peer needs.
                 if !json {
-                    println!("hca_id:\t{}", d.name);
-                    println!("\ttransport:\t\t\tRoCEv2 over UDP (softrdma)");
-                    println!("\taddress:\t\t\t{}{}", d.addr, addr_note(d));
-                    println!("\tGID[  0]:\t\t\t{}, RoCE v2", gid_text(&d.gid));
-                    println!("\tstate:\t\t\t\tnot opened here ({e})");
-                    println!();
+                    outln!("hca_id:\t{}", d.name);
+                    outln!("\ttransport:\t\t\tRoCEv2 over UDP (softrdma)");
+                    outln!("\taddress:\t\t\t{}{}", d.addr, addr_note(d));
+                    outln!("\tGID[  0]:\t\t\t{}, RoCE v2", gid_text(&d.gid));
+                    outln!("\tstate:\t\t\t\tnot opened here ({e})");
+                    outln!();
                 }
                 DevState::NotOpened {
                     gids: [gid_text(&d.gid)],
@@ -285,61 +285,61 @@ pub fn devinfo(only: Option<&str>, verbose: bool, json: bool) -> CmdResult {
                     }
                 }
                 if !json {
-                    println!("hca_id:\t{}", d.name);
-                    println!("\ttransport:\t\t\tRoCEv2 over UDP (softrdma)");
-                    println!("\taddress:\t\t\t{}{}", dev.addr(), addr_note(d));
-                    println!("\tfw_ver:\t\t\t\t{}", attr.fw_ver);
-                    println!("\tnode_guid:\t\t\t{}", guid_text(attr.node_guid));
-                    println!("\tsys_image_guid:\t\t\t{}", guid_text(attr.sys_image_guid));
-                    println!("\tvendor_id:\t\t\t0x{:04x}", attr.vendor_id);
-                    println!("\tvendor_part_id:\t\t\t{}", attr.vendor_part_id);
-                    println!("\thw_ver:\t\t\t\t0x{:x}", attr.hw_ver);
+                    outln!("hca_id:\t{}", d.name);
+                    outln!("\ttransport:\t\t\tRoCEv2 over UDP (softrdma)");
+                    outln!("\taddress:\t\t\t{}{}", dev.addr(), addr_note(d));
+                    outln!("\tfw_ver:\t\t\t\t{}", attr.fw_ver);
+                    outln!("\tnode_guid:\t\t\t{}", guid_text(attr.node_guid));
+                    outln!("\tsys_image_guid:\t\t\t{}", guid_text(attr.sys_image_guid));
+                    outln!("\tvendor_id:\t\t\t0x{:04x}", attr.vendor_id);
+                    outln!("\tvendor_part_id:\t\t\t{}", attr.vendor_part_id);
+                    outln!("\thw_ver:\t\t\t\t0x{:x}", attr.hw_ver);
                     if verbose {
-                        println!("\tmax_mr_size:\t\t\t0x{:x}", attr.max_mr_size);
-                        println!("\tpage_size_cap:\t\t\t0x{:x}", attr.page_size_cap);
-                        println!("\tmax_qp:\t\t\t\t{}", attr.max_qp);
-                        println!("\tmax_qp_wr:\t\t\t{}", attr.max_qp_wr);
-                        println!("\tdevice_cap_flags:\t\t0x{:08x}", attr.device_cap_flags);
-                        println!("\tmax_sge:\t\t\t{}", attr.max_sge);
-                        println!("\tmax_sge_rd:\t\t\t{}", attr.max_sge_rd);
-                        println!("\tmax_cq:\t\t\t\t{}", attr.max_cq);
-                        println!("\tmax_cqe:\t\t\t{}", attr.max_cqe);
-                        println!("\tmax_mr:\t\t\t\t{}", attr.max_mr);
-                        println!("\tmax_pd:\t\t\t\t{}", attr.max_pd);
-                        println!("\tmax_qp_rd_atom:\t\t\t{}", attr.max_qp_rd_atom);
-                        println!("\tmax_res_rd_atom:\t\t{}", attr.max_res_rd_atom);
-                        println!("\tmax_qp_init_rd_atom:\t\t{}", attr.max_qp_init_rd_atom);
-                        println!("\tatomic_cap:\t\t\t{}", attr.atomic_cap);
+                        outln!("\tmax_mr_size:\t\t\t0x{:x}", attr.max_mr_size);
+                        outln!("\tpage_size_cap:\t\t\t0x{:x}", attr.page_size_cap);
+                        outln!("\tmax_qp:\t\t\t\t{}", attr.max_qp);
+                        outln!("\tmax_qp_wr:\t\t\t{}", attr.max_qp_wr);
+                        outln!("\tdevice_cap_flags:\t\t0x{:08x}", attr.device_cap_flags);
+                        outln!("\tmax_sge:\t\t\t{}", attr.max_sge);
+                        outln!("\tmax_sge_rd:\t\t\t{}", attr.max_sge_rd);
+                        outln!("\tmax_cq:\t\t\t\t{}", attr.max_cq);
+                        outln!("\tmax_cqe:\t\t\t{}", attr.max_cqe);
+                        outln!("\tmax_mr:\t\t\t\t{}", attr.max_mr);
+                        outln!("\tmax_pd:\t\t\t\t{}", attr.max_pd);
+                        outln!("\tmax_qp_rd_atom:\t\t\t{}", attr.max_qp_rd_atom);
+                        outln!("\tmax_res_rd_atom:\t\t{}", attr.max_res_rd_atom);
+                        outln!("\tmax_qp_init_rd_atom:\t\t{}", attr.max_qp_init_rd_atom);
+                        outln!("\tatomic_cap:\t\t\t{}", attr.atomic_cap);
                     }
-                    println!("\tphys_port_cnt:\t\t\t1");
-                    println!("\t\tport:\t1");
-                    println!(
+                    outln!("\tphys_port_cnt:\t\t\t1");
+                    outln!("\t\tport:\t1");
+                    outln!(
                         "\t\t\tstate:\t\t\t{} ({})",
                         port_state(port.state),
                         port.state
                     );
-                    println!("\t\t\tmax_mtu:\t\t{}", mtu_text(port.max_mtu));
-                    println!("\t\t\tactive_mtu:\t\t{}", mtu_text(port.active_mtu));
-                    println!("\t\t\tsm_lid:\t\t\t{}", port.sm_lid);
-                    println!("\t\t\tport_lid:\t\t{}", port.lid);
-                    println!("\t\t\tport_lmc:\t\t0x00");
-                    println!("\t\t\tlink_layer:\t\tEthernet");
+                    outln!("\t\t\tmax_mtu:\t\t{}", mtu_text(port.max_mtu));
+                    outln!("\t\t\tactive_mtu:\t\t{}", mtu_text(port.active_mtu));
+                    outln!("\t\t\tsm_lid:\t\t\t{}", port.sm_lid);
+                    outln!("\t\t\tport_lid:\t\t{}", port.lid);
+                    outln!("\t\t\tport_lmc:\t\t0x00");
+                    outln!("\t\t\tlink_layer:\t\tEthernet");
                     if verbose {
-                        println!("\t\t\tmax_msg_sz:\t\t0x{:x}", port.max_msg_sz);
-                        println!("\t\t\tport_cap_flags:\t\t0x{:08x}", port.port_cap_flags);
-                        println!("\t\t\tgid_tbl_len:\t\t{}", port.gid_tbl_len);
-                        println!("\t\t\tpkey_tbl_len:\t\t{}", port.pkey_tbl_len);
+                        outln!("\t\t\tmax_msg_sz:\t\t0x{:x}", port.max_msg_sz);
+                        outln!("\t\t\tport_cap_flags:\t\t0x{:08x}", port.port_cap_flags);
+                        outln!("\t\t\tgid_tbl_len:\t\t{}", port.gid_tbl_len);
+                        outln!("\t\t\tpkey_tbl_len:\t\t{}", port.pkey_tbl_len);
                         for (i, g) in &gids {
-                            println!(
+                            outln!(
                                 "\t\t\tGID[{i:>3}]:\t\t{}, RoCE v2\t(IP {})",
                                 gid_groups(g),
                                 g.to_ip()
                             );
                         }
                     } else if let Some((i, g)) = gids.first() {
-                        println!("\t\t\tGID[{i:>3}]:\t\t{} (IP {})", gid_text(g), g.to_ip());
+                        outln!("\t\t\tGID[{i:>3}]:\t\t{} (IP {})", gid_text(g), g.to_ip());
                     }
-                    println!();
+                    outln!();
                 }
                 DevState::Opened(Box::new(opened_json(
                     dev.addr(),

@@ -4,6 +4,30 @@
 //!
 //! Every failure is one line on stderr and a non-zero exit; nothing panics on bad input.
 
+/// `println!` that never panics: see [`output`].
+macro_rules! outln {
+    () => {
+        $crate::output::write_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `eprintln!` that never panics: see [`output`].
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::output::write_err(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `eprint!` that never panics: see [`output`].
+macro_rules! errout {
+    ($($arg:tt)*) => {
+        $crate::output::write_err(format_args!($($arg)*))
+    };
+}
+
 mod cabi;
 mod cmconn;
 mod demo;
@@ -132,10 +156,12 @@ pub struct PingpongArgs {
     /// uc) instead of the TCP exchange; the peer must use --cm too
     #[arg(long)]
     pub cm: bool,
-    /// Message size (default 4096; 2048 for ud)
+    /// Message size (default 4096; for ud 2048 or the MTU if smaller, as a UD message
+    /// must fit in one packet)
     #[arg(short, long)]
     pub size: Option<u32>,
-    /// Path MTU: 256, 512, 1024, 2048 or 4096
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (ud: the port's active MTU, which bounds
+    /// the message size)
     #[arg(short, long, default_value_t = 1024)]
     pub mtu: u32,
     /// Receives to post at a time
@@ -285,6 +311,26 @@ fn run(cli: Cli) -> CmdResult {
     }
 }
 
+/// Clap's error as one line, without its usage block. A missing argument's name is on
+/// the lines after "the following required arguments were not provided:", so those are
+/// kept, joined.
+fn one_line(text: &str) -> String {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines
+        .next()
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ");
+    if !first.ends_with(':') {
+        return first.to_string();
+    }
+    let named: Vec<&str> = lines.take_while(|l| !l.starts_with("Usage:")).collect();
+    if named.is_empty() {
+        first.to_string()
+    } else {
+        format!("{first} {}", named.join(", "))
+    }
+}
+
 fn main() -> ExitCode {
     softrdma_device::log::init_from_env();
     let cli = match Cli::try_parse() {
@@ -301,23 +347,22 @@ fn main() -> ExitCode {
                     ExitCode::SUCCESS
                 };
             }
-            // One line: clap's first line, without its usage block.
-            let text = e.render().to_string();
-            let first = text
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments")
-                .trim()
-                .trim_start_matches("error: ");
-            eprintln!("softrdma: {first} (see --help)");
+            errln!(
+                "softrdma: {} (see --help)",
+                one_line(&e.render().to_string())
+            );
             return ExitCode::from(2);
         }
     };
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            // A last line without its newline is still buffered: its write error counts.
+            output::flush_stdout();
+            ExitCode::SUCCESS
+        }
         Err(msg) => {
             output::flush_stdout();
-            eprintln!("softrdma: {msg}");
+            errln!("softrdma: {msg}");
             ExitCode::FAILURE
         }
     }

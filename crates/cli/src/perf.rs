@@ -341,7 +341,7 @@ fn read_line(r: &mut BufReader<TcpStream>, what: &str) -> CmdResult<String> {
 }
 
 fn print_addr(label: &str, p: &Peer) {
-    println!(
+    outln!(
         " {label} QPN 0x{:06x} PSN 0x{:06x} RKey 0x{:08x} VAddr 0x{:016x} GID {}",
         p.qp.qpn,
         p.qp.psn,
@@ -774,13 +774,13 @@ impl Progress {
     fn show(&mut self, size: u32, done: u64, iters: u32) {
         if self.on && self.last.elapsed() > Duration::from_millis(200) {
             self.last = Instant::now();
-            eprint!("\r  {size} bytes: {done}/{iters} ");
+            errout!("\r  {size} bytes: {done}/{iters} ");
             let _ = std::io::stderr().flush();
         }
     }
     fn clear(&self) {
         if self.on {
-            eprint!("\r\x1b[K");
+            errout!("\r\x1b[K");
         }
     }
 }
@@ -1417,33 +1417,45 @@ fn strip_magic(e: &str) -> String {
 }
 
 pub fn print_rows(test: Test, rows: &Rows) {
-    println!("{}", now_line());
-    println!("                    {}", test.title());
+    outln!("{}", now_line());
+    outln!("                    {}", test.title());
     match rows {
         Rows::Bw(v) => {
-            println!(
+            outln!(
                 " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
             );
             for r in v {
-                println!(
+                outln!(
                     " {:<10} {:<14} {:<18.2} {:<20.2} {:.6}",
-                    r.bytes, r.iters, r.peak_mb, r.avg_mb, r.mpps
+                    r.bytes,
+                    r.iters,
+                    r.peak_mb,
+                    r.avg_mb,
+                    r.mpps
                 );
             }
         }
         Rows::Lat(v) => {
-            println!(
+            outln!(
                 " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
             );
             for r in v {
-                println!(
+                outln!(
                     " {:<6} {:<14} {:<14.2} {:<12.2} {:<18.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
-                    r.bytes, r.iters, r.min, r.max, r.typical, r.avg, r.stdev, r.p99, r.p999
+                    r.bytes,
+                    r.iters,
+                    r.min,
+                    r.max,
+                    r.typical,
+                    r.avg,
+                    r.stdev,
+                    r.p99,
+                    r.p999
                 );
             }
         }
     }
-    println!("{}", now_line());
+    outln!("{}", now_line());
 }
 
 /// A QP and its buffer as `--json` shows them.
@@ -1573,7 +1585,7 @@ pub fn run(a: &PerfArgs) -> CmdResult {
         None => {
             let waiting = || {
                 if !a.json {
-                    println!(
+                    outln!(
                         "************************************\n* Waiting for client to connect... *\n************************************"
                     );
                     output::flush_stdout();
@@ -1602,7 +1614,7 @@ pub fn run(a: &PerfArgs) -> CmdResult {
             } else {
                 print_addr("local address: ", &sv.local);
                 print_addr("remote address:", &sv.remote);
-                println!("served {} to {}", sv.test.name(), sv.peer.ip());
+                outln!("served {} to {}", sv.test.name(), sv.peer.ip());
                 if a.dev.stats {
                     stats::print_device(&dev);
                 }

@@ -75,7 +75,7 @@ struct PingpongJson {
 }
 
 fn print_dest(label: &str, d: &Dest) {
-    println!(
+    outln!(
         "  {label} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
         d.lid,
         d.qpn,
@@ -288,7 +288,7 @@ impl Setup<'_> {
                 }
             }
             if my_gid.to_ip().is_loopback() && !peer.ip().is_loopback() {
-                eprintln!(
+                errln!(
                     "softrdma: warning: this device is on loopback ({}) but the peer is at {}: set SOFTRDMA_ADDR to a reachable address",
                     my_gid.to_ip(),
                     peer.ip()
@@ -451,7 +451,14 @@ impl Setup<'_> {
 
 pub fn run(a: &PingpongArgs) -> CmdResult {
     let ty = a.qp_type;
-    let size = a.size.unwrap_or(if ty == PpType::Ud { 2048 } else { 4096 });
+    // A UD message is one packet, so it is bounded by the port's active MTU, which `-m`
+    // sets for ud (ibv_ud_pingpong's rule: size <= the port's active MTU); upstream's
+    // default of 2048 would not fit the default MTU of 1024.
+    let size = a.size.unwrap_or(if ty == PpType::Ud {
+        a.mtu.min(2048)
+    } else {
+        4096
+    });
     if size < 1 {
         return Err("size must be at least 1".into());
     }
@@ -480,6 +487,10 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     let size_us = size as usize;
 
     let dev = session::open_device(&a.dev)?;
+    if ty == PpType::Ud {
+        dev.set_port_mtu(mtu)
+            .map_err(|e| format!("couldn't set the port MTU to {}: {e}", a.mtu))?;
+    }
     let port = dev
         .query_port(1)
         .map_err(|e| format!("couldn't get port info: {e}"))?;
@@ -691,12 +702,12 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
             stats: a.dev.stats.then(|| stats::device_json(&dev)),
         })?;
     } else {
-        println!(
+        outln!(
             "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
             usec / 1e6,
             mbit
         );
-        println!(
+        outln!(
             "{} iters in {:.2} seconds = {:.2} usec/iter",
             a.iters,
             usec / 1e6,

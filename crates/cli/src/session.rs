@@ -36,7 +36,7 @@ pub fn device_config(opts: &DevOpts) -> CmdResult<DeviceConfig> {
 /// Open the device the options name.
 pub fn open_device(opts: &DevOpts) -> CmdResult<Device> {
     let cfg = device_config(opts)?;
-    Device::open_with(&cfg).map_err(|e| format!("cannot open device {}: {e}", cfg.name))
+    Device::open_with(&cfg).map_err(|e| format!("cannot open device: {e}"))
 }
 
 /// 32 random bits (from the kernel; the clock if that fails).

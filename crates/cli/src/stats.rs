@@ -58,26 +58,26 @@ struct StatsList {
 }
 
 fn print_record(r: &Record) {
-    println!("{} (pid {}, {}, GID {})", r.name, r.pid, r.addr, r.gid);
+    outln!("{} (pid {}, {}, GID {})", r.name, r.pid, r.addr, r.gid);
     let get = |k: &str| r.counter(k).unwrap_or(0);
-    println!(
+    outln!(
         "  packets   tx {:>12}  rx {:>12}",
         get("tx_packets"),
         get("rx_packets")
     );
-    println!(
+    outln!(
         "  bytes     tx {:>12}  rx {:>12}",
         get("tx_bytes"),
         get("rx_bytes")
     );
-    println!(
+    outln!(
         "  retransmits {}  timeouts {}  duplicates {}  out-of-sequence {}",
         get("retransmits"),
         get("timeouts"),
         get("duplicates"),
         get("out_of_sequence")
     );
-    println!(
+    outln!(
         "  NAKs sent      seq {}  inv {}  access {}  op {}  rnr {}",
         get("naks_sent_seq"),
         get("naks_sent_inv"),
@@ -85,7 +85,7 @@ fn print_record(r: &Record) {
         get("naks_sent_op"),
         get("rnr_naks_sent")
     );
-    println!(
+    outln!(
         "  NAKs received  seq {}  inv {}  access {}  op {}  rnr {}",
         get("naks_rcvd_seq"),
         get("naks_rcvd_inv"),
@@ -93,14 +93,14 @@ fn print_record(r: &Record) {
         get("naks_rcvd_op"),
         get("rnr_naks_rcvd")
     );
-    println!(
+    outln!(
         "  ICRC errors {}  malformed {}  dropped {}  UDP send drops {}",
         get("icrc_errors"),
         get("malformed"),
         get("dropped"),
         get("udp_tx_dropped")
     );
-    println!(
+    outln!(
         "  UDP datagrams  tx {}  rx {}  (GSO messages {}, GRO segments {})",
         get("udp_tx_datagrams"),
         get("udp_rx_datagrams"),
@@ -125,7 +125,7 @@ pub fn show(json: bool, all: bool) -> CmdResult {
         });
     }
     if recs.is_empty() {
-        println!(
+        outln!(
             "no softrdma device is open on this host (stats files in {})",
             dir.display()
         );
@@ -192,8 +192,8 @@ pub fn trace(out: &Path, cmd: &[String]) -> CmdResult {
         .map_err(|e| format!("cannot run {prog}: {e}"))?;
     let packets = pcap_records(out);
     match packets {
-        Some(n) => eprintln!("softrdma: trace: {n} packets written to {}", out.display()),
-        None => eprintln!(
+        Some(n) => errln!("softrdma: trace: {n} packets written to {}", out.display()),
+        None => errln!(
             "softrdma: trace: {prog} opened no softrdma device; {} was not written",
             out.display()
         ),

@@ -2,6 +2,9 @@
 //! process still running after its limit is killed and the test fails), no duration
 //! assertions.
 
+// The std macros are fine here: a test reports on stderr, where a failed write may panic.
+#![allow(clippy::disallowed_macros)]
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -145,6 +148,36 @@ fn bad_arguments_give_one_line() {
 }
 
 #[test]
+fn missing_arguments_are_named() {
+    for (args, name) in [
+        (&["trace", "-o", "x.pcap"][..], "<COMMAND>"),
+        (&["run"], "<PROGRAM>"),
+        (&["perf"], "<TEST>"),
+        (&["trace", "--", "true"], "--output"),
+    ] {
+        let o = run(args);
+        one_line_error(&o, &args.join(" "));
+        let e = text(&o.stderr);
+        assert!(e.contains(name), "{args:?}: want {name} in {e}");
+    }
+}
+
+#[test]
+fn address_in_use_names_the_address_once() {
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let p = free_port().to_string();
+    let o = cmd(&["pingpong", "-p", &p])
+        .env("SOFTRDMA_ADDR", &addr)
+        .output()
+        .expect("run");
+    one_line_error(&o, "pingpong on a taken address");
+    let e = text(&o.stderr);
+    assert!(e.contains(&addr), "want {addr} in {e}");
+    assert_eq!(e.matches("Address already in use").count(), 1, "{e}");
+}
+
+#[test]
 fn unreachable_peer_fails_in_bounded_time() {
     // Nobody listens on this port: refused (retried for a few seconds), then one line.
     let p = free_port().to_string();
@@ -213,6 +246,43 @@ fn pingpong_ud() {
     pingpong_matrix("ud", &[1, 64, 1024]);
     let o = run(&["pingpong", "-t", "ud", "-s", "4096", "127.0.0.1"]);
     one_line_error(&o, "ud larger than the MTU");
+    assert!(text(&o.stderr).contains("(1024)"), "{}", text(&o.stderr));
+}
+
+/// `pingpong -t ud` with its own defaults, and `-m` raising the port MTU so that larger
+/// messages fit (2048 by default, up to the MTU with `-s`).
+#[test]
+fn pingpong_ud_defaults_and_mtu() {
+    for (extra, size) in [
+        (&[][..], 1024u64),
+        (&["-m", "4096"][..], 2048),
+        (&["-m", "4096", "-s", "4096"][..], 4096),
+        (&["-m", "2048", "-s", "2048"][..], 2048),
+    ] {
+        let port = free_port().to_string();
+        let mut a = vec!["pingpong", "-t", "ud", "-n", "20", "-p", &port];
+        a.extend_from_slice(extra);
+        let (so, co) = pair(&a, &a);
+        for o in [&so, &co] {
+            let out = text(&o.stdout);
+            assert!(
+                out.contains(&format!("{} bytes in ", size * 20 * 2)),
+                "{extra:?}: {out}"
+            );
+        }
+    }
+    let o = run(&[
+        "pingpong",
+        "-t",
+        "ud",
+        "-m",
+        "2048",
+        "-s",
+        "4096",
+        "127.0.0.1",
+    ]);
+    one_line_error(&o, "ud larger than -m");
+    assert!(text(&o.stderr).contains("(2048)"), "{}", text(&o.stderr));
 }
 
 #[test]
@@ -1076,14 +1146,18 @@ fn host_state() -> (bool, bool, bool, String) {
 }
 
 /// A library directory of empty stand-ins for `softrdma run` (the programs these tests
-/// run load no verbs library).
+/// run load no verbs library), one per call; the caller removes it.
 fn stand_in_lib_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("softrdma-{tag}-test-{}", std::process::id()));
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("softrdma-{tag}-test-{}-{n}", std::process::id()));
     std::fs::create_dir_all(dir.join("rdmacm")).unwrap();
     for f in [
         "libibverbs.so.1",
         "libmlx5.so.1",
         "libefa.so.1",
+        "libmlx4.so.1",
+        "libmana.so.1",
         "rdmacm/librdmacm.so.1",
     ] {
         std::fs::write(dir.join(f), b"").unwrap();
@@ -1119,7 +1193,9 @@ fn view_probe(config: &str, as_user: Option<u32>) -> Output {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    finish(c.spawn().expect("spawn"), "softrdma run -- sh (view)")
+    let out = finish(c.spawn().expect("spawn"), "softrdma run -- sh (view)");
+    let _ = std::fs::remove_dir_all(&dir);
+    out
 }
 
 fn probe_values(o: &Output) -> std::collections::HashMap<String, String> {
@@ -1215,6 +1291,125 @@ fn run_without_the_view() {
         .env("SOFTRDMA_VIEW", "0")
         .output()
         .expect("run");
+    let _ = std::fs::remove_dir_all(&dir);
     assert_ok(&o, "softrdma run with SOFTRDMA_VIEW=0");
     assert_eq!(text(&o.stdout), host_state().3, "same mounts as the host");
+}
+
+/// The checkout the binary under test was built from.
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("workspace")
+        .to_path_buf()
+}
+
+#[test]
+fn installed_binary_finds_or_names_the_build_of_the_libraries() {
+    // A copy of the binary outside any target directory, as `cargo install` leaves it.
+    let bin = std::env::temp_dir().join(format!("softrdma-cli-install-{}", std::process::id()));
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    let exe = bin.join("softrdma");
+    std::fs::copy(BIN, &exe).expect("copy softrdma");
+    let o = Command::new(&exe)
+        .args(["env", "--dir"])
+        .env_remove("SOFTRDMA_LIB_DIR")
+        .env("SOFTRDMA_BUILD", "0")
+        .output()
+        .expect("run the copy");
+    let _ = std::fs::remove_dir_all(&bin);
+    let ws = workspace();
+    if o.status.success() {
+        // Found in the checkout's target directory (either profile).
+        let dir = text(&o.stdout);
+        let dir = Path::new(dir.trim());
+        assert!(
+            dir.starts_with(ws.join("target")),
+            "want a directory under {}/target, got {}",
+            ws.display(),
+            dir.display()
+        );
+        assert!(dir.join("libibverbs.so.1").exists(), "{}", dir.display());
+    } else {
+        // Not built: the error names the exact command that builds what is searched.
+        one_line_error(&o, "env --dir of an installed copy");
+        let e = text(&o.stderr);
+        let want = format!(
+            "cargo build --release --manifest-path {}",
+            ws.join("Cargo.toml").display()
+        );
+        assert!(e.contains(&want), "want {want:?} in {e}");
+        assert!(e.contains("-p softrdma-ibverbs"), "{e}");
+    }
+}
+
+/// The status of a process that died of SIGPIPE, as coreutils do on a closed pipe.
+fn died_of_sigpipe(o: &Output) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    o.status.signal() == Some(13)
+}
+
+#[test]
+fn closed_pipe_ends_quietly_and_full_disk_is_one_line() {
+    // `softrdma devices | head -0`: the reader is gone before anything is written.
+    for args in [
+        &["devices"][..],
+        &["devinfo", "-v"],
+        &["stats"],
+        &["--help"],
+    ] {
+        let (r, w) = std::io::pipe().expect("pipe");
+        drop(r);
+        let mut c = cmd(args);
+        c.stdout(w);
+        let o = finish(c.spawn().expect("spawn"), &args.join(" "));
+        assert!(
+            died_of_sigpipe(&o) || o.status.success(),
+            "{args:?}: {:?}\nstderr:\n{}",
+            o.status,
+            text(&o.stderr)
+        );
+        assert!(o.stderr.is_empty(), "{args:?}: {}", text(&o.stderr));
+    }
+
+    // `softrdma perf … | head -1`: the reader goes after the first line.
+    let (r, w) = std::io::pipe().expect("pipe");
+    let mut c = cmd(&["perf", "write-bw", "--loopback", "-a", "-n", "20"]);
+    c.stdout(w);
+    let child = c.spawn().expect("spawn");
+    drop(c);
+    let mut first = Vec::new();
+    let mut r = std::io::BufReader::new(r);
+    std::io::BufRead::read_until(&mut r, b'\n', &mut first).expect("first line");
+    drop(r);
+    let o = finish(child, "perf write-bw --loopback -a | head -1");
+    assert!(!first.is_empty());
+    assert!(
+        died_of_sigpipe(&o),
+        "{:?}\nstderr:\n{}",
+        o.status,
+        text(&o.stderr)
+    );
+    assert!(o.stderr.is_empty(), "{}", text(&o.stderr));
+
+    // `softrdma stats > /dev/full` (and the others): one line, status 1, no panic.
+    if Path::new("/dev/full").exists() {
+        for args in [&["stats"][..], &["devices"], &["devinfo", "--json"]] {
+            let full = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .expect("/dev/full");
+            let mut c = cmd(args);
+            c.stdout(full);
+            let o = finish(c.spawn().expect("spawn"), &args.join(" "));
+            one_line_error(&o, &format!("{args:?} > /dev/full"));
+            assert_eq!(o.status.code(), Some(1), "{args:?}");
+            assert!(
+                text(&o.stderr).contains("cannot write to standard output"),
+                "{args:?}: {}",
+                text(&o.stderr)
+            );
+        }
+    }
 }

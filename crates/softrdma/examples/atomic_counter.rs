@@ -132,6 +132,16 @@ fn client(host: &str, port: u16, threads: u64, adds: u64) -> Res<()> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    common::check_args(
+        "atomic_counter",
+        &args,
+        &[
+            ("--port", "TCP port of the side channel"),
+            ("--adds", "FETCH_AND_ADDs per client thread"),
+            ("--expect", "server: client threads to wait for"),
+            ("--threads", "client: threads"),
+        ],
+    );
     if args.iter().any(|a| a == "--self-test") {
         let ok = common::self_test(
             &["--expect", "4", "--adds", "500"],

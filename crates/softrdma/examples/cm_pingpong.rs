@@ -205,6 +205,15 @@ fn client(host: &str, port: u16, iters: u64, size: usize) -> Res<()> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    common::check_args(
+        "cm_pingpong",
+        &args,
+        &[
+            ("--port", "rdma_cm port"),
+            ("--iters", "client: round trips"),
+            ("--size", "client: message size in bytes"),
+        ],
+    );
     if args.iter().any(|a| a == "--self-test") {
         let ok = common::self_test(&[], &["--iters", "200"], 1, Duration::from_secs(60));
         println!("self-test {}", if ok { "passed" } else { "FAILED" });

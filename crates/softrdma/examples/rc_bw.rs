@@ -111,6 +111,16 @@ fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize, depth: u64) -
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    common::check_args(
+        "rc_bw",
+        &args,
+        &[
+            ("--port", "TCP port of the side channel"),
+            ("--iters", "WRITEs"),
+            ("--size", "bytes per WRITE"),
+            ("--depth", "WRITEs in flight"),
+        ],
+    );
     if args.iter().any(|a| a == "--self-test") {
         let ok = common::self_test(&[], &["--iters", "200"], 1, Duration::from_secs(60));
         println!("self-test {}", if ok { "passed" } else { "FAILED" });

@@ -97,6 +97,15 @@ fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize) -> Res<()> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    common::check_args(
+        "rc_pingpong",
+        &args,
+        &[
+            ("--port", "TCP port of the side channel"),
+            ("--iters", "round trips"),
+            ("--size", "message size in bytes"),
+        ],
+    );
     if args.iter().any(|a| a == "--self-test") {
         let ok = common::self_test(
             &["--iters", "200"],

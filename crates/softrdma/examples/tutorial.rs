@@ -174,6 +174,11 @@ fn run(server: bool, tcp: &mut TcpStream) -> Res<()> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    common::check_args(
+        "tutorial",
+        &args,
+        &[("--port", "TCP port of the side channel")],
+    );
     if args.iter().any(|a| a == "--self-test") {
         let ok = common::self_test(&[], &[], 1, Duration::from_secs(60));
         println!("self-test {}", if ok { "passed" } else { "FAILED" });

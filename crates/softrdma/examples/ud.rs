@@ -102,6 +102,14 @@ fn run(server: bool, tcp: &mut TcpStream, count: u64) -> Res<()> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    common::check_args(
+        "ud",
+        &args,
+        &[
+            ("--port", "TCP port of the side channel"),
+            ("--count", "datagrams (at most 30)"),
+        ],
+    );
     if args.iter().any(|a| a == "--self-test") {
         let ok = common::self_test(&[], &[], 1, Duration::from_secs(60));
         println!("self-test {}", if ok { "passed" } else { "FAILED" });

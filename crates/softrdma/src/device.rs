@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use softrdma_device as dev;
-use softrdma_transport::verbs::{self, AsyncEvent, DeviceAttr, Gid, PortAttr};
+use softrdma_transport::verbs::{self, AsyncEvent, DeviceAttr, Gid, Mtu, PortAttr};
 use softrdma_transport::Rnic;
 
 use crate::cq::{ChanInner, CompletionChannel, CompletionQueue, CqInner};
@@ -97,10 +97,20 @@ impl Device {
     pub fn open_with(cfg: &DeviceConfig) -> Result<Device> {
         dev::log::init_from_env();
         let d = dev::Device::open(cfg).map_err(|e| {
-            Error::new(
-                e.raw_os_error().unwrap_or(libc::EIO),
-                format!("opening {}: {e}", cfg.name),
-            )
+            // The address says which socket failed; an OS error's text is added by
+            // `Error`'s Display, so only a message of the error's own is kept here.
+            let at = match cfg.addr {
+                dev::DeviceAddr::Fixed(a) => a.to_string(),
+                dev::DeviceAddr::AutoLoopback(port) => format!("127.0.0.x:{port}"),
+            };
+            let (errno, detail) = match e.raw_os_error() {
+                Some(n) => (n, String::new()),
+                None if e.kind() == std::io::ErrorKind::AddrInUse => {
+                    (libc::EADDRINUSE, format!(": {e}"))
+                }
+                None => (libc::EIO, format!(": {e}")),
+            };
+            Error::new(errno, format!("opening {} at UDP {at}{detail}", cfg.name))
         })?;
         Ok(Device {
             inner: Arc::new(DevInner {
@@ -159,6 +169,13 @@ impl Device {
     /// Port attributes (`ibv_query_port`); port 1 only.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         self.call(|r, _| r.port_attr(port))
+    }
+    /// Set port 1's active MTU: the largest UD message this device sends (RC and UC
+    /// messages are split by each QP's path MTU instead). EINVAL above the port's
+    /// `max_mtu` (4096). Peers are not told: a UD receiver takes any message that fits
+    /// its receive buffers.
+    pub fn set_port_mtu(&self, mtu: Mtu) -> Result<()> {
+        self.call_quiet(|r, _| r.set_active_mtu(mtu))
     }
     /// GID at `index` (`ibv_query_gid`).
     pub fn query_gid(&self, index: u8) -> Result<Gid> {

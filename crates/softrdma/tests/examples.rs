@@ -73,3 +73,46 @@ fn atomic_counter_self_test() {
 fn cm_pingpong_self_test() {
     self_test("cm_pingpong");
 }
+
+/// `--help` prints the usage and exits 0 at once (it used to start a server and wait);
+/// an unknown option is one line and status 2.
+#[test]
+fn help_prints_usage_and_bad_options_fail() {
+    for name in [
+        "tutorial",
+        "rc_pingpong",
+        "ud",
+        "atomic_counter",
+        "cm_pingpong",
+        "rc_bw",
+    ] {
+        for help in ["--help", "-h"] {
+            let mut child = Command::new(example(name))
+                .arg(help)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start example {name}: {e}"));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().expect("wait").is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    panic!("{name} {help} still running: it did not print its usage");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let o = child.wait_with_output().expect("output");
+            assert!(o.status.success(), "{name} {help}: {}", o.status);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(out.starts_with(&format!("Usage: {name}")), "{name}: {out}");
+            assert!(out.contains("--self-test"), "{name}: {out}");
+        }
+        let o = Command::new(example(name))
+            .arg("--bogus")
+            .output()
+            .expect("run");
+        assert_eq!(o.status.code(), Some(2), "{name} --bogus");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("unknown option --bogus"), "{name}: {e}");
+    }
+}

@@ -5,7 +5,7 @@
 
 use crate::verbs::{
     self, Access, AhAttr, AhId, Arm, AsyncEvent, ChannelId, CqId, DeviceAttr, DmId, Gid, MemSpan,
-    MrInfo, MwId, PdId, PortAttr, QpInitAttr, Qpn, Sge, SrqId, WcStatus,
+    MrInfo, Mtu, MwId, PdId, PortAttr, QpInitAttr, Qpn, Sge, SrqId, WcStatus,
 };
 use crate::Rnic;
 
@@ -32,6 +32,8 @@ macro_rules! delegate_ref {
 }
 
 delegate_mut! {
+    /// Set port 1's active MTU, the largest UD message (EINVAL above its `max_mtu`).
+    fn set_active_mtu(mtu: Mtu) -> verbs::Result<()>;
     /// Allocate a protection domain.
     fn alloc_pd() -> verbs::Result<PdId>;
     /// Free a protection domain (EBUSY while objects use it).

@@ -51,6 +51,53 @@ pub fn arg_value(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
+/// Check the command line before anything starts: `-h`/`--help` prints the usage and
+/// exits 0 (without this check `--help`, being no host, started a server); an unknown
+/// option, an option without its value or a second host prints one line and exits 2.
+/// `valued` lists the options that take a value, with what they set.
+pub fn check_args(name: &str, args: &[String], valued: &[(&str, &str)]) {
+    let usage = || {
+        let mut u = format!(
+            "Usage: {name} [OPTIONS]              start a server and wait for a client\n       \
+             {name} SERVER_IP [OPTIONS]    connect to the server at SERVER_IP\n       \
+             {name} --self-test            run a server and its clients on loopback and \
+             check them\n\nOptions:\n"
+        );
+        for (opt, what) in valued {
+            u.push_str(&format!("  {:<14}{what}\n", format!("{opt} N")));
+        }
+        u.push_str("  -h, --help    this text\n");
+        u
+    };
+    let fail = |msg: String| -> ! {
+        eprintln!("{name}: {msg} (see --help)");
+        std::process::exit(2);
+    };
+    let mut hosts = 0;
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if a == "-h" || a == "--help" {
+            print!("{}", usage());
+            std::process::exit(0);
+        } else if valued.iter().any(|(o, _)| *o == a) {
+            if args.get(i + 1).is_none() {
+                fail(format!("{a} needs a value"));
+            }
+            i += 1;
+        } else if a == "--self-test" {
+        } else if a.starts_with('-') {
+            fail(format!("unknown option {a}"));
+        } else {
+            hosts += 1;
+            if hosts > 1 {
+                fail(format!("one SERVER_IP only, got another: {a}"));
+            }
+        }
+        i += 1;
+    }
+}
+
 /// The first argument that is not an option (nor an option's value).
 pub fn positional(args: &[String], valued: &[&str]) -> Option<String> {
     let mut skip = false;
