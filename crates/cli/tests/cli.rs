@@ -730,20 +730,34 @@ fn devices_and_devinfo() {
     assert_ok(&o, "devinfo --json");
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(j["devices"][0]["gids"][0]["type"], "RoCE v2");
-    // SOFTRDMA_ADDR names the default device's address.
+    // SOFTRDMA_ADDR names the default device's address (one of this host's).
     let o = finish(
         cmd(&["devices", "--json"])
-            .env("SOFTRDMA_ADDR", "10.1.2.3")
+            .env("SOFTRDMA_ADDR", "127.0.0.77")
             .spawn()
             .unwrap(),
         "devices with SOFTRDMA_ADDR",
     );
     assert_ok(&o, "devices with SOFTRDMA_ADDR");
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
-    assert_eq!(j["devices"][0]["addr"], "10.1.2.3:4791");
+    assert_eq!(j["devices"][0]["addr"], "127.0.0.77:4791");
     assert_eq!(
         j["devices"][0]["gid_wire"],
-        "00000000000000000000ffff0a010203"
+        "00000000000000000000ffff7f00004d"
+    );
+    // An address this host does not have is refused at once, by name.
+    let o = finish(
+        cmd(&["devices"])
+            .env("SOFTRDMA_ADDR", "192.0.2.77")
+            .spawn()
+            .unwrap(),
+        "devices with a foreign SOFTRDMA_ADDR",
+    );
+    assert!(!o.status.success(), "accepted a foreign address");
+    let e = text(&o.stderr);
+    assert!(
+        e.contains("SOFTRDMA_ADDR: 192.0.2.77 is not an address of this host"),
+        "{e}"
     );
 }
 

@@ -82,6 +82,18 @@ pub fn parse_config(text: &str, origin: &str) -> Result<Vec<DeviceEntry>, Config
         if out.iter().any(|e| e.name == name) {
             return Err(err("device named twice"));
         }
+        if let Some((first, port)) = out.iter().find_map(|e| match e.addr {
+            DeviceAddr::Fixed(a) => Some((&e.name, a.port())),
+            DeviceAddr::AutoLoopback(_) => None,
+        }) {
+            if port != addr.port() {
+                return Err(err(&format!(
+                    "UDP port {} differs from {first}'s {port}: peers are addressed by GID, \
+                     which carries no port, so every device must use the same one",
+                    addr.port(),
+                )));
+            }
+        }
         out.push(DeviceEntry {
             name: name.to_string(),
             addr: DeviceAddr::Fixed(addr),
@@ -123,7 +135,32 @@ pub fn devices() -> Result<Vec<DeviceEntry>, ConfigError> {
             origin: "SOFTRDMA_ADDR".into(),
             msg: format!("bad address {v:?} (IP or IP:PORT)"),
         })?;
+        // A device opens at an address of this host; say so now rather than when it opens.
+        if let Err(e) = std::net::UdpSocket::bind(SocketAddr::new(addr.ip(), 0)) {
+            if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+                return Err(ConfigError {
+                    origin: "SOFTRDMA_ADDR".into(),
+                    msg: format!("{} is not an address of this host", addr.ip()),
+                });
+            }
+        }
         list.retain(|e| e.name != DEFAULT_NAME);
+        if let Some(other) = list.iter().find_map(|e| match e.addr {
+            DeviceAddr::Fixed(a) if a.port() != addr.port() => Some((e.name.clone(), a.port())),
+            _ => None,
+        }) {
+            return Err(ConfigError {
+                origin: "SOFTRDMA_ADDR".into(),
+                msg: format!(
+                    "UDP port {} differs from {}'s {} in {}: every device must use the same \
+                     port",
+                    addr.port(),
+                    other.0,
+                    other.1,
+                    path.display()
+                ),
+            });
+        }
         list.insert(
             0,
             DeviceEntry {
@@ -237,5 +274,9 @@ mod tests {
         assert_eq!(e.origin, "f:2");
         assert!(parse_config("a 1.2.3.4\na 1.2.3.5\n", "f").is_err());
         assert!(parse_config("a 1.2.3.4 extra\n", "f").is_err());
+        let e = parse_config("a 1.2.3.4:5000\nb 1.2.3.5\n", "f").unwrap_err();
+        assert_eq!(e.origin, "f:2");
+        assert!(e.msg.contains("4791 differs from a's 5000"), "{}", e.msg);
+        assert!(parse_config("a 1.2.3.4:5000\nb 1.2.3.5:5000\n", "f").is_ok());
     }
 }
