@@ -610,13 +610,14 @@ static int check_rc_src_qp(const struct ibv_wc *wc, uint32_t peer)
 		      wc->src_qp, peer);
 }
 
-static int wait_async(enum ibv_event_type type, struct ibv_async_event *out, int timeout_ms)
+static int wait_async_on(struct ibv_context *ctx, enum ibv_event_type type, struct ibv_async_event *out,
+			 int timeout_ms)
 {
 	uint64_t end = now_ms() + timeout_ms;
 	struct ibv_async_event ev;
 
 	for (;;) {
-		struct pollfd pfd = { D.ctx->async_fd, POLLIN, 0 };
+		struct pollfd pfd = { ctx->async_fd, POLLIN, 0 };
 		int left = (int)(end - now_ms());
 		int r;
 
@@ -627,7 +628,7 @@ static int wait_async(enum ibv_event_type type, struct ibv_async_event *out, int
 			continue;
 		if (r <= 0)
 			return 0;
-		if (ibv_get_async_event(D.ctx, &ev)) {
+		if (ibv_get_async_event(ctx, &ev)) {
 			if (errno == EAGAIN)
 				continue;
 			EXPECT(0, "ibv_get_async_event: %s", strerror(errno));
@@ -640,6 +641,11 @@ static int wait_async(enum ibv_event_type type, struct ibv_async_event *out, int
 		fprintf(stderr, "  [%s] note: other async event %s\n", g_check, ibv_event_type_str(ev.event_type));
 		ibv_ack_async_event(&ev);
 	}
+}
+
+static int wait_async(enum ibv_event_type type, struct ibv_async_event *out, int timeout_ms)
+{
+	return wait_async_on(D.ctx, type, out, timeout_ms);
 }
 
 static void drain_async(void)
@@ -1619,6 +1625,80 @@ static void t_comm_est(void)
 		poll1(f.p.a.scq, &wc, "the send");
 	}
 	fx_free(&f);
+	drain_async();
+	check_end();
+}
+
+/* Two contexts on one device in one process, as Open MPI over UCX opens (one for its
+ * point-to-point layer, one for one-sided windows): each has its own async_fd, as each open
+ * of a kernel uverbs device has (UCX keys its event handlers by that descriptor and fails
+ * on a second context whose async_fd it already watches), and an object's event comes on
+ * the context that created the object, not on the other. */
+static void t_async_two_contexts(void)
+{
+	struct ibv_context *c2;
+	struct ibv_pd *pd2 = NULL;
+	struct ibv_cq *cq2 = NULL;
+	struct ibv_srq *srq2 = NULL;
+	struct ibv_qp *qp2 = NULL;
+	struct ibv_async_event ev;
+	struct ibv_port_attr pa;
+	int fl;
+
+	check_begin("a second context on the device has its own async_fd and its objects' events");
+	drain_async();
+	c2 = ibv_open_device(D.ctx->device);
+	if (!EXPECT(c2, "second ibv_open_device(%s): %s", D.name, strerror(errno)))
+		return (void)check_end();
+	EXPECT(c2->async_fd >= 0 && c2->async_fd != D.ctx->async_fd, "async_fd %d, the first context's %d",
+	       c2->async_fd, D.ctx->async_fd);
+	fl = fcntl(c2->async_fd, F_GETFL);
+	EXPECT(fl >= 0 && !(fl & O_NONBLOCK), "a new async_fd is blocking, as the kernel's (flags 0x%x)", fl);
+	EXPECT(fcntl(c2->async_fd, F_SETFL, fl | O_NONBLOCK) == 0, "async_fd O_NONBLOCK: %s", strerror(errno));
+	pd2 = ibv_alloc_pd(c2);
+	cq2 = pd2 ? ibv_create_cq(c2, 16, NULL, NULL, 0) : NULL;
+	if (EXPECT(pd2 && cq2, "second context's PD and CQ: %s", strerror(errno))) {
+		struct ibv_srq_init_attr sia = { .attr = { .max_wr = 16, .max_sge = 1 } };
+
+		srq2 = ibv_create_srq(pd2, &sia);
+		EXPECT(srq2, "ibv_create_srq: %s", strerror(errno));
+	}
+	if (srq2) {
+		struct ibv_qp_init_attr qia = { .send_cq = cq2, .recv_cq = cq2, .srq = srq2, .qp_type = IBV_QPT_RC,
+						.cap = { .max_send_wr = 4, .max_send_sge = 1 } };
+
+		qp2 = ibv_create_qp(pd2, &qia);
+		EXPECT(qp2, "ibv_create_qp: %s", strerror(errno));
+	}
+	if (qp2) {
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = D.port_num };
+		int rc = ibv_modify_qp(qp2, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+
+		EXPECT(rc == 0, "modify_qp INIT: %s", strerror(rc));
+		a.qp_state = IBV_QPS_ERR;
+		rc = ibv_modify_qp(qp2, &a, IBV_QP_STATE);
+		EXPECT(rc == 0, "modify_qp ERR: %s", strerror(rc));
+		/* The first context looks first: the event must not come there. */
+		if (wait_async(IBV_EVENT_QP_LAST_WQE_REACHED, &ev, 300)) {
+			EXPECT(0, "the second context's QP event came on the first context (qp %p)", (void *)ev.element.qp);
+			ibv_ack_async_event(&ev);
+		}
+		if (EXPECT(wait_async_on(c2, IBV_EVENT_QP_LAST_WQE_REACHED, &ev, 5000),
+			   "no LAST_WQE_REACHED on the second context")) {
+			EXPECT(ev.element.qp == qp2, "event for qp %p want %p", (void *)ev.element.qp, (void *)qp2);
+			ibv_ack_async_event(&ev);
+		}
+		EXPECT(ibv_destroy_qp(qp2) == 0, "ibv_destroy_qp: %s", strerror(errno));
+	}
+	if (srq2)
+		EXPECT(ibv_destroy_srq(srq2) == 0, "ibv_destroy_srq: %s", strerror(errno));
+	if (cq2)
+		EXPECT(ibv_destroy_cq(cq2) == 0, "ibv_destroy_cq: %s", strerror(errno));
+	if (pd2)
+		EXPECT(ibv_dealloc_pd(pd2) == 0, "ibv_dealloc_pd: %s", strerror(errno));
+	EXPECT(ibv_close_device(c2) == 0, "closing the second context: %s", strerror(errno));
+	EXPECT(ibv_query_port(D.ctx, D.port_num, &pa) == 0 && pa.state == IBV_PORT_ACTIVE,
+	       "the first context after the second closed: port %d", pa.state);
 	drain_async();
 	check_end();
 }
@@ -2886,6 +2966,7 @@ static const struct test tests[] = {
 	{ "mw", t_mw },
 	{ "srq", t_srq },
 	{ "comm_est", t_comm_est },
+	{ "async_ctx", t_async_two_contexts },
 	{ "errors", t_errors },
 	{ "channel", t_channel },
 	{ "dm", t_dm },

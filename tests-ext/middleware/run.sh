@@ -8,9 +8,22 @@
 #     transport UCX's log says it chose and a "Final:" row with a positive figure;
 #   libfabric 1.17: `fi_info -p verbs` lists softrdma0's message and datagram domains;
 #     fi_pingpong with data checks (-c) over verbs;ofi_rxd (reliable datagrams over UD)
-#     and over verbs message endpoints (connected through the rdma_cm).
-# Prints PASS/FAIL per check and "N passed, M failed"; exits 1 on any failure. Installs
-# ucx-utils and libfabric-bin when missing (root). Every step runs under `timeout`.
+#     and over verbs message endpoints (connected through the rdma_cm);
+#   Open MPI 4.1: mpi_test.c (point-to-point, one-sided and collectives, every byte
+#     checked by the rank that receives it), built with mpicc, run by
+#     `softrdma run -- mpirun -np 2 --mca pml ucx` with UCX on rc_verbs (and ud_verbs)
+#     and on ud_verbs alone; each rank opens its own softrdma device (127.0.0.x). Judged
+#     by the exit code, the program's PASS lines and count, and UCX's log of the
+#     transports each rank chose. Nothing can go by shared memory or TCP: UCX_TLS names
+#     only the verbs transports (no posix/sysv/cma/self/tcp), `--mca btl self` loads no
+#     shared-memory or TCP BTL, `--mca osc ucx` keeps one-sided windows off osc/sm, and
+#     `--mca coll ^sm,han` keeps collectives on the point-to-point layer. The openib BTL
+#     (pml ob1) runs when Open MPI's build has a connection scheme for RoCE (the rdmacm
+#     CPC); Debian's has only udcm, which serves InfiniBand link layers only, so there
+#     it is reported as SKIP with that reason.
+# Prints PASS/FAIL per check (SKIP for what cannot run here, not counted) and
+# "N passed, M failed"; exits 1 on any failure. Installs ucx-utils, libfabric-bin,
+# openmpi-bin and libopenmpi-dev when missing (root). Every step runs under `timeout`.
 #
 #   sudo tests-ext/middleware/run.sh
 #
@@ -45,6 +58,7 @@ finish() {
   [ "$fail" = 0 ] && [ "$pass" -gt 0 ]
   exit $?
 }
+skip() { echo "SKIP: $1 ($2)"; }
 want() { [ -z "$ONLY" ] || [[ "$1" =~ $ONLY ]]; }
 slug() { printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-80; }
 
@@ -56,6 +70,8 @@ need_pkgs=()
 command -v ucx_perftest >/dev/null 2>&1 || need_pkgs+=(ucx-utils)
 command -v fi_pingpong >/dev/null 2>&1 || need_pkgs+=(libfabric-bin)
 [ -f /usr/lib/x86_64-linux-gnu/libmlx5.so.1 ] || need_pkgs+=(ibverbs-providers)
+command -v mpirun >/dev/null 2>&1 || need_pkgs+=(openmpi-bin)
+[ -f /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || need_pkgs+=(libopenmpi-dev)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && [ -z "${SKIP_INSTALL:-}" ] && command -v apt-get >/dev/null 2>&1; then
     log "installing ${need_pkgs[*]}"
@@ -173,5 +189,74 @@ for prov in "verbs;ofi_rxd rdm" "verbs msg"; do
     awk '$1 == "1m" && $2 == 200 && $5 > 0 { ok = 1 } END { exit !ok }' "$CL" "$SL"
   result "$name: data checked, 64 B to 1 MiB" $? "$(why "$name")"
 done
+
+# --- Open MPI ------------------------------------------------------------------------------
+# Every rank under one `softrdma run` (one view); each rank process opens its own device.
+# --bind-to none: the ranks' progress threads must not share the rank's one core.
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
+MPI_TEST="$OUT/mpi_test"
+# The checks mpi_test makes: its last line reports them; each must have passed.
+MPI_CHECKS=59
+mpi_built=0
+if want "mpirun"; then
+  timeout 120 mpicc -O2 -Wall -Werror -o "$MPI_TEST" "$HERE/mpi_test.c" > "$OUT/mpi_test.build.log" 2>&1
+  rc=$?
+  result "mpicc -O2 -Wall -Werror mpi_test.c" $rc "see $OUT/mpi_test.build.log"
+  [ $rc = 0 ] && mpi_built=1
+fi
+# mpi_ok LOG: exit code 0 (RC), every check passed, none failed.
+mpi_ok() {
+  [ "$RC" = 0 ] && ! grep -q '^FAIL: ' "$1" &&
+    [ "$(grep -c '^PASS: ' "$1")" = "$MPI_CHECKS" ] &&
+    grep -qx "mpi_test: $MPI_CHECKS checks passed, 0 failed" "$1"
+}
+# UCX (UCX_LOG_LEVEL=info) prints the lanes of each endpoint configuration it makes:
+# tag matching (pml ucx) and RMA/atomics (osc ucx), per rank ("[host:pid:thread]").
+# lanes_ok LOG TL: both ranks made both, on TL/softrdma0:1, and no lane is on anything else.
+lanes_ok() {
+  local tag rma other
+  tag=$(grep -E "ep_cfg\[[0-9]+\]: tag\($2/softrdma0:1\)" "$1" | sed -E 's/^\[[^]]*\] \[([^]]*)\].*/\1/' | sort -u | wc -l)
+  rma=$(grep -E "ep_cfg\[[0-9]+\]: (rma|rma_am)\($2/softrdma0:1\)" "$1" | sed -E 's/^\[[^]]*\] \[([^]]*)\].*/\1/' | sort -u | wc -l)
+  other=$(grep -E "ep_cfg\[[0-9]+\]:" "$1" | grep -oE '\([a-z_0-9]+/[^)]*\)' | grep -vcx "($2/softrdma0:1)")
+  [ "$tag" = 2 ] && [ "$rma" = 2 ] && [ "$other" = 0 ]
+}
+for tls in rc_verbs,ud_verbs ud_verbs; do
+  used=${tls%%,*}
+  name="mpirun -np 2 --mca pml ucx over $used"
+  { want "$name" && [ "$mpi_built" = 1 ]; } || continue
+  L="$OUT/$(slug "$name").log"
+  cmd=("${MPIRUN[@]}" --mca pml ucx --mca osc ucx --mca btl self --mca coll '^sm,han' "$MPI_TEST")
+  echo "\$ UCX_TLS=$tls UCX_NET_DEVICES=softrdma0:1 softrdma run -- ${cmd[*]}" > "$L"
+  start=$(date +%s%N)
+  UCX_TLS=$tls UCX_NET_DEVICES=softrdma0:1 UCX_LOG_LEVEL=info \
+    timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run -- "${cmd[@]}" >> "$L" 2>&1
+  RC=$?
+  ms=$((($(date +%s%N) - start) / 1000000))
+  mpi_ok "$L" && ! grep -q ' UCX  ERROR' "$L" && lanes_ok "$L" "$used"
+  result "$name: $MPI_CHECKS data checks, UCX on $used/softrdma0:1 for tag and RMA on both ranks, ${ms} ms" $? \
+    "exit $RC, $(grep -c '^PASS: ' "$L") PASS, $(grep -c '^FAIL: ' "$L") FAIL; $(grep -E '^FAIL: | UCX  ERROR' "$L" | head -n 2 | tr '\n' ' ' | cut -c1-200); $L"
+done
+
+name="mpirun -np 2 --mca pml ob1 --mca btl openib,self"
+if want "$name" && [ "$mpi_built" = 1 ]; then
+  # The CPCs (connection schemes) this build of the openib BTL has; RoCE needs rdmacm.
+  cpcs=$(ompi_info --param btl openib --level 9 2>/dev/null | grep -A1 '"btl_openib_cpc_include"' |
+    sed -nE 's/.*valid values: ([^)]*)\).*/\1/p')
+  if ! ompi_info 2>/dev/null | grep -q 'MCA btl: openib'; then
+    skip "$name" "this Open MPI has no openib BTL"
+  elif ! grep -qw rdmacm <<< "$cpcs"; then
+    skip "$name" "this openib BTL's connection schemes are '${cpcs:-none}'; udcm serves InfiniBand link layers only and softrdma is RoCE, which needs the rdmacm CPC Open MPI was built without"
+  else
+    L="$OUT/$(slug "$name").log"
+    cmd=("${MPIRUN[@]}" --mca pml ob1 --mca btl openib,self --mca btl_openib_allow_ib true
+      --mca btl_openib_cpc_include rdmacm --mca btl_openib_warn_no_device_params_found 0
+      --mca osc '^sm,ucx' --mca coll '^sm,han' "$MPI_TEST")
+    echo "\$ softrdma run -- ${cmd[*]}" > "$L"
+    timeout -k 5 "$STEP_TIMEOUT" "$SOFTRDMA" run -- "${cmd[@]}" >> "$L" 2>&1
+    RC=$?
+    mpi_ok "$L"
+    result "$name: $MPI_CHECKS data checks" $? "exit $RC; $(grep -E '^FAIL: ' "$L" | head -n 2 | tr '\n' ' ' | cut -c1-200); $L"
+  fi
+fi
 
 finish

@@ -46,15 +46,22 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut sys::ibv_device) -> *mut s
         let c = &mut vctx.context;
         c.device = std::ptr::addr_of!(d.dev).cast_mut();
         c.cmd_fd = -1;
-        c.async_fd = shared.dev.async_event_fd();
         c.num_comp_vectors = 1;
         c.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
-        Box::new(Ctx {
+        let asyn = match shared.new_ctx_async() {
+            Ok(a) => a,
+            Err(e) => return null_errno(e),
+        };
+        c.async_fd = asyn.fd();
+        let b = Box::new(Ctx {
             vctx,
-            shared,
+            shared: shared.clone(),
             dev: d,
-        })
-        .into_raw()
+            asyn: asyn.clone(),
+        });
+        // Routed to under the address objects' `context` fields hold, known once boxed.
+        shared.add_ctx(b.c_ptr() as usize, asyn);
+        b.into_raw()
     })
 }
 
@@ -67,6 +74,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut sys::ibv_context) -> c_i
         }
         // SAFETY: as above; the program closes a context once.
         let b = unsafe { Ctx::from_raw(context) };
+        b.shared.remove_ctx(context as usize);
         // The device (its thread and socket) closes with its last context.
         drop(b);
         0

@@ -40,6 +40,87 @@ pub(crate) struct DevShared {
     pub(crate) dev: Arc<softrdma_device::Device>,
     /// C objects by engine id, for CQ events and async events.
     pub(crate) reg: Mutex<Registry>,
+    /// The open contexts' async-event queues, by the program's `ibv_context *`; whoever
+    /// takes the device's events routes them here (held while routing, so each context
+    /// sees its events in the device's order).
+    pub(crate) ctxs: Mutex<Vec<(usize, Arc<CtxAsync>)>>,
+}
+
+/// One async event routed to a context, resolved to the program's object (stored as
+/// usize: the queue is only a hand-over, the objects are owned by the program).
+#[derive(Clone, Copy)]
+struct QueuedEvent {
+    ty: sys::ibv_event_type,
+    /// The `ibv_cq`/`ibv_qp`/`ibv_srq` the event concerns; 0 for a device-wide event.
+    element: usize,
+    port: c_int,
+}
+
+/// A context's own async events. Each context has its own `async_fd`, as each open of a
+/// kernel uverbs device has: programs key their handlers by that descriptor (UCX refuses
+/// a second context on the device whose `async_fd` it already watches, and Open MPI opens
+/// one for its point-to-point layer and another for one-sided windows), and an event
+/// goes to the context that owns the object it concerns, device-wide ones to every
+/// context.
+pub(crate) struct CtxAsync {
+    /// `context->async_fd`: an epoll set of the device's async fd (events not yet routed)
+    /// and `pending` (events routed here), so it polls readable when either is; its own
+    /// descriptor, so O_NONBLOCK on it is this context's alone.
+    epoll: std::os::fd::OwnedFd,
+    /// Readable while `queue` holds events (set and cleared under its lock).
+    pending: softrdma_device::EventFd,
+    queue: Mutex<std::collections::VecDeque<QueuedEvent>>,
+}
+
+impl CtxAsync {
+    fn new(device_async_fd: c_int) -> Result<CtxAsync, i32> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let pending =
+            softrdma_device::EventFd::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        // SAFETY: epoll_create1 takes no pointers; the descriptor is owned below.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO));
+        }
+        // SAFETY: `ep` is a new descriptor nothing else owns.
+        let epoll = unsafe { std::os::fd::OwnedFd::from_raw_fd(ep) };
+        for fd in [device_async_fd, pending.as_raw_fd()] {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: fd as u64,
+            };
+            // SAFETY: `ev` is a live epoll_event; both descriptors are open.
+            if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+                return Err(std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO));
+            }
+        }
+        Ok(CtxAsync {
+            epoll,
+            pending,
+            queue: Mutex::new(std::collections::VecDeque::new()),
+        })
+    }
+    pub(crate) fn fd(&self) -> c_int {
+        use std::os::fd::AsRawFd;
+        self.epoll.as_raw_fd()
+    }
+    fn push(&self, e: QueuedEvent) {
+        let mut q = lock(&self.queue);
+        q.push_back(e);
+        self.pending.set();
+    }
+    fn pop(&self) -> Option<QueuedEvent> {
+        let mut q = lock(&self.queue);
+        let e = q.pop_front();
+        if q.is_empty() {
+            self.pending.clear();
+        }
+        e
+    }
 }
 
 /// Addresses of this library's C objects by engine id (stored as usize: the registry is
@@ -71,6 +152,8 @@ pub(crate) struct Ctx {
     pub(crate) vctx: sys::verbs_context,
     pub(crate) shared: Arc<DevShared>,
     pub(crate) dev: &'static Dev,
+    /// This context's async events and its `async_fd`.
+    pub(crate) asyn: Arc<CtxAsync>,
 }
 
 const CTX_OFFSET: usize = std::mem::offset_of!(sys::verbs_context, context);
@@ -285,10 +368,10 @@ fn open_shared(d: &Dev) -> Result<Arc<DevShared>, i32> {
         eprintln!("libibverbs (softrdma): opening {}: {e}", d.entry.name);
         e.raw_os_error().unwrap_or(libc::EIO)
     })?;
-    crate::make_fd_blocking(dev.async_event_fd());
     let sh = Arc::new(DevShared {
         dev: Arc::new(dev),
         reg: Mutex::new(Registry::default()),
+        ctxs: Mutex::new(Vec::new()),
     });
     open.push((d.entry.name.clone(), Arc::downgrade(&sh)));
     Ok(sh)
@@ -657,34 +740,28 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
 
 // ------------------------------------------------------------------ async events
 
-/// Blocks until the device has an async event (the fd `context->async_fd` is readable
-/// while one is pending). Events of objects already destroyed are skipped. If the
-/// program set O_NONBLOCK on that fd, returns -1 with EAGAIN when none is pending.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(
-    context: *mut sys::ibv_context,
-    event: *mut sys::ibv_async_event,
-) -> c_int {
-    guard(-1, || {
-        // SAFETY: the caller passes a live context.
-        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
-            return minus_one(libc::EINVAL);
-        };
-        if event.is_null() {
-            return minus_one(libc::EINVAL);
-        }
-        let dev = ctx.dev();
-        loop {
-            let Some(ev) = dev.next_async_event() else {
-                if crate::fd_nonblocking(dev.async_event_fd()) {
-                    return minus_one(libc::EAGAIN);
-                }
-                // A signal (EINTR) or a failed wait just loops.
-                let _ = dev.wait_async_event(None);
-                continue;
-            };
-            let mut o: sys::ibv_async_event = zeroed();
-            let reg = ctx.shared.registry();
+impl DevShared {
+    /// A new context's async queue and descriptor.
+    pub(crate) fn new_ctx_async(&self) -> Result<Arc<CtxAsync>, i32> {
+        Ok(Arc::new(CtxAsync::new(self.dev.async_event_fd())?))
+    }
+    /// Route the events of the context at `ctx` (the program's `ibv_context *`) to `a`.
+    pub(crate) fn add_ctx(&self, ctx: usize, a: Arc<CtxAsync>) {
+        lock(&self.ctxs).push((ctx, a));
+    }
+    /// A context closes: its queue gets no more events.
+    pub(crate) fn remove_ctx(&self, ctx: usize) {
+        lock(&self.ctxs).retain(|(c, _)| *c != ctx);
+    }
+
+    /// Take every event the device has and queue each on the context it belongs to: an
+    /// object's event on the context the object was created on (the `context` field every
+    /// verbs object begins with), a device-wide one on every context. Events of objects
+    /// already destroyed are dropped.
+    fn route_async_events(&self) {
+        let ctxs = lock(&self.ctxs);
+        while let Some(ev) = self.dev.next_async_event() {
+            let reg = self.registry();
             let (elem, ty) = match ev {
                 AsyncEvent::CqErr(c) => (reg.cqs.get(&c.0).copied(), sys::IBV_EVENT_CQ_ERR),
                 AsyncEvent::QpFatal(q) => (reg.qps.get(&q).copied(), sys::IBV_EVENT_QP_FATAL),
@@ -702,23 +779,90 @@ pub unsafe extern "C" fn ibv_get_async_event(
                     sys::IBV_EVENT_SRQ_LIMIT_REACHED,
                 ),
                 AsyncEvent::PortActive(p) => {
-                    o.element.port_num = p as c_int;
-                    (Some(0), sys::IBV_EVENT_PORT_ACTIVE)
+                    let e = QueuedEvent {
+                        ty: sys::IBV_EVENT_PORT_ACTIVE,
+                        element: 0,
+                        port: p as c_int,
+                    };
+                    ctxs.iter().for_each(|(_, a)| a.push(e));
+                    continue;
                 }
-                AsyncEvent::DeviceFatal => (Some(0), sys::IBV_EVENT_DEVICE_FATAL),
+                AsyncEvent::DeviceFatal => {
+                    let e = QueuedEvent {
+                        ty: sys::IBV_EVENT_DEVICE_FATAL,
+                        element: 0,
+                        port: 0,
+                    };
+                    ctxs.iter().for_each(|(_, a)| a.push(e));
+                    continue;
+                }
             };
-            drop(reg);
             let Some(elem) = elem else {
                 continue;
             };
-            match ty {
-                // Registered objects begin with the C struct the program holds.
-                sys::IBV_EVENT_CQ_ERR => o.element.cq = elem as *mut sys::ibv_cq,
-                sys::IBV_EVENT_SRQ_LIMIT_REACHED => o.element.srq = elem as *mut sys::ibv_srq,
-                sys::IBV_EVENT_PORT_ACTIVE | sys::IBV_EVENT_DEVICE_FATAL => {}
-                _ => o.element.qp = elem as *mut sys::ibv_qp,
+            // SAFETY: a registered object is live while it is in the registry (its
+            // destroy removes it under this lock first) and begins with the C struct the
+            // program holds, whose first field is its context.
+            let owner = unsafe {
+                match ty {
+                    sys::IBV_EVENT_CQ_ERR => (*(elem as *const sys::ibv_cq)).context,
+                    sys::IBV_EVENT_SRQ_LIMIT_REACHED => (*(elem as *const sys::ibv_srq)).context,
+                    _ => (*(elem as *const sys::ibv_qp)).context,
+                }
+            } as usize;
+            drop(reg);
+            if let Some((_, a)) = ctxs.iter().find(|(c, _)| *c == owner) {
+                a.push(QueuedEvent {
+                    ty,
+                    element: elem,
+                    port: 0,
+                });
             }
-            o.event_type = ty;
+        }
+    }
+}
+
+/// Blocks until the context has an async event (the fd `context->async_fd` is readable
+/// while one may be pending). If the program set O_NONBLOCK on that fd, returns -1 with
+/// EAGAIN when none is pending.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    context: *mut sys::ibv_context,
+    event: *mut sys::ibv_async_event,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if event.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        loop {
+            ctx.shared.route_async_events();
+            let Some(e) = ctx.asyn.pop() else {
+                if crate::fd_nonblocking(ctx.asyn.fd()) {
+                    return minus_one(libc::EAGAIN);
+                }
+                let mut p = libc::pollfd {
+                    fd: ctx.asyn.fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd. A signal (EINTR) or a failure just loops.
+                let _ = unsafe { libc::poll(&mut p, 1, -1) };
+                continue;
+            };
+            let mut o: sys::ibv_async_event = zeroed();
+            match e.ty {
+                // Registered objects begin with the C struct the program holds.
+                sys::IBV_EVENT_CQ_ERR => o.element.cq = e.element as *mut sys::ibv_cq,
+                sys::IBV_EVENT_SRQ_LIMIT_REACHED => o.element.srq = e.element as *mut sys::ibv_srq,
+                sys::IBV_EVENT_PORT_ACTIVE => o.element.port_num = e.port,
+                sys::IBV_EVENT_DEVICE_FATAL => {}
+                _ => o.element.qp = e.element as *mut sys::ibv_qp,
+            }
+            o.event_type = e.ty;
             // SAFETY: `event` points at the caller's struct.
             unsafe { event.write(o) };
             return 0;
