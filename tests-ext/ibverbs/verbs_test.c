@@ -1986,6 +1986,15 @@ static void t_dm(void)
 		EXPECT(diff_at(out, in + 100, 1000) < 0, "bytes read back differ");
 		rc = ibv_memcpy_to_dm(dm, 8000, in, 500);
 		EXPECT(rc != 0, "ibv_memcpy_to_dm past the end succeeded");
+		/* copies are in 32-bit words, as mlx5's provider requires (EINVAL otherwise) */
+		rc = ibv_memcpy_to_dm(dm, 3, in, 4);
+		EXPECT(rc == EINVAL, "ibv_memcpy_to_dm at offset 3: %s, want EINVAL", strerror(rc));
+		rc = ibv_memcpy_to_dm(dm, 4, in, 3);
+		EXPECT(rc == EINVAL, "ibv_memcpy_to_dm of 3 bytes: %s, want EINVAL", strerror(rc));
+		rc = ibv_memcpy_from_dm(out, dm, 3, 4);
+		EXPECT(rc == EINVAL, "ibv_memcpy_from_dm at offset 3: %s, want EINVAL", strerror(rc));
+		rc = ibv_memcpy_from_dm(out, dm, 4, 3);
+		EXPECT(rc == EINVAL, "ibv_memcpy_from_dm of 3 bytes: %s, want EINVAL", strerror(rc));
 	}
 	check_end();
 

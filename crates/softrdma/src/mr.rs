@@ -446,12 +446,14 @@ impl DeviceMemory {
     pub fn is_empty(&self) -> bool {
         self.inner.len == 0
     }
-    /// Copy `data` in at `offset`.
+    /// Copy `data` in at `offset`; the offset and the length are multiples of 4
+    /// (`EINVAL` otherwise), as on the devices that have device memory.
     pub fn copy_to(&self, offset: u64, data: &[u8]) -> Result<()> {
         let id = self.inner.id;
         self.inner.dev.call(|r, _| r.dm_copy_to(id, offset, data))
     }
-    /// Copy out from `offset`.
+    /// Copy out from `offset`; the offset and the length are multiples of 4 (`EINVAL`
+    /// otherwise).
     pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let id = self.inner.id;
         self.inner.dev.call(|r, _| r.dm_copy_from(id, offset, out))

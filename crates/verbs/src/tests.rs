@@ -1433,6 +1433,18 @@ fn device_memory_copy_and_registration() {
     c.dm_copy_from(dm3, 60, &mut out).unwrap();
     assert_eq!(out, [1, 2, 3, 4]);
     assert!(c.dm_copy_from(dm3, 64, &mut out).is_err());
+    // Copies are in 32-bit words, as on the devices that have device memory.
+    for (off, len) in [(1, 4), (2, 4), (3, 4), (4, 1), (4, 3), (4, 6)] {
+        let data = vec![7u8; len];
+        let e = c.dm_copy_to(dm3, off, &data).unwrap_err();
+        assert_eq!(e.errno, Errno::EINVAL, "copy to at {off}+{len}");
+        let mut o = vec![0u8; len];
+        let e = c.dm_copy_from(dm3, off, &mut o).unwrap_err();
+        assert_eq!(e.errno, Errno::EINVAL, "copy from at {off}+{len}");
+    }
+    c.dm_copy_from(dm3, 60, &mut out).unwrap();
+    assert_eq!(out, [1, 2, 3, 4], "a refused copy changes nothing");
+    c.dm_copy_to(dm3, 0, &[]).unwrap();
     assert!(
         c.reg_dm_mr(pd, dm3, 32, 40, Access::LOCAL_WRITE).is_err(),
         "past the end"

@@ -8,6 +8,12 @@ use super::{ebusy, einval, enomem, Context};
 use crate::error::Result;
 use crate::types::{Access, DmId, PdId};
 
+/// The granularity of a program's copies to and from device memory. The devices that have
+/// device memory (mlx5) reach it in 32-bit words and their provider refuses a copy at a
+/// misaligned offset or length with EINVAL; programs are written to that, and rdma-core's
+/// tests check that such a copy fails rather than touching neighbouring bytes.
+const DM_COPY_ALIGN: usize = 4;
+
 /// Memory registration backing: device memory owned by the context, freed on drop.
 ///
 /// A raw allocation rather than a `Box`: moving a `Box` (as the table does when it grows)
@@ -96,18 +102,28 @@ impl Context {
     fn dm_span(&self, dm: DmId, offset: u64, n: usize) -> Result<MemSpan<'_>> {
         Ok(MemSpan::new(self.dm_at(dm, offset, n)?.get(), n))
     }
-    /// Copy into device memory.
+    /// The device memory span `offset..offset+n` a program copies to or from: offset and
+    /// length must be multiples of `DM_COPY_ALIGN`.
+    fn dm_copy_span(&self, dm: DmId, offset: u64, n: usize) -> Result<MemSpan<'_>> {
+        if offset % DM_COPY_ALIGN as u64 != 0 || n % DM_COPY_ALIGN != 0 {
+            return Err(einval(
+                "device memory copies need 4-byte aligned offsets and lengths",
+            ));
+        }
+        self.dm_span(dm, offset, n)
+    }
+    /// Copy into device memory (offset and length multiples of 4, else EINVAL).
     pub fn dm_copy_to(&mut self, dm: DmId, offset: u64, data: &[u8]) -> Result<()> {
-        let span = self.dm_span(dm, offset, data.len())?;
+        let span = self.dm_copy_span(dm, offset, data.len())?;
         if span.write(0, data) {
             Ok(())
         } else {
             Err(einval("device memory access out of bounds"))
         }
     }
-    /// Copy out of device memory.
+    /// Copy out of device memory (offset and length multiples of 4, else EINVAL).
     pub fn dm_copy_from(&self, dm: DmId, offset: u64, out: &mut [u8]) -> Result<()> {
-        let span = self.dm_span(dm, offset, out.len())?;
+        let span = self.dm_copy_span(dm, offset, out.len())?;
         if span.read(0, out) {
             Ok(())
         } else {
