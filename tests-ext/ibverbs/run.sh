@@ -13,7 +13,8 @@
 #     ib_send_lat with -c UD and -c UC;
 #   verbs_test.c (one PASS/FAIL line per check it makes, among them the GID's netdev by
 #     if_indextoname beside sysfs's and the uverbs node; one process per test group, two
-#     QPs on its device) and verbs_test -f (the responder in a second process);
+#     QPs on its device), verbs_test -f (the responder in a second process) and -F (the
+#     same, forked while the parent's device is open);
 #   the stand-in provider libraries (crates/ibverbs-stubs): each of libmlx5, libefa,
 #     libmlx4 and libmana exports exactly the (symbol, version) pairs and version nodes of
 #     Debian's, its generated code is up to date with the installed library and header
@@ -395,16 +396,18 @@ else
     want "verbs_test: $g" || continue
     verbs_test_run "$g" -q -d "$DEV" -g 0 -t "$g"
   done
-  if want "verbs_test -f"; then
+  # -F: the parent's device is open when it forks; the child must open one of its own.
+  for fm in -f -F; do
+    want "verbs_test $fm" || continue
     nstep=$((nstep + 1))
-    base="$OUT/$(slug "verbs_test -f")"
-    sr 600 "$VT" -d "$DEV" -g 0 -f > "$base.log" 2> "$base.stderr.log"
+    base="$OUT/$(slug "verbs_test $fm")"
+    sr 600 "$VT" -d "$DEV" -g 0 "$fm" > "$base.log" 2> "$base.stderr.log"
     rc=$?
-    vt_lines "verbs_test -f" "$base.log"
+    vt_lines "verbs_test $fm" "$base.log"
     if [ "$VT_N" = 0 ] || { [ "$rc" != 0 ] && [ "$rc" != 1 ]; }; then
-      result "verbs_test -f exited" 1 "exit $rc; $(tail -n 3 "$base.stderr.log" | tr '\n' ' ' | cut -c1-300)"
+      result "verbs_test $fm exited" 1 "exit $rc; $(tail -n 3 "$base.stderr.log" | tr '\n' ' ' | cut -c1-300)"
     fi
-  fi
+  done
 fi
 
 finish

@@ -48,6 +48,7 @@ static const char *g_filter;
 static int g_watchdog_s = 60;
 static int g_child;
 static int g_quiet_open; /* -q: no PASS line for the device open check */
+static int g_open_before_fork; /* -F: fork mode with the parent's device open at fork() */
 
 static void summary_and_exit(int code)
 {
@@ -2685,6 +2686,10 @@ static void fork_mode(void)
 		perror("socketpair");
 		summary_and_exit(1);
 	}
+	/* -F: the child inherits an open context (as Python's multiprocessing children do) and
+	 * must still get a device of its own, with its own address and progress */
+	if (g_open_before_fork && !open_device())
+		summary_and_exit(1);
 	pid = fork();
 	if (pid == 0) {
 		close(sv[0]);
@@ -2692,7 +2697,7 @@ static void fork_mode(void)
 		_exit(fork_child(sv[1]));
 	}
 	close(sv[1]);
-	if (!open_device())
+	if (!g_open_before_fork && !open_device())
 		summary_and_exit(1);
 	check_begin("fork: connect an RC QP to a QP on another process's device");
 	default_opts(&o, IBV_QPT_RC);
@@ -2989,11 +2994,12 @@ static const struct test tests[] = {
 static void usage(const char *argv0)
 {
 	fprintf(stderr,
-		"usage: %s [-d DEVICE] [-g GID_INDEX] [-i PORT] [-t GROUP,...] [-w WATCHDOG_S] [-l] [-q] [-v] [-f]\n"
+		"usage: %s [-d DEVICE] [-g GID_INDEX] [-i PORT] [-t GROUP,...] [-w WATCHDOG_S] [-l] [-q] [-v] [-f|-F]\n"
 		"  -t  run only these test groups (-l lists them); the device is opened in any case\n"
 		"  -q  no PASS line for opening the device (for running one group per process)\n"
 		"  -w  seconds one check may take before it is failed as hung (default 60)\n"
-		"  -f  fork mode: the responder runs in a child process with its own device\n",
+		"  -f  fork mode: the responder runs in a child process with its own device\n"
+		"  -F  fork mode, with the parent's device already open when it forks\n",
 		argv0);
 }
 
@@ -3002,7 +3008,7 @@ int main(int argc, char **argv)
 	int c, fork_mode_on = 0;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	while ((c = getopt(argc, argv, "d:g:i:t:w:lvfqh")) != -1) {
+	while ((c = getopt(argc, argv, "d:g:i:t:w:lvfFqh")) != -1) {
 		switch (c) {
 		case 'd': g_devname = optarg; break;
 		case 'g': g_gidx = atoi(optarg); break;
@@ -3011,6 +3017,7 @@ int main(int argc, char **argv)
 		case 'w': g_watchdog_s = atoi(optarg); break;
 		case 'v': g_verbose = 1; break;
 		case 'f': fork_mode_on = 1; break;
+		case 'F': fork_mode_on = 1; g_open_before_fork = 1; break;
 		case 'q': g_quiet_open = 1; break;
 		case 'l':
 			printf("strings\n");

@@ -132,7 +132,9 @@ pub(crate) struct Registry {
     pub(crate) srqs: HashMap<u32, usize>,
 }
 
-static OPEN: Mutex<Vec<(String, Weak<DevShared>)>> = Mutex::new(Vec::new());
+/// The open devices by name, each with the process that opened it (see
+/// [`crate::this_process`]: a forked child does not use its parent's).
+static OPEN: Mutex<Vec<(String, u32, Weak<DevShared>)>> = Mutex::new(Vec::new());
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -328,10 +330,11 @@ fn device_addr(d: &Dev) -> SocketAddr {
 }
 
 fn find_open(name: &str) -> Option<Arc<DevShared>> {
+    let me = crate::this_process();
     lock(&OPEN)
         .iter()
-        .find(|(n, _)| n == name)
-        .and_then(|(_, w)| w.upgrade())
+        .find(|(n, pid, _)| n == name && *pid == me)
+        .and_then(|(_, _, w)| w.upgrade())
 }
 
 #[no_mangle]
@@ -355,12 +358,14 @@ pub unsafe extern "C" fn ibv_get_device_guid(device: *mut sys::ibv_device) -> u6
 }
 
 fn open_shared(d: &Dev) -> Result<Arc<DevShared>, i32> {
+    let me = crate::this_process();
     let mut open = lock(&OPEN);
-    open.retain(|(_, w)| w.strong_count() > 0);
+    // A parent's entries go too: its devices stay, unused, with the contexts that hold them.
+    open.retain(|(_, pid, w)| *pid == me && w.strong_count() > 0);
     if let Some(sh) = open
         .iter()
-        .find(|(n, _)| *n == d.entry.name)
-        .and_then(|(_, w)| w.upgrade())
+        .find(|(n, _, _)| *n == d.entry.name)
+        .and_then(|(_, _, w)| w.upgrade())
     {
         return Ok(sh);
     }
@@ -373,7 +378,7 @@ fn open_shared(d: &Dev) -> Result<Arc<DevShared>, i32> {
         reg: Mutex::new(Registry::default()),
         ctxs: Mutex::new(Vec::new()),
     });
-    open.push((d.entry.name.clone(), Arc::downgrade(&sh)));
+    open.push((d.entry.name.clone(), me, Arc::downgrade(&sh)));
     Ok(sh)
 }
 

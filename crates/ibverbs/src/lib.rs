@@ -49,6 +49,17 @@ use std::panic::AssertUnwindSafe;
 #[cfg(not(test))]
 include!(concat!(env!("OUT_DIR"), "/symver.rs"));
 
+/// This process's id, which the library's process-wide state (the open devices, the CM)
+/// records. A child made by `fork()` inherits that state from its parent but not the
+/// threads that serve it (each device's progress thread, the CM's thread) and shares the
+/// parent's sockets, so the child must not use it: it opens devices and starts a CM of
+/// its own, as a child of a kernel RDMA process opens its own context. The parent's state
+/// is left alone in the child (neither used nor dropped: dropping it would wait for
+/// threads that are not there).
+pub(crate) fn this_process() -> u32 {
+    std::process::id()
+}
+
 /// Run `f`, turning a panic into `fail` (with errno EIO) so that no unwind crosses the C ABI.
 pub(crate) fn guard<R>(fail: R, f: impl FnOnce() -> R) -> R {
     match std::panic::catch_unwind(AssertUnwindSafe(f)) {

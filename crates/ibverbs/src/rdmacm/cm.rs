@@ -30,6 +30,9 @@ pub(crate) struct Cm {
     pd: usize,
     /// `CmId` addresses by handle (see [`Cm::claim`]).
     ids: Mutex<HashMap<IdHandle, usize>>,
+    /// The process that started it: a forked child starts its own (see
+    /// [`crate::this_process`]).
+    pid: u32,
 }
 
 static CM: Mutex<Option<Arc<Cm>>> = Mutex::new(None);
@@ -72,7 +75,12 @@ fn timeouts_from_env() -> Timeouts {
 pub(crate) fn get() -> Result<Arc<Cm>, c_int> {
     let mut g = lock(&CM);
     if let Some(c) = g.as_ref() {
-        return Ok(Arc::clone(c));
+        if c.pid == crate::this_process() {
+            return Ok(Arc::clone(c));
+        }
+        // The parent's CM, inherited by fork: its thread is not in this process, so
+        // dropping it would wait forever; it is left as it is.
+        std::mem::forget(g.take());
     }
     let ctx = *super::devices::contexts()?.first().ok_or(libc::ENODEV)?;
     // SAFETY: `contexts` returns live contexts of this library, never closed.
@@ -97,10 +105,16 @@ pub(crate) fn get() -> Result<Arc<Cm>, c_int> {
         ctx: ctx as usize,
         pd: pd as usize,
         ids: Mutex::new(HashMap::new()),
+        pid: crate::this_process(),
     });
     *g = Some(Arc::clone(&cm));
+    // Once per program: a forked child inherits the registration and the handler finds
+    // the child's own CM.
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
     // SAFETY: registering a plain function with no arguments; atexit copies the pointer.
-    unsafe { libc::atexit(at_exit) };
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(at_exit);
+    });
     Ok(cm)
 }
 
@@ -109,7 +123,12 @@ pub(crate) fn get() -> Result<Arc<Cm>, c_int> {
 /// that exits while connected leaves its peer a DISCONNECTED, not a minute of DREQ
 /// retries against a device that is gone).
 extern "C" fn at_exit() {
-    let cm = CM.try_lock().ok().and_then(|g| g.as_ref().map(Arc::clone));
+    // Only this process's CM: a parent's, inherited by fork, has no thread here to answer.
+    let cm = CM.try_lock().ok().and_then(|g| {
+        g.as_ref()
+            .filter(|c| c.pid == crate::this_process())
+            .map(Arc::clone)
+    });
     if let Some(cm) = cm {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             cm.call(|c, now| c.shutdown(now));

@@ -11,10 +11,12 @@ use crate::{context, device, guard, null_errno, sys};
 
 /// An opened context, by the address of the `ibv_device` it was opened on. Entries are
 /// never removed: the contexts stay open for the life of the process. (Addresses are kept
-/// as integers: they are only handed out, never dereferenced here.)
+/// as integers: they are only handed out, never dereferenced here.) `pid` is the process
+/// that opened it: a forked child opens its own (see [`crate::this_process`]).
 struct Open {
     dev: usize,
     ctx: usize,
+    pid: u32,
 }
 
 static OPEN: Mutex<Vec<Open>> = Mutex::new(Vec::new());
@@ -50,7 +52,10 @@ pub(crate) fn contexts() -> Result<Vec<*mut sys::ibv_context>, c_int> {
     let n = usize::try_from(n).unwrap_or(0);
     let mut out = Vec::with_capacity(n);
     if n > 0 {
+        let me = crate::this_process();
         let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+        // A parent's contexts are left open and unused (integers here: nothing is dropped).
+        open.retain(|o| o.pid == me);
         for i in 0..n {
             // SAFETY: the list holds `n` device pointers before its NULL.
             let dev = unsafe { *list.add(i) };
@@ -66,6 +71,7 @@ pub(crate) fn contexts() -> Result<Vec<*mut sys::ibv_context>, c_int> {
             open.push(Open {
                 dev: dev as usize,
                 ctx: ctx as usize,
+                pid: me,
             });
             out.push(ctx);
         }
