@@ -2037,6 +2037,128 @@ static void t_dm(void)
 	check_end();
 }
 
+/* ibv_import_device and the shared PD, MR and DM: a dup of a context's cmd_fd makes a
+ * second context on the same objects, as on a kernel device */
+static void t_import(void)
+{
+	struct ibv_context *c2 = NULL;
+	struct ibv_pd *pd2 = NULL, *other = NULL;
+	struct ibv_mr *mr2 = NULL;
+	struct ibv_dm *dm = NULL, *dm2 = NULL;
+	struct ibv_alloc_dm_attr da = { .length = 4096 };
+	struct ibv_cq *cq2 = NULL;
+	struct ibv_qp *qp2 = NULL;
+	struct mem m;
+	char in[256], out[256];
+	int fd, fl, rc;
+
+	memset(&m, 0, sizeof(m));
+	check_begin("import: cmd_fd is an open close-on-exec descriptor");
+	fl = fcntl(D.ctx->cmd_fd, F_GETFD);
+	EXPECT(D.ctx->cmd_fd >= 0 && fl >= 0 && (fl & FD_CLOEXEC), "cmd_fd %d, F_GETFD %d", D.ctx->cmd_fd, fl);
+	check_end();
+
+	check_begin("import: ibv_import_device of a dup of cmd_fd");
+	fd = dup(D.ctx->cmd_fd);
+	c2 = ibv_import_device(fd);
+	if (EXPECT(c2, "ibv_import_device: %s", strerror(errno))) {
+		EXPECT(c2 != D.ctx && c2->cmd_fd == fd, "context %p cmd_fd %d (dup %d)", (void *)c2, c2->cmd_fd, fd);
+		EXPECT(!strcmp(ibv_get_device_name(c2->device), ibv_get_device_name(D.ctx->device)),
+		       "device %s", ibv_get_device_name(c2->device));
+	} else {
+		close(fd);
+	}
+	check_end();
+
+	check_begin("import: ibv_import_pd, ibv_import_mr and objects on them");
+	if (c2 && mem_alloc(&m, 8192, ACC_ALL)) {
+		pd2 = ibv_import_pd(c2, D.pd->handle);
+		if (EXPECT(pd2, "ibv_import_pd: %s", strerror(errno))) {
+			EXPECT(pd2->handle == D.pd->handle && pd2->context == c2, "handle %u context %p", pd2->handle,
+			       (void *)pd2->context);
+			mr2 = ibv_import_mr(pd2, m.mr->handle);
+			if (EXPECT(mr2, "ibv_import_mr: %s", strerror(errno)))
+				EXPECT(mr2->lkey == m.mr->lkey && mr2->rkey == m.mr->rkey && mr2->length == m.mr->length &&
+				       mr2->addr == NULL && mr2->pd == pd2 && mr2->context == c2,
+				       "lkey 0x%x rkey 0x%x length %zu addr %p", mr2->lkey, mr2->rkey, mr2->length, mr2->addr);
+			other = ibv_alloc_pd(c2);
+			errno = 0;
+			EXPECT(other && !ibv_import_mr(other, m.mr->handle) && errno == EINVAL,
+			       "importing an MR into another PD: %s, want EINVAL", strerror(errno));
+			cq2 = ibv_create_cq(c2, 16, NULL, NULL, 0);
+			EXPECT(cq2, "ibv_create_cq on the imported context: %s", strerror(errno));
+			if (cq2) {
+				struct ibv_qp_init_attr qa = { .send_cq = cq2, .recv_cq = cq2, .qp_type = IBV_QPT_RC,
+							       .cap = { .max_send_wr = 4, .max_recv_wr = 4,
+									.max_send_sge = 1, .max_recv_sge = 1 } };
+
+				qp2 = ibv_create_qp(pd2, &qa);
+				EXPECT(qp2, "ibv_create_qp on the imported PD: %s", strerror(errno));
+			}
+		}
+		errno = 0;
+		EXPECT(!ibv_import_pd(c2, D.pd->handle ^ 0x5a5a) && errno == EINVAL,
+		       "importing a PD handle that is none: %s, want EINVAL", strerror(errno));
+	}
+	check_end();
+
+	check_begin("import: ibv_import_dm reads what the original wrote");
+	if (c2) {
+		dm = ibv_alloc_dm(D.ctx, &da);
+		if (EXPECT(dm, "ibv_alloc_dm: %s", strerror(errno))) {
+			dm2 = ibv_import_dm(c2, dm->handle);
+			if (EXPECT(dm2, "ibv_import_dm: %s", strerror(errno))) {
+				fill(in, sizeof(in), 77);
+				rc = ibv_memcpy_to_dm(dm, 512, in, sizeof(in));
+				EXPECT(rc == 0, "ibv_memcpy_to_dm: %s", strerror(rc));
+				rc = ibv_memcpy_from_dm(out, dm2, 512, sizeof(out));
+				EXPECT(rc == 0 && diff_at(in, out, sizeof(in)) < 0, "ibv_memcpy_from_dm of the import: %s",
+				       strerror(rc));
+				ibv_unimport_dm(dm2);
+			}
+			EXPECT(ibv_free_dm(dm) == 0, "ibv_free_dm after unimport: %s", strerror(errno));
+		}
+	}
+	check_end();
+
+	check_begin("import: unimport leaves the originals; closing the import closes its descriptor");
+	if (qp2)
+		EXPECT(ibv_destroy_qp(qp2) == 0, "destroy QP: %s", strerror(errno));
+	if (cq2)
+		EXPECT(ibv_destroy_cq(cq2) == 0, "destroy CQ: %s", strerror(errno));
+	if (other)
+		EXPECT(ibv_dealloc_pd(other) == 0, "dealloc PD: %s", strerror(errno));
+	if (mr2)
+		ibv_unimport_mr(mr2);
+	if (pd2)
+		ibv_unimport_pd(pd2);
+	if (m.mr)
+		EXPECT(ibv_dereg_mr(m.mr) == 0, "dereg the original MR: %s", strerror(errno));
+	m.mr = NULL;
+	mem_free(&m);
+	if (c2) {
+		EXPECT(ibv_close_device(c2) == 0, "close the imported context: %s", strerror(errno));
+		EXPECT(fcntl(fd, F_GETFD) < 0 && errno == EBADF, "the imported cmd_fd is still open");
+	}
+	EXPECT(fcntl(D.ctx->cmd_fd, F_GETFD) >= 0, "the original cmd_fd was closed");
+	{
+		struct ibv_pd *p = ibv_alloc_pd(D.ctx);
+
+		EXPECT(p && ibv_dealloc_pd(p) == 0, "the original context after: %s", strerror(errno));
+	}
+	check_end();
+
+	check_begin("import: a descriptor that is no context's is EOPNOTSUPP, a closed one EBADF");
+	fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	errno = 0;
+	EXPECT(!ibv_import_device(fd) && errno == EOPNOTSUPP, "/dev/null: %s, want EOPNOTSUPP", strerror(errno));
+	EXPECT(fcntl(fd, F_GETFD) >= 0, "a refused descriptor was closed");
+	close(fd);
+	errno = 0;
+	EXPECT(!ibv_import_device(fd) && errno == EBADF, "closed fd: %s, want EBADF", strerror(errno));
+	check_end();
+}
+
 static void t_cq_ex(void)
 {
 	struct ibv_cq_init_attr_ex ca;
@@ -2984,6 +3106,7 @@ static const struct test tests[] = {
 	{ "errors", t_errors },
 	{ "channel", t_channel },
 	{ "dm", t_dm },
+	{ "import", t_import },
 	{ "cq_ex", t_cq_ex },
 	{ "ud", t_ud },
 	{ "uc", t_uc },

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 
 use softrdma_device::verbs::{self, AsyncEvent, Gid};
@@ -156,6 +157,85 @@ pub(crate) struct Ctx {
     pub(crate) dev: &'static Dev,
     /// This context's async events and its `async_fd`.
     pub(crate) asyn: Arc<CtxAsync>,
+    /// The command file this context was opened on or imported from.
+    pub(crate) cmd: Arc<CmdFile>,
+    /// This context's descriptor of it (`cmd_fd`), closed with the context.
+    pub(crate) cmd_fd: OwnedFd,
+}
+
+/// A context's command file, what `ibv_context::cmd_fd` refers to. On a kernel device it
+/// is the open uverbs file that holds the context's objects, and `ibv_import_device` of a
+/// dup of it makes another context on the same objects (rdma-core's shared PD/MR/DM).
+/// softrdma's objects live in the engine of the process's device, so the file is a memfd
+/// whose inode names the context: every descriptor of it (dup, and the contexts imported
+/// from them) reaches the same `CmdFile`, and with it the same device and objects.
+pub(crate) struct CmdFile {
+    pub(crate) dev: &'static Dev,
+    pub(crate) shared: Arc<DevShared>,
+}
+
+/// The live command files of this process by (st_dev, st_ino), each with the process that
+/// made it (a forked child cannot import its parent's contexts: see
+/// [`crate::this_process`]).
+static CMD_FILES: Mutex<Vec<(u32, FileKey, Weak<CmdFile>)>> = Mutex::new(Vec::new());
+
+/// A file's identity: (st_dev, st_ino).
+type FileKey = (u64, u64);
+
+impl Drop for CmdFile {
+    fn drop(&mut self) {
+        // This file's own entry no longer upgrades: drop it, and any other dead one.
+        lock(&CMD_FILES).retain(|(_, _, w)| w.strong_count() > 0);
+    }
+}
+
+/// The identity of the file behind `fd`; EBADF when `fd` is not open.
+fn file_key(fd: BorrowedFd<'_>) -> Result<FileKey, c_int> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `fd` is an open descriptor and `st` has room for a stat buffer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return Err(crate::errno_now());
+    }
+    // SAFETY: fstat succeeded, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// A new command file for a context opened on `dev`.
+pub(crate) fn new_cmd_file(
+    dev: &'static Dev,
+    shared: Arc<DevShared>,
+) -> Result<(Arc<CmdFile>, OwnedFd), c_int> {
+    let name =
+        std::ffi::CString::new(format!("softrdma-{}", dev.entry.name)).map_err(|_| libc::EINVAL)?;
+    // SAFETY: `name` is a NUL-terminated string; the result is checked.
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(crate::errno_now());
+    }
+    // SAFETY: `raw` is a descriptor memfd_create just opened, owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let key = file_key(fd.as_fd())?;
+    let file = Arc::new(CmdFile { dev, shared });
+    let me = crate::this_process();
+    let mut all = lock(&CMD_FILES);
+    all.retain(|(pid, _, w)| *pid == me && w.strong_count() > 0);
+    all.push((me, key, Arc::downgrade(&file)));
+    Ok((file, fd))
+}
+
+/// The command file of this process that `fd` is a descriptor of. EBADF when `fd` is not
+/// open; EOPNOTSUPP when it is no context's of this process: softrdma's objects live in
+/// the process that made them, so a context of another process (passed over a socket, or
+/// inherited through fork) cannot be imported, nor can a file that is no context's.
+pub(crate) fn find_cmd_file(fd: BorrowedFd<'_>) -> Result<Arc<CmdFile>, c_int> {
+    let key = file_key(fd)?;
+    let me = crate::this_process();
+    let found = lock(&CMD_FILES)
+        .iter()
+        .find(|(pid, k, _)| *pid == me && *k == key)
+        .and_then(|(_, _, w)| w.upgrade());
+    found.ok_or(libc::EOPNOTSUPP)
 }
 
 const CTX_OFFSET: usize = std::mem::offset_of!(sys::verbs_context, context);

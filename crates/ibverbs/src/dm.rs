@@ -7,7 +7,7 @@ use softrdma_device::Rnic;
 
 use crate::device::Ctx;
 use crate::mr::{access_flags, Mr};
-use crate::object::{ctx_of, destroy, errno, leak, obj, Destroy};
+use crate::object::{ctx_of, destroy, errno, leak, obj, unimport, Destroy};
 use crate::pd::pd_ctx;
 use crate::{guard, null_errno, sys, zeroed};
 
@@ -53,17 +53,46 @@ pub(crate) unsafe extern "C" fn alloc_dm(
             return null_errno(libc::EINVAL);
         }
         match ctx.dev().call(|r, _| r.alloc_dm(a.length)) {
-            Ok(id) => {
-                let mut c: sys::ibv_dm = zeroed();
-                c.context = context;
-                c.memcpy_to_dm = Some(memcpy_to_dm);
-                c.memcpy_from_dm = Some(memcpy_from_dm);
-                c.handle = id.0;
-                leak(Dm { c, id }).cast()
-            }
+            Ok(id) => new_dm(context, id),
             Err(e) => null_errno(errno(&e)),
         }
     })
+}
+
+fn new_dm(context: *mut sys::ibv_context, id: DmId) -> *mut sys::ibv_dm {
+    let mut c: sys::ibv_dm = zeroed();
+    c.context = context;
+    c.memcpy_to_dm = Some(memcpy_to_dm);
+    c.memcpy_from_dm = Some(memcpy_from_dm);
+    c.handle = id.0;
+    leak(Dm { c, id }).cast()
+}
+
+/// Another handle on the device memory `dm_handle` (an `ibv_dm::handle`) of the objects
+/// `context` shares with the context it was imported from or into (see
+/// `ibv_import_device`). EINVAL when no such device memory exists.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_dm(
+    context: *mut sys::ibv_context,
+    dm_handle: u32,
+) -> *mut sys::ibv_dm {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { ctx_of(context) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        let id = DmId(dm_handle);
+        match ctx.dev().inspect(|r| r.dm_len(id)) {
+            Ok(_) => new_dm(context, id),
+            Err(e) => null_errno(errno(&e)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_unimport_dm(dm: *mut sys::ibv_dm) {
+    // SAFETY: the caller passes an imported DM of this library and does not use it again.
+    unsafe { unimport::<Dm>(dm) }
 }
 
 pub(crate) unsafe extern "C" fn free_dm(dm: *mut sys::ibv_dm) -> c_int {

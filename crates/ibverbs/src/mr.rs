@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 use softrdma_device::verbs::{self, Access};
 use softrdma_device::Rnic;
 
-use crate::object::{destroy, errno, leak, Destroy};
+use crate::object::{destroy, errno, leak, unimport, Destroy};
 use crate::pd::pd_ctx;
 use crate::{guard, null_errno, sys, zeroed};
 
@@ -140,4 +140,40 @@ pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int 
 #[no_mangle]
 pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
     0
+}
+
+/// Another handle on the MR `mr_handle` (an `ibv_mr::handle`) of `pd`, through a context
+/// sharing the MR's objects (see `ibv_import_device`): the keys and length of the MR, and
+/// `addr` NULL, as ibv_import_mr(3) says. EINVAL when no such MR exists or it belongs to
+/// another PD.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_mr(pd: *mut sys::ibv_pd, mr_handle: u32) -> *mut sys::ibv_mr {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes a PD of this library.
+        let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
+            return null_errno(libc::EINVAL);
+        };
+        let (mr_pd, info) = match ctx.dev().inspect(|r| r.query_mr(mr_handle)) {
+            Ok(v) => v,
+            Err(e) => return null_errno(errno(&e)),
+        };
+        if mr_pd != p.id {
+            return null_errno(libc::EINVAL);
+        }
+        let mut c: sys::ibv_mr = zeroed();
+        c.context = p.c.context;
+        c.pd = pd;
+        c.addr = std::ptr::null_mut();
+        c.length = info.length as usize;
+        c.handle = info.lkey;
+        c.lkey = info.lkey;
+        c.rkey = info.rkey;
+        leak(Mr { c, lkey: info.lkey }).cast()
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut sys::ibv_mr) {
+    // SAFETY: the caller passes an imported MR of this library and does not use it again.
+    unsafe { unimport::<Mr>(mr) }
 }

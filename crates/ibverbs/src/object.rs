@@ -42,6 +42,20 @@ unsafe fn free<T, C>(p: *mut C) {
     drop(unsafe { Box::from_raw(p.cast::<T>()) });
 }
 
+/// Free the C object of an imported `T` (`ibv_unimport_pd`, `_mr`, `_dm`) without
+/// touching the engine object, which the other handles on it keep using.
+///
+/// # Safety
+/// `p` is null or the head of a live `T` made by [`leak`], not used again by the caller.
+pub(crate) unsafe fn unimport<T: Destroy>(p: *mut T::C) {
+    guard((), || {
+        if !p.is_null() {
+            // SAFETY: per the contract: made by `leak` as a `T`, freed once.
+            unsafe { free::<T, _>(p) }
+        }
+    })
+}
+
 /// The context an object belongs to.
 ///
 /// # Safety

@@ -32,35 +32,6 @@ pub extern "C" fn ibv_resolve_eth_l2_from_gid(
 }
 
 #[no_mangle]
-pub extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut sys::ibv_context {
-    null_errno(libc::EOPNOTSUPP)
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_import_pd(_context: *mut sys::ibv_context, _handle: u32) -> *mut sys::ibv_pd {
-    null_errno(libc::EOPNOTSUPP)
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_unimport_pd(_pd: *mut sys::ibv_pd) {}
-
-#[no_mangle]
-pub extern "C" fn ibv_import_mr(_pd: *mut sys::ibv_pd, _handle: u32) -> *mut sys::ibv_mr {
-    null_errno(libc::EOPNOTSUPP)
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_unimport_mr(_mr: *mut sys::ibv_mr) {}
-
-#[no_mangle]
-pub extern "C" fn ibv_import_dm(_context: *mut sys::ibv_context, _handle: u32) -> *mut sys::ibv_dm {
-    null_errno(libc::EOPNOTSUPP)
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_unimport_dm(_dm: *mut sys::ibv_dm) {}
-
-#[no_mangle]
 pub extern "C" fn ibv_query_ece(_qp: *mut sys::ibv_qp, _ece: *mut sys::ibv_ece) -> c_int {
     libc::EOPNOTSUPP
 }

@@ -93,6 +93,12 @@ delegate_ref! {
     fn gids() -> &[Gid];
     /// The GID at `index`.
     fn gid(index: u8) -> verbs::Result<Gid>;
+    /// Whether `pd` is a live protection domain.
+    fn pd_exists(pd: PdId) -> bool;
+    /// The PD and keys of the MR with local key `lkey`.
+    fn query_mr(lkey: u32) -> verbs::Result<(PdId, MrInfo)>;
+    /// The length of device memory `dm`.
+    fn dm_len(dm: DmId) -> verbs::Result<usize>;
     /// Copy device memory at `offset` out.
     fn dm_copy_from(dm: DmId, offset: u64, out: &mut [u8]) -> verbs::Result<()>;
     /// An SRQ's `(max_wr, max_sge, limit)`.

@@ -1409,6 +1409,42 @@ fn inc_rkey_bumps_the_key_byte_only() {
 // ------------------------------------------------------------------ DM
 
 #[test]
+fn objects_are_found_by_handle_for_import() {
+    let mut c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    let pd2 = c.alloc_pd().unwrap();
+    assert!(c.pd_exists(pd));
+    assert!(!c.pd_exists(PdId(pd.0 ^ 0x55aa)));
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `buf` outlives the region (deregistered below) and is not otherwise used.
+    let mr = unsafe {
+        c.reg_mr(
+            pd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            0x1000,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+    }
+    .unwrap();
+    assert_eq!(c.query_mr(mr.lkey).unwrap(), (pd, mr));
+    assert_eq!(c.query_mr(mr.lkey ^ 1).unwrap_err().errno, Errno::EINVAL);
+    let mw = c.alloc_mw(pd, 2).unwrap();
+    let mw_key = c.mw_rkey(mw).unwrap();
+    assert!(c.query_mr(mw_key).is_err(), "a window is not an MR");
+    let dm = c.alloc_dm(1000).unwrap();
+    assert_eq!(c.dm_len(dm).unwrap(), 1000);
+    c.dealloc_mw(mw).unwrap();
+    c.dereg_mr(mr.lkey).unwrap();
+    assert!(c.query_mr(mr.lkey).is_err());
+    c.free_dm(dm).unwrap();
+    assert_eq!(c.dm_len(dm).unwrap_err().errno, Errno::EINVAL);
+    c.dealloc_pd(pd).unwrap();
+    assert!(!c.pd_exists(pd));
+    assert!(c.pd_exists(pd2));
+}
+
+#[test]
 fn device_memory_copy_and_registration() {
     let mut c = ctx();
     let pd = c.alloc_pd().unwrap();

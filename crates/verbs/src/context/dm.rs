@@ -71,6 +71,15 @@ impl Context {
         self.dms.total += len as u64;
         Ok(id)
     }
+    /// The length of device memory `dm` (for importing it by handle); EINVAL if there is
+    /// none.
+    pub fn dm_len(&self, dm: DmId) -> Result<usize> {
+        self.dms
+            .bufs
+            .get(&dm)
+            .map(|b| b.len)
+            .ok_or(einval("no such device memory"))
+    }
     /// Free device memory; EBUSY while registered.
     pub fn free_dm(&mut self, dm: DmId) -> Result<()> {
         if !self.dms.bufs.contains_key(&dm) {

@@ -177,6 +177,20 @@ impl Context {
             length: len as u64,
         })
     }
+    /// The PD and keys of the region with local key `lkey` (for importing it by handle);
+    /// EINVAL if there is none.
+    pub fn query_mr(&self, lkey: u32) -> Result<(PdId, MrInfo)> {
+        let m = self.mrs.by_key(lkey).ok_or(einval("no such MR"))?;
+        Ok((
+            m.pd,
+            MrInfo {
+                lkey: m.key,
+                rkey: m.key,
+                addr: m.base(),
+                length: m.len as u64,
+            },
+        ))
+    }
     /// Deregister by lkey; EBUSY while windows are bound to it.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
         if self.mrs.by_key(lkey).is_none() {

@@ -16,6 +16,10 @@ impl Context {
             Err(einval("no such PD"))
         }
     }
+    /// Whether `pd` is a live protection domain (for importing it by handle).
+    pub fn pd_exists(&self, pd: PdId) -> bool {
+        self.pds.contains(pd)
+    }
     /// Allocate a protection domain.
     pub fn alloc_pd(&mut self) -> Result<PdId> {
         if self.pds.len() >= self.dev.max_pd as usize {
