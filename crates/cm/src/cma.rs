@@ -647,14 +647,7 @@ impl Cma {
         }
         let dst_ip = v4_of(dst.ip());
         let ps = self.id(id)?.ps;
-        let peer_dev = if dst_ip.is_loopback() || self.ports.is_local(dst_ip) {
-            match self.ports.lookup(ps, SocketAddr::new(dst_ip, dst.port())) {
-                Some(d) => d.ip(),
-                None => dst_ip,
-            }
-        } else {
-            dst_ip
-        };
+        let peer_dev = self.peer_device_for(ps, SocketAddr::new(dst_ip, dst.port()));
         let dev_ip = self.dev.ip();
         let i = self.id_mut(id)?;
         if let Some(s) = i.src {
@@ -670,13 +663,42 @@ impl Cma {
         Ok(())
     }
 
-    /// `rdma_resolve_route`: RoCE paths need no query; ROUTE_RESOLVED at once.
+    /// The device that serves `dst`: for an address of this host, the device of the
+    /// process listening there (a listener found by the host's port space), else the
+    /// address's own device.
+    fn peer_device_for(&self, ps: u16, dst: SocketAddr) -> IpAddr {
+        let ip = dst.ip();
+        if ip.is_loopback() || self.ports.is_local(ip) {
+            if let Some(d) = self.ports.lookup(ps, dst) {
+                return d.ip();
+            }
+        }
+        ip
+    }
+
+    /// Look for the listener of a local destination again. On Linux one CM serves every
+    /// address of the host and finds the listener when the REQ arrives, so a client may
+    /// resolve the address before the server listens; here each process is its own
+    /// device, and the listener may have appeared (or gone) since `rdma_resolve_addr`.
+    fn refresh_peer_device(&mut self, id: IdHandle) -> Result<()> {
+        let i = self.id(id)?;
+        let (ps, dst) = (i.ps, i.dst);
+        if let Some(dst) = dst {
+            let peer = self.peer_device_for(ps, dst);
+            self.id_mut(id)?.peer_dev = Some(peer);
+        }
+        Ok(())
+    }
+
+    /// `rdma_resolve_route`: RoCE paths need no query; ROUTE_RESOLVED at once, with the
+    /// device now serving the destination.
     pub fn resolve_route(&mut self, id: IdHandle) -> Result<()> {
         let lt = self.timeouts.packet_life_time;
-        let i = self.id_mut(id)?;
-        if i.state != IdState::AddrResolved {
+        if self.id(id)?.state != IdState::AddrResolved {
             return Err(err(errno::EINVAL, "address not resolved"));
         }
+        self.refresh_peer_device(id)?;
+        let i = self.id_mut(id)?;
         i.state = IdState::RouteResolved;
         i.path_timeout = ib::ack_timeout(CA_ACK_DELAY, lt);
         self.push(id, EventType::RouteResolved, 0, EventParam::None);
@@ -809,6 +831,7 @@ impl Cma {
             return Err(err(errno::EINVAL, "private data too long"));
         }
         let (ps, dst) = (i.ps, i.dst);
+        self.refresh_peer_device(id)?;
         let (peer, req) = self.req_for(id, p)?;
         // A destination on this host that no listener and no device serves: the host's CM
         // rejects at once ("invalid service ID"), as Linux's does.

@@ -383,6 +383,36 @@ fn reject_carries_private_data_and_reason_28() {
 }
 
 #[test]
+fn a_client_that_resolves_before_the_server_listens_finds_it_at_connect() {
+    // Linux's one CM finds the listener when the REQ arrives, so clients may resolve
+    // (even the route) before the server listens; rdma-core's tests do.
+    for route_first in [false, true] {
+        let mut sim = pair(5, faults(0.0, 0.0, 0.0));
+        let port = 7005;
+        let c = &mut sim.endpoints[0].cma;
+        let id = c.create_id(1, port_space::TCP, None).unwrap();
+        c.resolve_addr(id, None, SocketAddr::new(ip(1), port))
+            .unwrap();
+        if route_first {
+            c.resolve_route(id).unwrap();
+        }
+        serve(&mut sim, port);
+        let c = &mut sim.endpoints[0].cma;
+        if !route_first {
+            c.resolve_route(id).unwrap();
+            assert_eq!(c.peer_device(id).unwrap(), Some(ip(7)), "the route");
+        }
+        c.connect(0, id, &param(0x111, b"late")).unwrap();
+        let req = wait_for(&mut sim, 1, EventType::ConnectRequest);
+        let EventParam::Conn(cp) = &req.param else {
+            panic!("{req:?}")
+        };
+        assert_eq!(&cp.private_data[..4], b"late");
+        assert_eq!(sim.endpoints[0].cma.peer_device(id).unwrap(), Some(ip(7)));
+    }
+}
+
+#[test]
 fn nobody_serving_the_destination_is_rejected_with_reason_8() {
     let mut sim = pair(4, faults(0.0, 0.0, 0.0));
     // No listener and no device at 127.0.0.1: the host rejects.
