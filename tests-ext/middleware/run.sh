@@ -7,8 +7,9 @@
 #     auxiliary transport for wire-up) and over ud_verbs alone, each judged by the
 #     transport UCX's log says it chose and a "Final:" row with a positive figure;
 #   libfabric 1.17: `fi_info -p verbs` lists softrdma0's message and datagram domains;
-#     fi_pingpong with data checks (-c) over verbs;ofi_rxd (reliable datagrams over UD)
-#     and over verbs message endpoints (connected through the rdma_cm);
+#     fi_pingpong with data checks (-c) over verbs;ofi_rxd (reliable datagrams over UD),
+#     over verbs;ofi_rxm (reliable datagrams over RC connections made through the
+#     rdma_cm) and over verbs message endpoints (connected through the rdma_cm);
 #   Open MPI 4.1: mpi_test.c (point-to-point, one-sided and collectives, every byte
 #     checked by the rank that receives it), built with mpicc, run by
 #     `softrdma run -- mpirun -np 2 --mca pml ucx` with UCX on rc_verbs (and ud_verbs)
@@ -177,7 +178,7 @@ if want "fi_info"; then
 fi
 
 # fi_pingpong: -c checks every message's data; both sides print the same result table.
-for prov in "verbs;ofi_rxd rdm" "verbs msg"; do
+for prov in "verbs;ofi_rxd rdm" "verbs;ofi_rxm rdm" "verbs msg"; do
   read -r p ep <<< "$prov"
   name="fi_pingpong -p $p -e $ep -c"
   want "$name" || continue

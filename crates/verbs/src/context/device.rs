@@ -99,7 +99,11 @@ impl DeviceAttr {
             max_sge: 32,
             max_sge_rd: 32,
             max_cq: 0x10000,
-            max_cqe: (1 << 15) - 1,
+            // As ConnectX devices report. A CQ holds its completions in a queue that grows
+            // as they arrive, so a large size costs nothing until it is used; middleware
+            // sizes CQs from its queue sizes times its peers (libfabric's RxM asks for
+            // more than rxe's 32767 by default) and fails on a smaller device.
+            max_cqe: (1 << 22) - 1,
             max_mr: 0x10000,
             max_pd: 0x10000,
             max_qp_rd_atom: 128,
