@@ -274,7 +274,23 @@ if [ -x "$RT" ]; then
     group "$g"
   done
   group nodev SOFTRDMA_ADDR=not-an-address   # a configuration error leaves no device
-  group deaddev SOFTRDMA_ADDR=192.0.2.1      # TEST-NET-1: not this host's, cannot bind
+  # A device listed but unable to open: its address is this host's, but another program
+  # holds its UDP port (an address that is not this host's is a configuration error now).
+  held=""
+  for x in 250 249 248 247; do
+    python3 -c "import socket,sys,time; s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.bind(('127.0.0.$x',4791)); print('bound',flush=True); time.sleep(120)" \
+      > "$OUT/deaddev.hold" 2>&1 &
+    hp=$!
+    for _ in $(seq 20); do grep -q bound "$OUT/deaddev.hold" && break; kill -0 "$hp" 2>/dev/null || break; sleep 0.1; done
+    if grep -q bound "$OUT/deaddev.hold"; then held=127.0.0.$x; break; fi
+    wait "$hp" 2>/dev/null
+  done
+  if [ -n "$held" ]; then
+    group deaddev SOFTRDMA_ADDR="$held"
+    kill "$hp" 2>/dev/null; wait "$hp" 2>/dev/null
+  else
+    result "rdmacm_test deaddev: hold a 127.0.0.x:4791 for the device that cannot open" 1 "$(cat "$OUT/deaddev.hold")"
+  fi
   base="$OUT/rdmacm_test.softrdma"
   ours -t softrdma > "$base.log" 2> "$base.stderr.log"
   rc=$?
