@@ -94,6 +94,25 @@ def load_cmtime(path):
     return med(connect), med(setup), len(connect)
 
 
+def load_ucx(path):
+    """Median ucx_perftest figures per (transport, test): MB/s for ucp_put_bw, the p50
+    latency (µs) for tag_lat, from the client's "Final:" row (iterations, p50, average,
+    overall latency, average and overall bandwidth, message rates)."""
+    rows = defaultdict(list)
+    for name in sorted(os.listdir(path)):
+        parts = name[: -len(".txt")].split(",")
+        if not (name.startswith("ucx,") and name.endswith(".txt") and len(parts) == 4):
+            continue
+        _, tl, test, _rep = parts
+        with open(os.path.join(path, name)) as f:
+            for line in f:
+                w = line.split()
+                if len(w) >= 9 and w[0] == "Final:":
+                    v = float(w[5]) / 1000.0 if test == "ucp_put_bw" else float(w[2])
+                    rows[(tl, test)].append(v)
+    return {k: statistics.median(v) for k, v in rows.items()}
+
+
 def load_tcp_conn(path):
     """Median TCP connections per second over every round of every tcp_conn run."""
     v = []
@@ -206,6 +225,16 @@ def main():
     out.append(f"| cmtime whole set-up (create id to ESTABLISHED) | {fmt(cm_setup, 0)} | "
                f"{fmt(ratio(cm_setup, tcp_rate), 3)} |")
     out.append(f"| TCP connect + accept + first byte (`scripts/tcp_conn.c`) | {fmt(tcp_rate, 0)} | 1 |")
+    out.append("")
+    ucx = load_ucx(sys.argv[2])
+    out.append("## UCX over softrdma and over tcp (`ucx_perftest`, two processes, one per core)\n")
+    out.append("softrdma: `UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES=softrdma0:1` through `softrdma "
+               "run`; tcp: `UCX_TLS=tcp UCX_NET_DEVICES=lo`. Same run, medians.\n")
+    out.append("| test | softrdma (rc_verbs) | UCX tcp | softrdma / tcp |")
+    out.append("|---|---|---|---|")
+    for label, test in (("ucp_put_bw 1 MiB (GB/s)", "ucp_put_bw"), ("tag_lat 8 B, p50 (µs)", "tag_lat")):
+        a, b = ucx.get(("softrdma", test)), ucx.get(("tcp", test))
+        out.append(f"| {label} | {fmt(a)} | {fmt(b)} | {fmt(ratio(a, b))} |")
     out.append("")
     w1m = mine("write-bw", 1048576, "GB/s")
     lat = mine("send-lat (busy)", 8, "us")
