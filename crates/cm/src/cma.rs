@@ -334,6 +334,8 @@ struct Id {
     reservation: Option<Box<dyn Reservation>>,
     /// The device the peer's CM runs on.
     peer_dev: Option<IpAddr>,
+    /// `peer_dev` is a listener's, found in the host's port space: no need to look again.
+    peer_is_listener: bool,
     comm: Option<CommId>,
     listen: Option<ListenState>,
     /// The listener a connection request arrived on (until accepted or rejected).
@@ -376,6 +378,7 @@ impl Id {
             dst: None,
             reservation: None,
             peer_dev: None,
+            peer_is_listener: false,
             comm: None,
             listen: None,
             parent: None,
@@ -647,7 +650,7 @@ impl Cma {
         }
         let dst_ip = v4_of(dst.ip());
         let ps = self.id(id)?.ps;
-        let peer_dev = self.peer_device_for(ps, SocketAddr::new(dst_ip, dst.port()));
+        let (peer_dev, found) = self.peer_device_for(ps, SocketAddr::new(dst_ip, dst.port()));
         let dev_ip = self.dev.ip();
         let i = self.id_mut(id)?;
         if let Some(s) = i.src {
@@ -658,34 +661,42 @@ impl Cma {
         }
         i.dst = Some(SocketAddr::new(dst_ip, dst.port()));
         i.peer_dev = Some(peer_dev);
+        i.peer_is_listener = found;
         i.state = IdState::AddrResolved;
         self.push(id, EventType::AddrResolved, 0, EventParam::None);
         Ok(())
     }
 
     /// The device that serves `dst`: for an address of this host, the device of the
-    /// process listening there (a listener found by the host's port space), else the
-    /// address's own device.
-    fn peer_device_for(&self, ps: u16, dst: SocketAddr) -> IpAddr {
+    /// process listening there (a listener found by the host's port space; `true`), else
+    /// the address's own device (`false`).
+    fn peer_device_for(&self, ps: u16, dst: SocketAddr) -> (IpAddr, bool) {
         let ip = dst.ip();
         if ip.is_loopback() || self.ports.is_local(ip) {
             if let Some(d) = self.ports.lookup(ps, dst) {
-                return d.ip();
+                return (d.ip(), true);
             }
         }
-        ip
+        (ip, false)
     }
 
     /// Look for the listener of a local destination again. On Linux one CM serves every
     /// address of the host and finds the listener when the REQ arrives, so a client may
     /// resolve the address before the server listens; here each process is its own
     /// device, and the listener may have appeared (or gone) since `rdma_resolve_addr`.
+    /// A listener found once is kept: the port-space lookup reads the host's registry
+    /// files, which would cost every connection of a busy client (cmtime) twice more.
     fn refresh_peer_device(&mut self, id: IdHandle) -> Result<()> {
         let i = self.id(id)?;
         let (ps, dst) = (i.ps, i.dst);
+        if i.peer_is_listener {
+            return Ok(());
+        }
         if let Some(dst) = dst {
-            let peer = self.peer_device_for(ps, dst);
-            self.id_mut(id)?.peer_dev = Some(peer);
+            let (peer, found) = self.peer_device_for(ps, dst);
+            let i = self.id_mut(id)?;
+            i.peer_dev = Some(peer);
+            i.peer_is_listener = found;
         }
         Ok(())
     }
