@@ -39,8 +39,11 @@ pub struct RunArgs {
 #[derive(Args, Debug)]
 pub struct EnvArgs {
     /// Print only the library directory
-    #[arg(long)]
+    #[arg(long, conflicts_with = "json")]
     pub dir: bool,
+    /// The variables as one JSON object instead of shell assignments
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// (SONAME the loader wants, file name cargo writes).
@@ -403,6 +406,14 @@ pub fn env(a: &EnvArgs) -> CmdResult {
         return Ok(());
     }
     let path = ld_path(&search_dirs(&dir, rdmacm_enabled()));
+    if a.json {
+        let v = serde_json::json!({
+            "LD_LIBRARY_PATH": path.to_string_lossy(),
+            "SOFTRDMA_LIB_DIR": dir.to_string_lossy(),
+        });
+        outln!("{v}");
+        return Ok(());
+    }
     outln!(
         "export LD_LIBRARY_PATH={}",
         sh_quote(&path.to_string_lossy())

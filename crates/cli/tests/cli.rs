@@ -1427,3 +1427,72 @@ fn closed_pipe_ends_quietly_and_full_disk_is_one_line() {
         }
     }
 }
+
+/// `env --json` gives the same two variables as the shell form, as one JSON object.
+#[test]
+fn env_json_matches_the_shell_form() {
+    let shell = run(&["env"]);
+    assert_ok(&shell, "env");
+    let json = run(&["env", "--json"]);
+    assert_ok(&json, "env --json");
+    let j: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
+    let obj = j.as_object().expect("an object");
+    assert_eq!(obj.len(), 2, "{j}");
+    let dir = j["SOFTRDMA_LIB_DIR"].as_str().expect("SOFTRDMA_LIB_DIR");
+    let path = j["LD_LIBRARY_PATH"].as_str().expect("LD_LIBRARY_PATH");
+    assert!(path.split(':').any(|p| p == dir), "{path} lacks {dir}");
+    let shell = text(&shell.stdout);
+    for (k, v) in [("SOFTRDMA_LIB_DIR", dir), ("LD_LIBRARY_PATH", path)] {
+        assert!(
+            shell
+                .lines()
+                .any(|l| l.starts_with(&format!("export {k}=")) && l.contains(v)),
+            "{k}={v} not in {shell}"
+        );
+    }
+    let both = run(&["env", "--json", "--dir"]);
+    assert!(!both.status.success(), "--dir and --json together");
+}
+
+/// Without `$SOFTRDMA_STATS_DIR` and `$XDG_RUNTIME_DIR`, each user's devices publish to a
+/// directory of their own: a regular user's `softrdma stats` reads (and its devices
+/// write) `/dev/shm/softrdma-UID`, not a directory root may have made first. Needs root
+/// to run as another user.
+#[test]
+fn stats_dir_is_per_user_without_a_runtime_dir() {
+    if euid() != 0 {
+        return;
+    }
+    for uid in [0u32, 65534] {
+        let o = Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                BIN,
+                "stats",
+                "--json",
+            ])
+            .env_remove("SOFTRDMA_STATS_DIR")
+            .env_remove("XDG_RUNTIME_DIR")
+            .current_dir("/")
+            .output()
+            .expect("setpriv softrdma stats");
+        assert_ok(&o, "stats --json as another user");
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        assert_eq!(j["dir"], format!("/dev/shm/softrdma-{uid}"), "uid {uid}");
+    }
+}
+
+/// The effective uid of this test process.
+fn euid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2))
+                .and_then(|u| u.parse().ok())
+        })
+        .unwrap_or(u32::MAX)
+}

@@ -29,7 +29,8 @@ pub const PERIOD: Duration = Duration::from_millis(250);
 const MAGIC: &str = "softrdma-stats 1";
 
 /// The directory of stats files: `$SOFTRDMA_STATS_DIR`, else `$XDG_RUNTIME_DIR/softrdma`,
-/// else `/dev/shm/softrdma`.
+/// else `/dev/shm/softrdma-UID`: one per user, as `$XDG_RUNTIME_DIR` is, so a user's
+/// devices never miss the directory because another user (root) made it first.
 pub fn stats_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("SOFTRDMA_STATS_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
@@ -37,7 +38,10 @@ pub fn stats_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d).join("softrdma");
     }
-    PathBuf::from("/dev/shm/softrdma")
+    PathBuf::from(format!(
+        "/dev/shm/softrdma-{}",
+        rustix::process::geteuid().as_raw()
+    ))
 }
 
 /// Where devices publish by default: [`stats_dir`], or None if `SOFTRDMA_STATS=0`.
