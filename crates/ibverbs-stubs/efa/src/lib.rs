@@ -15,4 +15,7 @@
 //! library and `<infiniband/efadv.h>`; `tests-ext/ibverbs/run.sh` checks that both export
 //! the same (symbol, version) pairs.
 
+#[path = "../../unsupported.rs"]
+mod unsupported;
+
 mod exports;

@@ -4,25 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 
-const EOPNOTSUPP: c_int = 95;
-
-extern "C" {
-    fn __errno_location() -> *mut c_int;
-}
-
-/// Sets the calling thread's errno to `EOPNOTSUPP` and returns `EOPNOTSUPP`.
-fn unsupported_errno() -> c_int {
-    // SAFETY: __errno_location returns the address of the calling thread's errno, valid
-    // for the thread's lifetime.
-    unsafe { *__errno_location() = EOPNOTSUPP };
-    EOPNOTSUPP
-}
-
-/// NULL, with errno `EOPNOTSUPP`.
-fn unsupported_null<T>() -> *mut T {
-    unsupported_errno();
-    std::ptr::null_mut()
-}
+use crate::unsupported::{unsupported_errno, unsupported_null};
 
 // Each function at the version node Debian's library exports it at; `@@` is the
 // default a program links to today, `@` an older version kept for programs linked then.
