@@ -1106,12 +1106,7 @@ impl IbCm {
         let Some(id) = self.find(dreq.ids.remote_comm_id, dreq.ids.local_comm_id) else {
             // Gone already (or never known): answer anyway, so the peer stops asking.
             self.stats.duplicates += 1;
-            let msg = CmMsg::Drep(Box::new(Ids {
-                local_comm_id: dreq.ids.remote_comm_id,
-                remote_comm_id: dreq.ids.local_comm_id,
-                private_data: [0; wcm::private_len::DREP],
-            }));
-            self.emit(from, &msg, tid);
+            self.emit(from, &CmMsg::Drep(Box::new(dreq.drep())), tid);
             return true;
         };
         let Some(c) = self.conns.get_mut(&id) else {
@@ -1162,9 +1157,7 @@ impl IbCm {
             return true;
         }
         if !self.listening.contains(&req.service_id) {
-            let mut rep = SidrRep::new(sidr_status::UNSUPPORTED, 0, 0, &[]);
-            rep.request_id = req.request_id;
-            rep.service_id = req.service_id;
+            let rep = SidrRep::unsupported(&req);
             self.emit(from, &CmMsg::SidrRep(Box::new(rep)), tid);
             return true;
         }

@@ -793,6 +793,27 @@ impl SidrRep {
     }
 }
 
+impl SidrRep {
+    /// The SIDR_REP "unsupported" (nobody serves the service ID) answering `req`.
+    pub fn unsupported(req: &SidrReq) -> SidrRep {
+        let mut rep = SidrRep::new(sidr_status::UNSUPPORTED, 0, 0, &[]);
+        rep.request_id = req.request_id;
+        rep.service_id = req.service_id;
+        rep
+    }
+}
+
+impl Dreq {
+    /// The DREP answering this DREQ (its communication IDs swapped, no private data).
+    pub fn drep(&self) -> Drep {
+        Ids {
+            local_comm_id: self.ids.remote_comm_id,
+            remote_comm_id: self.ids.local_comm_id,
+            private_data: [0; private_len::DREP],
+        }
+    }
+}
+
 /// What a CM that has nothing (no listener, no connection) answers to the MAD `mad`, as
 /// the Linux CM does for every RoCE device whether or not a program uses rdma_cm: a REQ
 /// gets a REJ "invalid service ID" (8), a SIDR_REQ a SIDR_REP "unsupported", a DREQ a
@@ -808,17 +829,8 @@ pub fn answer_without_cm(mad: &[u8]) -> Option<[u8; MAD_LEN]> {
             &[],
             &[],
         ))),
-        CmMsg::SidrReq(req) => {
-            let mut rep = SidrRep::new(sidr_status::UNSUPPORTED, 0, 0, &[]);
-            rep.request_id = req.request_id;
-            rep.service_id = req.service_id;
-            CmMsg::SidrRep(Box::new(rep))
-        }
-        CmMsg::Dreq(dreq) => CmMsg::Drep(Box::new(Ids {
-            local_comm_id: dreq.ids.remote_comm_id,
-            remote_comm_id: dreq.ids.local_comm_id,
-            private_data: [0; private_len::DREP],
-        })),
+        CmMsg::SidrReq(req) => CmMsg::SidrRep(Box::new(SidrRep::unsupported(&req))),
+        CmMsg::Dreq(dreq) => CmMsg::Drep(Box::new(dreq.drep())),
         _ => return None,
     };
     Some(answer.emit(h.tid))
