@@ -585,6 +585,15 @@ fn valid_param(
     Ok(())
 }
 
+/// A depth the program set in its `rdma_conn_param`, or `otherwise` where it has none or
+/// left the field at `RDMA_MAX_RESP_RES`, which asks for as much as there is.
+fn asked(v: Option<u8>, otherwise: u8) -> u8 {
+    match v {
+        Some(v) if v != abi::RDMA_MAX_RESP_RES as u8 => v,
+        _ => otherwise,
+    }
+}
+
 /// The model's parameters from the program's and the id's, as
 /// `ucma_copy_conn_param_to_kern` builds them.
 ///
@@ -654,18 +663,11 @@ pub unsafe extern "C" fn rdma_connect(
                 let param = conn_param.as_ref();
                 let (max_resp, max_init) = device_limits(&me.cm);
                 valid_param(me, param, (max_resp, max_init))?;
-                let max = abi::RDMA_MAX_RESP_RES as u8;
                 let (qp_num, srq) = qp_of(me, param);
                 let cp = {
                     let mut g = me.lock();
-                    g.initiator_depth = match param {
-                        Some(p) if p.initiator_depth != max => p.initiator_depth,
-                        _ => max_init,
-                    };
-                    g.responder_resources = match param {
-                        Some(p) if p.responder_resources != max => p.responder_resources,
-                        _ => max_resp,
-                    };
+                    g.initiator_depth = asked(param.map(|p| p.initiator_depth), max_init);
+                    g.responder_resources = asked(param.map(|p| p.responder_resources), max_resp);
                     let cp = to_model(&g, param, qp_num, srq);
                     g.connect.clear();
                     cp
@@ -693,17 +695,12 @@ pub unsafe extern "C" fn rdma_accept(
                 if me.c.qp.is_null() && param.is_none() {
                     return Err(libc::EINVAL);
                 }
-                let max = abi::RDMA_MAX_RESP_RES as u8;
                 let (init_depth, resp_res) = {
                     let mut g = me.lock();
-                    g.initiator_depth = match param {
-                        Some(p) if p.initiator_depth != max => p.initiator_depth,
-                        _ => g.initiator_depth.min(max_init),
-                    };
-                    g.responder_resources = match param {
-                        Some(p) if p.responder_resources != max => p.responder_resources,
-                        _ => g.responder_resources.min(max_resp),
-                    };
+                    let (init, resp) = (g.initiator_depth, g.responder_resources);
+                    g.initiator_depth = asked(param.map(|p| p.initiator_depth), init.min(max_init));
+                    g.responder_resources =
+                        asked(param.map(|p| p.responder_resources), resp.min(max_resp));
                     (g.initiator_depth, g.responder_resources)
                 };
                 let ud = me.c.qp_type == sys::IBV_QPT_UD;
