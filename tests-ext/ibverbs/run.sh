@@ -52,26 +52,10 @@ DEV=softrdma0
 PEER=127.0.0.1 # the server's device takes the first free loopback address
 PORT=${BASE_PORT:-18600}
 
-pass=0 fail=0 nstep=0
-failed_names=()
-log() { printf '[ibverbs %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
-result() { # name rc detail
-  if [ "$2" = 0 ]; then
-    echo "PASS: $1"; pass=$((pass + 1))
-  else
-    echo "FAIL: $1 ($3)"; fail=$((fail + 1)); failed_names+=("$1")
-  fi
-}
-finish() {
-  echo "artifacts: $OUT"
-  if [ "$fail" != 0 ]; then
-    echo "failed:"; printf '  %s\n' "${failed_names[@]}"
-  fi
-  echo "$pass passed, $fail failed"
-  [ "$fail" = 0 ] && [ "$pass" -gt 0 ]
-  exit $?
-}
-want() { [ -z "$ONLY" ] || [[ "$1" =~ $ONLY ]]; }
+LOG_TAG=ibverbs
+# shellcheck source=tests-ext/lib.sh
+. "$REPO/tests-ext/lib.sh"
+nstep=0
 slug() { printf '%03d-%s' "$nstep" "$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-80)"; }
 
 mkdir -p "$OUT"
@@ -86,41 +70,11 @@ command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
 [ -f /usr/lib/x86_64-linux-gnu/libmlx5.so.1 ] || need_pkgs+=(ibverbs-providers)
 command -v ucx_info >/dev/null 2>&1 || need_pkgs+=(ucx-utils)
 command -v fi_info >/dev/null 2>&1 || need_pkgs+=(libfabric-bin)
-if [ "${#need_pkgs[@]}" -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && [ -z "${SKIP_INSTALL:-}" ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing ${need_pkgs[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    { timeout 600 apt-get update && timeout 900 apt-get install -y --no-install-recommends "${need_pkgs[@]}"; } \
-      > "$OUT/install.log" 2>&1
-    result "install ${need_pkgs[*]}" $? "apt-get failed, see $OUT/install.log"
-  else
-    result "packages present" 1 "missing ${need_pkgs[*]}: apt-get install ${need_pkgs[*]}"
-  fi
-fi
+install_needed
 
 # --- 2. build ----------------------------------------------------------------------------
 cd "$REPO" || exit 1
-TARGET=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null)
-TARGET=${TARGET:-$REPO/target}
-# The drop-in and its stub providers: every workspace package under crates/ibverbs*.
-PKGS=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null | python3 -c '
-import json, sys
-for p in json.load(sys.stdin)["packages"]:
-    if "/crates/ibverbs" in p["manifest_path"] or p["name"] == "softrdma-cli":
-        print("-p", p["name"])' 2>/dev/null | tr '\n' ' ')
-[ -n "$PKGS" ] || PKGS="-p softrdma-ibverbs -p softrdma-stub-mlx5 -p softrdma-stub-efa -p softrdma-stub-mlx4 -p softrdma-stub-mana -p softrdma-cli"
-if [ -z "${SKIP_BUILD:-}" ]; then
-  log "cargo build --release $PKGS"
-  # shellcheck disable=SC2086
-  timeout 1800 cargo build --release $PKGS > "$OUT/build.log" 2>&1
-  result "cargo build --release $PKGS" $? "see $OUT/build.log"
-fi
-SOFTRDMA=${SOFTRDMA_BIN:-$TARGET/release/softrdma}
-if [ ! -x "$SOFTRDMA" ]; then
-  result "softrdma binary" 1 "$SOFTRDMA not built"
-  finish
-fi
+build_dropins || finish
 timeout 30 "$SOFTRDMA" env > "$OUT/env.txt" 2>&1
 result "softrdma env" $? "$(head -c 300 "$OUT/env.txt")"
 

@@ -40,27 +40,10 @@ STEP_TIMEOUT=${STEP_TIMEOUT:-60}
 ONLY=${ONLY:-}
 PORT=${BASE_PORT:-13400}
 
-pass=0 fail=0
-failed_names=()
-log() { printf '[middleware %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
-result() { # name rc detail
-  if [ "$2" = 0 ]; then
-    echo "PASS: $1"; pass=$((pass + 1))
-  else
-    echo "FAIL: $1 ($3)"; fail=$((fail + 1)); failed_names+=("$1")
-  fi
-}
-finish() {
-  echo "artifacts: $OUT"
-  if [ "$fail" != 0 ]; then
-    echo "failed:"; printf '  %s\n' "${failed_names[@]}"
-  fi
-  echo "$pass passed, $fail failed"
-  [ "$fail" = 0 ] && [ "$pass" -gt 0 ]
-  exit $?
-}
+LOG_TAG=middleware
+# shellcheck source=tests-ext/lib.sh
+. "$REPO/tests-ext/lib.sh"
 skip() { echo "SKIP: $1 ($2)"; }
-want() { [ -z "$ONLY" ] || [[ "$1" =~ $ONLY ]]; }
 slug() { printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-80; }
 
 mkdir -p "$OUT"
@@ -73,40 +56,11 @@ command -v fi_pingpong >/dev/null 2>&1 || need_pkgs+=(libfabric-bin)
 [ -f /usr/lib/x86_64-linux-gnu/libmlx5.so.1 ] || need_pkgs+=(ibverbs-providers)
 command -v mpirun >/dev/null 2>&1 || need_pkgs+=(openmpi-bin)
 [ -f /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || need_pkgs+=(libopenmpi-dev)
-if [ "${#need_pkgs[@]}" -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && [ -z "${SKIP_INSTALL:-}" ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing ${need_pkgs[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    { timeout 600 apt-get update && timeout 900 apt-get install -y --no-install-recommends "${need_pkgs[@]}"; } \
-      > "$OUT/install.log" 2>&1
-    result "install ${need_pkgs[*]}" $? "apt-get failed, see $OUT/install.log"
-  else
-    result "packages present" 1 "missing ${need_pkgs[*]}: apt-get install ${need_pkgs[*]}"
-    finish
-  fi
-fi
+install_needed || finish
 
 # --- build -------------------------------------------------------------------------------
 cd "$REPO" || exit 1
-TARGET=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null)
-TARGET=${TARGET:-$REPO/target}
-PKGS=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null | python3 -c '
-import json, sys
-for p in json.load(sys.stdin)["packages"]:
-    if "/crates/ibverbs" in p["manifest_path"] or p["name"] == "softrdma-cli":
-        print("-p", p["name"])' 2>/dev/null | tr '\n' ' ')
-if [ -z "${SKIP_BUILD:-}" ]; then
-  log "cargo build --release $PKGS"
-  # shellcheck disable=SC2086
-  timeout 1800 cargo build --release $PKGS > "$OUT/build.log" 2>&1
-  result "cargo build --release $PKGS" $? "see $OUT/build.log"
-fi
-SOFTRDMA=${SOFTRDMA_BIN:-$TARGET/release/softrdma}
-if [ ! -x "$SOFTRDMA" ]; then
-  result "softrdma binary" 1 "$SOFTRDMA not built"
-  finish
-fi
+build_dropins || finish
 
 # A server and a client of one program, both through `softrdma run`; the client gets the
 # server's address last. Sets SRC/CRC (exit codes) and SL/CL (logs).

@@ -54,25 +54,9 @@ REPO=$(cd "$HERE/../.." && pwd)
 OUT=${OUT:-/tmp/softrdma-rdmacm}
 T=60 # seconds for one program
 
-pass=0 fail=0
-failed_names=()
-log() { printf '[rdmacm %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
-result() { # name rc detail
-  if [ "$2" = 0 ]; then
-    echo "PASS: $1"; pass=$((pass + 1))
-  else
-    echo "FAIL: $1 ($3)"; fail=$((fail + 1)); failed_names+=("$1")
-  fi
-}
-finish() {
-  echo "artifacts: $OUT"
-  if [ "$fail" != 0 ]; then
-    echo "failed:"; printf '  %s\n' "${failed_names[@]}"
-  fi
-  echo "$pass passed, $fail failed"
-  [ "$fail" = 0 ] && [ "$pass" -gt 0 ]
-  exit $?
-}
+LOG_TAG=rdmacm
+# shellcheck source=tests-ext/lib.sh
+. "$REPO/tests-ext/lib.sh"
 # Fold a program's "PASS: x" / "FAIL: x (why)" lines into the results, prefixed.
 fold() { # prefix logfile
   local line n=0
@@ -96,43 +80,12 @@ command -v ib_write_bw >/dev/null 2>&1 || need_pkgs+=(perftest)
 [ -f /usr/include/infiniband/verbs.h ] || need_pkgs+=(libibverbs-dev)
 command -v gcc >/dev/null 2>&1 || need_pkgs+=(gcc)
 command -v nm >/dev/null 2>&1 || need_pkgs+=(binutils)
-if [ "${#need_pkgs[@]}" -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && [ -z "${SKIP_INSTALL:-}" ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing ${need_pkgs[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    { timeout 600 apt-get update && timeout 900 apt-get install -y --no-install-recommends "${need_pkgs[@]}"; } \
-      > "$OUT/install.log" 2>&1
-    result "install ${need_pkgs[*]}" $? "apt-get failed, see $OUT/install.log"
-  else
-    result "packages present" 1 "missing ${need_pkgs[*]}: apt-get install librdmacm-dev rdmacm-utils perftest libibverbs-dev gcc binutils"
-  fi
-fi
+install_needed
 DEB_RDMACM=$(ls /usr/lib/*-linux-gnu/librdmacm.so.1 2>/dev/null | head -n 1)
 
 # --- build ---------------------------------------------------------------------------------
 cd "$REPO" || exit 1
-TARGET=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null)
-TARGET=${TARGET:-$REPO/target}
-# The drop-in and the stub providers perftest loads (every workspace package under
-# crates/ibverbs*), and the softrdma command.
-PKGS=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null | python3 -c '
-import json, sys
-for p in json.load(sys.stdin)["packages"]:
-    if "/crates/ibverbs" in p["manifest_path"] or p["name"] == "softrdma-cli":
-        print("-p", p["name"])' 2>/dev/null | tr '\n' ' ')
-[ -n "$PKGS" ] || PKGS="-p softrdma-ibverbs -p softrdma-stub-mlx5 -p softrdma-stub-efa -p softrdma-stub-mlx4 -p softrdma-stub-mana -p softrdma-cli"
-if [ -z "${SKIP_BUILD:-}" ]; then
-  log "cargo build --release $PKGS"
-  # shellcheck disable=SC2086
-  timeout 1800 cargo build --release $PKGS > "$OUT/build.log" 2>&1
-  result "cargo build --release $PKGS" $? "see $OUT/build.log"
-fi
-SOFTRDMA=${SOFTRDMA_BIN:-$TARGET/release/softrdma}
-if [ ! -x "$SOFTRDMA" ]; then
-  result "softrdma binary" 1 "$SOFTRDMA not built"
-  finish
-fi
+build_dropins || finish
 DIR=$(timeout 30 "$SOFTRDMA" env --dir 2> "$OUT/env.log")
 result "softrdma env --dir" $? "$(head -c 300 "$OUT/env.log")"
 LIB=$DIR/libibverbs.so.1

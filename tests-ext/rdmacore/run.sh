@@ -26,7 +26,9 @@ SUITE=${RDMA_CORE_TESTS:-$REPO/../shared/rdma-core-tests}
 SUITE_TIMEOUT=${SUITE_TIMEOUT:-600}
 PY=/usr/bin/python3
 
-log() { printf '[rdmacore %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+LOG_TAG=rdmacore
+# shellcheck source=tests-ext/lib.sh
+. "$REPO/tests-ext/lib.sh"
 fail() { echo "FAIL: rdma-core tests ($*)"; echo "artifacts: $OUT"; exit 1; }
 
 mkdir -p "$OUT"
@@ -48,14 +50,8 @@ fi
 
 # --- build -------------------------------------------------------------------------------
 cd "$REPO" || exit 1
-TARGET=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null)
-TARGET=${TARGET:-$REPO/target}
-PKGS=$(timeout 120 cargo metadata --format-version 1 --no-deps 2>/dev/null | python3 -c '
-import json, sys
-for p in json.load(sys.stdin)["packages"]:
-    if "/crates/ibverbs" in p["manifest_path"] or p["name"] == "softrdma-cli":
-        print("-p", p["name"])' 2>/dev/null | tr '\n' ' ')
+TARGET=$(cargo_target_dir)
+PKGS=$(dropin_pkgs)
 if [ -z "${SKIP_BUILD:-}" ]; then
   log "cargo build --release $PKGS"
   # shellcheck disable=SC2086
