@@ -3007,6 +3007,17 @@ static void t_mcast(void)
 	if (attached) {
 		fill_ah(&aha);
 		aha.grh.dgid = mgid;
+		/* The group is IPv4: it is sent to from an IPv4 GID (RoCEv2 puts both GIDs in one
+		 * IP header), whichever index the other checks use. */
+		for (n = 0; n < D.port.gid_tbl_len; n++) {
+			union ibv_gid g;
+			static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+
+			if (ibv_query_gid(D.ctx, D.port_num, n, &g) == 0 && !memcmp(g.raw, mapped, 12)) {
+				aha.grh.sgid_index = n;
+				break;
+			}
+		}
 		ah = ibv_create_ah(D.pd, &aha);
 		EXPECT(ah, "ibv_create_ah to the group: %s", strerror(errno));
 	}

@@ -47,6 +47,8 @@ pub struct DevInfo {
     pub name: String,
     /// The address the device takes when the program opens it.
     pub ip: IpAddr,
+    /// Its second address (GID index 1), if it will have one.
+    pub alt: Option<IpAddr>,
     /// The interface holding that address.
     pub netdev: Option<NetDev>,
 }
@@ -60,13 +62,15 @@ pub fn devices() -> Result<Vec<DevInfo>, String> {
     Ok(list
         .iter()
         .map(|e| {
-            let ip = match e.addr {
-                DeviceAddr::Fixed(a) => a.ip(),
-                DeviceAddr::AutoLoopback(p) => config::probe_auto_loopback(p).ip(),
+            let at = match e.addr {
+                DeviceAddr::Fixed(a) => a,
+                DeviceAddr::AutoLoopback(p) => config::probe_auto_loopback(p),
             };
+            let ip = at.ip();
             DevInfo {
                 name: e.name.clone(),
                 ip,
+                alt: config::probe_alt(at),
                 netdev: netdev::holding(ip),
             }
         })
@@ -172,7 +176,9 @@ pub fn tree(devs: &[DevInfo], null_rdev: (u32, u32)) -> Vec<(PathBuf, Node)> {
     for (i, d) in devs.iter().enumerate() {
         // The engine's own attributes for the device at this address: every value the
         // view shows is what the program's verbs queries answer.
-        let ctx = Context::new(vec![Gid::from_ip(d.ip)], 0);
+        let mut gids = vec![Gid::from_ip(d.ip)];
+        gids.extend(d.alt.map(Gid::from_ip));
+        let ctx = Context::new(gids, 0);
         let a = ctx.device_attr();
         let Ok(p) = ctx.port_attr(1) else { continue };
         let dir = format!("{ib}/{}", d.name);
@@ -238,6 +244,7 @@ pub fn tree(devs: &[DevInfo], null_rdev: (u32, u32)) -> Vec<(PathBuf, Node)> {
                 format!("{port}/gid_attrs/types/{k}"),
                 Node::File("RoCE v2".into()),
             );
+            // Both addresses are on one interface (see `netdev::other_version`).
             if let Some(n) = &d.netdev {
                 add(
                     format!("{port}/gid_attrs/ndevs/{k}"),
@@ -496,6 +503,7 @@ mod tests {
         let d = DevInfo {
             name: "softrdma0".into(),
             ip: "127.0.0.5".parse().unwrap(),
+            alt: Some("::1".parse().unwrap()),
             netdev: Some(NetDev {
                 name: "lo".into(),
                 index: 1,
@@ -515,6 +523,13 @@ mod tests {
         );
         assert_eq!(file(&format!("{ib}/ports/1/gid_attrs/types/0")), "RoCE v2");
         assert_eq!(file(&format!("{ib}/ports/1/gid_attrs/ndevs/0")), "lo");
+        assert_eq!(
+            file(&format!("{ib}/ports/1/gids/1")),
+            "0000:0000:0000:0000:0000:0000:0000:0001"
+        );
+        assert_eq!(file(&format!("{ib}/ports/1/gid_attrs/types/1")), "RoCE v2");
+        assert_eq!(file(&format!("{ib}/ports/1/gid_attrs/ndevs/1")), "lo");
+        assert_eq!(find(&t, &format!("{ib}/ports/1/gids/2")), None);
         assert_eq!(file(&format!("{ib}/ports/1/pkeys/0")), "0xffff");
         assert_eq!(file(&format!("{ib}/node_type")), "1: CA");
         assert_eq!(

@@ -190,6 +190,19 @@ pub fn probe_auto_loopback(port: u16) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
 }
 
+/// The second address a device at `addr` would serve if opened now (GID index 1): the
+/// interface's address of the other IP version, if its port is free, and unless
+/// `SOFTRDMA_DUAL_STACK=0`. Found by binding and releasing.
+pub fn probe_alt(addr: SocketAddr) -> Option<IpAddr> {
+    if std::env::var("SOFTRDMA_DUAL_STACK").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let ip = crate::netdev::other_version(addr.ip())?;
+    std::net::UdpSocket::bind(SocketAddr::new(ip, addr.port()))
+        .is_ok()
+        .then_some(ip)
+}
+
 /// How to open a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceConfig {
@@ -208,11 +221,15 @@ pub struct DeviceConfig {
     /// Publish the device's counters for `softrdma stats` to a file in this directory
     /// while it is open ([`statsfile`]); None: don't.
     pub stats_dir: Option<PathBuf>,
+    /// Also serve the interface's address of the other IP version ([`crate::netdev::other_version`]:
+    /// `::1` beside 127.0.0.x), as GID index 1, when that address and port are free;
+    /// `SOFTRDMA_DUAL_STACK=0` turns it off.
+    pub dual_stack: bool,
 }
 
 impl DeviceConfig {
-    /// A configuration for `name` at `addr`, with `SOFTRDMA_BUSY_POLL`, `SOFTRDMA_PCAP`
-    /// and the stats directory ([`statsfile::default_dir`]: none if `SOFTRDMA_STATS=0`)
+    /// A configuration for `name` at `addr`, with `SOFTRDMA_BUSY_POLL`, `SOFTRDMA_PCAP`,
+    /// `SOFTRDMA_DUAL_STACK` and the stats directory ([`statsfile::default_dir`]: none if `SOFTRDMA_STATS=0`)
     /// taken from the environment.
     pub fn new(name: &str, addr: DeviceAddr) -> DeviceConfig {
         let busy_poll = std::env::var("SOFTRDMA_BUSY_POLL").is_ok_and(|v| v == "1");
@@ -227,6 +244,7 @@ impl DeviceConfig {
             pcap,
             seed: None,
             stats_dir: statsfile::default_dir(),
+            dual_stack: std::env::var("SOFTRDMA_DUAL_STACK").map_or(true, |v| v != "0"),
         }
     }
     /// The configuration of a configured device (see [`devices`]).

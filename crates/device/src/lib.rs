@@ -157,7 +157,13 @@ impl Device {
             None => None,
         };
         let seed = cfg.seed.unwrap_or_else(sys::random_seed);
-        let rnic = Rnic::new(addr, seed);
+        let alt = if cfg.dual_stack {
+            bind_alt(addr, link.gso_enabled())
+        } else {
+            None
+        };
+        let alt_addr = alt.as_ref().map(|(d, _, _)| d.local_addr());
+        let rnic = Rnic::with_alt(addr, alt_addr.map(|a| a.ip()), seed);
         // IPv6 multicast leaves from the interface that holds the device's address (an
         // IPv4 socket bound to its address needs no such choice).
         let mc_ifindex = match addr.ip() {
@@ -169,13 +175,33 @@ impl Device {
         }
         // A descriptor of the socket to wait on without holding the receive half.
         let sock_fd = link.as_fd().try_clone_to_owned()?;
+        // The second address's socket is waited on through the same epoll set as the
+        // multicast group sockets.
+        let mc_poll = mcast::Groups::new_poll()?;
+        let (alt_link, alt_rx) = match alt {
+            Some((tx, rx, batch)) => {
+                rustix::event::epoll::add(
+                    &mc_poll,
+                    rx.as_fd(),
+                    rustix::event::epoll::EventData::new_u64(0),
+                    rustix::event::epoll::EventFlags::IN,
+                )?;
+                (Some(tx), Some((rx, batch)))
+            }
+            None => (None, None),
+        };
         let shared = Arc::new(Runtime {
             name: cfg.name.clone(),
             addr,
             start: Instant::now(),
+            alt_addr,
+            alt_ready: AtomicBool::new(false),
+            alt_until: AtomicU64::new(0),
+            alt_steps: AtomicU64::new(0),
             core: Mutex::new(Engine {
                 rnic,
                 link,
+                alt_link,
                 ports: HashMap::new(),
                 ip_ids: IpIdCache::default(),
                 pcap,
@@ -198,6 +224,7 @@ impl Device {
                 errors: 0,
                 mc_batches: Vec::new(),
                 mc_counts: Vec::new(),
+                alt: alt_rx,
             }),
             wake: EventFd::new()?,
             notify: EventFd::new()?,
@@ -206,7 +233,7 @@ impl Device {
             sock_fd,
             groups: Mutex::new(mcast::Groups::new()),
             has_groups: AtomicBool::new(false),
-            mc_poll: mcast::Groups::new_poll()?,
+            mc_poll,
             stop: AtomicBool::new(false),
             busy_poll: cfg.busy_poll,
             spin: cfg.spin,
@@ -248,6 +275,17 @@ impl Device {
     /// GID index 0: the IPv4-mapped form of the address (or the IPv6 address itself).
     pub fn gid(&self) -> Gid {
         Gid::from_ip(self.shared.addr.ip())
+    }
+    /// The device's address of the other IP version, GID index 1, if it serves one
+    /// ([`DeviceConfig::dual_stack`]).
+    pub fn alt_addr(&self) -> Option<SocketAddr> {
+        self.shared.alt_addr
+    }
+    /// The GID table: [`Device::gid`], then the [`Device::alt_addr`]'s GID if there is one.
+    pub fn gids(&self) -> Vec<Gid> {
+        let mut g = vec![self.gid()];
+        g.extend(self.shared.alt_addr.map(|a| Gid::from_ip(a.ip())));
+        g
     }
     /// Device time: nanoseconds since the device opened.
     pub fn now(&self) -> u64 {
@@ -428,10 +466,13 @@ impl Device {
             if others > 0 {
                 t = Some(t.map_or(SHARED_BLOCK, |l| l.min(SHARED_BLOCK)));
             }
-            let _ = sys::poll_readable(
+            let r = sys::poll_readable(
                 &[sh.sock_fd.as_fd(), sh.mc_poll.as_fd(), sh.notify.as_fd()],
                 t,
             );
+            if r.is_ok_and(|v| v.get(1).copied().unwrap_or(false)) {
+                sh.extra_readable();
+            }
             sh.blocked.fetch_sub(1, Ordering::SeqCst);
             sh.notify.clear();
         }
@@ -577,6 +618,34 @@ impl Drop for Device {
         }
         if let Some(p) = self.shared.lock().pcap.as_mut() {
             let _ = p.flush();
+        }
+    }
+}
+
+/// Bind the device's second socket, on the interface's address of the other IP version
+/// ([`netdev::other_version`]) and the device's port: the send half (GSO as the main
+/// socket's), a receive half with GRO where the kernel has it, and its batch. None, with
+/// the reason logged, when the interface has no such address or it is taken (another
+/// device on this host serves it: the first device to open on `lo` gets `::1`).
+fn bind_alt(addr: SocketAddr, gso: bool) -> Option<(udp::Driver, udp::Driver, udp::RecvBatch)> {
+    let ip = netdev::other_version(addr.ip())?;
+    let at = SocketAddr::new(ip, addr.port());
+    let bound = udp::Driver::bind(at).and_then(|mut tx| {
+        tx.set_gso(gso);
+        let mut rx = tx.try_clone()?;
+        let gro = rx.set_gro(true).unwrap_or(false);
+        let batch = if gro {
+            udp::RecvBatch::new(RX_BATCH_GRO, udp::GRO_BUF_SIZE)
+        } else {
+            udp::RecvBatch::new(RX_BATCH, RX_BUF)
+        };
+        Ok((tx, rx, batch))
+    });
+    match bound {
+        Ok(b) => Some(b),
+        Err(e) => {
+            tracing::debug!(%at, error = %e, "no second address: the GID table has one entry");
+            None
         }
     }
 }

@@ -36,6 +36,27 @@ pub fn holding(ip: IpAddr) -> Option<NetDev> {
     (index != 0).then_some(NetDev { name, index })
 }
 
+/// The address of the other IP version on the interface holding `ip`, for a device that
+/// serves both (its GID index 1): for an IPv4 address the interface's first IPv6 address
+/// that needs no scope (not link-local, which a socket can only name with its interface),
+/// for an IPv6 address the interface's first IPv4 address. On `lo`: `::1` beside any
+/// 127.0.0.x, 127.0.0.1 beside `::1`. None if the interface has no such address.
+pub fn other_version(ip: IpAddr) -> Option<IpAddr> {
+    other_in(&interface_addrs(), ip)
+}
+
+fn other_in(list: &[IfAddr], ip: IpAddr) -> Option<IpAddr> {
+    let name = pick(list, ip)?;
+    let v4 = canonical(ip).is_ipv4();
+    list.iter()
+        .filter(|a| a.name == name && a.addr.is_ipv4() != v4)
+        .map(|a| a.addr)
+        .find(|a| match a {
+            IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) != 0xfe80,
+            IpAddr::V4(_) => true,
+        })
+}
+
 fn pick(list: &[IfAddr], ip: IpAddr) -> Option<String> {
     let ip = canonical(ip);
     if let Some(a) = list.iter().find(|a| a.addr == ip) {
@@ -167,6 +188,28 @@ mod tests {
         // Another host on eth0's network is not this host's address.
         assert_eq!(p("192.0.2.9"), None);
         assert_eq!(p("::2"), None);
+    }
+
+    #[test]
+    fn other_version_is_on_the_same_interface_and_needs_no_scope() {
+        let l = [
+            a("lo", true, "127.0.0.1", 8),
+            a("lo", true, "::1", 128),
+            a("eth0", false, "192.0.2.2", 24),
+            a("eth0", false, "fe80::2", 64),
+            a("eth0", false, "fd00::2", 64),
+            a("eth1", false, "198.51.100.1", 24),
+            a("eth1", false, "fe80::3", 64),
+        ];
+        let o = |s: &str| other_in(&l, s.parse().unwrap());
+        assert_eq!(o("127.0.0.5"), Some("::1".parse().unwrap()));
+        assert_eq!(o("::1"), Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(o("192.0.2.2"), Some("fd00::2".parse().unwrap()));
+        assert_eq!(o("fd00::2"), Some("192.0.2.2".parse().unwrap()));
+        // Only a link-local IPv6 address: none that a socket can bind without a scope.
+        assert_eq!(o("198.51.100.1"), None);
+        // Not this host's address.
+        assert_eq!(o("203.0.113.1"), None);
     }
 
     #[test]

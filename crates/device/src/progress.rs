@@ -66,6 +66,9 @@ fn doze(rt: &Runtime, timeout: Duration, watch_socket: bool) -> bool {
             &[rt.wake.as_fd(), rt.sock_fd.as_fd(), rt.mc_poll.as_fd()],
             Some(timeout),
         );
+        if r.as_ref().is_ok_and(|v| v.get(2).copied().unwrap_or(false)) {
+            rt.extra_readable();
+        }
         r.is_ok_and(|v| v.iter().skip(1).any(|&b| b))
     } else {
         let _ = sys::poll_readable(&[rt.wake.as_fd()], Some(timeout));
@@ -91,10 +94,13 @@ fn block(rt: &Runtime) {
         }
         deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)))
     };
-    let _ = sys::poll_readable(
+    let r = sys::poll_readable(
         &[rt.sock_fd.as_fd(), rt.mc_poll.as_fd(), rt.wake.as_fd()],
         timeout,
     );
+    if r.is_ok_and(|v| v.get(1).copied().unwrap_or(false)) {
+        rt.extra_readable();
+    }
     rt.wake.clear();
     rt.lock().sleeping_until = None;
 }

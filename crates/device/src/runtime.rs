@@ -25,6 +25,11 @@ use crate::LinkStats;
 
 /// How long a due timer may wait for the socket to be drained first, in nanoseconds.
 const TIMER_GRACE_NS: u64 = 1_000_000;
+/// How long after its last datagram the second address's socket is still read on every
+/// step, in nanoseconds.
+const ALT_WINDOW_NS: u64 = 100_000_000;
+/// A quiet second address's socket is read on every this many steps.
+const ALT_EVERY: u64 = 64;
 
 pub(crate) struct Chan {
     pub(crate) fd: EventFd,
@@ -36,8 +41,11 @@ pub(crate) struct Engine {
     pub(crate) rnic: Rnic,
     /// The send half of the device socket.
     pub(crate) link: udp::Driver,
-    /// Send-only sockets per UDP source port; `None`: the bind failed, use `link` and reseal.
-    pub(crate) ports: HashMap<u16, Option<udp::Driver>>,
+    /// The send half of the socket on the device's second address ([`Runtime::alt_addr`]).
+    pub(crate) alt_link: Option<udp::Driver>,
+    /// Send-only sockets per source address (one of the device's addresses with another
+    /// UDP source port); `None`: the bind failed, use the device socket and reseal.
+    pub(crate) ports: HashMap<SocketAddr, Option<udp::Driver>>,
     /// Per-length ICRC work for sealing GSO segments ([`seal_gso_segments`]).
     pub(crate) ip_ids: IpIdCache,
     pub(crate) pcap: Option<PcapWriter<BufWriter<File>>>,
@@ -71,11 +79,26 @@ pub(crate) struct Rx {
     pub(crate) mc_batches: Vec<udp::RecvBatch>,
     /// How many datagrams each of `mc_batches` holds this step.
     pub(crate) mc_counts: Vec<usize>,
+    /// The receive half of the second address's socket and its batch.
+    pub(crate) alt: Option<(udp::Driver, udp::RecvBatch)>,
 }
 
 pub(crate) struct Runtime {
     pub(crate) name: String,
     pub(crate) addr: SocketAddr,
+    /// The device's address of the other IP version, GID index 1, if it has a socket.
+    pub(crate) alt_addr: Option<SocketAddr>,
+    /// Set when a wait saw the epoll set of extra sockets readable: the next step reads
+    /// the second address's socket even if it has been quiet.
+    pub(crate) alt_ready: AtomicBool,
+    /// Device time until which every step reads the second address's socket (it carried
+    /// traffic recently). Outside it, a step reads it only when a wait saw it readable
+    /// (`alt_ready`), so a device used over one address pays no second receive call per
+    /// step.
+    pub(crate) alt_until: AtomicU64,
+    /// Steps taken, for reading a quiet second socket every [`ALT_EVERY`] steps: threads
+    /// that poll without ever waiting (busy polling) see it that way.
+    pub(crate) alt_steps: AtomicU64,
     pub(crate) start: Instant,
     pub(crate) core: Mutex<Engine>,
     pub(crate) rx: Mutex<Rx>,
@@ -170,6 +193,7 @@ impl Runtime {
             errors,
             mc_batches,
             mc_counts,
+            alt,
         } = rx;
         let n = match link.recv_batch(batch) {
             Ok(n) => n,
@@ -201,8 +225,29 @@ impl Runtime {
         }
         let m: usize = mc_counts.iter().sum();
         let now = self.now();
+        let mut a = 0;
+        if let Some((sock, abatch)) = alt.as_mut() {
+            if self.alt_ready.swap(false, Ordering::AcqRel)
+                || now < self.alt_until.load(Ordering::Relaxed)
+                || self.alt_steps.fetch_add(1, Ordering::Relaxed) % ALT_EVERY == 0
+            {
+                a = match sock.recv_batch(abatch) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        *errors += 1;
+                        tracing::debug!(error = %e, "receive failed (second address)");
+                        0
+                    }
+                };
+                if a > 0 {
+                    self.alt_used(now);
+                }
+                mc_full |= a == abatch.capacity();
+            }
+        }
         if n == 0
             && m == 0
+            && a == 0
             && now < self.next_timer.load(Ordering::Acquire)
             && now < self.ack_due.load(Ordering::Acquire)
         {
@@ -210,14 +255,20 @@ impl Runtime {
         }
         let mut core = self.lock();
         let core = &mut *core;
-        if n + m > 0 {
+        if n + m + a > 0 {
             core.stats.rx_batches += 1;
             let ts = if core.pcap.is_some() { wall_ns() } else { 0 };
             let group_datagrams = mc_batches
                 .iter()
                 .zip(mc_counts.iter())
                 .flat_map(|(b, &k)| b.iter().take(k));
-            for d in batch.iter().take(n).chain(group_datagrams) {
+            let alt_datagrams = alt.iter().flat_map(|(_, b)| b.iter().take(a));
+            for d in batch
+                .iter()
+                .take(n)
+                .chain(group_datagrams)
+                .chain(alt_datagrams)
+            {
                 core.stats.rx_datagrams += 1;
                 core.stats.rx_bytes += d.data.len() as u64;
                 if let Some(p) = core.pcap.as_mut() {
@@ -244,6 +295,20 @@ impl Runtime {
         let flush = if app { Flush::Defer } else { Flush::All };
         core.after_step_with(self, now, true, flush);
         true
+    }
+
+    /// The second address's socket carried a datagram at `now`: read it on every step
+    /// for a while.
+    pub(crate) fn alt_used(&self, now: u64) {
+        self.alt_until
+            .store(now.saturating_add(ALT_WINDOW_NS), Ordering::Relaxed);
+    }
+
+    /// A wait saw the extra sockets' epoll set readable ([`Runtime::alt_ready`]).
+    pub(crate) fn extra_readable(&self) {
+        if self.alt_addr.is_some() {
+            self.alt_ready.store(true, Ordering::Release);
+        }
     }
 
     /// Send held-back ACKs now (before blocking, or once they are due).

@@ -44,25 +44,29 @@ pub struct DeviceStats {
 /// Engine and runtime counters ([`Device::stats`]); also the stats publisher's snapshot,
 /// which has the shared state but not the device.
 pub(crate) fn stats_of(sh: &Runtime) -> DeviceStats {
-    let (rx_driver, rx_errors) = {
+    let (rx_drivers, rx_errors) = {
         let rx = sh.rx.lock().unwrap_or_else(|e| e.into_inner());
-        (rx.link.stats(), rx.errors)
+        let mut v = vec![rx.link.stats()];
+        v.extend(rx.alt.as_ref().map(|(d, _)| d.stats()));
+        (v, rx.errors)
     };
     let core = sh.lock();
     let mut link = core.stats.clone();
     link.rx_errors += rx_errors;
     let mut driver = core.link.stats();
-    for d in core.ports.values().flatten() {
+    for d in core.ports.values().flatten().chain(core.alt_link.iter()) {
         let s = d.stats();
         driver.sent_datagrams += s.sent_datagrams;
         driver.sent_batches += s.sent_batches;
         driver.gso_batches += s.gso_batches;
         driver.errors += s.errors;
     }
-    driver.recv_datagrams += rx_driver.recv_datagrams;
-    driver.recv_batches += rx_driver.recv_batches;
-    driver.gro_segments += rx_driver.gro_segments;
-    driver.errors += rx_driver.errors;
+    for r in rx_drivers {
+        driver.recv_datagrams += r.recv_datagrams;
+        driver.recv_batches += r.recv_batches;
+        driver.gro_segments += r.gro_segments;
+        driver.errors += r.errors;
+    }
     DeviceStats {
         engine: core.rnic.stats().clone(),
         link,

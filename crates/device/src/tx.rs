@@ -28,8 +28,10 @@ pub(crate) const ACK_DEFER: Duration = Duration::from_micros(20);
 pub(crate) enum SendSocket {
     /// The device socket (port 4791).
     Main,
-    /// The send-only socket of this source port.
-    Port(u16),
+    /// The socket of the device's second address (port 4791).
+    Alt,
+    /// The send-only socket of this source address (a device address, another port).
+    Port(SocketAddr),
 }
 
 /// What [`Engine::flush_tx`] does with held-back ACKs.
@@ -54,19 +56,38 @@ impl Engine {
     /// blocks. The peer gets them at most that much later, far inside its ACK timeout.
     pub(crate) fn flush_tx(&mut self, sh: &Runtime, now: u64, flush: Flush) {
         let local = sh.addr;
+        let alt = sh.alt_addr;
+        let mut alt_sent = false;
         while let Some(mut t) = self.rnic.poll_transmit(now) {
+            let ours = t.src.ip() == local.ip() || alt.is_some_and(|a| a.ip() == t.src.ip());
             let via = if t.src == local {
                 SendSocket::Main
-            } else if t.src.ip() == local.ip() && self.port_socket(t.src) {
-                SendSocket::Port(t.src.port())
+            } else if Some(t.src) == alt && self.alt_link.is_some() {
+                SendSocket::Alt
+            } else if ours && self.port_socket(t.src) {
+                SendSocket::Port(t.src)
             } else {
-                // No socket for that source port: send from the device socket, and
-                // reseal, since the ICRC covers the UDP header the receiver sees.
-                t.resend_from(local);
-                SendSocket::Main
+                // No socket for that source port: send from the device socket of the
+                // address, and reseal, since the ICRC covers the UDP header the receiver
+                // sees.
+                match alt {
+                    Some(a) if a.ip() == t.src.ip() && self.alt_link.is_some() => {
+                        t.resend_from(a);
+                        SendSocket::Alt
+                    }
+                    _ => {
+                        t.resend_from(local);
+                        SendSocket::Main
+                    }
+                }
             };
+            alt_sent |= via == SendSocket::Alt || alt.is_some_and(|a| a.ip() == t.src.ip());
             self.txq.push(t);
             self.via.push(via);
+        }
+        if alt_sent {
+            // Its answers will come to the second address: read that socket every step.
+            sh.alt_used(now);
         }
         if !self.deferred.is_empty() || matches!(flush, Flush::Defer | Flush::Hold) {
             let due = sh.ack_due.load(Ordering::Relaxed);
@@ -126,6 +147,7 @@ impl Engine {
                 .map_or(self.txq.len(), |k| at + k);
             let link = match via {
                 SendSocket::Main => &mut self.link,
+                SendSocket::Alt => self.alt_link.as_mut().unwrap_or(&mut self.link),
                 SendSocket::Port(p) => match self.ports.get_mut(&p) {
                     Some(Some(d)) => d,
                     _ => &mut self.link,
@@ -152,7 +174,7 @@ impl Engine {
         let gso = self.link.gso_enabled();
         let mc_ifindex = self.mc_ifindex;
         self.ports
-            .entry(src.port())
+            .entry(src)
             .or_insert_with(|| match udp::Driver::bind_send_only(src) {
                 Ok(mut d) => {
                     d.set_gso(gso);

@@ -167,6 +167,8 @@ const POOL_MAX: usize = 4096;
 /// table so a handler can hold `&mut QpCtx` and `&mut Nic` at once.
 pub(crate) struct Nic {
     pub addr: SocketAddr,
+    /// The device's address of the other IP version, if it has one (GID index 1).
+    pub alt: Option<IpAddr>,
     pub ctx: verbs::Context,
     pub out: VecDeque<Transmit>,
     pub stats: Stats,
@@ -192,6 +194,15 @@ pub(crate) struct Nic {
 }
 
 impl Nic {
+    /// The local address a packet to `dst` leaves from: the device's address of `dst`'s
+    /// IP version.
+    pub fn src_ip(&self, dst: IpAddr) -> IpAddr {
+        match self.alt {
+            Some(a) if a.is_ipv4() == norm_ip(dst).is_ipv4() => a,
+            _ => self.addr.ip(),
+        }
+    }
+
     /// Build, seal and queue one packet from QP `src_qpn` to `dst`. Emission only fails
     /// on an internal inconsistency; such a packet is counted as dropped, never sent.
     pub fn send(&mut self, src_qpn: u32, dst: SocketAddr, tos: u8, h: &Headers, payload: &[u8]) {
@@ -237,7 +248,7 @@ impl Nic {
         }
         data[at + plen..].fill(0); // pad and ICRC
         let sport = wire::udp_src_port(src_qpn);
-        let src = SocketAddr::new(self.addr.ip(), sport);
+        let src = SocketAddr::new(self.src_ip(dst.ip()), sport);
         wire::icrc::seal(&Addrs::new(src, dst), &mut data);
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += data.len() as u64;
@@ -304,10 +315,23 @@ impl Rnic {
     /// Device bound to `addr` (its IP gives GID index 0 as the IPv4-mapped GID; the port is
     /// normally 4791). `seed` feeds key and PSN randomness.
     pub fn new(addr: SocketAddr, seed: u64) -> Rnic {
-        let ctx = verbs::Context::new(vec![verbs::Gid::from_ip(addr.ip())], seed);
+        Rnic::with_alt(addr, None, seed)
+    }
+    /// An engine whose device also has `alt`, an address of the other IP version (the
+    /// IPv6 address of the interface beside its IPv4 one, say): GID index 1. Packets to
+    /// an address of `alt`'s version leave from `alt`, as the kernel picks the source of
+    /// a route; an `alt` of the same version as `addr` is ignored.
+    pub fn with_alt(addr: SocketAddr, alt: Option<IpAddr>, seed: u64) -> Rnic {
+        let alt = alt
+            .map(norm_ip)
+            .filter(|a| a.is_ipv4() != norm_ip(addr.ip()).is_ipv4());
+        let mut gids = vec![verbs::Gid::from_ip(addr.ip())];
+        gids.extend(alt.map(verbs::Gid::from_ip));
+        let ctx = verbs::Context::new(gids, seed);
         Rnic {
             env: Nic {
                 addr,
+                alt,
                 ctx,
                 out: VecDeque::new(),
                 stats: Stats::default(),
@@ -327,6 +351,12 @@ impl Rnic {
     /// Our address.
     pub fn addr(&self) -> SocketAddr {
         self.env.addr
+    }
+    /// Our address of the other IP version, if the device has one (GID index 1).
+    pub fn alt_addr(&self) -> Option<SocketAddr> {
+        self.env
+            .alt
+            .map(|ip| SocketAddr::new(ip, self.env.addr.port()))
     }
     /// Create a QP (in RESET).
     pub fn create_qp(&mut self, init: verbs::QpInitAttr) -> verbs::Result<verbs::Qpn> {

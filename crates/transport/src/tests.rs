@@ -25,8 +25,13 @@ const BUF: usize = 1 << 16;
 
 impl Node {
     pub fn new(ip: &str, seed: u64) -> Node {
+        Node::with_alt(ip, None, seed)
+    }
+    /// A node whose device also has `alt`, an address of the other IP version.
+    pub fn with_alt(ip: &str, alt: Option<&str>, seed: u64) -> Node {
         let addr: SocketAddr = format!("{ip}:4791").parse().unwrap();
-        let mut nic = Rnic::new(addr, seed);
+        let alt = alt.map(|a| a.parse().unwrap());
+        let mut nic = Rnic::with_alt(addr, alt, seed);
         let pd = nic.alloc_pd().unwrap();
         let (cq, _) = nic.create_cq(256, None, false).unwrap();
         let mut buf = vec![0u8; BUF];
@@ -138,6 +143,8 @@ pub(crate) struct Cfg {
     pub rnr_retry: u8,
     pub timeout: u8,
     pub rnr_timer: u8,
+    /// The source GID index both sides use (the peer's GID of that index is the dgid).
+    pub sgid_index: u8,
 }
 
 impl Default for Cfg {
@@ -150,6 +157,7 @@ impl Default for Cfg {
             rnr_retry: 7,
             timeout: 14,
             rnr_timer: 1,
+            sgid_index: 0,
         }
     }
 }
@@ -171,7 +179,8 @@ fn connect(n: &mut Node, peer: &Node, t: QpType, cfg: &Cfg, my_psn: u32, peer_ps
     a.qp_state = verbs::QpState::Rtr;
     a.ah_attr = AhAttr {
         grh: GlobalRoute {
-            dgid: peer.gid(),
+            dgid: peer.nic.gid(cfg.sgid_index).unwrap(),
+            sgid_index: cfg.sgid_index,
             hop_limit: 64,
             ..Default::default()
         },
@@ -1024,4 +1033,136 @@ fn big_write_is_paced_and_completes() {
     // Start over with delivery (the ones taken above are lost: retransmitted on timeout).
     pump(&mut a, &mut b, &mut now, |_, _| false);
     assert_eq!(a.wcs()[0].status, WcStatus::Success);
+}
+
+/// Move every packet between `a` and `b` by hand (the sim routes one address per
+/// endpoint) until neither has anything to send; returns the (source, destination) of each.
+fn shuttle(a: &mut Node, b: &mut Node, now: u64) -> Vec<(SocketAddr, SocketAddr)> {
+    let mut seen = Vec::new();
+    loop {
+        let mut moved = false;
+        while let Some(t) = a.nic.poll_transmit(now) {
+            seen.push((t.src, t.dst));
+            b.nic.handle_datagram(now, t.src, t.dst, &t.data);
+            moved = true;
+        }
+        while let Some(t) = b.nic.poll_transmit(now) {
+            seen.push((t.src, t.dst));
+            a.nic.handle_datagram(now, t.src, t.dst, &t.data);
+            moved = true;
+        }
+        if !moved {
+            return seen;
+        }
+    }
+}
+
+#[test]
+fn gid_index_1_is_the_second_address_and_its_packets_use_it() {
+    let mut a = Node::with_alt("10.0.0.1", Some("fd00::1"), 1);
+    let mut b = Node::with_alt("10.0.0.2", Some("fd00::2"), 2);
+    assert_eq!(
+        a.nic.gids(),
+        &[
+            Gid::from_ip("10.0.0.1".parse().unwrap()),
+            Gid::from_ip("fd00::1".parse().unwrap())
+        ]
+    );
+    assert_eq!(a.nic.alt_addr(), Some("[fd00::1]:4791".parse().unwrap()));
+    let cfg = Cfg {
+        sgid_index: 1,
+        ..Default::default()
+    };
+    a.create(QpType::Rc);
+    b.create(QpType::Rc);
+    connect(&mut a, &b, QpType::Rc, &cfg, cfg.psn_a, cfg.psn_b);
+    connect(&mut b, &a, QpType::Rc, &cfg, cfg.psn_b, cfg.psn_a);
+    let data = pattern(3000, 7);
+    a.write(0, &data);
+    b.post_recv(5, 0, 4096);
+    a.send(0, 1, SendOp::Send, vec![a.sge(0, 3000)]).unwrap();
+    a.send(
+        0,
+        2,
+        SendOp::Write {
+            remote_addr: b.base + 8192,
+            rkey: b.rkey,
+        },
+        vec![a.sge(0, 3000)],
+    )
+    .unwrap();
+    let seen = shuttle(&mut a, &mut b, 0);
+    // Requests, responses and ACKs: all between the two IPv6 addresses.
+    assert!(seen.len() >= 7, "{seen:?}");
+    let (a6, b6): (IpAddr, IpAddr) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
+    for (src, dst) in &seen {
+        assert!(
+            (src.ip(), dst.ip()) == (a6, b6) || (src.ip(), dst.ip()) == (b6, a6),
+            "{src} -> {dst}"
+        );
+    }
+    let wcs = a.wcs();
+    assert_eq!(wcs.len(), 2);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    let r = b.wcs();
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].byte_len),
+        (5, WcStatus::Success, 3000)
+    );
+    assert_eq!(b.read(0, 3000), data);
+    assert_eq!(b.read(8192, 3000), data);
+}
+
+#[test]
+fn sgid_and_dgid_of_different_ip_versions_are_refused() {
+    let mut a = Node::with_alt("10.0.0.1", Some("fd00::1"), 1);
+    let b = Node::with_alt("10.0.0.2", Some("fd00::2"), 2);
+    a.create(QpType::Rc);
+    let init = QpAttr {
+        qp_state: verbs::QpState::Init,
+        port_num: 1,
+        ..Default::default()
+    };
+    a.nic
+        .modify_qp(
+            0,
+            a.qpn,
+            &init,
+            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+        )
+        .unwrap();
+    for (sgid_index, dgid) in [(0, b.nic.gid(1).unwrap()), (1, b.nic.gid(0).unwrap())] {
+        let rtr = QpAttr {
+            qp_state: verbs::QpState::Rtr,
+            ah_attr: AhAttr {
+                grh: GlobalRoute {
+                    dgid,
+                    sgid_index,
+                    hop_limit: 64,
+                    ..Default::default()
+                },
+                is_global: true,
+                port_num: 1,
+                ..Default::default()
+            },
+            path_mtu: Mtu::Mtu1024,
+            dest_qp_num: 5,
+            ..Default::default()
+        };
+        let m = M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER;
+        let e = a.nic.modify_qp(0, a.qpn, &rtr, m).unwrap_err();
+        assert_eq!(e.errno, verbs::Errno::EINVAL, "sgid {sgid_index}: {e}");
+        let ah = a.nic.create_ah(a.pd, &rtr.ah_attr).unwrap_err();
+        assert_eq!(ah.errno, verbs::Errno::EINVAL);
+    }
+    // One address only: no GID index 1, and an alt of the same IP version is ignored.
+    let c = Node::with_alt("10.0.0.3", Some("10.0.0.4"), 3);
+    assert_eq!(c.nic.gids().len(), 1);
+    assert!(c.nic.gid(1).is_err());
 }

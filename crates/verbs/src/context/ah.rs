@@ -15,14 +15,20 @@ impl AhTable {
 }
 
 impl Context {
-    /// Check an address vector: RoCE needs `is_global`, a valid sgid index, port 1 (0 is
+    /// Check an address vector: RoCE needs `is_global`, a valid sgid index whose IP
+    /// version is the destination's (RoCEv2 puts both in one IP header), port 1 (0 is
     /// taken as the default port 1).
     pub(super) fn check_ah_attr(&self, a: &AhAttr) -> Result<()> {
         if !a.is_global {
             return Err(einval("RoCE address vectors need a GRH (is_global)"));
         }
-        if a.grh.sgid_index as usize >= self.gids.len() {
+        let Some(sgid) = self.gids.get(a.grh.sgid_index as usize) else {
             return Err(einval("sgid index out of range"));
+        };
+        if sgid.to_ip().is_ipv4() != a.grh.dgid.to_ip().is_ipv4() {
+            return Err(einval(
+                "the source GID and the destination GID are of different IP versions",
+            ));
         }
         if a.port_num > 1 {
             return Err(einval("no such port"));
