@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -3085,6 +3086,218 @@ static void t_mcast(void)
 	mem_free(&mb);
 }
 
+/* ------------------------------------------------------------------------------ */
+/* Registered memory the process does not back. The kernel pins the pages at
+ * registration (ib_umem_get): unmapped memory, or a read-only page with an access that
+ * lets the device write, is EFAULT; a length of 0 at a page boundary spans no page
+ * (EINVAL). Memory unmapped (or write-protected) after registration must not crash the
+ * process: the device access fails with an error completion and the QP goes to ERR. */
+
+static void *map_pages(size_t len, int prot)
+{
+	void *p = mmap(NULL, len, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void t_mr_backing(void)
+{
+	struct ibv_mr *mr;
+	char *p;
+
+	check_begin("ibv_reg_mr of 1 TiB over a 1 MiB buffer: NULL, EFAULT");
+	p = map_pages(1 << 20, PROT_READ | PROT_WRITE);
+	if (EXPECT(p, "mmap: %s", strerror(errno))) {
+		errno = 0;
+		mr = ibv_reg_mr(D.pd, p, (size_t)1 << 40, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+		EXPECT(!mr && errno == EFAULT, "mr %p errno %s", (void *)mr, strerror(errno));
+		if (mr)
+			ibv_dereg_mr(mr);
+		errno = 0;
+		mr = ibv_reg_mr(D.pd, p, (size_t)1 << 40, IBV_ACCESS_REMOTE_READ);
+		EXPECT(!mr && errno == EFAULT, "read-only access: mr %p errno %s", (void *)mr, strerror(errno));
+		if (mr)
+			ibv_dereg_mr(mr);
+		mr = ibv_reg_mr(D.pd, p, 1 << 20, ACC_ALL);
+		EXPECT(mr, "the 1 MiB itself: %s", strerror(errno));
+		if (mr)
+			ibv_dereg_mr(mr);
+		munmap(p, 1 << 20);
+	}
+	check_end();
+
+	check_begin("ibv_reg_mr of a read-only page: REMOTE_WRITE (or LOCAL_WRITE) EFAULT, REMOTE_READ accepted");
+	p = map_pages(8192, PROT_READ);
+	if (EXPECT(p, "mmap: %s", strerror(errno))) {
+		static const int writing[] = { IBV_ACCESS_LOCAL_WRITE,
+					       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+					       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC, ACC_ALL };
+
+		for (unsigned i = 0; i < sizeof(writing) / sizeof(writing[0]); i++) {
+			errno = 0;
+			mr = ibv_reg_mr(D.pd, p, 8192, writing[i]);
+			EXPECT(!mr && errno == EFAULT, "access 0x%x: mr %p errno %s", writing[i], (void *)mr,
+			       strerror(errno));
+			if (mr)
+				ibv_dereg_mr(mr);
+		}
+		mr = ibv_reg_mr(D.pd, p, 8192, IBV_ACCESS_REMOTE_READ);
+		EXPECT(mr, "REMOTE_READ: %s", strerror(errno));
+		if (mr)
+			ibv_dereg_mr(mr);
+		munmap(p, 8192);
+	}
+	check_end();
+
+	check_begin("ibv_reg_mr of unmapped or PROT_NONE memory: NULL, EFAULT");
+	p = map_pages(3 * 4096, PROT_READ | PROT_WRITE);
+	if (EXPECT(p, "mmap: %s", strerror(errno))) {
+		munmap(p + 4096, 4096); /* a hole in the middle */
+		errno = 0;
+		mr = ibv_reg_mr(D.pd, p, 3 * 4096, IBV_ACCESS_REMOTE_READ);
+		EXPECT(!mr && errno == EFAULT, "over a hole: mr %p errno %s", (void *)mr, strerror(errno));
+		if (mr)
+			ibv_dereg_mr(mr);
+		EXPECT(mprotect(p, 4096, PROT_NONE) == 0, "mprotect: %s", strerror(errno));
+		errno = 0;
+		mr = ibv_reg_mr(D.pd, p, 4096, 0);
+		EXPECT(!mr && errno == EFAULT, "PROT_NONE: mr %p errno %s", (void *)mr, strerror(errno));
+		if (mr)
+			ibv_dereg_mr(mr);
+		munmap(p, 3 * 4096);
+	}
+	check_end();
+
+	check_begin("ibv_reg_mr of length 0: EINVAL at a page boundary, accepted inside a mapped page");
+	p = map_pages(4096, PROT_READ | PROT_WRITE);
+	if (EXPECT(p, "mmap: %s", strerror(errno))) {
+		errno = 0;
+		mr = ibv_reg_mr(D.pd, p, 0, ACC_ALL);
+		EXPECT(!mr && errno == EINVAL, "page-aligned: mr %p errno %s", (void *)mr, strerror(errno));
+		if (mr)
+			ibv_dereg_mr(mr);
+		mr = ibv_reg_mr(D.pd, p + 64, 0, ACC_ALL);
+		if (EXPECT(mr, "inside the page: %s", strerror(errno))) {
+			EXPECT(mr->length == 0, "length %zu", mr->length);
+			ibv_dereg_mr(mr);
+		}
+		munmap(p, 4096);
+	}
+	check_end();
+}
+
+static int qp_state(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+
+	if (ibv_query_qp(qp, &a, IBV_QP_STATE, &ia))
+		return -1;
+	return a.qp_state;
+}
+
+/* One remote operation on B's memory after B unmapped it (or, `ro`, write-protected it). */
+static void gone_remote(const char *name, enum ibv_wr_opcode op, int ro)
+{
+	struct fx f;
+	struct ibv_wc wc;
+	const size_t len = 2 * 4096;
+	char *t;
+	struct ibv_mr *tmr = NULL;
+
+	check_begin(name);
+	if (fx_rc(&f) && EXPECT((t = map_pages(len, PROT_READ | PROT_WRITE)), "mmap: %s", strerror(errno))) {
+		memset(t, 7, len);
+		tmr = ibv_reg_mr(D.pd, t, len, ACC_ALL);
+		if (EXPECT(tmr, "reg_mr: %s", strerror(errno))) {
+			if (ro)
+				EXPECT(mprotect(t, len, PROT_READ) == 0, "mprotect: %s", strerror(errno));
+			else
+				EXPECT(munmap(t, len) == 0, "munmap: %s", strerror(errno));
+			post_send1(f.p.a.qp, &(struct sendspec){ .id = 90, .op = op, .addr = f.ma.buf,
+								 .len = op == IBV_WR_RDMA_READ || op == IBV_WR_RDMA_WRITE ? 4000 : 8,
+								 .lkey = f.ma.mr->lkey, .raddr = (uintptr_t)t + 4096 - 8,
+								 .rkey = tmr->rkey, .cmp_add = 1, .swap = 2 });
+			if (poll1(f.p.a.scq, &wc, "the requester's completion"))
+				check_wc(&wc, &(struct want){ 90, IBV_WC_REM_ACCESS_ERR, ANY, ANY, f.p.a.qp->qp_num, ANY, ANY, ANY },
+					 "requester");
+			/* still here: no signal; the target's QP reports the error */
+			{
+				uint64_t end = now_ms() + 5000;
+				int st;
+
+				while ((st = qp_state(f.p.b.qp)) != IBV_QPS_ERR && now_ms() < end)
+					sleep_ms(5);
+				EXPECT(st == IBV_QPS_ERR, "target QP state %d, want ERR", st);
+			}
+			EXPECT(qp_state(f.p.a.qp) == IBV_QPS_ERR, "requester QP state %d, want ERR", qp_state(f.p.a.qp));
+			ibv_dereg_mr(tmr);
+			if (ro)
+				EXPECT((unsigned char)t[4096 - 8] == 7 && (unsigned char)t[4096] == 7, "the read-only page changed");
+		}
+		if (ro)
+			munmap(t, len);
+	}
+	fx_free(&f);
+	check_end();
+}
+
+static void t_mr_gone(void)
+{
+	struct fx f;
+	struct ibv_wc wc;
+	const size_t len = 2 * 4096;
+	char *l;
+	struct ibv_mr *lmr;
+
+	gone_remote("RDMA_READ of memory the target unmapped: REM_ACCESS_ERR, target alive, its QP in ERR",
+		    IBV_WR_RDMA_READ, 0);
+	gone_remote("RDMA_WRITE to memory the target unmapped: REM_ACCESS_ERR, target alive, its QP in ERR",
+		    IBV_WR_RDMA_WRITE, 0);
+	gone_remote("RDMA_WRITE to memory the target made read-only: REM_ACCESS_ERR, nothing written",
+		    IBV_WR_RDMA_WRITE, 1);
+	gone_remote("ATOMIC_FETCH_AND_ADD on memory the target unmapped: REM_ACCESS_ERR, QP in ERR",
+		    IBV_WR_ATOMIC_FETCH_AND_ADD, 0);
+	gone_remote("ATOMIC_CMP_AND_SWP on memory the target made read-only: REM_ACCESS_ERR, QP in ERR",
+		    IBV_WR_ATOMIC_CMP_AND_SWP, 1);
+
+	check_begin("SEND from memory unmapped after registration: LOC_PROT_ERR, QP in ERR");
+	if (fx_rc(&f) && EXPECT((l = map_pages(len, PROT_READ | PROT_WRITE)), "mmap: %s", strerror(errno))) {
+		lmr = ibv_reg_mr(D.pd, l, len, ACC_ALL);
+		if (EXPECT(lmr, "reg_mr: %s", strerror(errno))) {
+			post_recv(f.p.b.qp, 91, f.mb.buf, 8192, f.mb.mr->lkey);
+			EXPECT(munmap(l, len) == 0, "munmap: %s", strerror(errno));
+			post_send1(f.p.a.qp, &(struct sendspec){ .id = 92, .op = IBV_WR_SEND, .addr = l, .len = 6000,
+								 .lkey = lmr->lkey });
+			if (poll1(f.p.a.scq, &wc, "the send's completion"))
+				check_wc(&wc, &(struct want){ 92, IBV_WC_LOC_PROT_ERR, ANY, ANY, f.p.a.qp->qp_num, ANY, ANY, ANY },
+					 "sender");
+			EXPECT(qp_state(f.p.a.qp) == IBV_QPS_ERR, "QP state %d, want ERR", qp_state(f.p.a.qp));
+			ibv_dereg_mr(lmr);
+		}
+	}
+	fx_free(&f);
+	check_end();
+
+	check_begin("RDMA_READ into memory unmapped after registration: LOC_PROT_ERR, QP in ERR");
+	if (fx_rc(&f) && EXPECT((l = map_pages(len, PROT_READ | PROT_WRITE)), "mmap: %s", strerror(errno))) {
+		lmr = ibv_reg_mr(D.pd, l, len, ACC_ALL);
+		if (EXPECT(lmr, "reg_mr: %s", strerror(errno))) {
+			EXPECT(munmap(l, len) == 0, "munmap: %s", strerror(errno));
+			post_send1(f.p.a.qp, &(struct sendspec){ .id = 93, .op = IBV_WR_RDMA_READ, .addr = l, .len = 6000,
+								 .lkey = lmr->lkey, .raddr = (uintptr_t)f.mb.buf,
+								 .rkey = f.mb.mr->rkey });
+			if (poll1(f.p.a.scq, &wc, "the read's completion"))
+				check_wc(&wc, &(struct want){ 93, IBV_WC_LOC_PROT_ERR, ANY, ANY, f.p.a.qp->qp_num, ANY, ANY, ANY },
+					 "reader");
+			EXPECT(qp_state(f.p.a.qp) == IBV_QPS_ERR, "QP state %d, want ERR", qp_state(f.p.a.qp));
+			ibv_dereg_mr(lmr);
+		}
+	}
+	fx_free(&f);
+	check_end();
+}
+
 struct test {
 	const char *name;
 	void (*fn)(void);
@@ -3123,6 +3336,8 @@ static const struct test tests[] = {
 	{ "uc", t_uc },
 	{ "mcast", t_mcast },
 	{ "bad_args", t_bad_args },
+	{ "mr_backing", t_mr_backing },
+	{ "mr_gone", t_mr_gone },
 };
 
 static void usage(const char *argv0)

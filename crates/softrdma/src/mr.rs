@@ -39,9 +39,14 @@ impl ProtectionDomain {
     /// memory, or a copied slice). Its contents are reachable only by copying
     /// ([`MemoryRegion::read`], [`MemoryRegion::write`]) and atomics, so the device may write
     /// it at any time without aliasing a Rust reference.
+    ///
+    /// An empty buffer is EINVAL: it spans no page, which a kernel driver refuses too.
     pub fn register(&self, buf: impl Into<MrBuffer>, access: Access) -> Result<MemoryRegion> {
         let MrBuffer(b) = buf.into();
         let len = b.len();
+        if len == 0 {
+            return Err(Error::invalid("an empty buffer spans no page to register"));
+        }
         let raw: *mut [u8] = Box::into_raw(b);
         let ptr = raw.cast::<u8>();
         let pd = self.inner.id;
@@ -77,6 +82,12 @@ impl ProtectionDomain {
     /// from another thread: the caller must not hold Rust references (`&`/`&mut`) to any
     /// part of it that a peer or a posted operation may write meanwhile, and must accept
     /// that its own plain accesses race with the device's (as with DMA on a real NIC).
+    ///
+    /// As a kernel driver pinning the pages, the process's memory must back the range:
+    /// mapped and readable, and writable when `access` lets the device write; EFAULT
+    /// otherwise (a length of 0 at a page boundary is EINVAL). Memory unmapped or
+    /// protected later makes the device's accesses fail (error completions, EFAULT from
+    /// [`MemoryRegion::read`] and the like) rather than crash the process.
     pub unsafe fn register_raw(
         &self,
         ptr: *mut u8,
@@ -271,12 +282,14 @@ impl MemoryRegion {
         }
     }
 
-    /// Run `f` with a checked span of `n` bytes at `offset`, under the engine lock.
+    /// Run `f` with a checked span of `n` bytes at `offset`, under the engine lock; `f`
+    /// answering None is `failed()`.
     fn span<R>(
         &self,
         offset: usize,
         n: usize,
         f: impl FnOnce(&verbs::MemSpan<'_>) -> Option<R>,
+        failed: impl FnOnce(&verbs::MemSpan<'_>) -> Error,
     ) -> Result<R> {
         match offset.checked_add(n) {
             Some(end) if end <= self.len() => {}
@@ -297,18 +310,18 @@ impl MemoryRegion {
             .inner
             .dev
             .inspect(|r| match r.local_span(pd, &sge, Access::empty()) {
-                Ok(span) => f(&span).ok_or(Error::invalid("misaligned or out of bounds")),
+                Ok(span) => f(&span).ok_or_else(|| failed(&span)),
                 Err(_) => Err(Error::new(libc::EFAULT, "region not accessible")),
             })
     }
 
     /// Copy `out.len()` bytes out from `offset`.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.span(offset, out.len(), |s| s.read(0, out).then_some(()))
+        self.span(offset, out.len(), |s| s.read(0, out).then_some(()), gone)
     }
     /// Copy `data` in at `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.span(offset, data.len(), |s| s.write(0, data).then_some(()))
+        self.span(offset, data.len(), |s| s.write(0, data).then_some(()), gone)
     }
     /// A copy of `len` bytes at `offset`.
     pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
@@ -318,29 +331,39 @@ impl MemoryRegion {
     }
     /// Atomically read the native-endian u64 at `offset` (8-byte aligned address).
     pub fn read_u64(&self, offset: usize) -> Result<u64> {
-        self.span(offset, 8, |s| s.fetch_add(0, 0))
+        self.span(offset, 8, |s| s.fetch_add(0, 0), misaligned_or_gone)
     }
     /// Atomically store a native-endian u64 at `offset` (8-byte aligned address).
     pub fn write_u64(&self, offset: usize, v: u64) -> Result<()> {
-        self.span(offset, 8, |s| {
-            let mut cur = s.fetch_add(0, 0)?;
-            loop {
-                let was = s.compare_swap(0, cur, v)?;
-                if was == cur {
-                    return Some(());
+        self.span(
+            offset,
+            8,
+            |s| {
+                let mut cur = s.fetch_add(0, 0)?;
+                loop {
+                    let was = s.compare_swap(0, cur, v)?;
+                    if was == cur {
+                        return Some(());
+                    }
+                    cur = was;
                 }
-                cur = was;
-            }
-        })
+            },
+            misaligned_or_gone,
+        )
     }
     /// Atomic fetch-and-add on the u64 at `offset`, as a remote FETCH_AND_ADD would do it;
     /// returns the old value.
     pub fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64> {
-        self.span(offset, 8, |s| s.fetch_add(0, add))
+        self.span(offset, 8, |s| s.fetch_add(0, add), misaligned_or_gone)
     }
     /// Atomic compare-and-swap on the u64 at `offset`; returns the old value.
     pub fn compare_swap_u64(&self, offset: usize, compare: u64, swap: u64) -> Result<u64> {
-        self.span(offset, 8, |s| s.compare_swap(0, compare, swap))
+        self.span(
+            offset,
+            8,
+            |s| s.compare_swap(0, compare, swap),
+            misaligned_or_gone,
+        )
     }
 
     /// Deregister and return the buffer (a copy of it for raw and device memory).
@@ -457,5 +480,22 @@ impl DeviceMemory {
     pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let id = self.inner.id;
         self.inner.dev.call(|r, _| r.dm_copy_from(id, offset, out))
+    }
+}
+
+/// A copy stopped by memory the owner of a raw registration unmapped or protected since.
+fn gone(_: &verbs::MemSpan<'_>) -> Error {
+    Error::new(
+        libc::EFAULT,
+        "memory unmapped or protected since registration",
+    )
+}
+
+/// An atomic that did not run: misaligned (EINVAL), or memory gone as for [`gone`].
+fn misaligned_or_gone(s: &verbs::MemSpan<'_>) -> Error {
+    if s.word_aligned(0) {
+        gone(s)
+    } else {
+        Error::invalid("misaligned address")
     }
 }

@@ -173,7 +173,8 @@ pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                     off,
                     plen,
                 ) {
-                    // The key went away under the stream: stop it, remote access error.
+                    // The key went away under the stream, or the memory behind it (unmapped
+                    // since registration): stop it, remote access error.
                     qp.resp.pending.pop_front();
                     flush_ack(qp, env);
                     env.stats.naks_sent_access += 1;
@@ -181,7 +182,7 @@ pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                         qpn = format_args!("{:#x}", qp.qpn),
                         psn = first_psn,
                         kind = ?NakCode::RemoteAccessError,
-                        reason = "rkey invalidated under a READ response stream",
+                        reason = "rkey invalidated or memory gone under a READ response stream",
                         "NAK sent"
                     );
                     let msn = qp.resp.msn;
@@ -192,7 +193,13 @@ pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                         msn,
                         Syndrome::Nak(NakCode::RemoteAccessError),
                     );
-                    completer::fail(qp, env, now, None, "rkey invalidated under a READ");
+                    completer::fail(
+                        qp,
+                        env,
+                        now,
+                        None,
+                        "READ memory unreadable or rkey invalidated",
+                    );
                     return;
                 }
                 if next == last_psn {
@@ -954,12 +961,15 @@ fn rc_atomic(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
         .ctx
         .remote_span(qp.pd, qp.qpn, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
     {
+        // The rkey check settled bounds and alignment: what fails now is the memory itself
+        // (unmapped or write-protected since registration), a remote access error.
         Ok(span) => {
             if h.bth.opcode == Opcode::RC_COMPARE_SWAP {
                 span.compare_swap(0, a.compare, a.swap_add)
-                    .ok_or(NakCode::InvalidRequest)
+                    .ok_or(NakCode::RemoteAccessError)
             } else {
-                span.fetch_add(0, a.swap_add).ok_or(NakCode::InvalidRequest)
+                span.fetch_add(0, a.swap_add)
+                    .ok_or(NakCode::RemoteAccessError)
             }
         }
         Err(e) => Err(remote_error(e)),
@@ -974,7 +984,7 @@ fn rc_atomic(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
                 code,
                 p,
                 None,
-                "atomic refused: rkey check or misaligned address",
+                "atomic refused: rkey check, misaligned address or memory gone",
             );
             return;
         }

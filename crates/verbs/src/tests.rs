@@ -2035,3 +2035,161 @@ mod prop {
         }
     }
 }
+
+// ------------------------------------------------------------------ backing memory
+
+/// `len` bytes of fresh anonymous memory with `prot`.
+fn map(len: usize, prot: i32) -> *mut u8 {
+    // SAFETY: a new private anonymous mapping; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p.cast()
+}
+
+#[test]
+fn reg_mr_needs_backing_memory() {
+    const PAGE: usize = 4096;
+    let mut c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    let rw = map(4 * PAGE, libc::PROT_READ | libc::PROT_WRITE);
+    let ro = map(PAGE, libc::PROT_READ);
+    let reg_err = |c: &mut Context, p: *mut u8, len: usize, a: Access| {
+        // SAFETY: only mappings of this test, which outlive `c`'s use of them; a refused
+        // registration keeps nothing.
+        unsafe { c.reg_mr(pd, p, len, p as u64, a) }
+            .map(|_| ())
+            .map_err(|e| e.errno)
+    };
+    // Far past the mapping (1 TiB over 16 KiB): EFAULT, as pinning it fails.
+    assert_eq!(reg_err(&mut c, rw, 1 << 40, ALL), Err(Errno::EFAULT));
+    assert_eq!(
+        reg_err(&mut c, rw, 1 << 40, Access::REMOTE_READ),
+        Err(Errno::EFAULT)
+    );
+    // A hole in the middle.
+    // SAFETY: unmaps one page of this test's own mapping, used by nothing else.
+    assert_eq!(unsafe { libc::munmap(rw.add(PAGE).cast(), PAGE) }, 0);
+    assert_eq!(
+        reg_err(&mut c, rw, 3 * PAGE, Access::empty()),
+        Err(Errno::EFAULT)
+    );
+    assert_eq!(reg_err(&mut c, rw, PAGE, ALL), Ok(()));
+    // Read-only memory: any access letting the device write is EFAULT (the kernel pins with
+    // FOLL_WRITE for LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC and MW_BIND).
+    for a in [
+        Access::LOCAL_WRITE,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        Access::LOCAL_WRITE | Access::REMOTE_ATOMIC,
+        Access::MW_BIND,
+    ] {
+        assert_eq!(reg_err(&mut c, ro, PAGE, a), Err(Errno::EFAULT), "{a:?}");
+    }
+    assert_eq!(reg_err(&mut c, ro, PAGE, Access::REMOTE_READ), Ok(()));
+    // Length 0: no page at a page boundary (EINVAL), the page holding it otherwise.
+    assert_eq!(reg_err(&mut c, rw, 0, ALL), Err(Errno::EINVAL));
+    assert_eq!(reg_err(&mut c, rw.wrapping_add(8), 0, ALL), Ok(()));
+    assert_eq!(
+        reg_err(&mut c, rw.wrapping_add(PAGE + 8), 0, Access::empty()),
+        Err(Errno::EFAULT)
+    );
+    assert_eq!(
+        reg_err(&mut c, ro.wrapping_add(8), 0, ALL),
+        Err(Errno::EFAULT)
+    );
+    drop(c);
+    // SAFETY: this test's own mappings; the context is dropped first.
+    unsafe {
+        libc::munmap(rw.cast(), 4 * PAGE);
+        libc::munmap(ro.cast(), PAGE);
+    }
+}
+
+#[test]
+fn spans_over_memory_gone_since_registration_fail() {
+    const PAGE: usize = 4096;
+    let mut c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    let q = 0x100;
+    let p = map(2 * PAGE, libc::PROT_READ | libc::PROT_WRITE);
+    // SAFETY: this test's own mapping; spans over it are used only after checks below.
+    let mr = unsafe { c.reg_mr(pd, p, 2 * PAGE, p as u64, ALL) }.unwrap();
+    let va = p as u64;
+    // Page 0 write-protected, page 1 unmapped.
+    // SAFETY: this test's own mapping, reached only through the device's fault-safe copies.
+    unsafe {
+        assert_eq!(libc::mprotect(p.cast(), PAGE, libc::PROT_READ), 0);
+        assert_eq!(libc::munmap(p.add(PAGE).cast(), PAGE), 0);
+    }
+    let span = |len, need| c.remote_span(pd, q, mr.rkey, va, len, need).unwrap();
+    let mut out = vec![0u8; 2 * PAGE];
+    // Reads: the readable page works, across into the unmapped one fails.
+    assert!(span(PAGE, Access::REMOTE_READ).read(0, &mut out[..PAGE]));
+    assert!(!span(2 * PAGE, Access::REMOTE_READ).read(0, &mut out));
+    // Writes into the read-only page fail, and change nothing.
+    assert!(!span(64, Access::REMOTE_WRITE).write(0, &[9; 64]));
+    // SAFETY: the page is mapped readable.
+    assert_eq!(unsafe { *p }, 0);
+    // Atomics on either page fail without a signal.
+    let s = span(2 * PAGE, Access::REMOTE_ATOMIC);
+    assert_eq!(s.fetch_add(0, 1), None);
+    assert_eq!(s.compare_swap(0, 0, 1), None);
+    assert_eq!(s.fetch_add(PAGE, 1), None);
+    assert_eq!(s.compare_swap(PAGE + 8, 0, 1), None);
+    // Local gathers and scatters too: LocProtErr.
+    let sge = Sge {
+        addr: va + PAGE as u64 - 16,
+        length: 32,
+        lkey: mr.lkey,
+    };
+    assert_eq!(
+        c.gather(pd, std::slice::from_ref(&sge), 0, &mut [0u8; 32]),
+        Err(WcStatus::LocProtErr)
+    );
+    assert_eq!(
+        c.scatter(pd, std::slice::from_ref(&sge), 0, &[1u8; 32]),
+        Err(WcStatus::LocProtErr)
+    );
+    drop(c);
+    // SAFETY: what is left of this test's mapping.
+    unsafe { libc::munmap(p.cast(), PAGE) };
+}
+
+#[test]
+fn overlapping_device_copies_move_as_memmove() {
+    let mut buf = [0u8; 64];
+    let mut c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    let mr = reg(&mut c, pd, &mut buf, 0, ALL);
+    let s = c.remote_span(pd, 0x100, mr.rkey, 0, 64, ALL).unwrap();
+    let mut out = [0u8; 64];
+    assert!(s.read(0, &mut out));
+    assert_eq!(out[63], 63);
+    // The spans' own copies never overlap their source here; the fault-safe copy still
+    // moves overlapping ranges in both directions as memmove does.
+    let mut v: Vec<u8> = (0..64).collect();
+    let p = v.as_mut_ptr();
+    // SAFETY: both ranges lie in `v`, an exclusive local buffer.
+    unsafe {
+        crate::context::fault_copy_for_tests(p.add(8), p, 32).unwrap();
+    }
+    assert_eq!(&v[8..40], &(0..32).collect::<Vec<u8>>()[..]);
+    let mut v: Vec<u8> = (0..64).collect();
+    let p = v.as_mut_ptr();
+    // SAFETY: as above.
+    unsafe {
+        crate::context::fault_copy_for_tests(p, p.add(8), 32).unwrap();
+    }
+    assert_eq!(&v[..32], &(8..40).collect::<Vec<u8>>()[..]);
+}

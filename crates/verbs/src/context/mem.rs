@@ -1,11 +1,9 @@
 //! Access to registered memory and device memory: the one place the device reads and
 //! writes memory it does not own as Rust values.
 
+use super::{fault, Context};
 use std::marker::PhantomData;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use super::Context;
 
 /// The address of memory the device reads and writes on its own, from whichever thread runs
 /// it: a registered region or a device-memory buffer. The context keeps addresses rather
@@ -78,36 +76,36 @@ impl MemSpan<'_> {
     fn fits(&self, offset: usize, n: usize) -> bool {
         matches!(offset.checked_add(n), Some(end) if end <= self.len)
     }
-    /// Copy `data` in at `offset`; false (and nothing written) if it would not fit.
+    /// Copy `data` in at `offset`; false if it would not fit (nothing written) or a page of
+    /// the span is no longer mapped writable (part of it may have been written).
     pub fn write(&self, offset: usize, data: &[u8]) -> bool {
         if !self.fits(offset, data.len()) {
             return false;
         }
-        if data.is_empty() {
-            return true;
-        }
         // SAFETY: `offset + data.len() <= self.len` (checked above) and the span lies inside
-        // a live registration valid for writes (MemSpan invariant, kept while the context is
-        // borrowed, so it cannot be deregistered). Raw copy, no reference to the registered
-        // bytes is formed; `ptr::copy` tolerates overlap with `data`.
-        unsafe { std::ptr::copy(data.as_ptr(), self.ptr.add(offset), data.len()) };
-        true
+        // a live registration whose owner accepted device writes (MemSpan invariant, kept
+        // while the context is borrowed, so it cannot be deregistered). The copy is
+        // fault-safe: pages the program unmapped or protected since make it fail instead of
+        // raising a signal. No reference to the registered bytes is formed.
+        unsafe { fault::copy(self.ptr.wrapping_add(offset), data.as_ptr(), data.len()) }.is_ok()
     }
-    /// Copy out from `offset`; false (and nothing read) if out of bounds.
+    /// Copy out from `offset`; false if out of bounds (nothing read) or a page of the span
+    /// is no longer mapped readable.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {
         if !self.fits(offset, out.len()) {
             return false;
         }
-        if out.is_empty() {
-            return true;
-        }
-        // SAFETY: bounds checked above; the span lies inside a live registration valid for
-        // reads (MemSpan invariant). Raw copy into the caller's exclusive buffer.
-        unsafe { std::ptr::copy(self.ptr.add(offset), out.as_mut_ptr(), out.len()) };
-        true
+        // SAFETY: bounds checked above; the span lies inside a live registration (MemSpan
+        // invariant); fault-safe copy into the caller's exclusive buffer.
+        unsafe { fault::copy(out.as_mut_ptr(), self.ptr.wrapping_add(offset), out.len()) }.is_ok()
     }
-    /// The 8-byte atomic at `offset`, if in bounds and 8-byte aligned.
-    fn atomic_at(&self, offset: usize) -> Option<&AtomicU64> {
+    /// Whether the 8 bytes at `offset` are in bounds and 8-byte aligned (what the atomics
+    /// need).
+    pub fn word_aligned(&self, offset: usize) -> bool {
+        self.word_at(offset).is_some()
+    }
+    /// The address of the 8-byte word at `offset`, if in bounds and 8-byte aligned.
+    fn word_at(&self, offset: usize) -> Option<*mut u64> {
         if !self.fits(offset, 8) {
             return None;
         }
@@ -115,24 +113,24 @@ impl MemSpan<'_> {
         if (p as usize) % 8 != 0 {
             return None;
         }
-        // SAFETY: `p..p+8` lies inside the span (checked), is 8-byte aligned (checked) and
-        // stays valid for reads and writes while the context is borrowed, which bounds the
-        // returned reference's lifetime (elided to `&self`). All of the device's accesses to
-        // registered memory are raw copies or atomics; concurrent plain access by the
-        // application is the DMA contract it accepted at registration.
-        Some(unsafe { AtomicU64::from_ptr(p.cast::<u64>()) })
+        Some(p.cast::<u64>())
     }
-    /// Atomic compare-and-swap of the 8 bytes at `offset` (host byte order, 8-byte aligned); returns the original.
+    /// Atomic compare-and-swap of the 8 bytes at `offset` (host byte order, 8-byte aligned);
+    /// returns the original. None if out of bounds, misaligned, or the page is no longer
+    /// mapped writable (nothing changed).
     pub fn compare_swap(&self, offset: usize, compare: u64, swap: u64) -> Option<u64> {
-        let a = self.atomic_at(offset)?;
-        Some(
-            match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(v) | Err(v) => v,
-            },
-        )
+        let p = self.word_at(offset)?;
+        // SAFETY: `p..p+8` lies inside the span (checked) and is 8-byte aligned (checked),
+        // in a live registration (MemSpan invariant). The device's accesses to registered
+        // memory are copies and atomics; concurrent plain access by the application is the
+        // DMA contract it accepted at registration. Fault-safe.
+        unsafe { fault::compare_swap(p, compare, swap) }.ok()
     }
-    /// Atomic fetch-and-add of the 8 bytes at `offset`; returns the original.
+    /// Atomic fetch-and-add of the 8 bytes at `offset`; returns the original. None as for
+    /// [`MemSpan::compare_swap`].
     pub fn fetch_add(&self, offset: usize, add: u64) -> Option<u64> {
-        Some(self.atomic_at(offset)?.fetch_add(add, Ordering::SeqCst))
+        let p = self.word_at(offset)?;
+        // SAFETY: as in `compare_swap`.
+        unsafe { fault::fetch_add(p, add) }.ok()
     }
 }

@@ -12,6 +12,9 @@ mod ah;
 mod cq;
 mod device;
 mod dm;
+mod fault;
+#[cfg(test)]
+pub(crate) use fault::copy_for_tests as fault_copy_for_tests;
 mod mcast;
 mod mem;
 mod mr;

@@ -3,6 +3,7 @@
 
 use std::ptr::NonNull;
 
+use super::fault;
 use super::mem::{DmaPtr, MemSpan};
 use super::table::IdMap;
 use super::{ebusy, einval, enomem, Context};
@@ -106,10 +107,18 @@ impl Context {
     /// Register `len` bytes at `ptr` as seen at address `iova`.
     /// REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE is EINVAL.
     ///
+    /// As a kernel driver pins the pages (rxe: `ib_umem_get`), the process's memory must
+    /// back the range: every page mapped and readable, and writable when the access lets
+    /// the device write (LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC, MW_BIND); EFAULT
+    /// otherwise. A length of 0 spans no page at a page-aligned address (EINVAL, the
+    /// kernel's "no pages") and the page holding `ptr` otherwise, which must be backed.
+    ///
     /// # Safety
-    /// `ptr..ptr+len` must stay valid for reads and writes until the region is deregistered,
-    /// and the caller accepts that the device reads and writes it at any time, from any
-    /// thread, while registered.
+    /// The device reads and writes `ptr..ptr+len` at any time, from any thread, while the
+    /// region is registered, and the caller accepts that. Its memory may be unmapped or
+    /// protected later: device accesses to it then fail (error completions) instead of
+    /// faulting, but it must not be replaced by memory the caller does not mean the device
+    /// to reach.
     pub unsafe fn reg_mr(
         &mut self,
         pd: PdId,
@@ -122,6 +131,21 @@ impl Context {
         if !zero_based && iova.checked_add(len as u64).is_none() {
             return Err(einval("iova + length overflows"));
         }
+        self.check_pd(pd)?;
+        check_mr_access(access)?;
+        if len == 0 && fault::page_aligned(ptr) {
+            return Err(einval(
+                "a zero-length region at a page boundary spans no page",
+            ));
+        }
+        let write = access.intersects(
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::MW_BIND,
+        );
+        fault::check_backed(ptr, len, write)?;
+        // A program may have put its own fault handler in front of ours since the last
+        // registration; ours goes back in front (chaining to it) before the device may
+        // touch this memory.
+        fault::install_handler();
         // SAFETY: `reg_mr`'s own contract: the memory stays valid until deregistration, which
         // drops the region and its DmaPtr, and may be accessed from any thread meanwhile.
         let ptr = unsafe { DmaPtr::new(ptr) };
