@@ -1,0 +1,221 @@
+//! A ping-pong turn leaves at once: what UCX's tag_lat (and every latency benchmark) does
+//! over RC. Each side polls its CQ from the application thread until the peer's SEND has
+//! arrived (the ACK it makes for it is held back, to leave with the next datagram), then
+//! posts its reply. The reply goes into an idle pipe (its previous SEND was acknowledged
+//! before the peer's reply arrived), so the post must send the reply and the held ACK
+//! before it returns: nothing may wait for the ACK-deferral deadline, the progress thread
+//! or the retransmission timer. Asserted with the device's datagram counter right after
+//! each post, over real loopback UDP; no wait is timed.
+
+use std::time::{Duration, Instant};
+
+use softrdma_device::verbs::{
+    Access, AhAttr, GlobalRoute, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType, Qpn,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+};
+use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig};
+
+/// Bytes per message, as `ucx_perftest -t tag_lat -s 8` sends (with UCX's header).
+const LEN: usize = 16;
+/// Round trips.
+const ROUNDS: u64 = 50;
+
+fn open(name: &str) -> Device {
+    let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(4791));
+    cfg.stats_dir = None;
+    Device::open(&cfg).expect("open device")
+}
+
+/// An RC QP, its CQ (sends unsignaled, as UCX posts them) and a registered buffer: the
+/// first half receives, the second half sends.
+struct Side {
+    dev: Device,
+    cq: CqPoller,
+    qpn: Qpn,
+    mem: Box<[u8]>,
+    lkey: u32,
+}
+
+impl Side {
+    fn new(name: &str) -> Side {
+        let dev = open(name);
+        let mut mem = vec![0u8; 2 * LEN].into_boxed_slice();
+        let (cq, qpn, lkey) = dev.call(|r, _| {
+            let pd = r.alloc_pd().unwrap();
+            let (cq, _) = r.create_cq(64, None, false).unwrap();
+            let ptr = mem.as_mut_ptr();
+            // SAFETY: the boxed slice lives in `Side` next to the device, which `Side`
+            // drops first (field order), and the test reads it only through the CQ.
+            let mr =
+                unsafe { r.reg_mr(pd, ptr, mem.len(), ptr as u64, Access::LOCAL_WRITE) }.unwrap();
+            let qpn = r
+                .create_qp(QpInitAttr {
+                    qp_type: QpType::Rc,
+                    pd,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    cap: QpCap {
+                        max_send_wr: 16,
+                        max_recv_wr: 16,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: 0,
+                    },
+                    sq_sig_all: false,
+                })
+                .unwrap();
+            (cq, qpn, mr.lkey)
+        });
+        Side {
+            dev,
+            cq: CqPoller::new(cq),
+            qpn,
+            mem,
+            lkey,
+        }
+    }
+
+    fn connect(&self, peer: &Side) {
+        let (peer_gid, peer_qpn) = (peer.dev.gid(), peer.qpn);
+        self.dev.call(|r, now| {
+            let mut a = QpAttr {
+                qp_state: QpState::Init,
+                port_num: 1,
+                ..Default::default()
+            };
+            let m = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
+            r.modify_qp(now, self.qpn, &a, m).unwrap();
+            a.qp_state = QpState::Rtr;
+            a.ah_attr = AhAttr {
+                grh: GlobalRoute {
+                    dgid: peer_gid,
+                    hop_limit: 64,
+                    ..Default::default()
+                },
+                is_global: true,
+                port_num: 1,
+                ..Default::default()
+            };
+            a.path_mtu = softrdma_device::verbs::Mtu::Mtu1024;
+            a.dest_qp_num = peer_qpn;
+            a.rq_psn = 0;
+            a.min_rnr_timer = 1;
+            let m = M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER;
+            r.modify_qp(now, self.qpn, &a, m).unwrap();
+            a.qp_state = QpState::Rts;
+            a.sq_psn = 0;
+            a.timeout = 14;
+            a.retry_cnt = 7;
+            a.rnr_retry = 7;
+            let m = M::STATE
+                | M::SQ_PSN
+                | M::TIMEOUT
+                | M::RETRY_CNT
+                | M::RNR_RETRY
+                | M::MAX_QP_RD_ATOMIC;
+            r.modify_qp(now, self.qpn, &a, m).unwrap();
+        });
+    }
+
+    fn post_recv(&self) {
+        let wr = RecvWr {
+            wr_id: 1,
+            sg_list: vec![Sge {
+                addr: self.mem.as_ptr() as u64,
+                length: LEN as u32,
+                lkey: self.lkey,
+            }],
+        };
+        let qpn = self.qpn;
+        self.dev.call(|r, now| r.post_recv(now, qpn, wr)).unwrap();
+    }
+
+    /// Post one unsignaled SEND through the posting path (`Device::post`).
+    fn post_send(&self) {
+        let wr = SendWr {
+            wr_id: 2,
+            op: SendOp::Send,
+            flags: SendFlags::empty(),
+            sg_list: vec![Sge {
+                addr: self.mem.as_ptr() as u64 + LEN as u64,
+                length: LEN as u32,
+                lkey: self.lkey,
+            }],
+            inline_data: None,
+            ud: None,
+        };
+        let qpn = self.qpn;
+        self.dev.post(|r, now| r.post_send(now, qpn, wr)).unwrap();
+    }
+
+    /// Poll from this thread, as a busy-polling application does, until the peer's SEND
+    /// is received. The bound only keeps a broken build from hanging.
+    fn poll_recv(&self) -> WorkCompletion {
+        let until = Instant::now() + Duration::from_secs(20);
+        let mut wc = [WorkCompletion::default(); 4];
+        loop {
+            let n = self.cq.poll(&self.dev, &mut wc).unwrap();
+            if n > 0 {
+                assert_eq!(n, 1, "one completion per turn: {:?}", &wc[..n]);
+                return wc[0];
+            }
+            assert!(Instant::now() < until, "the peer's SEND never arrived");
+        }
+    }
+
+    fn sent(&self) -> u64 {
+        self.dev.stats().link.tx_datagrams
+    }
+}
+
+#[test]
+fn each_turn_of_a_ping_pong_leaves_when_it_is_posted_with_the_held_ack() {
+    let a = Side::new("turn-a");
+    let b = Side::new("turn-b");
+    a.connect(&b);
+    b.connect(&a);
+    a.post_recv();
+    b.post_recv();
+    // a's first request: a SEND into an idle pipe, nothing to acknowledge yet.
+    a.post_send();
+    assert_eq!(a.sent(), 1, "the first request left when it was posted");
+    for k in 1..=ROUNDS {
+        let wc = b.poll_recv();
+        assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::Recv));
+        b.post_recv();
+        b.post_send();
+        // b has sent, per round, the ACK of a's request and its reply: all of them by
+        // now, whether the ACK was held back for the reply or not.
+        assert_eq!(
+            b.sent(),
+            2 * k,
+            "round {k}: b's reply and ACK left with the post"
+        );
+
+        let wc = a.poll_recv();
+        assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::Recv));
+        if k == ROUNDS {
+            break;
+        }
+        a.post_recv();
+        a.post_send();
+        assert_eq!(
+            a.sent(),
+            2 * k + 1,
+            "round {k}: a's request and ACK left with the post"
+        );
+    }
+    // Nothing was lost or retransmitted on the way: every datagram counted above is one
+    // the protocol needed.
+    for s in [&a, &b] {
+        let e = s.dev.stats().engine;
+        assert_eq!(e.retransmits, 0, "{}: {e:?}", s.dev.name());
+    }
+}
