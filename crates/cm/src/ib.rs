@@ -23,7 +23,8 @@
 //! - Duplicates: a retransmitted REQ gets the MRA again (if one was sent) and is
 //!   otherwise ignored, even by a connection in timewait (the Linux CM answers it there
 //!   with a REJ "stale connection", which would turn the peer's disconnect of that same
-//!   connection into a reject; a REQ that only reuses the comm ID still gets it); a
+//!   connection into a reject; a REQ that only reuses the comm ID still gets it, and a
+//!   REJ "stale connection" for a connection whose DREQ is out is ignored); a
 //!   retransmitted REP gets the RTU again once established (so a lost RTU costs one REP
 //!   timeout, never a stuck side); a retransmitted DREQ gets the DREP again, and a DREQ
 //!   for a connection that no longer exists still gets a DREP (so a lost DREP never
@@ -1023,6 +1024,15 @@ impl IbCm {
                     self.reset_to_idle(id);
                 }
             }
+            // A peer in timewait answers a late copy of our REQ with "stale connection"
+            // (a Linux CM does, for every copy): that says the peer is done with this
+            // connection, which the DREQ we are retransmitting asks anyway, and the DREP
+            // it gets (from timewait, or for an unknown connection) ends the disconnect
+            // as the consumer expects. Taking the REJ would report a reject instead.
+            State::DreqSent if rej.reason == rej_reason::STALE_CONN => {
+                self.stats.duplicates += 1;
+                return true;
+            }
             State::DreqSent | State::RepRcvd | State::MraRepSent | State::Established => {
                 self.enter_timewait(now, id);
             }
@@ -1370,6 +1380,49 @@ mod tests {
         ));
         assert_eq!(a.state(ca), Some(State::Timewait));
         assert!(a.poll_event().is_none());
+    }
+
+    #[test]
+    fn a_stale_reject_from_a_peer_in_timewait_does_not_end_our_disconnect() {
+        // A peer whose CM answers every REQ copy in timewait with REJ "stale connection"
+        // (as Linux's does): the REJ names both IDs and reaches our DreqSent side first.
+        let (mut a, ca, mut b, cb, req_mad) = established();
+        let drep = a_disconnects(&mut a, ca, &mut b, cb);
+        let (tid, _) = parse(&req_mad);
+        a.handle_mad(9_000, gsi(7), &stale_for(cb, ca, tid));
+        assert!(a.poll_event().is_none(), "the REJ is not reported");
+        assert_eq!(a.state(ca), Some(State::DreqSent));
+        assert!(
+            a.poll_timeout().is_some(),
+            "the DREQ is still retransmitted"
+        );
+        a.handle_mad(10_000, gsi(7), &drep);
+        assert!(matches!(
+            a.poll_event().map(|e| e.kind),
+            Some(EventKind::DrepReceived(_))
+        ));
+        // Established, the same REJ still ends the connection: the peer gave up on it.
+        let (mut a, ca, _b, cb, _) = established();
+        a.handle_mad(9_000, gsi(7), &stale_for(cb, ca, tid));
+        let e = a.poll_event().map(|e| e.kind);
+        assert!(
+            matches!(&e, Some(EventKind::RejReceived(r)) if r.reason == rej_reason::STALE_CONN),
+            "{e:?}"
+        );
+        assert_eq!(a.state(ca), Some(State::Timewait));
+    }
+
+    /// The REJ a Linux CM in timewait sends for a copy of the REQ of connection `to`.
+    fn stale_for(from: CommId, to: CommId, tid: u64) -> Mad {
+        rej(
+            from,
+            to,
+            msg_response::OTHER,
+            rej_reason::STALE_CONN,
+            &[],
+            &[],
+        )
+        .emit(tid)
     }
 
     #[test]
