@@ -20,8 +20,11 @@
 //! - An MRA (message receipt acknowledgement) extends the wait for an answer by its
 //!   service timeout. A consumer may "send" an MRA with the delay flag: nothing goes out
 //!   until the peer retransmits, which then gets the MRA instead of silence.
-//! - Duplicates: a retransmitted REQ gets the MRA again (if one was sent) or, from a
-//!   connection in timewait, a REJ "stale connection", and is otherwise ignored; a
+//! - Duplicates: a retransmitted REQ gets the MRA again (if one was sent) and is
+//!   otherwise ignored, even by a connection in timewait (the Linux CM answers it there
+//!   with a REJ "stale connection", which would turn the peer's disconnect of that same
+//!   connection into a reject; a REQ that only reuses the comm ID still gets it, and a
+//!   REJ "stale connection" for a connection whose DREQ is out is ignored); a
 //!   retransmitted REP gets the RTU again once established (so a lost RTU costs one REP
 //!   timeout, never a stuck side); a retransmitted DREQ gets the DREP again, and a DREQ
 //!   for a connection that no longer exists still gets a DREP (so a lost DREP never
@@ -262,6 +265,9 @@ struct Conn {
     /// A SIDR_REQ we answer: its (peer, request ID).
     sidr_key: Option<(IpAddr, u32)>,
     service_id: u64,
+    /// The REQ that made this (passive) connection: its TID, QPN and starting PSN. A
+    /// late copy of it is this connection's own duplicate, not a stale connection.
+    req_sig: Option<(u64, u32, u32)>,
 }
 
 impl Conn {
@@ -286,6 +292,7 @@ impl Conn {
             qp_key: None,
             sidr_key: None,
             service_id: 0,
+            req_sig: None,
         }
     }
 }
@@ -889,6 +896,14 @@ impl IbCm {
                     let msg = mra_of(c, msg_response::REQ);
                     self.emit(peer, &msg, ctid);
                 }
+                // A copy of the REQ that made this very connection, overtaken by the
+                // whole handshake and disconnect: the peer already has its answer. A
+                // REJ "stale connection" would reach the peer's side of this same
+                // connection (the REJ names both IDs) and turn its orderly disconnect
+                // into a reject, so it is only counted. (The Linux CM answers every
+                // duplicate in timewait with that REJ; softrdma keeps it for a REQ that
+                // merely reuses the comm ID.)
+                State::Timewait if c.req_sig == Some(req_sig(tid, &req)) => {}
                 State::Timewait => {
                     let msg = rej(
                         c.local_id,
@@ -944,6 +959,7 @@ impl IbCm {
             c.service_id = req.service_id;
             c.remote_key = Some(key);
             c.qp_key = Some(qp_key);
+            c.req_sig = Some(req_sig(tid, &req));
         }
         self.remote_ids.insert(key, id);
         self.remote_qps.insert(qp_key, id);
@@ -1007,6 +1023,15 @@ impl IbCm {
                 } else {
                     self.reset_to_idle(id);
                 }
+            }
+            // A peer in timewait answers a late copy of our REQ with "stale connection"
+            // (a Linux CM does, for every copy): that says the peer is done with this
+            // connection, which the DREQ we are retransmitting asks anyway, and the DREP
+            // it gets (from timewait, or for an unknown connection) ends the disconnect
+            // as the consumer expects. Taking the REJ would report a reject instead.
+            State::DreqSent if rej.reason == rej_reason::STALE_CONN => {
+                self.stats.duplicates += 1;
+                return true;
             }
             State::DreqSent | State::RepRcvd | State::MraRepSent | State::Established => {
                 self.enter_timewait(now, id);
@@ -1191,6 +1216,12 @@ impl IbCm {
     }
 }
 
+/// What tells a REQ from another one with the same comm ID: a retransmission or a
+/// duplicate carries the same TID, QPN and starting PSN.
+fn req_sig(tid: u64, req: &Req) -> (u64, u32, u32) {
+    (tid, req.local_qpn, req.starting_psn)
+}
+
 fn mra_of(c: &Conn, mraed: u8) -> CmMsg {
     CmMsg::Mra(Box::new(Mra {
         ids: Ids {
@@ -1214,6 +1245,230 @@ fn drep_of(c: &Conn) -> CmMsg {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use softrdma_wire::cm::CmPath;
+    use std::net::Ipv4Addr;
+
+    const SID: u64 = 0x0106_0000_0000_1b58;
+
+    fn gsi(x: u8) -> Peer {
+        Peer::gsi(IpAddr::V4(Ipv4Addr::new(127, 0, 0, x)))
+    }
+
+    fn req(qpn: u32, psn: u32) -> Req {
+        Req {
+            local_comm_id: 0,
+            service_id: SID,
+            local_ca_guid: 0,
+            local_qkey: 0,
+            local_qpn: qpn,
+            responder_resources: 1,
+            local_eecn: 0,
+            initiator_depth: 1,
+            remote_eecn: 0,
+            remote_cm_response_timeout: 20,
+            transport_service_type: 0,
+            e2e_flow_control: false,
+            starting_psn: psn,
+            local_cm_response_timeout: 20,
+            retry_count: 7,
+            pkey: 0xFFFF,
+            path_mtu: 3,
+            rdc_exists: false,
+            rnr_retry_count: 7,
+            max_cm_retries: 15,
+            srq: false,
+            extended_transport_type: 0,
+            primary: CmPath::default(),
+            alternate: CmPath::default(),
+            sap_supported: false,
+            private_data: [0; private_len::REQ],
+        }
+    }
+
+    fn rep(qpn: u32, psn: u32) -> Rep {
+        Rep {
+            local_comm_id: 0,
+            remote_comm_id: 0,
+            local_qkey: 0,
+            local_qpn: qpn,
+            local_eecn: 0,
+            starting_psn: psn,
+            responder_resources: 1,
+            initiator_depth: 1,
+            target_ack_delay: 0,
+            failover_accepted: 0,
+            e2e_flow_control: false,
+            rnr_retry_count: 7,
+            srq: false,
+            local_ca_guid: 0,
+            private_data: [0; private_len::REP],
+        }
+    }
+
+    /// The one MAD `cm` has to send.
+    fn one(cm: &mut IbCm) -> Mad {
+        let (_, mad) = cm.poll_transmit().expect("a MAD to send");
+        assert!(cm.poll_transmit().is_none(), "more than one MAD to send");
+        mad
+    }
+
+    fn parse(mad: &Mad) -> (u64, CmMsg) {
+        let (hdr, msg) = CmMsg::parse(mad).unwrap();
+        (hdr.tid, msg)
+    }
+
+    /// Active `a` (127.0.0.3, QP 0x111) and passive `b` (127.0.0.7, QP 0x222) established
+    /// on a perfect link; also the REQ as it went out, for a late copy of it.
+    fn established() -> (IbCm, CommId, IbCm, CommId, Mad) {
+        let (pa, pb) = (gsi(3), gsi(7));
+        let mut a = IbCm::new(0xA, 15, 1);
+        let mut b = IbCm::new(0xB, 15, 2);
+        b.listen(SID).unwrap();
+        let ca = a.send_req(0, pb, req(0x111, 100), 14);
+        let req_mad = one(&mut a);
+        b.handle_mad(1_000, pa, &req_mad);
+        let Some(Event {
+            id: cb,
+            kind: EventKind::ReqReceived { .. },
+        }) = b.poll_event()
+        else {
+            panic!("no REQ event")
+        };
+        b.send_rep(2_000, cb, rep(0x222, 200)).unwrap();
+        a.handle_mad(3_000, pb, &one(&mut b));
+        assert!(matches!(
+            a.poll_event().map(|e| e.kind),
+            Some(EventKind::RepReceived(_))
+        ));
+        a.send_rtu(4_000, ca, &[]).unwrap();
+        b.handle_mad(5_000, pa, &one(&mut a));
+        assert!(matches!(
+            b.poll_event().map(|e| e.kind),
+            Some(EventKind::RtuReceived(_))
+        ));
+        (a, ca, b, cb, req_mad)
+    }
+
+    /// `a` disconnects and `b` answers; returns the DREP, not yet delivered.
+    fn a_disconnects(a: &mut IbCm, ca: CommId, b: &mut IbCm, cb: CommId) -> Mad {
+        a.send_dreq(6_000, ca, &[]).unwrap();
+        b.handle_mad(7_000, gsi(3), &one(a));
+        assert!(matches!(
+            b.poll_event().map(|e| e.kind),
+            Some(EventKind::DreqReceived(_))
+        ));
+        b.send_drep(8_000, cb, &[]).unwrap();
+        assert_eq!(b.state(cb), Some(State::Timewait));
+        one(b)
+    }
+
+    #[test]
+    fn a_late_copy_of_the_req_does_not_reject_its_own_connection() {
+        // REQ (a copy held back) → REP → RTU → DREQ → DREP (held back) → the REQ copy at
+        // the passive side in timewait → the DREP at the active side.
+        let (mut a, ca, mut b, cb, req_mad) = established();
+        let drep = a_disconnects(&mut a, ca, &mut b, cb);
+        let dups = b.stats().duplicates;
+        b.handle_mad(9_000, gsi(3), &req_mad);
+        assert!(b.poll_transmit().is_none(), "no REJ for the copy");
+        assert_eq!(b.stats().duplicates, dups + 1);
+        assert_eq!(b.state(cb), Some(State::Timewait));
+        a.handle_mad(10_000, gsi(7), &drep);
+        assert!(matches!(
+            a.poll_event().map(|e| e.kind),
+            Some(EventKind::DrepReceived(_))
+        ));
+        assert_eq!(a.state(ca), Some(State::Timewait));
+        assert!(a.poll_event().is_none());
+    }
+
+    #[test]
+    fn a_stale_reject_from_a_peer_in_timewait_does_not_end_our_disconnect() {
+        // A peer whose CM answers every REQ copy in timewait with REJ "stale connection"
+        // (as Linux's does): the REJ names both IDs and reaches our DreqSent side first.
+        let (mut a, ca, mut b, cb, req_mad) = established();
+        let drep = a_disconnects(&mut a, ca, &mut b, cb);
+        let (tid, _) = parse(&req_mad);
+        a.handle_mad(9_000, gsi(7), &stale_for(cb, ca, tid));
+        assert!(a.poll_event().is_none(), "the REJ is not reported");
+        assert_eq!(a.state(ca), Some(State::DreqSent));
+        assert!(
+            a.poll_timeout().is_some(),
+            "the DREQ is still retransmitted"
+        );
+        a.handle_mad(10_000, gsi(7), &drep);
+        assert!(matches!(
+            a.poll_event().map(|e| e.kind),
+            Some(EventKind::DrepReceived(_))
+        ));
+        // Established, the same REJ still ends the connection: the peer gave up on it.
+        let (mut a, ca, _b, cb, _) = established();
+        a.handle_mad(9_000, gsi(7), &stale_for(cb, ca, tid));
+        let e = a.poll_event().map(|e| e.kind);
+        assert!(
+            matches!(&e, Some(EventKind::RejReceived(r)) if r.reason == rej_reason::STALE_CONN),
+            "{e:?}"
+        );
+        assert_eq!(a.state(ca), Some(State::Timewait));
+    }
+
+    /// The REJ a Linux CM in timewait sends for a copy of the REQ of connection `to`.
+    fn stale_for(from: CommId, to: CommId, tid: u64) -> Mad {
+        rej(
+            from,
+            to,
+            msg_response::OTHER,
+            rej_reason::STALE_CONN,
+            &[],
+            &[],
+        )
+        .emit(tid)
+    }
+
+    #[test]
+    fn a_req_reusing_the_comm_id_of_a_connection_in_timewait_is_stale() {
+        let (mut a, ca, mut b, cb, req_mad) = established();
+        a_disconnects(&mut a, ca, &mut b, cb);
+        // Same CA GUID and comm ID, but another QP and PSN: not a copy of the REQ.
+        let (tid, msg) = parse(&req_mad);
+        let CmMsg::Req(mut other) = msg else { panic!() };
+        other.local_qpn = 0x333;
+        other.starting_psn = 300;
+        b.handle_mad(9_000, gsi(3), &CmMsg::Req(other).emit(tid));
+        let (_, msg) = parse(&one(&mut b));
+        let CmMsg::Rej(r) = msg else {
+            panic!("{msg:?}")
+        };
+        assert_eq!(r.reason, rej_reason::STALE_CONN);
+        assert_eq!((r.local_comm_id, r.remote_comm_id), (cb, ca));
+        assert!(b.poll_event().is_none());
+    }
+
+    #[test]
+    fn a_new_req_from_a_qp_still_connected_is_stale_and_disconnects_the_old() {
+        let (mut a, _ca, mut b, cb, _) = established();
+        // The same QP asks again under a new comm ID: the old connection is stale.
+        let ca2 = a.send_req(10_000, gsi(7), req(0x111, 101), 14);
+        b.handle_mad(11_000, gsi(3), &one(&mut a));
+        let (_, first) = parse(&b.poll_transmit().unwrap().1);
+        let (_, second) = parse(&b.poll_transmit().unwrap().1);
+        let CmMsg::Rej(r) = first else {
+            panic!("{first:?}")
+        };
+        assert_eq!(r.reason, rej_reason::STALE_CONN);
+        assert_eq!(r.message_rejected, msg_response::REQ);
+        assert_eq!(r.remote_comm_id, ca2);
+        assert!(matches!(second, CmMsg::Dreq(_)), "{second:?}");
+        assert_eq!(b.state(cb), Some(State::DreqSent));
+        assert!(b.poll_event().is_none(), "no REQ event for the stale one");
+        a.handle_mad(12_000, gsi(7), &CmMsg::Rej(r).emit(0));
+        let e = a.poll_event().unwrap();
+        assert_eq!(e.id, ca2);
+        assert!(
+            matches!(&e.kind, EventKind::RejReceived(r) if r.reason == rej_reason::STALE_CONN),
+            "{e:?}"
+        );
+    }
 
     #[test]
     fn iba_times_round_like_linux() {
