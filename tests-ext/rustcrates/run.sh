@@ -13,9 +13,9 @@
 #     receiving the other's 1000 with the extended QP and CQ API; each side must report
 #     every byte and iteration and see the other's GID; a run lost to the example's fixed
 #     retry budget on a host too busy to run a process for 134 ms is run once more, and
-#     the result says so) and `cmtime` (server and client over the rdma_cm: 100 connections made and
-#     torn down; the client's table has every step and neither side reports an event
-#     error; the server ends by itself once all are gone).
+#     the result says so) and `cmtime` (server and client over the rdma_cm: 100
+#     connections made and torn down; the client's table has every step and neither
+#     side reports an event error; the server ends by itself once all are gone).
 # Prints PASS/FAIL per check (SKIP for what cannot run here, not counted) and
 # "N passed, M failed"; exits 1 on any failure. Logs in $OUT.
 #
@@ -27,10 +27,11 @@
 # workspace; each sits instead in a one-member workspace of its own whose Cargo.lock is
 # the one the package ships. The crates' build scripts run cmake and bindgen (libclang)
 # over the C headers they carry (ibverbs-sys configures its vendored rdma-core, which
-# needs libnl); the examples need Rust 1.82 or newer (ibverbs-sys's rust-version). For
-# CI as root on Debian 12: installs cmake, make, gcc, pkg-config, libclang-dev,
-# libnl-3-dev and libnl-route-3-dev with apt when missing. Nothing is downloaded
-# while the examples run. Every step runs under `timeout`.
+# needs libnl and python3). The shipped lock files need Rust 1.88 or newer (sideway's
+# pins home 0.5.12, which asks 1.88; ibverbs's highest is ibverbs-sys's 1.82). For CI
+# as root on Debian 12: installs cmake, make, gcc, pkg-config, python3, libclang-dev,
+# libnl-3-dev and libnl-route-3-dev with apt when missing. Nothing is downloaded while
+# the examples run. Every step runs under `timeout`.
 #
 #   sudo tests-ext/rustcrates/run.sh
 #
@@ -63,7 +64,7 @@ rm -f "$OUT"/*.log
 
 # --- packages ----------------------------------------------------------------------------
 need_pkgs=()
-for p in cmake make gcc libc6-dev pkg-config libclang-dev libnl-3-dev libnl-route-3-dev; do
+for p in cmake make gcc libc6-dev pkg-config python3 libclang-dev libnl-3-dev libnl-route-3-dev; do
   [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || need_pkgs+=("$p")
 done
 install_needed || finish
