@@ -29,9 +29,9 @@
 # over the C headers they carry (ibverbs-sys configures its vendored rdma-core, which
 # needs libnl and python3). The shipped lock files need Rust 1.88 or newer (sideway's
 # pins home 0.5.12, which asks 1.88; ibverbs's highest is ibverbs-sys's 1.82). For CI
-# as root on Debian 12: installs cmake, make, gcc, pkg-config, python3, libclang-dev,
-# libnl-3-dev and libnl-route-3-dev with apt when missing. Nothing is downloaded while
-# the examples run. Every step runs under `timeout`.
+# as root on Debian 12: installs cmake, make, gcc, pkg-config, python3, libclang1-14,
+# libclang-common-14-dev, libnl-3-dev and libnl-route-3-dev with apt when missing.
+# Nothing is downloaded while the examples run. Every step runs under `timeout`.
 #
 #   sudo tests-ext/rustcrates/run.sh
 #
@@ -64,7 +64,10 @@ rm -f "$OUT"/*.log
 
 # --- packages ----------------------------------------------------------------------------
 need_pkgs=()
-for p in cmake make gcc libc6-dev pkg-config python3 libclang-dev libnl-3-dev libnl-route-3-dev; do
+# bindgen loads libclang at run time and needs clang's own headers beside it: libclang1-14
+# and libclang-common-14-dev, not libclang-dev (which adds 240 MB of static libraries).
+for p in cmake make gcc libc6-dev pkg-config python3 libclang1-14 libclang-common-14-dev \
+  libnl-3-dev libnl-route-3-dev; do
   [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || need_pkgs+=("$p")
 done
 install_needed || finish
