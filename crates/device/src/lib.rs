@@ -473,8 +473,16 @@ impl Device {
             if r.is_ok_and(|v| v.get(1).copied().unwrap_or(false)) {
                 sh.extra_readable();
             }
-            sh.blocked.fetch_sub(1, Ordering::SeqCst);
-            sh.notify.clear();
+            // The fd wakes every blocked waiter: only the last one to leave clears it, or a
+            // waiter that blocked earlier (with no others, so with no time limit) would
+            // sleep through a completion another waiter was woken for. A waiter that
+            // blocked after the last left but before the clear is woken again.
+            if sh.blocked.fetch_sub(1, Ordering::SeqCst) == 1 {
+                sh.notify.clear();
+                if sh.blocked.load(Ordering::SeqCst) > 0 {
+                    sh.notify.set();
+                }
+            }
         }
     }
 
