@@ -38,6 +38,7 @@
 
 mod headers;
 mod opcode;
+pub mod keyrng;
 mod rng;
 mod view;
 
@@ -52,6 +53,7 @@ pub use headers::{
     AETH_CREDITS_INVALID,
 };
 pub use opcode::{OpKind, Opcode, OpcodeInfo, Position, ServiceType};
+pub use keyrng::{KeyRng, Seed};
 pub use rng::SplitMix64;
 pub use view::BthView;
 
