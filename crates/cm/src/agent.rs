@@ -225,7 +225,11 @@ impl std::fmt::Debug for Agent {
 
 impl Agent {
     /// Start the CM of `dev`, reserving ports in `ports`, with randomness from `seed`.
-    pub fn start(dev: Arc<Device>, ports: Box<dyn PortSpace>, seed: u64) -> io::Result<Agent> {
+    pub fn start(
+        dev: Arc<Device>,
+        ports: Box<dyn PortSpace>,
+        seed: impl Into<softrdma_wire::Seed>,
+    ) -> io::Result<Agent> {
         let addr = dev.addr();
         // The node GUID of a RoCE device is derived from its MAC; ours from its address.
         let guid = match addr.ip() {

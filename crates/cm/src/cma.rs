@@ -26,7 +26,7 @@ use softrdma_wire::cm::{
     port_space, private_len, rej_reason, service_id, CmPath, CmaHeader, Rep, Req, SidrRep, SidrReq,
     CMA_HEADER_LEN,
 };
-use softrdma_wire::SplitMix64;
+use softrdma_wire::{KeyRng, Seed};
 
 use crate::ib::{self, fill, CommId, EventKind, IbCm, Peer, MRA_FLAG_DELAY};
 
@@ -410,7 +410,7 @@ pub struct Cma {
     ids: HashMap<IdHandle, Id>,
     by_comm: HashMap<CommId, IdHandle>,
     next_handle: IdHandle,
-    rng: SplitMix64,
+    rng: KeyRng,
     events: VecDeque<CmaEvent>,
 }
 
@@ -438,9 +438,14 @@ impl Cma {
     /// The CM of the device at `dev` (its UDP endpoint; the IP is its GID),
     /// `ca_guid` its node GUID, `seed` for IDs and starting PSNs, `ports` the host's port
     /// space.
-    pub fn new(dev: SocketAddr, ca_guid: u64, seed: u64, ports: Box<dyn PortSpace>) -> Cma {
-        let mut rng = SplitMix64::new(seed);
-        let ib_seed = rng.next_u64();
+    pub fn new(
+        dev: SocketAddr,
+        ca_guid: u64,
+        seed: impl Into<Seed>,
+        ports: Box<dyn PortSpace>,
+    ) -> Cma {
+        let mut rng = KeyRng::new(seed);
+        let ib_seed = rng.fork();
         Cma {
             dev,
             ib: IbCm::new(ca_guid, CA_ACK_DELAY, ib_seed),

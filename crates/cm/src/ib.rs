@@ -42,7 +42,6 @@ use softrdma_wire::cm::{
     self as wcm, rej_reason, CmMsg, Drep, Dreq, Ids, Mra, Rej, Rep, Req, Rtu, SidrRep, SidrReq,
     MAD_LEN,
 };
-use softrdma_wire::SplitMix64;
 
 /// A connection's local communication ID.
 pub type CommId = u32;
@@ -341,8 +340,8 @@ fn rej(
 impl IbCm {
     /// A CM for a device with node GUID `ca_guid` and local CA ACK delay exponent
     /// `ack_delay`; `seed` makes its communication IDs unpredictable.
-    pub fn new(ca_guid: u64, ack_delay: u8, seed: u64) -> IbCm {
-        let mut rng = SplitMix64::new(seed);
+    pub fn new(ca_guid: u64, ack_delay: u8, seed: impl Into<softrdma_wire::Seed>) -> IbCm {
+        let mut rng = softrdma_wire::KeyRng::new(seed);
         let r = rng.next_u64();
         IbCm {
             ca_guid,

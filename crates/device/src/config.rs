@@ -216,7 +216,8 @@ pub struct DeviceConfig {
     pub spin: Duration,
     /// Write every datagram sent and received to this pcap file.
     pub pcap: Option<PathBuf>,
-    /// Seed of key and PSN randomness (random if None).
+    /// Seed of the key generator ([`softrdma_wire::KeyRng`]) for reproducible runs; None:
+    /// 256 bits from the OS ([`crate::os_seed`]), as production wants.
     pub seed: Option<u64>,
     /// Publish the device's counters for `softrdma stats` to a file in this directory
     /// while it is open ([`statsfile`]); None: don't.

@@ -90,7 +90,7 @@ pub use poller::CqPoller;
 use runtime::{Chan, Engine, Runtime, Rx};
 use stats::stats_of;
 pub use stats::{DeviceStats, LinkStats};
-pub use sys::{poll_readable, random_seed, EventFd};
+pub use sys::{os_seed, poll_readable, random_seed, EventFd};
 use tx::Flush;
 
 /// The RoCEv2 UDP port.
@@ -156,7 +156,9 @@ impl Device {
             Some(p) => Some(PcapWriter::new(BufWriter::new(File::create(p)?))?),
             None => None,
         };
-        let seed = cfg.seed.unwrap_or_else(sys::random_seed);
+        let seed = cfg
+            .seed
+            .map_or_else(sys::os_seed, softrdma_wire::Seed::from_u64);
         let alt = if cfg.dual_stack {
             bind_alt(addr, link.gso_enabled())
         } else {

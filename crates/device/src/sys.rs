@@ -79,7 +79,31 @@ pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::R
         .collect())
 }
 
-/// A random seed without a dependency: std's per-process random hasher keys.
+/// 256 bits from the kernel's CSPRNG (`getrandom`), the key of the generator of memory
+/// keys, QP numbers and the connection manager's IDs and PSNs. Should the call fail (a
+/// seccomp filter, say), the bits come from std's per-process random hasher keys, mixed
+/// with the time, each word separately keyed: weaker, still not derivable from outputs.
+pub fn os_seed() -> softrdma_wire::Seed {
+    let mut k = [0u8; 32];
+    let mut got = 0;
+    while got < k.len() {
+        // SAFETY: writes at most `k.len() - got` bytes into `k` from offset `got`.
+        let n = unsafe { libc::getrandom(k[got..].as_mut_ptr().cast(), k.len() - got, 0) };
+        if n <= 0 {
+            break;
+        }
+        got += n as usize;
+    }
+    if got < k.len() {
+        for c in k.chunks_exact_mut(8) {
+            c.copy_from_slice(&random_seed().to_le_bytes());
+        }
+    }
+    softrdma_wire::Seed(k)
+}
+
+/// A random seed without a dependency: std's per-process random hasher keys. Not for
+/// anything a peer must not predict (see [`os_seed`]).
 pub fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

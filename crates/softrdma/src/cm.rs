@@ -38,7 +38,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -81,13 +80,17 @@ fn agent_of(dev: &Device) -> Result<Arc<Agent>> {
         )
     })?;
     let ports = HostPorts::new(reg, dev.addr().port());
-    let a =
-        Agent::start(Arc::clone(&dev.inner.dev), Box::new(ports), random_seed()).map_err(|e| {
-            Error::new(
-                e.raw_os_error().unwrap_or(libc::EIO),
-                format!("starting the CM of {}: {e}", dev.name()),
-            )
-        })?;
+    let a = Agent::start(
+        Arc::clone(&dev.inner.dev),
+        Box::new(ports),
+        softrdma_device::os_seed(),
+    )
+    .map_err(|e| {
+        Error::new(
+            e.raw_os_error().unwrap_or(libc::EIO),
+            format!("starting the CM of {}: {e}", dev.name()),
+        )
+    })?;
     let a = Arc::new(a);
     *slot = Some(Arc::clone(&a));
     Ok(a)
@@ -100,22 +103,6 @@ fn agent_of(dev: &Device) -> Result<Arc<Agent>> {
 pub fn set_timeouts(dev: &Device, t: Timeouts) -> Result<()> {
     agent_of(dev)?.call(|c, _| c.set_timeouts(t));
     Ok(())
-}
-
-/// A seed for the CM's communication IDs and starting PSNs: they guard connections
-/// against forged MADs, so they come from the kernel's CSPRNG.
-fn random_seed() -> u64 {
-    let mut b = [0u8; 8];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok()
-    {
-        return u64::from_ne_bytes(b);
-    }
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish()
 }
 
 /// An rdma_cm port space: ports are only shared within one, and it fixes the QP type of

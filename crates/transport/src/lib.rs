@@ -314,14 +314,14 @@ pub struct Rnic {
 impl Rnic {
     /// Device bound to `addr` (its IP gives GID index 0 as the IPv4-mapped GID; the port is
     /// normally 4791). `seed` feeds key and PSN randomness.
-    pub fn new(addr: SocketAddr, seed: u64) -> Rnic {
+    pub fn new(addr: SocketAddr, seed: impl Into<wire::Seed>) -> Rnic {
         Rnic::with_alt(addr, None, seed)
     }
     /// An engine whose device also has `alt`, an address of the other IP version (the
     /// IPv6 address of the interface beside its IPv4 one, say): GID index 1. Packets to
     /// an address of `alt`'s version leave from `alt`, as the kernel picks the source of
     /// a route; an `alt` of the same version as `addr` is ignored.
-    pub fn with_alt(addr: SocketAddr, alt: Option<IpAddr>, seed: u64) -> Rnic {
+    pub fn with_alt(addr: SocketAddr, alt: Option<IpAddr>, seed: impl Into<wire::Seed>) -> Rnic {
         let alt = alt
             .map(norm_ip)
             .filter(|a| a.is_ipv4() != norm_ip(addr.ip()).is_ipv4());

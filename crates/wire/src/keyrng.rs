@@ -134,6 +134,16 @@ impl KeyRng {
         let lo = u64::from(self.next_u32());
         (u64::from(self.next_u32()) << 32) | lo
     }
+
+    /// A seed for another generator, drawn from this one (a component with a stream of
+    /// its own).
+    pub fn fork(&mut self) -> Seed {
+        let mut k = [0u8; 32];
+        for c in k.chunks_exact_mut(4) {
+            c.copy_from_slice(&self.next_u32().to_le_bytes());
+        }
+        Seed(k)
+    }
 }
 
 #[cfg(test)]

@@ -37,8 +37,8 @@
 #![warn(missing_docs)]
 
 mod headers;
-mod opcode;
 pub mod keyrng;
+mod opcode;
 mod rng;
 mod view;
 
@@ -52,8 +52,8 @@ pub use headers::{
     Aeth, AtomicAckEth, AtomicEth, Bth, Deth, Headers, NakCode, Reth, Syndrome,
     AETH_CREDITS_INVALID,
 };
-pub use opcode::{OpKind, Opcode, OpcodeInfo, Position, ServiceType};
 pub use keyrng::{KeyRng, Seed};
+pub use opcode::{OpKind, Opcode, OpcodeInfo, Position, ServiceType};
 pub use rng::SplitMix64;
 pub use view::BthView;
 

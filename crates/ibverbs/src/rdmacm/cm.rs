@@ -91,7 +91,7 @@ pub(crate) fn get() -> Result<Arc<Cm>, c_int> {
         e.raw_os_error().unwrap_or(libc::EIO)
     })?;
     let ports = HostPorts::new(reg, dev.addr().port());
-    let agent = Agent::start(dev, Box::new(ports), softrdma_device::random_seed())
+    let agent = Agent::start(dev, Box::new(ports), softrdma_device::os_seed())
         .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
     let t = timeouts_from_env();
     agent.call(|c, _| c.set_timeouts(t));

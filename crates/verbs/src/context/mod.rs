@@ -35,7 +35,7 @@ pub use qp::Qp;
 
 use crate::error::{Errno, Error, Result};
 use crate::types::{AsyncEvent, Gid};
-use softrdma_wire::SplitMix64;
+use softrdma_wire::{KeyRng, Seed};
 
 /// Default sizes, after rxe's `rxe_param.h` where that makes sense for a user-space device.
 mod limits {
@@ -74,7 +74,7 @@ pub struct Context {
     port: PortAttr,
     gids: Vec<Gid>,
     pkeys: Vec<u16>,
-    rng: SplitMix64,
+    rng: KeyRng,
     next_id: u32,
     pds: pd::PdTable,
     mrs: mr::MrTable,
@@ -97,9 +97,11 @@ const _: fn() = || {
 };
 
 impl Context {
-    /// A context with default attributes, the given GID table (index 0 first), and a seed for
-    /// key generation (so keys are unpredictable in production and reproducible in tests).
-    pub fn new(gids: Vec<Gid>, seed: u64) -> Context {
+    /// A context with default attributes, the given GID table (index 0 first), and the seed
+    /// of its key generator, a [`KeyRng`]: memory keys and QP numbers are what a remote
+    /// party needs to act on this device, so they come from ChaCha20 keyed from the OS in
+    /// production ([`Seed`]), and from a `u64` in tests so that runs replay.
+    pub fn new(gids: Vec<Gid>, seed: impl Into<Seed>) -> Context {
         let mut gids = gids;
         gids.truncate(256);
         let g0 = gids.first().copied().unwrap_or_default().0;
@@ -114,7 +116,7 @@ impl Context {
             port,
             gids,
             pkeys,
-            rng: SplitMix64::new(seed),
+            rng: KeyRng::new(seed),
             next_id: 1,
             pds: Default::default(),
             mrs: Default::default(),
