@@ -81,13 +81,7 @@ pub fn accept(l: &TcpListener) -> CmdResult<(TcpStream, SocketAddr)> {
 
 /// An IPv4-mapped IPv6 socket address as plain IPv4.
 pub fn canonical(a: SocketAddr) -> SocketAddr {
-    match a.ip() {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
-            None => a,
-        },
-        IpAddr::V4(_) => a,
-    }
+    SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
 /// Read exactly `buf.len()` bytes; a clear message on EOF or timeout.

@@ -414,13 +414,6 @@ pub struct Cma {
     events: VecDeque<CmaEvent>,
 }
 
-fn v4_of(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
-}
-
 fn service_of(ps: u16, qp_type: Option<Service>) -> Result<Service> {
     match ps {
         port_space::TCP => Ok(Service::Rc),
@@ -614,7 +607,7 @@ impl Cma {
         if i.state != IdState::Idle {
             return Err(err(errno::EINVAL, "id already bound"));
         }
-        let ip = v4_of(addr.ip());
+        let ip = addr.ip().to_canonical();
         if !ip.is_unspecified() && !self.ports.is_local(ip) {
             return Err(err(errno::EADDRNOTAVAIL, "address is not this host's"));
         }
@@ -653,7 +646,7 @@ impl Cma {
             let s = src.unwrap_or(SocketAddr::new(any, 0));
             self.bind(id, s)?;
         }
-        let dst_ip = v4_of(dst.ip());
+        let dst_ip = dst.ip().to_canonical();
         let ps = self.id(id)?.ps;
         let (peer_dev, found) = self.peer_device_for(ps, SocketAddr::new(dst_ip, dst.port()));
         let dev_ip = self.dev.ip();
@@ -1350,7 +1343,7 @@ impl Cma {
             if src.port() != dst.port() {
                 continue;
             }
-            if v4_of(src.ip()) == v4_of(dst.ip()) {
+            if src.ip().to_canonical() == dst.ip().to_canonical() {
                 return Some(*h);
             }
             if src.ip().is_unspecified() {
@@ -1408,8 +1401,8 @@ impl Cma {
                 .send_rej(now, comm, rej_reason::CONSUMER_REJECT, &[], &[]);
             return;
         };
-        let local = SocketAddr::new(v4_of(h.dst), port);
-        let remote = SocketAddr::new(v4_of(h.src), h.src_port);
+        let local = SocketAddr::new(h.dst.to_canonical(), port);
+        let remote = SocketAddr::new(h.src.to_canonical(), h.src_port);
         let Some(listener) = self.find_listener(ps, local) else {
             let _ = self
                 .ib
@@ -1471,8 +1464,8 @@ impl Cma {
         let Ok(h) = CmaHeader::parse(&req.private_data) else {
             return reject(self);
         };
-        let local = SocketAddr::new(v4_of(h.dst), port);
-        let remote = SocketAddr::new(v4_of(h.src), h.src_port);
+        let local = SocketAddr::new(h.dst.to_canonical(), port);
+        let remote = SocketAddr::new(h.src.to_canonical(), h.src_port);
         let Some(listener) = self.find_listener(ps, local) else {
             return reject(self);
         };

@@ -47,7 +47,7 @@ pub fn other_version(ip: IpAddr) -> Option<IpAddr> {
 
 fn other_in(list: &[IfAddr], ip: IpAddr) -> Option<IpAddr> {
     let name = pick(list, ip)?;
-    let v4 = canonical(ip).is_ipv4();
+    let v4 = ip.to_canonical().is_ipv4();
     list.iter()
         .filter(|a| a.name == name && a.addr.is_ipv4() != v4)
         .map(|a| a.addr)
@@ -58,21 +58,13 @@ fn other_in(list: &[IfAddr], ip: IpAddr) -> Option<IpAddr> {
 }
 
 fn pick(list: &[IfAddr], ip: IpAddr) -> Option<String> {
-    let ip = canonical(ip);
+    let ip = ip.to_canonical();
     if let Some(a) = list.iter().find(|a| a.addr == ip) {
         return Some(a.name.clone());
     }
     list.iter()
         .find(|a| a.loopback && contains(a.addr, a.prefix, ip))
         .map(|a| a.name.clone())
-}
-
-/// An IPv4-mapped IPv6 address as the IPv4 address it is.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    }
 }
 
 fn contains(net: IpAddr, prefix: u32, ip: IpAddr) -> bool {

@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use softrdma_wire::cm::{answer_without_cm, GSI_QKEY, GSI_QPN, MAD_LEN};
 use softrdma_wire::{psn, Bth, Deth, Headers, Opcode};
 
-use crate::{norm_ip, Nic, Rnic};
+use crate::{Nic, Rnic};
 
 /// MADs the inbox holds at most, so a peer flooding QP1 costs under 300 KiB; what
 /// arrives past it is dropped and counted, as a UD packet finding no receive WQE is.
@@ -95,7 +95,7 @@ pub(crate) fn receive(env: &mut Nic, src: SocketAddr, tos: u8, h: &Headers, payl
         // peer's connect is refused at once instead of timing out after a minute.
         env.stats.gsi_unserved += 1;
         if let Some(answer) = answer_without_cm(&mad) {
-            let dst = SocketAddr::new(norm_ip(src.ip()), env.addr.port());
+            let dst = SocketAddr::new(src.ip().to_canonical(), env.addr.port());
             send(env, dst, deth.src_qp, tos, &answer);
         }
         return;
@@ -104,7 +104,7 @@ pub(crate) fn receive(env: &mut Nic, src: SocketAddr, tos: u8, h: &Headers, payl
         return drop_gsi(env, src, h, "GSI inbox full");
     }
     env.gsi.inbox.push_back(GsiMad {
-        src: norm_ip(src.ip()),
+        src: src.ip().to_canonical(),
         src_qpn: deth.src_qp,
         tos,
         pkey: h.bth.pkey,

@@ -198,7 +198,7 @@ impl Nic {
     /// IP version.
     pub fn src_ip(&self, dst: IpAddr) -> IpAddr {
         match self.alt {
-            Some(a) if a.is_ipv4() == norm_ip(dst).is_ipv4() => a,
+            Some(a) if a.is_ipv4() == dst.to_canonical().is_ipv4() => a,
             _ => self.addr.ip(),
         }
     }
@@ -323,8 +323,8 @@ impl Rnic {
     /// a route; an `alt` of the same version as `addr` is ignored.
     pub fn with_alt(addr: SocketAddr, alt: Option<IpAddr>, seed: impl Into<wire::Seed>) -> Rnic {
         let alt = alt
-            .map(norm_ip)
-            .filter(|a| a.is_ipv4() != norm_ip(addr.ip()).is_ipv4());
+            .map(|a| a.to_canonical())
+            .filter(|a| a.is_ipv4() != addr.ip().to_canonical().is_ipv4());
         let mut gids = vec![verbs::Gid::from_ip(addr.ip())];
         gids.extend(alt.map(verbs::Gid::from_ip));
         let ctx = verbs::Context::new(gids, seed);
@@ -946,18 +946,7 @@ fn admit(
 
 /// IP equality treating IPv4 and its IPv4-mapped IPv6 form as the same address.
 pub(crate) fn same_ip(a: IpAddr, b: IpAddr) -> bool {
-    norm_ip(a) == norm_ip(b)
-}
-
-/// An IPv4-mapped IPv6 address as the IPv4 address it stands for; others unchanged.
-pub(crate) fn norm_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
-    }
+    a.to_canonical() == b.to_canonical()
 }
 
 /// Whether a BTH P_Key is a full or limited member of the default partition, the only

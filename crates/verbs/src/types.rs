@@ -204,11 +204,7 @@ impl Gid {
     }
     /// The GID as an IP address (IPv4 if it is IPv4-mapped).
     pub fn to_ip(self) -> std::net::IpAddr {
-        let v6 = std::net::Ipv6Addr::from(self.0);
-        match v6.to_ipv4_mapped() {
-            Some(v4) => std::net::IpAddr::V4(v4),
-            None => std::net::IpAddr::V6(v6),
-        }
+        std::net::Ipv6Addr::from(self.0).to_canonical()
     }
     /// Whether this is a multicast GID, as the kernel's `rdma_is_multicast_addr` decides:
     /// an IPv6 multicast address (first byte 0xFF), or the IPv4-mapped form of an IPv4
