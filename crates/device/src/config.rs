@@ -194,13 +194,18 @@ pub fn probe_auto_loopback(port: u16) -> SocketAddr {
 /// interface's address of the other IP version, if its port is free, and unless
 /// `SOFTRDMA_DUAL_STACK=0`. Found by binding and releasing.
 pub fn probe_alt(addr: SocketAddr) -> Option<IpAddr> {
-    if std::env::var("SOFTRDMA_DUAL_STACK").is_ok_and(|v| v == "0") {
+    if !dual_stack_wanted() {
         return None;
     }
     let ip = crate::netdev::other_version(addr.ip())?;
     std::net::UdpSocket::bind(SocketAddr::new(ip, addr.port()))
         .is_ok()
         .then_some(ip)
+}
+
+/// Whether devices serve a second address: unless `SOFTRDMA_DUAL_STACK=0`.
+fn dual_stack_wanted() -> bool {
+    std::env::var("SOFTRDMA_DUAL_STACK").map_or(true, |v| v != "0")
 }
 
 /// How to open a device.
@@ -245,7 +250,7 @@ impl DeviceConfig {
             pcap,
             seed: None,
             stats_dir: statsfile::default_dir(),
-            dual_stack: std::env::var("SOFTRDMA_DUAL_STACK").map_or(true, |v| v != "0"),
+            dual_stack: dual_stack_wanted(),
         }
     }
     /// The configuration of a configured device (see [`devices`]).

@@ -139,18 +139,7 @@ impl Device {
         // datagram by datagram (each with ID 0, so the re-sealed ones fail a peer's ICRC
         // check once and are retransmitted) and stops using it.
         link.set_gso(cfg.pcap.is_none());
-        let mut rx_link = link.try_clone()?;
-        // GRO: a GSO message from a local peer arrives whole rather than cut into one
-        // socket buffer per datagram by the receiving socket, which costs per-datagram
-        // work and charges each piece its own overhead against the receive buffer (a UC
-        // sender, which never retransmits, overran it that way). The driver splits the
-        // buffers again.
-        let gro = rx_link.set_gro(true).unwrap_or(false);
-        let batch = if gro {
-            udp::RecvBatch::new(RX_BATCH_GRO, udp::GRO_BUF_SIZE)
-        } else {
-            udp::RecvBatch::new(RX_BATCH, RX_BUF)
-        };
+        let (rx_link, batch) = receive_half(&link)?;
         let addr = link.local_addr();
         let pcap = match &cfg.pcap {
             Some(p) => Some(PcapWriter::new(BufWriter::new(File::create(p)?))?),
@@ -282,12 +271,6 @@ impl Device {
     /// ([`DeviceConfig::dual_stack`]).
     pub fn alt_addr(&self) -> Option<SocketAddr> {
         self.shared.alt_addr
-    }
-    /// The GID table: [`Device::gid`], then the [`Device::alt_addr`]'s GID if there is one.
-    pub fn gids(&self) -> Vec<Gid> {
-        let mut g = vec![self.gid()];
-        g.extend(self.shared.alt_addr.map(|a| Gid::from_ip(a.ip())));
-        g
     }
     /// Device time: nanoseconds since the device opened.
     pub fn now(&self) -> u64 {
@@ -632,6 +615,22 @@ impl Drop for Device {
     }
 }
 
+/// The receive half of a device socket (a duplicate descriptor) and its batch.
+///
+/// GRO: a GSO message from a local peer arrives whole rather than cut into one socket
+/// buffer per datagram by the receiving socket, which costs per-datagram work and charges
+/// each piece its own overhead against the receive buffer (a UC sender, which never
+/// retransmits, overran it that way). The driver splits the buffers again.
+fn receive_half(link: &udp::Driver) -> io::Result<(udp::Driver, udp::RecvBatch)> {
+    let mut rx = link.try_clone()?;
+    let batch = if rx.set_gro(true).unwrap_or(false) {
+        udp::RecvBatch::new(RX_BATCH_GRO, udp::GRO_BUF_SIZE)
+    } else {
+        udp::RecvBatch::new(RX_BATCH, RX_BUF)
+    };
+    Ok((rx, batch))
+}
+
 /// Bind the device's second socket, on the interface's address of the other IP version
 /// ([`netdev::other_version`]) and the device's port: the send half (GSO as the main
 /// socket's), a receive half with GRO where the kernel has it, and its batch. None, with
@@ -642,13 +641,7 @@ fn bind_alt(addr: SocketAddr, gso: bool) -> Option<(udp::Driver, udp::Driver, ud
     let at = SocketAddr::new(ip, addr.port());
     let bound = udp::Driver::bind(at).and_then(|mut tx| {
         tx.set_gso(gso);
-        let mut rx = tx.try_clone()?;
-        let gro = rx.set_gro(true).unwrap_or(false);
-        let batch = if gro {
-            udp::RecvBatch::new(RX_BATCH_GRO, udp::GRO_BUF_SIZE)
-        } else {
-            udp::RecvBatch::new(RX_BATCH, RX_BUF)
-        };
+        let (rx, batch) = receive_half(&tx)?;
         Ok((tx, rx, batch))
     });
     match bound {

@@ -195,14 +195,7 @@ impl Runtime {
             mc_counts,
             alt,
         } = rx;
-        let n = match link.recv_batch(batch) {
-            Ok(n) => n,
-            Err(e) => {
-                *errors += 1;
-                tracing::debug!(error = %e, "receive failed");
-                0
-            }
-        };
+        let n = receive(link, batch, errors, "device");
         mc_counts.clear();
         let mut mc_full = false;
         if self.has_groups.load(Ordering::Acquire) {
@@ -211,14 +204,7 @@ impl Runtime {
                 if mc_batches.len() <= i {
                     mc_batches.push(udp::RecvBatch::new(MC_BATCH, crate::RX_BUF));
                 }
-                let k = match sock.recv_batch(&mut mc_batches[i]) {
-                    Ok(k) => k,
-                    Err(e) => {
-                        *errors += 1;
-                        tracing::debug!(error = %e, "multicast receive failed");
-                        0
-                    }
-                };
+                let k = receive(sock, &mut mc_batches[i], errors, "multicast group");
                 mc_full |= k == MC_BATCH;
                 mc_counts.push(k);
             }
@@ -231,14 +217,7 @@ impl Runtime {
                 || now < self.alt_until.load(Ordering::Relaxed)
                 || self.alt_steps.fetch_add(1, Ordering::Relaxed) % ALT_EVERY == 0
             {
-                a = match sock.recv_batch(abatch) {
-                    Ok(k) => k,
-                    Err(e) => {
-                        *errors += 1;
-                        tracing::debug!(error = %e, "receive failed (second address)");
-                        0
-                    }
-                };
+                a = receive(sock, abatch, errors, "second address");
                 if a > 0 {
                     self.alt_used(now);
                 }
@@ -403,6 +382,21 @@ impl Engine {
             self.mad_signaled = pending;
         }
     }
+}
+
+/// Receive a batch from `sock`: how many datagrams, 0 on an error (counted in `errors`
+/// and logged with which socket, `what`, failed).
+fn receive(
+    sock: &mut udp::Driver,
+    batch: &mut udp::RecvBatch,
+    errors: &mut u64,
+    what: &str,
+) -> usize {
+    sock.recv_batch(batch).unwrap_or_else(|e| {
+        *errors += 1;
+        tracing::debug!(error = %e, socket = what, "receive failed");
+        0
+    })
 }
 
 /// Wall-clock time for pcap records, in nanoseconds since the epoch.

@@ -59,29 +59,25 @@ impl Engine {
         let alt = sh.alt_addr;
         let mut alt_sent = false;
         while let Some(mut t) = self.rnic.poll_transmit(now) {
-            let ours = t.src.ip() == local.ip() || alt.is_some_and(|a| a.ip() == t.src.ip());
+            // From the second address (which has a socket whenever the device has one).
+            let on_alt = alt.filter(|a| a.ip() == t.src.ip());
             let via = if t.src == local {
                 SendSocket::Main
-            } else if Some(t.src) == alt && self.alt_link.is_some() {
+            } else if Some(t.src) == alt {
                 SendSocket::Alt
-            } else if ours && self.port_socket(t.src) {
+            } else if (t.src.ip() == local.ip() || on_alt.is_some()) && self.port_socket(t.src) {
                 SendSocket::Port(t.src)
-            } else {
+            } else if let Some(a) = on_alt {
                 // No socket for that source port: send from the device socket of the
                 // address, and reseal, since the ICRC covers the UDP header the receiver
                 // sees.
-                match alt {
-                    Some(a) if a.ip() == t.src.ip() && self.alt_link.is_some() => {
-                        t.resend_from(a);
-                        SendSocket::Alt
-                    }
-                    _ => {
-                        t.resend_from(local);
-                        SendSocket::Main
-                    }
-                }
+                t.resend_from(a);
+                SendSocket::Alt
+            } else {
+                t.resend_from(local);
+                SendSocket::Main
             };
-            alt_sent |= via == SendSocket::Alt || alt.is_some_and(|a| a.ip() == t.src.ip());
+            alt_sent |= on_alt.is_some();
             self.txq.push(t);
             self.via.push(via);
         }
