@@ -23,6 +23,9 @@ finish() {
   exit $?
 }
 want() { [ -z "${ONLY:-}" ] || [[ "$1" =~ $ONLY ]]; }
+skip() { echo "SKIP: $1 ($2)"; } # name reason
+# A check's name as a file name (a script may number them with its own).
+slug() { printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-80; }
 
 # apt-get install the packages named in the array need_pkgs (as root, unless
 # SKIP_INSTALL); the outcome is a result. Returns non-zero when they are still missing.

@@ -43,8 +43,6 @@ PORT=${BASE_PORT:-13400}
 LOG_TAG=middleware
 # shellcheck source=tests-ext/lib.sh
 . "$REPO/tests-ext/lib.sh"
-skip() { echo "SKIP: $1 ($2)"; }
-slug() { printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-80; }
 
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log

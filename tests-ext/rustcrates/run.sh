@@ -56,8 +56,6 @@ SIDEWAY_EXAMPLES=(show_gids ibv_devinfo rc_pingpong rc_pingpong_split cmtime)
 LOG_TAG=rustcrates
 # shellcheck source=tests-ext/lib.sh
 . "$REPO/tests-ext/lib.sh"
-skip() { echo "SKIP: $1 ($2)"; }
-slug() { printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-80; }
 
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log
