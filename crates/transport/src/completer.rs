@@ -305,11 +305,13 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static st
     true
 }
 
-/// A response (ACK, NAK, READ response, atomic ACK) for an RC QP.
+/// A response (ACK, NAK, READ response, atomic ACK) for an RC QP, from UDP port
+/// `src_port` of the peer's address.
 pub(crate) fn handle_response(
     qp: &mut QpCtx,
     env: &mut Nic,
     now: u64,
+    src_port: u16,
     h: &Headers,
     payload: &[u8],
 ) {
@@ -318,9 +320,13 @@ pub(crate) fn handle_response(
         return;
     };
     let p = h.bth.psn;
-    // A response to a PSN we never sent (past the highest PSN handed to the wire, even
-    // if already assigned to a WQE still being segmented) is stale or forged.
-    if !psn::lt(p, qp.req.high_psn) || !outstanding(qp) {
+    // Only a response inside the outstanding window [oldest unacknowledged, highest
+    // sent) can be the peer's answer to something in flight (IBTA 9.7.5.1: an ACK or NAK
+    // outside it is ignored). Past the highest PSN handed to the wire (even if assigned to
+    // a WQE still being segmented) it answers nothing we sent; before the oldest
+    // unacknowledged one it is stale (a late duplicate) or forged, and acting on it, a
+    // fatal NAK above all, would end a working connection.
+    let Some(oldest) = oldest_unacked(qp) else {
         dropped!(
             trace,
             env,
@@ -330,7 +336,17 @@ pub(crate) fn handle_response(
             "response to no outstanding request"
         );
         return;
+    };
+    if !psn::lt(p, qp.req.high_psn) {
+        let high = qp.req.high_psn;
+        dropped!(debug, env, qp, h, dropped, "response to a PSN never sent"; high_psn = high);
+        return;
     }
+    if psn::lt(p, oldest) {
+        dropped!(trace, env, qp, h, duplicates, "response older than the outstanding window"; oldest);
+        return;
+    }
+    qp.learn_peer_port(src_port);
     let mut progress = false;
     match info.kind {
         OpKind::Acknowledge => {

@@ -376,6 +376,7 @@ impl Rnic {
             sq_sig_all: q.init.sq_sig_all,
             max_send_wr: q.init.cap.max_send_wr,
             peer: None,
+            peer_port: None,
             sq: VecDeque::new(),
             req: ReqState::default(),
             resp: RespState::default(),
@@ -432,13 +433,19 @@ impl Rnic {
             qp.attr = q.attr;
         }
         qp.state = new;
-        qp.peer = match qp.qp_type {
+        let peer = match qp.qp_type {
             QpType::Ud => None,
             _ => Some(SocketAddr::new(
                 qp.attr.ah_attr.grh.dgid.to_ip(),
                 self.env.addr.port(),
             )),
         };
+        // A new connection (or a new peer) has its source port to learn again.
+        if peer != qp.peer || new == QpState::Reset || (old == QpState::Init && new == QpState::Rtr)
+        {
+            qp.peer_port = None;
+        }
+        qp.peer = peer;
         if new == QpState::Reset {
             qp.sq.clear();
             qp.req = ReqState::default();
@@ -707,7 +714,7 @@ impl Rnic {
         if info.is_request {
             responder::handle_request(qp, env, now, &addrs, tos, &h, payload, data.len());
         } else {
-            completer::handle_response(qp, env, now, &h, payload);
+            completer::handle_response(qp, env, now, src.port(), &h, payload);
         }
     }
 
@@ -887,7 +894,8 @@ impl Rnic {
 
 /// Whether QP `qp` takes a packet `h` (of opcode `info`) from `src`: its transport service
 /// is the QP's, the QP's state accepts it, and an RC/UC packet comes from the connected
-/// peer (counted and logged as dropped otherwise). The first packet a QP takes in RTR
+/// peer: its IP, and its UDP source port once the QP knows it ([`QpCtx::peer_port`])
+/// (counted and logged as dropped otherwise). The first packet a QP takes in RTR
 /// raises COMM_EST.
 fn admit(
     qp: &mut QpCtx,
@@ -910,12 +918,14 @@ fn admit(
     } else {
         matches!(qp.state, QpState::Rts | QpState::Sqd)
     };
-    // RC/UC accept packets only from the connected peer's address, as rxe does.
+    // RC/UC accept packets only from the connected peer's address, as rxe does, and
+    // from the port it sends from once known (which rxe does not check).
     let peer_ok = match qp.peer {
         Some(p) => same_ip(p.ip(), src.ip()),
         None => true,
     };
-    if !service_ok || !state_ok || !peer_ok {
+    let port_ok = qp.peer_port.map_or(true, |p| p == src.port());
+    if !service_ok || !state_ok || !peer_ok || !port_ok {
         tracing::debug!(
             peer = %src,
             qpn = format_args!("{:#x}", qp.qpn),
@@ -924,13 +934,16 @@ fn admit(
             state = ?qp.state,
             qp_type = ?qp.qp_type,
             connected_peer = ?qp.peer,
+            peer_port = ?qp.peer_port,
             counter = "dropped",
             reason = if !service_ok {
                 "transport service differs from the QP type"
             } else if !state_ok {
                 "QP state does not accept it"
-            } else {
+            } else if !peer_ok {
                 "not from the connected peer"
+            } else {
+                "not from the UDP port the connected peer sends from"
             },
             "packet dropped"
         );

@@ -250,6 +250,13 @@ pub(crate) struct QpCtx {
     pub max_send_wr: u32,
     /// Peer of an RC/UC QP (dgid IP, our UDP port number).
     pub peer: Option<SocketAddr>,
+    /// The UDP source port the connected peer sends from, learnt from the first packet
+    /// the QP took as genuine (a request at the expected PSN, a response inside the
+    /// outstanding window). RoCEv2 peers keep one source port per QP (softrdma and rxe
+    /// send from 0xC000 + hash(QPN), so that a flow stays on one path), and RoCE has no
+    /// authentication: once known, the port is the one thing besides the IP that tells
+    /// the peer from someone forging its packets, so packets from any other are dropped.
+    pub peer_port: Option<u16>,
     pub sq: VecDeque<SendWqe>,
     pub req: ReqState,
     pub resp: RespState,
@@ -259,6 +266,13 @@ impl QpCtx {
     /// Payload bytes per packet.
     pub fn mtu(&self) -> usize {
         self.attr.path_mtu.bytes()
+    }
+    /// A packet from UDP port `port` was taken as the connected peer's: from now on only
+    /// that port is.
+    pub fn learn_peer_port(&mut self, port: u16) {
+        if self.peer.is_some() && self.peer_port.is_none() {
+            self.peer_port = Some(port);
+        }
     }
     /// Local ACK timeout in ns; None = wait forever (timeout 0).
     pub fn ack_timeout(&self) -> Option<u64> {

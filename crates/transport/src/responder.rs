@@ -30,8 +30,12 @@ pub(crate) fn handle_request(
 ) {
     match qp.qp_type {
         QpType::Ud => ud_request(qp, env, now, addrs, tos, h, payload, udp_len),
-        QpType::Uc => uc_request(qp, env, now, h, payload),
-        QpType::Rc => rc_request(qp, env, now, h, payload),
+        QpType::Uc => {
+            // UC has no sequence to judge a packet by: its first one names the port.
+            qp.learn_peer_port(addrs.src.port());
+            uc_request(qp, env, now, h, payload)
+        }
+        QpType::Rc => rc_request(qp, env, now, addrs.src.port(), h, payload),
     }
 }
 
@@ -439,7 +443,7 @@ fn length_ok(position: Position, plen: usize, mtu: usize, has_payload: bool) -> 
     }
 }
 
-fn rc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u8]) {
+fn rc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, src_port: u16, h: &Headers, payload: &[u8]) {
     let Some(info) = h.bth.opcode.info() else {
         return;
     };
@@ -494,6 +498,8 @@ fn rc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u
         return;
     }
     qp.resp.nak_sent = false;
+    // The expected PSN, which only the peer (or someone who sees its traffic) knows.
+    qp.learn_peer_port(src_port);
 
     // Opcode sequence: FIRST opens a message that only MIDDLE/LAST of its kind continue.
     let seq_ok = matches!(

@@ -6,6 +6,8 @@
 mod common;
 use common::*;
 
+use std::net::SocketAddr;
+
 use wire::{Aeth, AtomicEth, Bth, NakCode, Opcode as Op, Reth, Syndrome};
 
 const LW: Access = Access::LOCAL_WRITE;
@@ -24,19 +26,25 @@ fn bulk(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// A sealed datagram from device `from` (its RoCE port) to device `to`.
-fn forge(h: &wire::Headers, payload: &[u8], from: usize, to: usize) -> Vec<u8> {
+/// The address QP `qpn` of device `dev` sends from: the device's IP and the QP's UDP
+/// source port. Packets a test forges for a connected peer come from there, since a QP
+/// takes packets only from the port its peer sends from.
+fn qp_src(dev: usize, qpn: Qpn) -> SocketAddr {
+    SocketAddr::new(dev_addr(dev).ip(), wire::udp_src_port(qpn))
+}
+
+/// A sealed datagram from `src` to device `to`.
+fn forge(h: &wire::Headers, payload: &[u8], src: SocketAddr, to: usize) -> Vec<u8> {
     let mut buf = vec![0u8; h.packet_len(payload.len())];
     h.emit(payload, &mut buf).expect("emit a forged packet");
-    wire::icrc::seal(&wire::Addrs::new(dev_addr(from), dev_addr(to)), &mut buf);
+    wire::icrc::seal(&wire::Addrs::new(src, dev_addr(to)), &mut buf);
     buf
 }
 
-/// Hand a forged datagram from device `from` to device `to` directly.
-fn inject(w: &mut World, from: usize, to: usize, data: &[u8]) {
+/// Hand a forged datagram from `src` to device `to` directly.
+fn inject(w: &mut World, src: SocketAddr, to: usize, data: &[u8]) {
     let now = w.now();
-    w.nic(to)
-        .handle_datagram(now, dev_addr(from), dev_addr(to), data);
+    w.nic(to).handle_datagram(now, src, dev_addr(to), data);
 }
 
 fn read_req(dest_qp: Qpn, psn: u32, va: u64, rkey: u32, len: u32) -> wire::Headers {
@@ -252,10 +260,10 @@ fn hostile_read_with_huge_dma_len() {
     let pkt = forge(
         &read_req(b.qpn, 0x1000, t.va(0), t.rkey(), u32::MAX),
         &[],
-        0,
+        qp_src(0, a.qpn),
         1,
     );
-    inject(&mut w, 0, 1, &pkt);
+    inject(&mut w, qp_src(0, a.qpn), 1, &pkt);
     let out = take_queued(&mut w, 1);
     assert_eq!(out.len(), 1, "one NAK, no responses: {out:?}");
     let (op, psn, _) = &out[0];
@@ -293,10 +301,10 @@ fn duplicate_read_uses_the_original_request() {
     let pkt = forge(
         &read_req(b.qpn, 0x1001, t.va(0), t.rkey(), 1 << 20),
         &[],
-        0,
+        qp_src(0, a.qpn),
         1,
     );
-    inject(&mut w, 0, 1, &pkt);
+    inject(&mut w, qp_src(0, a.qpn), 1, &pkt);
     let out = take_queued(&mut w, 1);
     let got: Vec<(Op, u32, usize)> = out.iter().map(|(o, p, d)| (*o, *p, d.len())).collect();
     assert_eq!(
@@ -314,8 +322,13 @@ fn duplicate_read_uses_the_original_request() {
     );
     // A duplicate for a PSN no READ used: dropped.
     let d = w.stats(1).dropped;
-    let pkt = forge(&read_req(b.qpn, 0xFFF, t.va(0), t.rkey(), 8), &[], 0, 1);
-    inject(&mut w, 0, 1, &pkt);
+    let pkt = forge(
+        &read_req(b.qpn, 0xFFF, t.va(0), t.rkey(), 8),
+        &[],
+        qp_src(0, a.qpn),
+        1,
+    );
+    inject(&mut w, qp_src(0, a.qpn), 1, &pkt);
     assert!(take_queued(&mut w, 1).is_empty());
     assert_eq!(w.stats(1).dropped, d + 1);
     assert_eq!(w.qp_state(&b), QpState::Rts);
@@ -371,7 +384,7 @@ fn duplicate_and_rnr_floods_behind_a_read_stream_stay_bounded() {
     let dup_read = forge(
         &read_req(b.qpn, 0x1001, t.va(0), t.rkey(), len as u32),
         &[],
-        0,
+        qp_src(0, a.qpn),
         1,
     );
     let mut bth = Bth::new(Op::RC_FETCH_ADD, b.qpn, 0x1000);
@@ -383,18 +396,18 @@ fn duplicate_and_rnr_floods_behind_a_read_stream_stay_bounded() {
         swap_add: 2,
         compare: 0,
     });
-    let dup_atomic = forge(&h, &[], 0, 1);
+    let dup_atomic = forge(&h, &[], qp_src(0, a.qpn), 1);
     let epsn = wire::psn::add(0x1001, (len / 1024) as u32);
     let send = forge(
         &wire::Headers::new(Bth::new(Op::RC_SEND_ONLY, b.qpn, epsn)),
         &[1, 2, 3, 4],
-        0,
+        qp_src(0, a.qpn),
         1,
     );
     for _ in 0..3000 {
-        inject(&mut w, 0, 1, &dup_read);
-        inject(&mut w, 0, 1, &dup_atomic);
-        inject(&mut w, 0, 1, &send);
+        inject(&mut w, qp_src(0, a.qpn), 1, &dup_read);
+        inject(&mut w, qp_src(0, a.qpn), 1, &dup_atomic);
+        inject(&mut w, qp_src(0, a.qpn), 1, &send);
     }
     let q = w.nic(1).queued_packets();
     assert_eq!(q, base, "queue grew from {base} to {q} under a flood");
@@ -434,18 +447,18 @@ fn atomic_replay_cache_is_bounded() {
             swap_add: 1,
             compare: 0,
         });
-        forge(&h, &[], 0, 1)
+        forge(&h, &[], qp_src(0, a.qpn), 1)
     };
     for i in 0..100u32 {
-        inject(&mut w, 0, 1, &faa(0x1000 + i));
+        inject(&mut w, qp_src(0, a.qpn), 1, &faa(0x1000 + i));
     }
     assert_eq!(at.read_u64(0), 100);
     assert_eq!(take_queued(&mut w, 1).len(), 100, "one atomic ACK each");
     let d = w.stats(1).dropped;
-    inject(&mut w, 0, 1, &faa(0x1000));
+    inject(&mut w, qp_src(0, a.qpn), 1, &faa(0x1000));
     assert!(take_queued(&mut w, 1).is_empty(), "evicted: no answer");
     assert_eq!(w.stats(1).dropped, d + 1);
-    inject(&mut w, 0, 1, &faa(0x1000 + 99));
+    inject(&mut w, qp_src(0, a.qpn), 1, &faa(0x1000 + 99));
     let out = take_queued(&mut w, 1);
     assert_eq!(out.len(), 1);
     assert_eq!(
@@ -527,10 +540,15 @@ fn ack_for_psns_never_sent_is_ignored() {
         syndrome: Syndrome::Ack { credits: 31 },
         msn: 1,
     });
-    let dup = w.stats(0).duplicates;
-    inject(&mut w, 1, 0, &forge(&h, &[], 1, 0));
+    let dropped = w.stats(0).dropped;
+    inject(
+        &mut w,
+        qp_src(1, b.qpn),
+        0,
+        &forge(&h, &[], qp_src(1, b.qpn), 0),
+    );
     assert!(w.drain(0, a.scq).is_empty(), "completed on a forged ACK");
-    assert_eq!(w.stats(0).duplicates, dup + 1);
+    assert_eq!(w.stats(0).dropped, dropped + 1);
     let c = w.expect_wc(0, a.scq);
     check_send_wc(&c, &send_wc(&a, 1, WcOpcode::RdmaWrite, len), "WRITE");
     assert!(t.read_all() == bulk(len, 2));
@@ -566,9 +584,9 @@ fn nak_storm_costs_one_retry() {
         syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
         msn: 0,
     });
-    let nak = forge(&h, &[], 1, 0);
+    let nak = forge(&h, &[], qp_src(1, b.qpn), 0);
     for _ in 0..10_000 {
-        inject(&mut w, 1, 0, &nak);
+        inject(&mut w, qp_src(1, b.qpn), 0, &nak);
         assert!(w.nic(0).queued_packets() <= QUEUE_BOUND);
     }
     assert_eq!(w.stats(0).naks_rcvd_seq, 10_000);
@@ -611,7 +629,7 @@ fn ud_grh_carries_the_received_tos() {
         qkey: cfg.qkey,
         src_qp: a.qpn,
     });
-    let pkt = forge(&h, &[9; 8], 0, 1);
+    let pkt = forge(&h, &[9; 8], dev_addr(0), 1);
     let now = w.now();
     w.nic(1)
         .handle_datagram_tos(now, dev_addr(0), dev_addr(1), 0x2E, &pkt);
@@ -626,4 +644,189 @@ fn ud_grh_carries_the_received_tos() {
         sum = (sum & 0xFFFF) + (sum >> 16);
     }
     assert_eq!(sum, 0xFFFF, "IPv4 header checksum with the TOS");
+}
+
+/// A NAK aimed at a PSN the peer has already acknowledged (stale: a late copy, or forged
+/// by someone who saw an old packet) is outside the outstanding window and ignored,
+/// whatever its syndrome: the fatal ones (invalid request, remote access, remote
+/// operational, invalid RD request) used to end the connection. So are NAKs and ACKs
+/// for PSNs never sent. The transfer under way completes with its data.
+#[test]
+fn nak_outside_the_outstanding_window_is_ignored() {
+    let mut w = World::two(511);
+    let cfg = QpCfg::rc().with_mtu(Mtu::Mtu1024);
+    let (a, b) = w.pair(&cfg);
+    let len = 256 << 10;
+    let src = w.mr(0, a.pd, len, LW, 0);
+    src.write(0, &bulk(len, 6));
+    let t = w.mr(1, b.pd, len, all_remote(), 0);
+    let write = |id: u64, n: usize| {
+        wr(
+            id,
+            SendOp::Write {
+                remote_addr: t.va(0),
+                rkey: t.rkey(),
+            },
+            vec![src.sge(0, n)],
+        )
+    };
+    // A first WRITE of 4 packets (PSNs 0x1000..=0x1003), acknowledged.
+    w.post_send(&a, write(1, 4096));
+    check_send_wc(
+        &w.expect_wc(0, a.scq),
+        &send_wc(&a, 1, WcOpcode::RdmaWrite, 4096),
+        "first WRITE",
+    );
+    w.settle();
+    // The second is in flight from PSN 0x1004 on when the stale NAKs come.
+    w.post_send(&a, write(2, len));
+    let nak = |psn: u32, syndrome: Syndrome| {
+        let mut h = wire::Headers::new(Bth::new(Op::RC_ACKNOWLEDGE, a.qpn, psn));
+        h.aeth = Some(Aeth { syndrome, msn: 0 });
+        forge(&h, &[], qp_src(1, b.qpn), 0)
+    };
+    let fatal = [
+        NakCode::InvalidRequest,
+        NakCode::RemoteAccessError,
+        NakCode::RemoteOperationalError,
+        NakCode::InvalidRdRequest,
+    ];
+    let mut rng = test_rng(511);
+    let mut stale = vec![0x1000, 0x1003, 0x0FFF, 0x80_1004];
+    // Far from the window both ways (the window is at most a few hundred PSNs wide).
+    stale.extend(
+        (0..2000).map(|_| wire::psn::add(0x1004 + 0x1_0000, rng.next_u64() as u32 % 0x7E_0000)),
+    );
+    for (i, &psn) in stale.iter().enumerate() {
+        let syndrome = match i % 6 {
+            4 => Syndrome::Nak(NakCode::PsnSequenceError),
+            5 => Syndrome::RnrNak { timer: 31 },
+            k => Syndrome::Nak(fatal[k]),
+        };
+        inject(&mut w, qp_src(1, b.qpn), 0, &nak(psn, syndrome));
+        let mut ack = wire::Headers::new(Bth::new(Op::RC_ACKNOWLEDGE, a.qpn, psn));
+        ack.aeth = Some(Aeth {
+            syndrome: Syndrome::Ack { credits: 31 },
+            msn: 0,
+        });
+        inject(
+            &mut w,
+            qp_src(1, b.qpn),
+            0,
+            &forge(&ack, &[], qp_src(1, b.qpn), 0),
+        );
+        assert_eq!(w.qp_state(&a), QpState::Rts, "after a NAK for {psn:#x}");
+    }
+    assert!(
+        w.drain(0, a.scq).is_empty(),
+        "nothing completed by stale responses"
+    );
+    let c = w.expect_wc(0, a.scq);
+    check_send_wc(
+        &c,
+        &send_wc(&a, 2, WcOpcode::RdmaWrite, len),
+        "second WRITE",
+    );
+    assert!(t.read_all() == bulk(len, 6));
+    assert_eq!(
+        w.stats(0).naks_rcvd_seq + w.stats(0).naks_rcvd_inv,
+        0,
+        "none acted on"
+    );
+    assert_eq!(w.stats(0).timeouts, 0, "no retry was spent on them either");
+}
+
+/// A forged ACK from the peer's IP but not from the UDP port the peer sends from, with
+/// the right QPN and PSN, completes nothing: the SEND it claims to acknowledge was lost,
+/// and completes only once the resend really arrived. A forged WRITE the same way writes
+/// nothing, and the next real WRITE's data lands.
+#[test]
+fn forged_packets_from_another_port_are_dropped() {
+    let mut w = World::two(512);
+    let cfg = QpCfg::rc().with_mtu(Mtu::Mtu1024);
+    let (a, b) = w.pair(&cfg);
+    let sa = w.mr(0, a.pd, 4096, LW, 0);
+    sa.write(0, &bulk(4096, 1));
+    let rb = w.mr(1, b.pd, 4096, all_remote(), 0xEE);
+    // Genuine traffic both ways first: each side learns the port its peer sends from.
+    w.post_recv(&b, rwr(7, vec![rb.sge(0, 64)]));
+    w.post_send(&a, wr(1, SendOp::Send, vec![sa.sge(0, 64)]));
+    assert_eq!(w.expect_wc(0, a.scq).status, WcStatus::Success);
+    assert_eq!(w.expect_wc(1, b.rcq).status, WcStatus::Success);
+    w.settle();
+    let sb = w.mr(1, b.pd, 64, LW, 0x11);
+    let ra = w.mr(0, a.pd, 64, LW, 0);
+    w.post_recv(&a, rwr(8, vec![ra.sge(0, 64)]));
+    w.post_send(&b, wr(9, SendOp::Send, vec![sb.sge(0, 64)]));
+    assert_eq!(w.expect_wc(1, b.scq).status, WcStatus::Success);
+    assert_eq!(w.expect_wc(0, a.rcq).status, WcStatus::Success);
+    w.settle();
+
+    // A's next SEND (PSN 0x1001) is lost on the way.
+    w.post_recv(&b, rwr(10, vec![rb.sge(64, 64)]));
+    w.post_send(&a, wr(2, SendOp::Send, vec![sa.sge(64, 64)]));
+    let now = w.now();
+    let lost = w.nic(0).poll_transmit(now).expect("the SEND");
+    assert_eq!(parse_psn(&lost.data), 0x1001);
+    let other = SocketAddr::new(dev_addr(1).ip(), 4791);
+    assert_ne!(other, qp_src(1, b.qpn));
+    let mut h = wire::Headers::new(Bth::new(Op::RC_ACKNOWLEDGE, a.qpn, 0x1001));
+    h.aeth = Some(Aeth {
+        syndrome: Syndrome::Ack { credits: 31 },
+        msn: 2,
+    });
+    let dropped = w.stats(0).dropped;
+    inject(&mut w, other, 0, &forge(&h, &[], other, 0));
+    assert_eq!(w.stats(0).dropped, dropped + 1);
+    assert!(w.drain(0, a.scq).is_empty(), "completed on a forged ACK");
+    // The resend after the timeout delivers it, and only then does it complete.
+    assert_eq!(w.expect_wc(0, a.scq).status, WcStatus::Success);
+    let rc = w.expect_wc(1, b.rcq);
+    assert_eq!((rc.wr_id, rc.status), (10, WcStatus::Success));
+    assert_bytes(&rb.read(64, 64), &bulk(4096, 1)[64..128], "resent SEND");
+    assert_eq!(w.stats(0).timeouts, 1);
+    w.settle();
+
+    // A forged WRITE at B's expected PSN (0x1002), from A's IP on another port.
+    let mut bth = Bth::new(Op::RC_RDMA_WRITE_ONLY, b.qpn, 0x1002);
+    bth.ack_req = true;
+    let mut h = wire::Headers::new(bth);
+    h.reth = Some(Reth {
+        va: rb.va(1024),
+        rkey: rb.rkey(),
+        dma_len: 64,
+    });
+    let other = SocketAddr::new(dev_addr(0).ip(), 4791);
+    inject(&mut w, other, 1, &forge(&h, &[0x66; 64], other, 1));
+    assert_all(&rb.read(1024, 64), 0xEE, "memory after the forged WRITE");
+    assert!(
+        take_queued(&mut w, 1).is_empty(),
+        "no answer to a forged request"
+    );
+    // The real WRITE with that PSN lands.
+    w.post_send(
+        &a,
+        wr(
+            3,
+            SendOp::Write {
+                remote_addr: rb.va(1024),
+                rkey: rb.rkey(),
+            },
+            vec![sa.sge(1024, 64)],
+        ),
+    );
+    assert_eq!(w.expect_wc(0, a.scq).status, WcStatus::Success);
+    assert_bytes(
+        &rb.read(1024, 64),
+        &bulk(4096, 1)[1024..1088],
+        "the real WRITE",
+    );
+}
+
+fn parse_psn(data: &[u8]) -> u32 {
+    wire::Headers::parse(data)
+        .expect("our own packet")
+        .0
+        .bth
+        .psn
 }
