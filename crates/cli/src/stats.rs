@@ -94,6 +94,11 @@ fn print_record(r: &Record) {
         get("rnr_naks_rcvd")
     );
     outln!(
+        "  READ re-executions {}  refused {}",
+        get("read_replays"),
+        get("read_replays_refused")
+    );
+    outln!(
         "  ICRC errors {}  malformed {}  dropped {}  UDP send drops {}",
         get("icrc_errors"),
         get("malformed"),

@@ -77,6 +77,8 @@ pub fn counters(s: &DeviceStats) -> Vec<(&'static str, u64)> {
         ("malformed", e.malformed),
         ("duplicates", e.duplicates),
         ("dropped", e.dropped),
+        ("read_replays", e.read_replays),
+        ("read_replays_refused", e.read_replays_refused),
         ("out_of_sequence", e.out_of_sequence),
         ("gsi_dropped", e.gsi_dropped),
         ("gsi_unserved", e.gsi_unserved),

@@ -87,6 +87,12 @@ pub struct Stats {
     pub duplicates: u64,
     /// Datagrams dropped: wrong peer, unknown QP, bad state.
     pub dropped: u64,
+    /// Duplicate READ requests re-executed (the responses sent again).
+    pub read_replays: u64,
+    /// Duplicate READ requests refused: they asked from before an earlier duplicate, from
+    /// one PSN too often, or past the responses a READ's duplicates may cost
+    /// (`READ_REPLAY_FACTOR`), which bounds what a READ can be made to reflect.
+    pub read_replays_refused: u64,
     /// Requests ahead of the expected PSN.
     pub out_of_sequence: u64,
     /// Datagrams to QP1 (the GSI) dropped: not a MAD as the GSI takes them (opcode,

@@ -146,11 +146,63 @@ pub(crate) enum Resource {
         va: u64,
         rkey: u32,
         len: u32,
+        /// What re-executions of it cost so far.
+        replays: ReplayBudget,
     },
     Atomic {
         psn: u32,
         orig: u64,
     },
+}
+
+/// Response packets the re-executions of one READ may send in all, as a multiple of the
+/// READ's own packets (plus [`READ_REPLAY_SLACK`]).
+///
+/// The IBTA has a duplicate READ re-executed from the PSN it names, which makes a READ
+/// resource a reflector: 32 bytes of request buy up to a whole READ's worth of responses,
+/// as often as asked. A requester recovering from losses asks from where its responses
+/// stopped, so its duplicates never go back; but go-back-N asks again for every READ in
+/// flight at each loss, so under heavy loss a READ is legitimately sent again many times
+/// (a 512-packet READ among four at 2% loss: about 16 times). Duplicates past the budget,
+/// or asking from before an earlier one, are refused (dropped and counted), so what one
+/// READ can be made to reflect is bounded by this multiple of what its requester asked.
+pub(crate) const READ_REPLAY_FACTOR: u32 = 64;
+/// Response packets every READ's re-executions may send beyond the multiple.
+pub(crate) const READ_REPLAY_SLACK: u32 = 1024;
+
+/// What re-executions of one READ resource have cost so far (see [`READ_REPLAY_FACTOR`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplayBudget {
+    /// PSN the latest re-execution started at; the next may not start before it.
+    pub from: u32,
+    /// Response packets re-executions have sent.
+    pub packets: u32,
+}
+
+impl ReplayBudget {
+    /// For a READ starting at `first_psn`, before any duplicate.
+    pub fn new(first_psn: u32) -> ReplayBudget {
+        ReplayBudget {
+            from: first_psn,
+            packets: 0,
+        }
+    }
+
+    /// A duplicate asks to re-execute a READ of `npkts` packets from `p`: Ok (and `p`
+    /// noted) if that is allowed, else why not.
+    pub fn take(&mut self, p: u32, npkts: u32) -> Result<(), &'static str> {
+        if softrdma_wire::psn::lt(p, self.from) {
+            return Err("duplicate READ from before where an earlier one asked");
+        }
+        let cap = npkts
+            .saturating_mul(READ_REPLAY_FACTOR)
+            .saturating_add(READ_REPLAY_SLACK);
+        if self.packets >= cap {
+            return Err("re-executions of this READ sent their budget of responses");
+        }
+        self.from = p;
+        Ok(())
+    }
 }
 
 /// A response the responder still owes, in PSN order behind the READ responses being
@@ -168,6 +220,9 @@ pub(crate) enum Pending {
         start: u32,
         next: u32,
         msn: u32,
+        /// A re-execution for a duplicate request (its packets count against the
+        /// resource's [`ReplayBudget`]).
+        replay: bool,
     },
     /// An atomic ACK.
     AtomicAck { psn: u32, orig: u64, msn: u32 },

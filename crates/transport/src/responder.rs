@@ -8,7 +8,7 @@ use softrdma_wire::{
 };
 
 use crate::completer;
-use crate::qp::{InMsg, Pending, QpCtx, Resource, ATOMIC_REPLAY_MIN, OUTBOX_MAX};
+use crate::qp::{InMsg, Pending, QpCtx, ReplayBudget, Resource, ATOMIC_REPLAY_MIN, OUTBOX_MAX};
 use crate::verbs::{
     Access, QpType, RecvWr, RemoteKeyError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
@@ -159,6 +159,7 @@ pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 start,
                 next,
                 msn,
+                replay,
             } => {
                 let mtu = qp.mtu();
                 let n = psn::diff(last_psn, start) as u32 + 1;
@@ -205,6 +206,9 @@ pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                         "READ memory unreadable or rkey invalidated",
                     );
                     return;
+                }
+                if replay {
+                    count_replayed(qp, first_psn);
                 }
                 if next == last_psn {
                     qp.resp.pending.pop_front();
@@ -824,6 +828,23 @@ fn rc_write(
     true
 }
 
+/// One more response packet sent by a re-execution of the READ starting at `first_psn`.
+fn count_replayed(qp: &mut QpCtx, first_psn: u32) {
+    for r in qp.resp.reads.iter_mut() {
+        if let Resource::Read {
+            first_psn: f,
+            replays,
+            ..
+        } = r
+        {
+            if *f == first_psn {
+                replays.packets = replays.packets.saturating_add(1);
+                return;
+            }
+        }
+    }
+}
+
 /// Keep a READ resource in the ring of max_dest_rd_atomic; an evicted one's responses
 /// still waiting are dropped with it (only a requester exceeding the limit sees that).
 fn push_read_resource(qp: &mut QpCtx, r: Resource) {
@@ -914,6 +935,7 @@ fn rc_read(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
             va: reth.va,
             rkey: reth.rkey,
             len: reth.dma_len,
+            replays: ReplayBudget::new(p),
         },
     );
     qp.resp.epsn = psn::add(last, 1);
@@ -933,6 +955,7 @@ fn rc_read(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
             start: p,
             next: p,
             msn,
+            replay: false,
         },
     );
 }
@@ -1044,19 +1067,23 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
                 );
                 return;
             }
-            let found = qp.resp.reads.iter().find_map(|r| match *r {
+            let mtu = qp.mtu();
+            let found = qp.resp.reads.iter_mut().find_map(|r| match r {
                 Resource::Read {
                     first_psn,
                     last_psn,
                     va,
                     rkey,
                     len,
-                } if psn::le(first_psn, p) && psn::le(p, last_psn) => {
-                    Some((first_psn, last_psn, va, rkey, len))
+                    replays,
+                } if psn::le(*first_psn, p) && psn::le(p, *last_psn) => {
+                    let npkts = (*len as usize).div_ceil(mtu).max(1) as u32;
+                    let taken = replays.take(p, npkts);
+                    Some((*first_psn, *last_psn, *va, *rkey, *len, taken))
                 }
                 _ => None,
             });
-            let Some((first_psn, last_psn, va, rkey, len)) = found else {
+            let Some((first_psn, last_psn, va, rkey, len, taken)) = found else {
                 dropped!(
                     debug,
                     env,
@@ -1067,6 +1094,11 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
                 );
                 return;
             };
+            if let Err(why) = taken {
+                dropped!(debug, env, qp, h, read_replays_refused, why; first_psn, last_psn);
+                return;
+            }
+            env.stats.read_replays += 1;
             let msn = qp.resp.msn;
             respond(
                 qp,
@@ -1081,6 +1113,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
                     start: p,
                     next: p,
                     msn,
+                    replay: true,
                 },
             );
         }

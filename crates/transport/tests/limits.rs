@@ -830,3 +830,66 @@ fn parse_psn(data: &[u8]) -> u32 {
         .bth
         .psn
 }
+
+/// Duplicate READs cannot make a responder reflect without bound: all re-executions of a
+/// READ together send at most `READ_REPLAY_FACTOR` (64) times its packets plus 1024, and
+/// none starts before where an earlier one asked. Each refusal is counted; the connection
+/// carries on.
+#[test]
+fn duplicate_read_flood_reflects_a_bounded_amount() {
+    let mut w = World::two(513);
+    let cfg = QpCfg::rc().with_mtu(Mtu::Mtu1024);
+    let (a, b) = w.pair(&cfg);
+    const N: usize = 64; // response packets of the READ
+    const CAP: usize = 64 * N + 1024;
+    let t = w.mr(1, b.pd, N * 1024, all_remote(), 0);
+    t.write(0, &bulk(N * 1024, 8));
+    let dst = w.mr(0, a.pd, N * 1024, LW, 0);
+    let read = |id| {
+        wr(
+            id,
+            SendOp::Read {
+                remote_addr: t.va(0),
+                rkey: t.rkey(),
+            },
+            vec![dst.sge(0, N * 1024)],
+        )
+    };
+    w.post_send(&a, read(1));
+    assert_eq!(w.expect_wc(0, a.scq).status, WcStatus::Success);
+    w.settle();
+    let dup = |psn: u32| {
+        forge(
+            &read_req(b.qpn, psn, t.va(0), t.rkey(), (N * 1024) as u32),
+            &[],
+            qp_src(0, a.qpn),
+            1,
+        )
+    };
+    // From its first PSN, over and over, then creeping forward: re-executed until the
+    // budget is spent, then refused.
+    let mut sent = 0;
+    for i in 0..400u32 {
+        inject(&mut w, qp_src(0, a.qpn), 1, &dup(0x1000 + i / 8));
+        sent += take_queued(&mut w, 1).len();
+    }
+    assert!(
+        sent <= CAP + N,
+        "{sent} response packets reflected by one READ of {N}"
+    );
+    assert!(sent >= CAP, "the budget is what stopped it: {sent}");
+    let stats = w.stats(1);
+    assert!(stats.read_replays > 0 && stats.read_replays_refused > 0);
+    assert_eq!(stats.read_replays + stats.read_replays_refused, 400);
+    // Going back is refused at once.
+    let refused = w.stats(1).read_replays_refused;
+    inject(&mut w, qp_src(0, a.qpn), 1, &dup(0x1000 + 3));
+    assert!(take_queued(&mut w, 1).is_empty());
+    assert_eq!(w.stats(1).read_replays_refused, refused + 1);
+    // The connection carries on: a new READ is served in full.
+    assert_eq!(w.qp_state(&b), QpState::Rts);
+    dst.write(0, &[0; N * 1024]);
+    w.post_send(&a, read(2));
+    assert_eq!(w.expect_wc(0, a.scq).status, WcStatus::Success);
+    assert!(dst.read_all() == bulk(N * 1024, 8));
+}
