@@ -71,9 +71,10 @@ fn print_record(r: &Record) {
         get("rx_bytes")
     );
     outln!(
-        "  retransmits {}  timeouts {}  duplicates {}  out-of-sequence {}",
+        "  retransmits {}  timeouts {} (round-trip timer {})  duplicates {}  out-of-sequence {}",
         get("retransmits"),
         get("timeouts"),
+        get("rtt_timeouts"),
         get("duplicates"),
         get("out_of_sequence")
     );

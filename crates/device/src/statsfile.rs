@@ -63,6 +63,7 @@ pub fn counters(s: &DeviceStats) -> Vec<(&'static str, u64)> {
         ("rx_bytes", e.rx_bytes),
         ("retransmits", e.retransmits),
         ("timeouts", e.timeouts),
+        ("rtt_timeouts", e.rtt_timeouts),
         ("naks_sent_seq", e.naks_sent_seq),
         ("naks_sent_inv", e.naks_sent_inv),
         ("naks_sent_access", e.naks_sent_access),

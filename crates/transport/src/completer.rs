@@ -50,7 +50,14 @@ pub(crate) fn complete_front(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         let Some(mut w) = qp.sq.pop_front() else {
             break;
         };
-        qp.req.cur = qp.req.cur.saturating_sub(1);
+        if qp.req.cur == 0 {
+            // The requester stood in this WQE (a rewind put it back there, and the window
+            // or the outbox stopped it before it resent anything): the offset it kept
+            // is this WQE's, not the next one's.
+            qp.req.offset = 0;
+        } else {
+            qp.req.cur -= 1;
+        }
         mark_done(&mut qp.req, &mut w);
         let status = w.status.unwrap_or(WcStatus::Success);
         if status != WcStatus::Success {
@@ -178,6 +185,9 @@ pub(crate) fn rewind(qp: &mut QpCtx) {
     qp.req.rd_atomic = 0;
     qp.req.noack_pkts = 0;
     qp.req.rto = None;
+    qp.req.rto_fast = None;
+    // Karn: the resent packets' acknowledgements may answer the first copies.
+    qp.req.cc.probe = None;
     for w in qp.sq.iter_mut() {
         w.in_rd_window = false;
         if !w.done {
@@ -300,6 +310,7 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static st
         why,
         "go back N"
     );
+    qp.req.cc.on_loss();
     rewind(qp);
     qp.req.retrying = true;
     true
@@ -513,14 +524,28 @@ fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
     if qp.state == QpState::Err {
         return;
     }
+    let una = oldest_unacked(qp).unwrap_or(qp.req.high_psn);
+    let acked = qp.req.cc.advance(una, now);
+    qp.req.cc.on_acked(acked);
     if progress {
         renew_retries(qp);
         qp.req.rto = None;
+        qp.req.rto_fast = None;
     }
     if !outstanding(qp) {
         qp.req.rto = None;
-    } else if qp.req.rto.is_none() {
-        qp.req.rto = qp.ack_timeout().map(|t| now.saturating_add(t));
+        qp.req.rto_fast = None;
+    } else {
+        if qp.req.rto.is_none() {
+            qp.req.rto = qp.ack_timeout().map(|t| now.saturating_add(t));
+        }
+        if qp.req.rto_fast.is_none() {
+            qp.req.rto_fast = qp
+                .req
+                .cc
+                .rto(qp.ack_timeout())
+                .map(|t| now.saturating_add(t));
+        }
     }
     requester::run(qp, env, now);
 }
@@ -597,12 +622,33 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             requester::run(qp, env, now);
         }
     }
+    if qp.req.rto_fast.is_some_and(|t| t <= now) && qp.req.rto.map_or(true, |t| t > now) {
+        qp.req.rto_fast = None;
+        if matches!(qp.state, QpState::Rts | QpState::Sqd) && outstanding(qp) {
+            env.stats.rtt_timeouts += 1;
+            debug!(
+                qpn = format_args!("{:#x}", qp.qpn),
+                psn = oldest_unacked(qp),
+                cwnd = qp.req.cc.cwnd,
+                "retransmission timer (round trip) expired; resending"
+            );
+            qp.req.cc.on_timeout();
+            // The local ACK timeout keeps running from the last progress.
+            let rto = qp.req.rto;
+            rewind(qp);
+            qp.req.rto = rto;
+            qp.req.retrying = true;
+            requester::run(qp, env, now);
+        }
+    }
     if qp.req.rto.is_some_and(|t| t <= now) {
         qp.req.rto = None;
+        qp.req.rto_fast = None;
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) || !outstanding(qp) {
             return;
         }
         env.stats.timeouts += 1;
+        qp.req.cc.on_timeout();
         debug!(
             qpn = format_args!("{:#x}", qp.qpn),
             psn = oldest_unacked(qp),

@@ -25,6 +25,7 @@ macro_rules! dropped {
     }};
 }
 
+mod cc;
 mod completer;
 mod gsi;
 mod objects;
@@ -59,6 +60,9 @@ pub struct Stats {
     pub retransmits: u64,
     /// Local ACK timeouts that fired.
     pub timeouts: u64,
+    /// Retransmission timer (from the measured round trip) expiries: a lost tail resent
+    /// before the local ACK timeout, without spending a retry.
+    pub rtt_timeouts: u64,
     /// PSN sequence error NAKs sent.
     pub naks_sent_seq: u64,
     /// Invalid request NAKs sent.
@@ -471,6 +475,7 @@ impl Rnic {
         if mask.contains(M::SQ_PSN) && !qp.sq.iter().any(|w| w.started) {
             qp.req.next_psn = qp.attr.sq_psn & wire::psn::MASK;
             qp.req.high_psn = qp.req.next_psn;
+            qp.req.cc.una = qp.req.next_psn;
         }
         if mask.contains(M::RETRY_CNT) || (new == QpState::Rts && old == QpState::Rtr) {
             qp.req.retry_left = qp.attr.retry_cnt;
@@ -870,7 +875,7 @@ impl Rnic {
     pub fn poll_timeout(&self) -> Option<u64> {
         self.qps
             .values()
-            .flat_map(|q| [q.req.rto, q.req.rnr_until])
+            .flat_map(|q| [q.req.rto, q.req.rto_fast, q.req.rnr_until])
             .flatten()
             .min()
     }

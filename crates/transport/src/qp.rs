@@ -123,8 +123,13 @@ pub(crate) struct ReqState {
     pub retry_left: u8,
     /// RNR retries left (7 = infinite).
     pub rnr_left: u8,
-    /// Local ACK timeout deadline.
+    /// Local ACK timeout deadline (from the last progress; spends a retry when it fires).
     pub rto: Option<u64>,
+    /// Retransmission deadline from the measured round trip ([`crate::cc`]): resends
+    /// early, spends no retry.
+    pub rto_fast: Option<u64>,
+    /// Congestion window and round-trip estimate.
+    pub cc: crate::cc::Cc,
     /// Waiting after an RNR NAK until then.
     pub rnr_until: Option<u64>,
     /// A go-back-N started by a response is under way (cleared by progress).

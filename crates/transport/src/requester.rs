@@ -109,7 +109,8 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 } else {
                     qp.req.next_psn
                 };
-                if psn::diff(next, base) >= MAX_INFLIGHT_PSNS {
+                let window = MAX_INFLIGHT_PSNS.min(qp.req.cc.cwnd as i32);
+                if psn::diff(next, base) >= window {
                     break;
                 }
             }
@@ -178,6 +179,8 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         };
         let is_rc = qp.qp_type == QpType::Rc;
         let (pkt_psn, end_psn);
+        // Whether this packet asks for an ACK (READ and atomic requests always do).
+        let mut asks_ack = true;
         match w.wr.op {
             SendOp::Read { remote_addr, rkey } => {
                 let k = w.acked_pkts.min(w.npkts.saturating_sub(1));
@@ -268,10 +271,15 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 bth.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED);
                 if is_rc {
                     qp.req.noack_pkts += 1;
-                    bth.ack_req = last || qp.req.noack_pkts >= MAX_PKT_PER_ACK;
+                    // The responder ACKs only what asks for it: ask at least four times
+                    // per window, or a window smaller than MAX_PKT_PER_ACK (after loss)
+                    // would stall, full of packets no ACK will answer until a timeout.
+                    let every = MAX_PKT_PER_ACK.min((qp.req.cc.cwnd / 4).max(1));
+                    bth.ack_req = last || qp.req.noack_pkts >= every;
                     if bth.ack_req {
                         qp.req.noack_pkts = 0;
                     }
+                    asks_ack = bth.ack_req;
                 }
                 let mut h = Headers::new(bth);
                 if let Some(u) = &w.ud {
@@ -333,14 +341,27 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             }
         }
         // Count packets below the highest PSN ever sent as retransmissions.
-        if psn::lt(pkt_psn, qp.req.high_psn) {
+        let resend = psn::lt(pkt_psn, qp.req.high_psn);
+        if resend {
             env.stats.retransmits += 1;
         }
         if psn::ge(end_psn, qp.req.high_psn) {
             qp.req.high_psn = psn::add(end_psn, 1);
         }
-        if is_rc && qp.req.rto.is_none() {
-            qp.req.rto = qp.ack_timeout().map(|t| now.saturating_add(t));
+        if is_rc {
+            if asks_ack {
+                qp.req.cc.maybe_probe(end_psn, now, resend);
+            }
+            if qp.req.rto.is_none() {
+                qp.req.rto = qp.ack_timeout().map(|t| now.saturating_add(t));
+            }
+            if qp.req.rto_fast.is_none() {
+                qp.req.rto_fast = qp
+                    .req
+                    .cc
+                    .rto(qp.ack_timeout())
+                    .map(|t| now.saturating_add(t));
+            }
         }
     }
     // UC/UD sends and local ops finish without a response: report them now.

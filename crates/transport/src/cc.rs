@@ -1,0 +1,226 @@
+//! Loss response of an RC requester: a congestion window that backs off on loss and grows
+//! back as acknowledgements come (TCP Reno's rules, counted in packets), and a
+//! retransmission timer from the measured round-trip time (RFC 6298).
+//!
+//! Why: go-back-N resends everything in flight from a loss, so with a fixed window of
+//! [`MAX_INFLIGHT_PSNS`] packets a lossy path resends hundreds of packets per loss, many
+//! of them lost again; and a lost last packet waits for the QP's local ACK timeout (67 ms
+//! at the usual `timeout` 14) before anything is resent. With the window halved on each
+//! loss a go-back-N costs about what is really in flight, and the RTT timer resends a
+//! lost tail after about a round trip.
+//!
+//! The QP's timeout attribute keeps its IBTA meaning: the RTT timer resends early but
+//! spends no retry; `retry_cnt` retries are counted only against the local ACK timeout,
+//! run from the last progress, so a peer that is gone still ends in RETRY_EXC_ERR after
+//! the same time as before.
+
+use softrdma_wire::psn;
+
+use crate::qp::MAX_INFLIGHT_PSNS;
+
+/// The window never shrinks below this many packets: go-back-N needs a few in flight to
+/// make progress, and a sequence NAK needs a packet after the lost one to be sent.
+pub(crate) const MIN_CWND: u32 = 4;
+/// The window's ceiling: what the receive path can hold (see [`MAX_INFLIGHT_PSNS`]).
+pub(crate) const MAX_CWND: u32 = MAX_INFLIGHT_PSNS as u32;
+/// The RTT timer never fires sooner than this: a software peer's round trip includes
+/// its scheduling, and a spurious resend costs a window of packets.
+pub(crate) const RTO_MIN_NS: u64 = 250_000;
+/// Backing off doubles the RTT timer up to this many times (×64).
+const MAX_BACKOFF: u8 = 6;
+
+/// One requester's window and round-trip estimate.
+#[derive(Debug, Clone)]
+pub(crate) struct Cc {
+    /// Packets that may be in flight (unacknowledged) at once.
+    pub cwnd: u32,
+    /// Slow start below it (the window doubles per round trip), linear growth above.
+    pub ssthresh: u32,
+    /// Packets acknowledged toward the next increment in linear growth.
+    acc: u32,
+    /// Smoothed RTT and its mean deviation, ns; `srtt` 0 until the first sample.
+    srtt: u64,
+    rttvar: u64,
+    /// A packet being timed: (its PSN, when it was sent). Never a resent one (Karn).
+    pub probe: Option<(u32, u64)>,
+    /// The oldest unacknowledged PSN as of the last acknowledgement, to count what the
+    /// next one acknowledges.
+    pub una: u32,
+    /// Consecutive RTT timer expiries without progress (each doubles the timer).
+    pub backoff: u8,
+}
+
+impl Default for Cc {
+    /// A new connection sends at the full window, as an RDMA NIC does: the window only
+    /// matters once the path has shown loss.
+    fn default() -> Self {
+        Cc {
+            cwnd: MAX_CWND,
+            ssthresh: MAX_CWND,
+            acc: 0,
+            srtt: 0,
+            rttvar: 0,
+            probe: None,
+            una: 0,
+            backoff: 0,
+        }
+    }
+}
+
+impl Cc {
+    /// `n` more packets were acknowledged: the window grows (by `n` in slow start, by one
+    /// per window's worth above `ssthresh`), and the timer's backoff ends.
+    pub fn on_acked(&mut self, n: u32) {
+        if n == 0 {
+            return;
+        }
+        self.backoff = 0;
+        if self.cwnd < self.ssthresh {
+            self.cwnd = self.cwnd.saturating_add(n).min(self.ssthresh);
+            return;
+        }
+        self.acc = self.acc.saturating_add(n);
+        while self.acc >= self.cwnd && self.cwnd < MAX_CWND {
+            self.acc -= self.cwnd;
+            self.cwnd += 1;
+        }
+        if self.cwnd >= MAX_CWND {
+            self.acc = 0;
+        }
+    }
+
+    /// A loss shown by the peer (sequence NAK, a response past a lost one): halve.
+    pub fn on_loss(&mut self) {
+        self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
+        self.cwnd = self.ssthresh;
+        self.acc = 0;
+        self.probe = None;
+    }
+
+    /// Nothing came back for a whole timeout: start again from the smallest window.
+    pub fn on_timeout(&mut self) {
+        self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
+        self.cwnd = MIN_CWND;
+        self.acc = 0;
+        self.probe = None;
+        self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
+    }
+
+    /// A round-trip sample (RFC 6298 2.2–2.3).
+    pub fn on_rtt(&mut self, rtt: u64) {
+        if self.srtt == 0 {
+            self.srtt = rtt.max(1);
+            self.rttvar = rtt / 2;
+        } else {
+            let err = self.srtt.abs_diff(rtt);
+            self.rttvar = (3 * self.rttvar + err) / 4;
+            self.srtt = ((7 * self.srtt + rtt) / 8).max(1);
+        }
+    }
+
+    /// The RTT timer's interval: SRTT + 4·RTTVAR, at least [`RTO_MIN_NS`], doubled per
+    /// backoff, and never past `limit` (the QP's local ACK timeout, when it has one).
+    /// None before the first sample.
+    pub fn rto(&self, limit: Option<u64>) -> Option<u64> {
+        if self.srtt == 0 {
+            return None;
+        }
+        let base = self
+            .srtt
+            .saturating_add(self.rttvar.saturating_mul(4))
+            .max(RTO_MIN_NS);
+        let t = base.saturating_mul(1 << self.backoff);
+        Some(limit.map_or(t, |l| t.min(l)))
+    }
+
+    /// Time the packet `p` sent at `now` unless one is being timed already; `resend`
+    /// packets are never timed (their acknowledgement may answer the first copy).
+    pub fn maybe_probe(&mut self, p: u32, now: u64, resend: bool) {
+        if self.probe.is_none() && !resend {
+            self.probe = Some((p, now));
+        }
+    }
+
+    /// The oldest unacknowledged PSN is now `una`: the packets before it were
+    /// acknowledged; a timed one among them gives a sample. Returns how many.
+    pub fn advance(&mut self, una: u32, now: u64) -> u32 {
+        let n = psn::diff(una, self.una);
+        if n <= 0 {
+            return 0;
+        }
+        self.una = una;
+        if let Some((p, t)) = self.probe {
+            if psn::lt(p, una) {
+                self.probe = None;
+                self.on_rtt(now.saturating_sub(t));
+            }
+        }
+        n as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_halves_on_loss_and_grows_back() {
+        let mut c = Cc::default();
+        assert_eq!(c.cwnd, MAX_CWND);
+        c.on_loss();
+        assert_eq!((c.cwnd, c.ssthresh), (MAX_CWND / 2, MAX_CWND / 2));
+        // Linear growth above ssthresh: one packet per window acknowledged.
+        c.on_acked(MAX_CWND / 2);
+        assert_eq!(c.cwnd, MAX_CWND / 2 + 1);
+        c.on_timeout();
+        assert_eq!(c.cwnd, MIN_CWND);
+        assert_eq!(c.ssthresh, (MAX_CWND / 2 + 1) >> 1);
+        // Slow start up to ssthresh.
+        c.on_acked(MIN_CWND);
+        assert_eq!(c.cwnd, 2 * MIN_CWND);
+        c.on_acked(10_000);
+        assert_eq!(c.cwnd, c.ssthresh);
+        for _ in 0..20 {
+            c.on_loss();
+        }
+        assert_eq!(c.cwnd, MIN_CWND);
+        for _ in 0..100_000 {
+            c.on_acked(64);
+        }
+        assert_eq!(c.cwnd, MAX_CWND, "never past the ceiling");
+    }
+
+    #[test]
+    fn rto_follows_the_samples_within_its_bounds() {
+        let mut c = Cc::default();
+        assert_eq!(c.rto(Some(1 << 30)), None, "no sample yet");
+        c.una = 100;
+        c.maybe_probe(100, 1_000, false);
+        c.maybe_probe(101, 2_000, false);
+        assert_eq!(c.probe, Some((100, 1_000)), "one packet timed at a time");
+        assert_eq!(c.advance(101, 3_001_000), 1);
+        assert_eq!(c.probe, None);
+        // 3 ms: SRTT 3 ms, RTTVAR 1.5 ms, RTO 9 ms.
+        assert_eq!(c.rto(None), Some(9_000_000));
+        assert_eq!(
+            c.rto(Some(5_000_000)),
+            Some(5_000_000),
+            "capped by the QP timeout"
+        );
+        c.on_timeout();
+        assert_eq!(c.rto(None), Some(18_000_000), "backed off");
+        c.on_acked(1);
+        assert_eq!(c.rto(None), Some(9_000_000));
+        // Tiny samples: the floor.
+        for _ in 0..50 {
+            c.on_rtt(10_000);
+        }
+        assert_eq!(c.rto(None), Some(RTO_MIN_NS));
+        // A resent packet is not timed.
+        c.maybe_probe(200, 0, true);
+        assert_eq!(c.probe, None);
+        // PSN wrap.
+        c.una = 0xFF_FFFE;
+        assert_eq!(c.advance(1, 0), 3);
+    }
+}
