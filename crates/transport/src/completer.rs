@@ -474,6 +474,13 @@ pub(crate) fn handle_response(
                 Acked::Ok(pr) => progress = pr,
                 Acked::LostResponse(pr) => return on_lost_response(qp, env, now, pr),
             }
+            if !qp.req.retrying && read_response_past_a_gap(qp, p) {
+                // A response of the READ under way arrived past one that did not: that one
+                // was lost (the path keeps a READ's responses in order). Ask again from it
+                // now, which also stops the rest of the old stream at the responder,
+                // instead of dropping every response until a timer fires.
+                return on_lost_response(qp, env, now, progress);
+            }
             progress |= read_response(qp, env, now, h, info.position, payload);
             if qp.state == QpState::Err {
                 return;
@@ -550,6 +557,17 @@ fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
     requester::run(qp, env, now);
 }
 
+/// Whether `p` is a response of the oldest unfinished WQE, a READ, past the one it
+/// expects next.
+fn read_response_past_a_gap(qp: &QpCtx, p: u32) -> bool {
+    qp.sq.iter().find(|w| !w.done).is_some_and(|w| {
+        w.started
+            && matches!(w.wr.op, crate::verbs::SendOp::Read { .. })
+            && psn::lt(psn::add(w.first_psn, w.acked_pkts), p)
+            && psn::le(p, w.last_psn)
+    })
+}
+
 /// One READ response packet: must be the next one the oldest READ expects. Returns progress.
 fn read_response(
     qp: &mut QpCtx,
@@ -585,7 +603,8 @@ fn read_response(
         _ => Position::Middle,
     };
     let r = w.read_req_k.min(k);
-    let pos_ok = position == pos_in(k, w.npkts) || position == pos_in(k - r, w.npkts - r);
+    let end = w.read_req_end.clamp(k + 1, w.npkts);
+    let pos_ok = position == pos_in(k, w.npkts) || position == pos_in(k - r, end - r);
     let offset = (k as usize).saturating_mul(mtu);
     let want_len = w.len.saturating_sub(offset).min(mtu);
     if !pos_ok || payload.len() != want_len {
@@ -607,8 +626,14 @@ fn read_response(
         }
     }
     w.acked_pkts = k + 1;
+    let part_done = w.acked_pkts == w.read_req_end;
     if w.acked_pkts >= w.npkts {
         mark_done(&mut qp.req, w);
+    } else if part_done {
+        // The part a resent request asked for has come: ask for the next part (from
+        // the front, as a go-back-N does; no loss, so no retry is spent and the window
+        // stays).
+        rewind(qp);
     }
     true
 }

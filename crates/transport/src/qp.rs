@@ -62,6 +62,11 @@ pub(crate) struct SendWqe {
     pub status: Option<WcStatus>,
     /// READ: response packet index the last request sent asked from.
     pub read_req_k: u32,
+    /// READ: response packet index the last request sent asked up to (exclusive). A
+    /// request resent after a loss asks for at most a congestion window of responses, so
+    /// go-back-N costs a window rather than the rest of a long READ; when those have come
+    /// the requester asks for the next part.
+    pub read_req_end: u32,
     /// Counted in the requester's outstanding READ/atomic window.
     pub in_rd_window: bool,
     pub ud: Option<UdTarget>,
@@ -80,6 +85,7 @@ impl SendWqe {
             sent_all: false,
             acked_pkts: 0,
             read_req_k: 0,
+            read_req_end: 0,
             done: false,
             status: None,
             in_rd_window: false,

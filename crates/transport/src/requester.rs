@@ -187,14 +187,25 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 w.read_req_k = k;
                 let skip = (k as usize).saturating_mul(mtu).min(w.len);
                 pkt_psn = psn::add(w.first_psn, k);
+                // A request asks for everything until a response shows the responder has
+                // the READ (before that, a resent request may be the first it sees, and
+                // must say the READ's whole length, which its PSNs follow); after that, a
+                // resent one asks for a window's worth (see `SendWqe::read_req_end`).
+                let end = if k > 0 && psn::lt(pkt_psn, qp.req.high_psn) {
+                    k.saturating_add(qp.req.cc.cwnd.max(1)).min(w.npkts)
+                } else {
+                    w.npkts
+                };
+                w.read_req_end = end;
                 end_psn = w.last_psn;
+                let dma_len = ((end - k) as usize).saturating_mul(mtu).min(w.len - skip);
                 let mut bth = Bth::new(Opcode::RC_RDMA_READ_REQUEST, dqpn, pkt_psn);
                 bth.ack_req = true;
                 let mut h = Headers::new(bth);
                 h.reth = Some(Reth {
                     va: remote_addr.wrapping_add(skip as u64),
                     rkey,
-                    dma_len: (w.len - skip) as u32,
+                    dma_len: dma_len as u32,
                 });
                 env.send(qp.qpn, dst, tos, &h, &[]);
                 w.sent_all = true;
@@ -350,7 +361,8 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         }
         if is_rc {
             if asks_ack {
-                qp.req.cc.maybe_probe(end_psn, now, resend);
+                // A READ is timed to its first response: a round trip, not the transfer.
+                qp.req.cc.maybe_probe(pkt_psn, now, resend);
             }
             if qp.req.rto.is_none() {
                 qp.req.rto = qp.ack_timeout().map(|t| now.saturating_add(t));

@@ -828,6 +828,38 @@ fn rc_write(
     true
 }
 
+/// The last PSN a duplicate READ from `p` is answered up to. A requester resending after
+/// a loss may ask for only part of the rest (softrdma asks for a congestion window's
+/// worth): its RETH is honoured when it names exactly the original's bytes from `p` on
+/// (same rkey, the address of packet `p`, a length that ends on a packet boundary or at
+/// the original's end, as rxe checks it against the original). Any other RETH is
+/// answered with the rest of the original READ, never from the duplicate's own fields.
+#[allow(clippy::too_many_arguments)]
+fn replay_end(
+    h: &Headers,
+    p: u32,
+    first_psn: u32,
+    last_psn: u32,
+    va: u64,
+    rkey: u32,
+    len: u32,
+    mtu: usize,
+) -> u32 {
+    let Some(r) = h.reth else {
+        return last_psn;
+    };
+    let mtu = mtu.max(1) as u64;
+    let off = (psn::diff(p, first_psn) as u64).saturating_mul(mtu);
+    let (len, want) = (u64::from(len), u64::from(r.dma_len));
+    let fits = off.checked_add(want).is_some_and(|end| end <= len);
+    let boundary = want % mtu == 0 || off + want == len;
+    if r.rkey != rkey || r.va != va.wrapping_add(off) || want == 0 || !fits || !boundary {
+        return last_psn;
+    }
+    let n = want.div_ceil(mtu) as u32;
+    psn::add(p, n - 1)
+}
+
 /// One more response packet sent by a re-execution of the READ starting at `first_psn`.
 fn count_replayed(qp: &mut QpCtx, first_psn: u32) {
     for r in qp.resp.reads.iter_mut() {
@@ -1099,6 +1131,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
                 return;
             }
             env.stats.read_replays += 1;
+            let end_psn = replay_end(h, p, first_psn, last_psn, va, rkey, len, mtu);
             let msn = qp.resp.msn;
             respond(
                 qp,
@@ -1106,7 +1139,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
                 now,
                 Pending::Read {
                     first_psn,
-                    last_psn,
+                    last_psn: end_psn,
                     va,
                     rkey,
                     len,

@@ -1166,3 +1166,66 @@ fn sgid_and_dgid_of_different_ip_versions_are_refused() {
     assert_eq!(c.nic.gids().len(), 1);
     assert!(c.nic.gid(1).is_err());
 }
+
+/// After losses, a READ is asked for again a congestion window at a time: each loss
+/// halves the window (512 packets, then 256, then 128), a resent request names only the
+/// window's worth from the first missing response (the responder honours that RETH), and
+/// the rest is asked for when that part has come. Nothing waits for a timer, and the
+/// bytes are right.
+#[test]
+fn read_resent_after_losses_asks_for_a_window_at_a_time() {
+    use wire::{Headers, Opcode};
+    let cfg = Cfg {
+        mtu: Mtu::Mtu256,
+        ..Default::default()
+    };
+    let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    let data = pattern(BUF, 3);
+    b.write(0, &data);
+    let mut now = 0;
+    let read = SendOp::Read {
+        remote_addr: b.base,
+        rkey: b.rkey,
+    };
+    a.send(now, 1, read, vec![a.sge(0, BUF)]).unwrap();
+    let first = cfg.psn_a;
+    let (mut lost1, mut lost2) = (false, false);
+    let mut requests: Vec<(u32, u32)> = Vec::new();
+    pump(&mut a, &mut b, &mut now, |from_a, t| {
+        let (h, _) = Headers::parse(&t.data).unwrap();
+        let k = wire::psn::diff(h.bth.psn, first);
+        if from_a {
+            if h.bth.opcode == Opcode::RC_RDMA_READ_REQUEST {
+                requests.push((k as u32, h.reth.unwrap().dma_len));
+            }
+            return false;
+        }
+        // Response 10 of the first stream, then response 100 once it is resent.
+        if k == 10 && !lost1 {
+            lost1 = true;
+            return true;
+        }
+        if k == 100 && lost1 && !lost2 && requests.len() >= 2 {
+            lost2 = true;
+            return true;
+        }
+        false
+    });
+    assert!(lost1 && lost2);
+    let wcs = a.wcs();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert!(a.read(0, BUF) == data, "READ bytes");
+    assert_eq!(
+        requests,
+        vec![
+            (0, BUF as u32),
+            (10, (BUF - 10 * 256) as u32),
+            (100, 128 * 256),
+            (228, (BUF - 228 * 256) as u32)
+        ],
+        "(first response asked, bytes asked) of each READ request"
+    );
+    assert_eq!((a.nic.stats().timeouts, a.nic.stats().rtt_timeouts), (0, 0));
+    assert_eq!(b.nic.stats().read_replays, 3);
+}
