@@ -502,12 +502,7 @@ impl Rnic {
     /// face), else it is gathered at once from registered memory through the SGEs' lkeys
     /// (EFAULT when an SGE is not inside a region of the QP's PD). The engine reads no
     /// other memory.
-    pub fn post_send(
-        &mut self,
-        now: u64,
-        qpn: verbs::Qpn,
-        wr: verbs::SendWr,
-    ) -> verbs::Result<()> {
+    pub fn post_send(&mut self, now: u64, qpn: verbs::Qpn, wr: verbs::SendWr) -> verbs::Result<()> {
         let r = self.post_send_inner(now, qpn, wr);
         self.sync_timer(qpn);
         r
