@@ -15,7 +15,9 @@
 //!         N lines: <qpn hex> <psn hex>          (its receives are posted by then)
 //! client: connected
 //! server: connect_ns=<n> rss2=<kB> anon2=<kB>   (once its QPs are in RTS)
-//! …client WRITEs on every QP, one at a time, then SENDs on every QP at once…
+//! …client WRITEs on every QP, one at a time (the server's device answers alone)…
+//! client: send
+//! …client SENDs on every QP at once; the server polls its CQ…
 //! client: check
 //! server: ok fds=<n> rss3=<kB>  (or: bad <what>)
 //! ```
@@ -189,7 +191,12 @@ impl Side {
     }
 
     /// Wait for `n` completions of `opcode`, each successful; returns them.
-    fn reap(&self, n: usize, opcode: WcOpcode, timeout: Duration) -> CmdResult<Vec<WorkCompletion>> {
+    fn reap(
+        &self,
+        n: usize,
+        opcode: WcOpcode,
+        timeout: Duration,
+    ) -> CmdResult<Vec<WorkCompletion>> {
         let mut out = Vec::with_capacity(n);
         let mut buf = [WorkCompletion::default(); 64];
         let mut poller = session::Poller::new(timeout);
@@ -326,7 +333,9 @@ fn serve(a: &ScaleArgs, dev: &Device, n: usize, timeout: Duration) -> CmdResult 
     if want != n {
         let _ = writeln!(w, "{MAGIC} error the server has {n} QPs, not {want}");
         let _ = w.flush();
-        return Err(format!("the client asked for {want} QPs; this server has {n}"));
+        return Err(format!(
+            "the client asked for {want} QPs; this server has {n}"
+        ));
     }
     let gid = wire_to_gid(field(rest, "gid")?).ok_or("malformed gid")?;
     let t = Instant::now();
@@ -365,13 +374,23 @@ fn serve(a: &ScaleArgs, dev: &Device, n: usize, timeout: Duration) -> CmdResult 
     )
     .map_err(io_err)?;
     w.flush().map_err(io_err)?;
+    // The WRITEs need nothing of this process (its device's progress thread answers
+    // them): polling an idle CQ meanwhile would only add its back-off to their ACKs.
+    line.clear();
+    read_line(&mut r, &mut line, "the client's \"send\"")?;
     // The SENDs arrive while the client waits; their completions are checked here.
     let verdict = check_server(&side, timeout);
     line.clear();
     read_line(&mut r, &mut line, "the client's \"check\"")?;
     let mem3 = mem_now();
     match &verdict {
-        Ok(()) => writeln!(w, "ok fds={} rss3={} anon3={}", fds_now(), mem3.rss_kb, mem3.anon_kb),
+        Ok(()) => writeln!(
+            w,
+            "ok fds={} rss3={} anon3={}",
+            fds_now(),
+            mem3.rss_kb,
+            mem3.anon_kb
+        ),
         Err(e) => writeln!(w, "bad {e}"),
     }
     .and_then(|()| w.flush())
@@ -480,7 +499,9 @@ fn client(
     side.connect_all(&mut r, gid)?;
     cf.connect_ms = ms(t.elapsed());
     cf.mem[2] = mem_now();
-    writeln!(w, "connected").and_then(|()| w.flush()).map_err(io_err)?;
+    writeln!(w, "connected")
+        .and_then(|()| w.flush())
+        .map_err(io_err)?;
     line.clear();
     read_line(&mut r, &mut line, "the server's connect figures")?;
     sf.connect_ms = num(&line, "connect_ns")? as f64 / 1e6;
@@ -501,10 +522,16 @@ fn client(
         .map_err(|e| format!("couldn't post a WRITE on QP {i}: {e}"))?;
         let wc = side.reap(1, WcOpcode::RdmaWrite, timeout)?;
         if wc[0].wr_id != i as u64 {
-            return Err(format!("WRITE completion for {} instead of {i}", wc[0].wr_id));
+            return Err(format!(
+                "WRITE completion for {} instead of {i}",
+                wc[0].wr_id
+            ));
         }
     }
     let write_each = t.elapsed();
+    writeln!(w, "send")
+        .and_then(|()| w.flush())
+        .map_err(io_err)?;
     // One SEND per QP, all at once.
     let t = Instant::now();
     for (i, qp) in side.qps.iter().enumerate() {
@@ -517,7 +544,9 @@ fn client(
     cf.mem[3] = mem_now();
     cf.fds = fds_now();
 
-    writeln!(w, "check").and_then(|()| w.flush()).map_err(io_err)?;
+    writeln!(w, "check")
+        .and_then(|()| w.flush())
+        .map_err(io_err)?;
     line.clear();
     read_line(&mut r, &mut line, "the server's check")?;
     if let Some(e) = line.trim().strip_prefix("bad ") {
@@ -541,7 +570,10 @@ fn client(
 }
 
 fn print_report(r: &Report) {
-    outln!("{} RC QP pairs, one shared CQ per side; data checked on every QP", r.qps);
+    outln!(
+        "{} RC QP pairs, one shared CQ per side; data checked on every QP",
+        r.qps
+    );
     outln!("{:<44} {:>12} {:>12}", "", "client", "server");
     let row = |name: &str, c: String, s: String| outln!("{name:<44} {c:>12} {s:>12}");
     row(

@@ -1212,7 +1212,7 @@ fn many_qps_time_out_together_and_each_delivers() {
     assert_eq!(lost.len(), QPS, "one loss per QP");
     assert_eq!(a.nic.stats().timeouts, QPS as u64);
     assert_eq!(a.nic.poll_timeout(), None, "no timer left");
-    let mut done = vec![false; QPS];
+    let mut done = [false; QPS];
     loop {
         let wcs = a.wcs();
         if wcs.is_empty() {
