@@ -87,10 +87,11 @@ fn pattern(i: usize, phase: u8) -> [u8; MSG] {
 /// One side: N QPs on one PD and one CQ, and a buffer of 2 × N × 64 bytes: WRITEs land in
 /// the first half at 64 × i, SENDs in the second.
 struct Side {
+    // First, so that the QPs go before the buffer they may still be receiving into.
+    qps: Vec<QueuePair>,
     _pd: ProtectionDomain,
     cq: CompletionQueue,
     mr: MemoryRegion,
-    qps: Vec<QueuePair>,
     psns: Vec<u32>,
     n: usize,
     create: Duration,
@@ -285,6 +286,8 @@ pub struct Report {
     pub send_all_ms: f64,
     /// The same per QP, µs.
     pub send_all_per_qp_us: f64,
+    /// Destroying the client's N QPs (then its CQ, buffer and PD), ms.
+    pub destroy_ms: f64,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -375,7 +378,10 @@ fn serve(a: &ScaleArgs, dev: &Device, n: usize, timeout: Duration) -> CmdResult 
     .map_err(io_err)?;
     w.flush().map_err(io_err)?;
     // The WRITEs need nothing of this process (its device's progress thread answers
-    // them): polling an idle CQ meanwhile would only add its back-off to their ACKs.
+    // them): polling an idle CQ meanwhile would only add its back-off to their ACKs. They
+    // may take longer than the side channel's usual timeout; a client that dies closes
+    // the connection.
+    r.get_ref().set_read_timeout(None).map_err(io_err)?;
     line.clear();
     read_line(&mut r, &mut line, "the client's \"send\"")?;
     // The SENDs arrive while the client waits; their completions are checked here.
@@ -552,6 +558,9 @@ fn client(
     if let Some(e) = line.trim().strip_prefix("bad ") {
         return Err(format!("the server found: {e}"));
     }
+    let t = Instant::now();
+    drop(side);
+    let destroy = t.elapsed();
     sf.fds = num(&line, "fds")? as usize;
     sf.mem[3] = Mem {
         rss_kb: num(&line, "rss3")?,
@@ -566,6 +575,7 @@ fn client(
         write_each_us: write_each.as_secs_f64() * 1e6 / n as f64,
         send_all_ms: ms(send_all),
         send_all_per_qp_us: send_all.as_secs_f64() * 1e6 / n as f64,
+        destroy_ms: ms(destroy),
     })
 }
 
@@ -622,4 +632,5 @@ fn print_report(r: &Report) {
         r.send_all_ms,
         r.send_all_per_qp_us
     );
+    outln!("destroy N QPs (client): {:.1} ms", r.destroy_ms);
 }
