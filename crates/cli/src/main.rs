@@ -36,6 +36,7 @@ mod info;
 mod output;
 mod perf;
 mod pingpong;
+mod scale;
 mod session;
 mod stats;
 mod tcp;
@@ -75,6 +76,8 @@ enum Cmd {
     Pingpong(PingpongArgs),
     /// Benchmarks like perftest (ib_write_bw, ib_read_lat, …)
     Perf(PerfArgs),
+    /// Scale: create, connect and use N RC QPs on one device; times and memory per QP
+    Scale(ScaleArgs),
     /// Counters of the softrdma devices running on this host
     Stats(StatsArgs),
     /// Run a command with its devices' packets traced to a pcap file
@@ -263,6 +266,27 @@ pub struct PerfArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ScaleArgs {
+    /// Server host to connect to; without it, serve one client
+    #[arg(value_name = "PEER")]
+    pub peer: Option<String>,
+    /// RC QPs on each side (both sides must agree)
+    #[arg(short = 'q', long = "qps", default_value_t = 1000)]
+    pub qps: u32,
+    /// TCP port of the exchange
+    #[arg(short, long, default_value_t = 18517)]
+    pub port: u16,
+    /// Give up when nothing completes for this many seconds
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+    /// Machine-readable output (client)
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub dev: DevOpts,
+}
+
+#[derive(Args, Debug)]
 struct StatsArgs {
     /// Machine-readable output
     #[arg(long)]
@@ -302,6 +326,7 @@ fn run(cli: Cli) -> CmdResult {
         Cmd::Devinfo(a) => info::devinfo(a.device.as_deref(), a.verbose, a.json),
         Cmd::Pingpong(a) => pingpong::run(&a),
         Cmd::Perf(a) => perf::run(&a),
+        Cmd::Scale(a) => scale::run(&a),
         Cmd::Stats(a) => stats::show(a.json, a.all),
         Cmd::Trace(a) => stats::trace(&a.output, &a.command),
         Cmd::Demo(a) => demo::run(a.json),

@@ -194,6 +194,7 @@ impl Device {
                 link,
                 alt_link,
                 ports: HashMap::new(),
+                ports_full_logged: false,
                 ip_ids: IpIdCache::default(),
                 pcap,
                 channels: HashMap::new(),

@@ -44,8 +44,11 @@ pub(crate) struct Engine {
     /// The send half of the socket on the device's second address ([`Runtime::alt_addr`]).
     pub(crate) alt_link: Option<udp::Driver>,
     /// Send-only sockets per source address (one of the device's addresses with another
-    /// UDP source port); `None`: the bind failed, use the device socket and reseal.
+    /// UDP source port); `None`: the bind failed, use the device socket and reseal. At most
+    /// [`crate::tx::SEND_PORTS_MAX`] entries; other source addresses use the device socket.
     pub(crate) ports: HashMap<SocketAddr, Option<udp::Driver>>,
+    /// Whether running out of [`crate::tx::SEND_PORTS_MAX`] has been logged.
+    pub(crate) ports_full_logged: bool,
     /// Per-length ICRC work for sealing GSO segments ([`seal_gso_segments`]).
     pub(crate) ip_ids: IpIdCache,
     pub(crate) pcap: Option<PcapWriter<BufWriter<File>>>,

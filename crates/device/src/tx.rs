@@ -23,6 +23,12 @@ pub(crate) const TX_CHUNK: usize = 256;
 /// it stops, the progress thread sends it when it next looks.
 pub(crate) const ACK_DEFER: Duration = Duration::from_micros(20);
 
+/// Send-only sockets for per-QP UDP source ports kept at most. Each costs a descriptor and
+/// about 20 KiB (its `sendmmsg` scratch), and a device with thousands of QPs would have
+/// thousands of ports (0xC000 + a 14-bit hash of the QPN): past this many, a QP whose
+/// port has no socket sends from the device socket, its ICRC resealed for that port.
+pub(crate) const SEND_PORTS_MAX: usize = 64;
+
 /// Where a datagram leaves from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SendSocket {
@@ -165,8 +171,23 @@ impl Engine {
         self.via.clear();
     }
 
-    /// Whether a send-only socket for source address `src` exists (binding it on first use).
+    /// Whether a send-only socket for source address `src` exists (binding it on first use,
+    /// while fewer than [`SEND_PORTS_MAX`] source addresses have been tried).
     fn port_socket(&mut self, src: SocketAddr) -> bool {
+        if let Some(s) = self.ports.get(&src) {
+            return s.is_some();
+        }
+        if self.ports.len() >= SEND_PORTS_MAX {
+            if !self.ports_full_logged {
+                self.ports_full_logged = true;
+                tracing::debug!(
+                    %src,
+                    max = SEND_PORTS_MAX,
+                    "no more source-port sockets: datagrams of further ports leave from the device port"
+                );
+            }
+            return false;
+        }
         let gso = self.link.gso_enabled();
         let mc_ifindex = self.mc_ifindex;
         self.ports

@@ -34,6 +34,7 @@ mod requester;
 mod responder;
 #[cfg(test)]
 mod tests;
+mod timers;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -317,6 +318,9 @@ impl Nic {
 pub struct Rnic {
     env: Nic,
     qps: BTreeMap<verbs::Qpn, QpCtx>,
+    /// The QPs' timer deadlines, kept in step with `qps` by [`Rnic::sync_timer`] after
+    /// every call that may change them.
+    timers: timers::Timers,
     /// Bumped whenever a multicast group gains its first QP or loses its last one.
     mcast_generation: u64,
 }
@@ -355,6 +359,7 @@ impl Rnic {
                 gsi: gsi::Gsi::default(),
             },
             qps: BTreeMap::new(),
+            timers: timers::Timers::default(),
             mcast_generation: 0,
         }
     }
@@ -399,6 +404,7 @@ impl Rnic {
     pub fn destroy_qp(&mut self, qpn: verbs::Qpn) -> verbs::Result<()> {
         self.env.ctx.destroy_qp(qpn)?;
         self.qps.remove(&qpn);
+        self.timers.set(qpn, None);
         Ok(())
     }
 
@@ -421,6 +427,18 @@ impl Rnic {
     /// verbs modify plus protocol side effects (RTR: expected PSN, RTS: send PSN, ERR: flush
     /// everything, RESET: clear).
     pub fn modify_qp(
+        &mut self,
+        now: u64,
+        qpn: verbs::Qpn,
+        attr: &verbs::QpAttr,
+        mask: verbs::QpAttrMask,
+    ) -> verbs::Result<()> {
+        let r = self.modify_qp_inner(now, qpn, attr, mask);
+        self.sync_timer(qpn);
+        r
+    }
+
+    fn modify_qp_inner(
         &mut self,
         now: u64,
         qpn: verbs::Qpn,
@@ -502,7 +520,13 @@ impl Rnic {
     /// face), else it is gathered at once from registered memory through the SGEs' lkeys
     /// (EFAULT when an SGE is not inside a region of the QP's PD). The engine reads no
     /// other memory.
-    pub fn post_send(
+    pub fn post_send(&mut self, now: u64, qpn: verbs::Qpn, wr: verbs::SendWr) -> verbs::Result<()> {
+        let r = self.post_send_inner(now, qpn, wr);
+        self.sync_timer(qpn);
+        r
+    }
+
+    fn post_send_inner(
         &mut self,
         now: u64,
         qpn: verbs::Qpn,
@@ -588,6 +612,7 @@ impl Rnic {
                 completer::flush_rq(qp, &mut self.env, now);
             }
         }
+        self.sync_timer(qpn);
         Ok(())
     }
 
@@ -727,6 +752,7 @@ impl Rnic {
         } else {
             completer::handle_response(qp, env, now, src.port(), &h, payload);
         }
+        self.sync_timer(h.bth.dest_qp);
     }
 
     /// A datagram to the multicast QPN: a copy for every QP attached to the group its
@@ -779,6 +805,7 @@ impl Rnic {
             if admit(qp, &mut self.env, info, h, addrs.src) && info.is_request {
                 responder::handle_request(qp, &mut self.env, now, addrs, tos, h, payload, udp_len);
             }
+            self.sync_timer(qpn);
         }
     }
 
@@ -820,6 +847,7 @@ impl Rnic {
             };
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 responder::flush_ack(qp, &mut self.env);
+                self.sync_timer(qpn);
                 if let Some(t) = self.env.out.pop_front() {
                     return Some(t);
                 }
@@ -839,6 +867,7 @@ impl Rnic {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 qp.req.tx_wait = false;
                 requester::run(qp, &mut self.env, now);
+                self.sync_timer(qpn);
             }
         }
     }
@@ -854,6 +883,7 @@ impl Rnic {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 qp.resp.tx_wait = false;
                 responder::send_waiting_responses(qp, &mut self.env, now);
+                self.sync_timer(qpn);
             }
         }
     }
@@ -871,21 +901,38 @@ impl Rnic {
         self.env.recycle(buf);
     }
 
-    /// Earliest timer deadline (retransmission, RNR wait), if any.
+    /// Earliest timer deadline (retransmission, RNR wait), if any. O(log QPs): the device
+    /// asks after every step.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.qps
-            .values()
-            .flat_map(|q| [q.req.rto, q.req.rto_fast, q.req.rnr_until])
-            .flatten()
-            .min()
+        let first = self.timers.first();
+        // The index must agree with a scan of every QP: debug builds (every test of the
+        // engine and the device) check it on every call.
+        #[cfg(debug_assertions)]
+        assert_eq!(
+            first,
+            self.qps.values().filter_map(timers::deadline).min(),
+            "timer index out of step with the QPs"
+        );
+        first
     }
 
     /// Fire the timers due at `now`: an RNR wait ends (resend), a local ACK timeout fires
     /// (go back to the oldest unacknowledged packet, or RETRY_EXC_ERR when out of retries).
+    /// Only QPs with a due deadline are visited, in QP number order.
     pub fn handle_timeout(&mut self, now: u64) {
-        for qp in self.qps.values_mut() {
-            completer::on_timers(qp, &mut self.env, now);
+        for qpn in self.timers.due(now) {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                completer::on_timers(qp, &mut self.env, now);
+            }
+            self.sync_timer(qpn);
         }
+    }
+
+    /// Re-read QP `qpn`'s timer deadlines into the index (after anything that may have
+    /// armed, moved or cleared them).
+    fn sync_timer(&mut self, qpn: verbs::Qpn) {
+        let d = self.qps.get(&qpn).and_then(timers::deadline);
+        self.timers.set(qpn, d);
     }
 
     /// Poll completions.

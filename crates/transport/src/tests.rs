@@ -1229,3 +1229,68 @@ fn read_resent_after_losses_asks_for_a_window_at_a_time() {
     assert_eq!((a.nic.stats().timeouts, a.nic.stats().rtt_timeouts), (0, 0));
     assert_eq!(b.nic.stats().read_replays, 3);
 }
+
+/// Many QPs on one engine, with every first transmission lost: their retransmission
+/// timers are armed and fire together, through the timer index ([`timers::Timers`]),
+/// which debug builds check against a scan of every QP on each `poll_timeout`. Every QP's
+/// WRITE then lands exactly once, in its own place.
+#[test]
+fn many_qps_time_out_together_and_each_delivers() {
+    // Below the CQ capacity of a `Node` (256): the completions are reaped at the end.
+    const QPS: usize = 200;
+    const LEN: usize = 64;
+    let cfg = Cfg::default();
+    let mut a = Node::new("10.0.0.1", 1);
+    let mut b = Node::new("10.0.0.2", 2);
+    let mut pairs = Vec::with_capacity(QPS);
+    for i in 0..QPS {
+        a.create(QpType::Rc);
+        b.create(QpType::Rc);
+        let psn = i as u32 * 3;
+        connect(&mut a, &b, QpType::Rc, &cfg, psn, psn + 1);
+        connect(&mut b, &a, QpType::Rc, &cfg, psn + 1, psn);
+        pairs.push((a.qpn, b.qpn));
+        a.write(i * LEN, &pattern(LEN, i as u8));
+    }
+    let mut now = 0;
+    for (i, &(qpn, _)) in pairs.iter().enumerate() {
+        let wr = SendWr {
+            wr_id: i as u64,
+            op: SendOp::Write {
+                remote_addr: b.base + (i * LEN) as u64,
+                rkey: b.rkey,
+            },
+            flags: SendFlags::SIGNALED,
+            sg_list: vec![a.sge(i * LEN, LEN)],
+            inline_data: None,
+            ud: None,
+        };
+        a.nic.post_send(now, qpn, wr).unwrap();
+    }
+    assert!(a.nic.poll_timeout().is_some(), "timers armed");
+    let mut lost = std::collections::HashSet::new();
+    pump(&mut a, &mut b, &mut now, |from_a, t| {
+        from_a && t.kind == TransmitKind::Request && lost.insert(t.data[4..8].to_vec())
+    });
+    assert_eq!(lost.len(), QPS, "one loss per QP");
+    assert_eq!(a.nic.stats().timeouts, QPS as u64);
+    assert_eq!(a.nic.poll_timeout(), None, "no timer left");
+    let mut done = [false; QPS];
+    loop {
+        let wcs = a.wcs();
+        if wcs.is_empty() {
+            break;
+        }
+        for wc in wcs {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            let i = wc.wr_id as usize;
+            assert_eq!(wc.qp_num, pairs[i].0);
+            assert!(!done[i], "QP {i} completed twice");
+            done[i] = true;
+        }
+    }
+    assert!(done.iter().all(|&d| d), "every QP's WRITE completed");
+    for i in 0..QPS {
+        assert_eq!(b.read(i * LEN, LEN), pattern(LEN, i as u8), "QP {i}");
+    }
+}

@@ -1,0 +1,265 @@
+//! Scale, functionally: two devices on loopback with 2000 connected RC QPs each (one CQ per
+//! device), a checked 64-byte WRITE and SEND on every pair, and the descriptors the
+//! devices open for it bounded (per-QP UDP source ports beyond the send-socket cache leave
+//! from the device socket). Nothing here is timed: `softrdma scale` measures; this keeps
+//! it working. Alone in its test binary, so the descriptor count is this test's own.
+
+use std::time::{Duration, Instant};
+
+use softrdma_device::verbs::{
+    Access, AhAttr, GlobalRoute, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType,
+    Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+};
+use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig};
+
+/// QP pairs: large enough that a per-QP cost (a socket each, a scan of every QP per step)
+/// shows, small enough for seconds in a debug build.
+const QPS: usize = 2000;
+/// Bytes per operation.
+const MSG: usize = 64;
+
+/// The bytes QP `i` moves in phase `phase`: distinct per QP and phase.
+fn pattern(i: usize, phase: u8) -> [u8; MSG] {
+    let mut b = [0u8; MSG];
+    for (k, x) in b.iter_mut().enumerate() {
+        *x = (i as u8) ^ ((i >> 8) as u8).rotate_left(3) ^ (k as u8).wrapping_mul(29) ^ phase;
+    }
+    b
+}
+
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// A device with QPS RC QPs on one CQ and a buffer of 2 × QPS × 64 bytes: WRITEs land
+/// in the first half at 64 × i, SENDs in the second; a side sends from the same places.
+struct Side {
+    dev: Device,
+    cq: CqPoller,
+    qpns: Vec<Qpn>,
+    mem: Box<[u8]>,
+    lkey: u32,
+    rkey: u32,
+}
+
+impl Side {
+    fn new(name: &str) -> Side {
+        let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(4791));
+        cfg.stats_dir = None;
+        let dev = Device::open(&cfg).expect("open device");
+        let mut mem = vec![0u8; 2 * QPS * MSG].into_boxed_slice();
+        let ptr = mem.as_mut_ptr();
+        let len = mem.len();
+        let (cq, pd, lkey, rkey) = dev.call(|r, _| {
+            let pd = r.alloc_pd().unwrap();
+            let (cq, _) = r.create_cq(2 * QPS as u32 + 16, None, false).unwrap();
+            let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+            // SAFETY: the boxed slice lives in `Side` next to the device, which `Side`
+            // drops first (field order); the test touches it only under the engine lock.
+            let mr = unsafe { r.reg_mr(pd, ptr, len, ptr as u64, access) }.unwrap();
+            (cq, pd, mr.lkey, mr.rkey)
+        });
+        let qpns = (0..QPS)
+            .map(|_| {
+                dev.call(|r, _| {
+                    r.create_qp(QpInitAttr {
+                        qp_type: QpType::Rc,
+                        pd,
+                        send_cq: cq,
+                        recv_cq: cq,
+                        srq: None,
+                        cap: QpCap {
+                            max_send_wr: 4,
+                            max_recv_wr: 4,
+                            max_send_sge: 1,
+                            max_recv_sge: 1,
+                            max_inline_data: 0,
+                        },
+                        sq_sig_all: false,
+                    })
+                })
+                .expect("create QP")
+            })
+            .collect();
+        Side {
+            dev,
+            cq: CqPoller::new(cq),
+            qpns,
+            mem,
+            lkey,
+            rkey,
+        }
+    }
+
+    /// Connect QP i to the peer's QP i.
+    fn connect(&self, peer: &Side) {
+        let peer_gid = peer.dev.gid();
+        for (i, &qpn) in self.qpns.iter().enumerate() {
+            let peer_qpn = peer.qpns[i];
+            self.dev.call(|r, now| {
+                let mut a = QpAttr {
+                    qp_state: QpState::Init,
+                    port_num: 1,
+                    qp_access_flags: Access::REMOTE_WRITE,
+                    ..Default::default()
+                };
+                let m = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
+                r.modify_qp(now, qpn, &a, m).unwrap();
+                a.qp_state = QpState::Rtr;
+                a.ah_attr = AhAttr {
+                    grh: GlobalRoute {
+                        dgid: peer_gid,
+                        hop_limit: 64,
+                        ..Default::default()
+                    },
+                    is_global: true,
+                    port_num: 1,
+                    ..Default::default()
+                };
+                a.path_mtu = Mtu::Mtu1024;
+                a.dest_qp_num = peer_qpn;
+                a.rq_psn = i as u32;
+                a.min_rnr_timer = 1;
+                let m = M::STATE
+                    | M::AV
+                    | M::PATH_MTU
+                    | M::DEST_QPN
+                    | M::RQ_PSN
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::MIN_RNR_TIMER;
+                r.modify_qp(now, qpn, &a, m).unwrap();
+                a.qp_state = QpState::Rts;
+                a.sq_psn = i as u32;
+                a.timeout = 14;
+                a.retry_cnt = 7;
+                a.rnr_retry = 7;
+                let m = M::STATE
+                    | M::SQ_PSN
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::MAX_QP_RD_ATOMIC;
+                r.modify_qp(now, qpn, &a, m).unwrap();
+            });
+        }
+    }
+
+    fn sge(&self, at: usize) -> Sge {
+        Sge {
+            addr: self.mem.as_ptr() as u64 + at as u64,
+            length: MSG as u32,
+            lkey: self.lkey,
+        }
+    }
+
+    /// Poll until `n` completions arrived, all successful. The bound only keeps a broken
+    /// build from hanging.
+    fn reap(&self, n: usize) -> Vec<WorkCompletion> {
+        let until = Instant::now() + Duration::from_secs(120);
+        let mut out = Vec::with_capacity(n);
+        let mut wc = [WorkCompletion::default(); 64];
+        while out.len() < n {
+            let k = self.cq.poll(&self.dev, &mut wc).unwrap();
+            for w in &wc[..k] {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            }
+            out.extend_from_slice(&wc[..k]);
+            assert!(
+                Instant::now() < until,
+                "{} of {n} completions on {}",
+                out.len(),
+                self.dev.name()
+            );
+        }
+        out
+    }
+
+    /// The buffer, read under the engine lock (the device writes it under that lock).
+    fn contents(&self) -> Vec<u8> {
+        self.dev.call(|_, _| self.mem.to_vec())
+    }
+}
+
+#[test]
+fn two_thousand_connected_rc_qps_each_move_checked_data() {
+    let fds_before = fds();
+    let mut a = Side::new("many-a");
+    let b = Side::new("many-b");
+    a.connect(&b);
+    b.connect(&a);
+    // What a sends: QP i's WRITE at 64 i, its SEND at 64 (QPS + i). Written before any
+    // traffic, with nothing in flight.
+    for i in 0..QPS {
+        a.mem[i * MSG..(i + 1) * MSG].copy_from_slice(&pattern(i, 1));
+        a.mem[(QPS + i) * MSG..(QPS + i + 1) * MSG].copy_from_slice(&pattern(i, 2));
+    }
+    for (i, &qpn) in b.qpns.iter().enumerate() {
+        let wr = RecvWr {
+            wr_id: i as u64,
+            sg_list: vec![b.sge((QPS + i) * MSG)],
+        };
+        b.dev.call(|r, now| r.post_recv(now, qpn, wr)).unwrap();
+    }
+    let base = b.mem.as_ptr() as u64;
+    for (i, &qpn) in a.qpns.iter().enumerate() {
+        let write = SendWr {
+            wr_id: i as u64,
+            op: SendOp::Write {
+                remote_addr: base + (i * MSG) as u64,
+                rkey: b.rkey,
+            },
+            flags: SendFlags::SIGNALED,
+            sg_list: vec![a.sge(i * MSG)],
+            inline_data: None,
+            ud: None,
+        };
+        let send = SendWr {
+            wr_id: (QPS + i) as u64,
+            op: SendOp::Send,
+            flags: SendFlags::SIGNALED,
+            sg_list: vec![a.sge((QPS + i) * MSG)],
+            inline_data: None,
+            ud: None,
+        };
+        a.dev.post(|r, now| r.post_send(now, qpn, write)).unwrap();
+        a.dev.post(|r, now| r.post_send(now, qpn, send)).unwrap();
+    }
+    let sent = a.reap(2 * QPS);
+    let mut seen = vec![0u8; QPS];
+    for w in &sent {
+        let i = w.wr_id as usize % QPS;
+        assert_eq!(w.qp_num, a.qpns[i], "{w:?}");
+        let want = if w.wr_id < QPS as u64 {
+            WcOpcode::RdmaWrite
+        } else {
+            WcOpcode::Send
+        };
+        assert_eq!(w.opcode, want, "{w:?}");
+        seen[i] += 1;
+    }
+    assert!(
+        seen.iter().all(|&k| k == 2),
+        "a WRITE and a SEND on every QP"
+    );
+    let recvd = b.reap(QPS);
+    let mut got = vec![false; QPS];
+    for w in &recvd {
+        let i = w.wr_id as usize;
+        assert_eq!(
+            (w.opcode, w.qp_num, w.byte_len),
+            (WcOpcode::Recv, b.qpns[i], MSG as u32)
+        );
+        assert!(!got[i], "two receives on QP {i}");
+        got[i] = true;
+    }
+    let mem = b.contents();
+    for i in 0..QPS {
+        assert_eq!(mem[i * MSG..(i + 1) * MSG], pattern(i, 1), "QP {i}'s WRITE");
+        let s = (QPS + i) * MSG;
+        assert_eq!(mem[s..s + MSG], pattern(i, 2), "QP {i}'s SEND");
+    }
+    // 2 × 2000 QPs have about 2 × 1700 distinct source ports: the devices' sockets stay
+    // bounded by the send-socket cache, not by the QPs.
+    let opened = fds().saturating_sub(fds_before);
+    assert!(opened < 2 * 64 + 40, "{opened} descriptors for two devices");
+}
