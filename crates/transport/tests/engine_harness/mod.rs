@@ -247,6 +247,8 @@ impl Action {
 pub struct Script {
     seed: u64,
     fault_bytes: [u8; 3],
+    /// Receive buffers kept posted per QP (1..=SLOTS): few make RNR NAKs common.
+    recv_depth: usize,
     loss: f64,
     dup: f64,
     reorder: f64,
@@ -290,6 +292,7 @@ impl Script {
         Script {
             seed,
             fault_bytes,
+            recv_depth: 1 + (mix(seed ^ 0xDE97) % SLOTS as u64) as usize,
             loss,
             dup,
             reorder,
@@ -301,8 +304,16 @@ impl Script {
         self.actions.len()
     }
 
-    /// A smaller script that still fails (panics) under `fails`: the shortest failing
-    /// prefix, then without each attack and replay that is not needed.
+    /// The same script with every receive queue kept full, so RNR NAKs come only from
+    /// held-back receives.
+    pub fn full_receive_queues(mut self) -> Script {
+        self.recv_depth = SLOTS;
+        self
+    }
+
+    /// A smaller script that still fails under `fails`: the shortest failing prefix,
+    /// then without every run of actions (halves, quarters, ... single ones) that is not
+    /// needed for the failure.
     pub fn minimize(&self, fails: impl Fn(&Script) -> bool) -> Script {
         let with = |actions: Vec<Action>| Script {
             actions,
@@ -318,17 +329,22 @@ impl Script {
             }
         }
         let mut cur = self.actions[..hi].to_vec();
-        let mut i = 0;
-        while i < cur.len() {
-            if matches!(cur[i], Action::Attack(_) | Action::Replay { .. }) {
+        let mut chunk = cur.len().div_ceil(2);
+        while chunk >= 1 {
+            let mut i = 0;
+            while i < cur.len() {
                 let mut c = cur.clone();
-                c.remove(i);
+                c.drain(i..(i + chunk).min(cur.len()));
                 if fails(&with(c.clone())) {
                     cur = c;
-                    continue;
+                } else {
+                    i += chunk;
                 }
             }
-            i += 1;
+            if chunk == 1 {
+                break;
+            }
+            chunk = chunk.div_ceil(2);
         }
         with(cur)
     }
@@ -406,6 +422,8 @@ pub struct Counts {
     pub eng_retransmits: u64,
     /// Engine: local ACK timeouts.
     pub eng_timeouts: u64,
+    /// Times a side held its receive buffers back.
+    pub holds: u64,
     /// Connections that ended in RETRY_EXC_ERR.
     pub retry_exceeded: u64,
 }
@@ -440,6 +458,7 @@ impl Counts {
         self.eng_retransmits += o.eng_retransmits;
         self.eng_timeouts += o.eng_timeouts;
         self.retry_exceeded += o.retry_exceeded;
+        self.holds += o.holds;
     }
 }
 
@@ -473,8 +492,8 @@ impl fmt::Display for Counts {
         write!(
             f,
             "engines dropped {} (peer/port/state/QP), malformed {}, duplicates {}, out of \
-             sequence {}, QP1 {}, NAKs sent {}, retransmits {}, timeouts {}; {} connections \
-             ran out of retries",
+             sequence {}, QP1 {}, NAKs sent {}, retransmits {}, timeouts {}; receive buffers \
+             held back {} times; {} connections ran out of retries",
             self.eng_dropped,
             self.eng_malformed,
             self.eng_duplicates,
@@ -483,6 +502,7 @@ impl fmt::Display for Counts {
             self.eng_naks_sent,
             self.eng_retransmits,
             self.eng_timeouts,
+            self.holds,
             self.retry_exceeded
         )
     }
@@ -603,6 +623,10 @@ struct Run<'s> {
     mode: Mode,
     /// What the harness last wrote to each QP's send slots (nothing remote may change them).
     send_img: [[Vec<u8>; 3]; 2],
+    /// Receive buffers of each side held back instead of posted again.
+    rq_hold: [bool; 2],
+    /// Print every genuine datagram delivered (`SOFTRDMA_FUZZ_TRACE`).
+    trace_packets: bool,
     now: u64,
     seq: u64,
     net: BTreeMap<(u64, u64), Flight>,
@@ -747,6 +771,8 @@ impl<'s> Run<'s> {
             script,
             mode,
             send_img: Default::default(),
+            rq_hold: [false; 2],
+            trace_packets: std::env::var_os("SOFTRDMA_FUZZ_TRACE").is_some(),
             now: 0,
             seq: 0,
             net: BTreeMap::new(),
@@ -846,11 +872,7 @@ impl<'s> Run<'s> {
             }
         }
         for s in 0..2 {
-            for t in 0..3 {
-                for k in 0..SLOTS {
-                    self.post_recv(s, t, k);
-                }
-            }
+            self.refill_recvs(s);
         }
     }
 
@@ -1077,6 +1099,16 @@ impl<'s> Run<'s> {
     /// Let time pass by the action's amount, delivering datagrams and firing timers in
     /// time order.
     fn tick(&mut self, kind: u8, amount: u8) {
+        if kind & 0xF0 == 0xF0 {
+            // Hold back (or give back) a side's receive buffers, so senders meet RNR NAKs
+            // (RC) and drops (UC, UD).
+            let s = usize::from(kind >> 2 & 1);
+            self.rq_hold[s] = !self.rq_hold[s];
+            self.counts.holds += u64::from(self.rq_hold[s]);
+            if !self.rq_hold[s] {
+                self.refill_recvs(s);
+            }
+        }
         let target = match kind % 4 {
             0 => self.now,
             1 => self.now + u64::from(amount) * 100,
@@ -1142,6 +1174,22 @@ impl<'s> Run<'s> {
                         self.note_ack(d, &h);
                     }
                 }
+            }
+        }
+        if self.trace_packets {
+            if let Ok((h, p)) = Headers::parse(&f.data) {
+                eprintln!(
+                    "t={} step {} -> side {d} {}: psn {:#x} qp {:#x} ack_req {} aeth {:?} reth {:?} len {}",
+                    self.now,
+                    self.step,
+                    h.bth.opcode,
+                    h.bth.psn,
+                    h.bth.dest_qp,
+                    h.bth.ack_req,
+                    h.aeth,
+                    h.reth.map(|r| r.dma_len),
+                    p.len()
+                );
             }
         }
         let now = self.now;
@@ -1614,7 +1662,7 @@ impl<'s> Run<'s> {
             let k = wc.wr_id as usize;
             if k < SLOTS {
                 self.models[s][t].recv_posted[k] = false;
-                if !self.models[s][t].failed {
+                if !self.models[s][t].failed && !self.rq_hold[s] {
                     self.post_recv(s, t, k);
                 }
             }
@@ -1823,8 +1871,18 @@ impl<'s> Run<'s> {
                 }
             }
         }
-        if !self.models[s][t].failed {
+        if !self.models[s][t].failed && !self.rq_hold[s] {
             self.post_recv(s, t, k);
+        }
+    }
+
+    fn refill_recvs(&mut self, s: usize) {
+        for t in 0..3 {
+            for k in 0..self.script.recv_depth {
+                if !self.models[s][t].failed && !self.models[s][t].recv_posted[k] {
+                    self.post_recv(s, t, k);
+                }
+            }
         }
     }
 
@@ -1878,6 +1936,10 @@ impl<'s> Run<'s> {
     /// With no loss and nothing injected, let everything finish, then check the totals.
     fn quiesce(&mut self) {
         self.faults = (0.0, 0.0, 0.0);
+        for s in 0..2 {
+            self.rq_hold[s] = false;
+            self.refill_recvs(s);
+        }
         for _ in 0..200 {
             let Some(at) = self.next_event() else { break };
             self.run_until(at.max(self.now) + 1_000_000);
@@ -1961,6 +2023,16 @@ impl<'s> Run<'s> {
             // Whatever the engines queued goes on the wire now, in both runs alike.
             self.collect();
             self.poll_all();
+            // Holds stay short: with loss, each RNR round trip risks a transport retry,
+            // and a long hold ends connections in RETRY_EXC_ERR, after which little is
+            // left to check.
+            if i % 32 == 31 {
+                for s in 0..2 {
+                    if std::mem::take(&mut self.rq_hold[s]) {
+                        self.refill_recvs(s);
+                    }
+                }
+            }
             self.check_memory();
         }
         self.step = usize::MAX;
