@@ -313,11 +313,16 @@ impl Script {
 
     /// A smaller script that still fails under `fails`: the shortest failing prefix,
     /// then without every run of actions (halves, quarters, ... single ones) that is not
-    /// needed for the failure.
+    /// needed for the failure, within a bounded number of tries.
     pub fn minimize(&self, fails: impl Fn(&Script) -> bool) -> Script {
         let with = |actions: Vec<Action>| Script {
             actions,
             ..self.clone()
+        };
+        let tries = std::cell::Cell::new(0u32);
+        let fails = |s: &Script| {
+            tries.set(tries.get() + 1);
+            tries.get() <= 400 && fails(s)
         };
         let (mut lo, mut hi) = (0, self.actions.len());
         while lo < hi {
@@ -878,8 +883,14 @@ impl<'s> Run<'s> {
 
     fn violation(&self, msg: String) -> ! {
         panic!(
-            "engine fuzz invariant broken (seed {:#x}, step {}, {:?} run): {msg}",
-            self.script.seed, self.step, self.mode
+            "engine fuzz invariant broken (seed {:#x}, {}, {:?} run): {msg}",
+            self.script.seed,
+            match self.step {
+                0 => "warm-up".to_string(),
+                usize::MAX => "after the last step".to_string(),
+                n => format!("step {n}"),
+            },
+            self.mode
         )
     }
 
