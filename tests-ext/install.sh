@@ -23,3 +23,4 @@ python3 -c 'import scapy; print("scapy", scapy.__version__)'
 # Optional, for the fuzz target in fuzz/ (not needed by the tests):
 #   cargo install cargo-fuzz --locked
 #   cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run parse_packet -- -max_total_time=30
+#   cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run engine -- -max_total_time=300
