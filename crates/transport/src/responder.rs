@@ -31,8 +31,11 @@ pub(crate) fn handle_request(
     match qp.qp_type {
         QpType::Ud => ud_request(qp, env, now, addrs, tos, h, payload, udp_len),
         QpType::Uc => {
-            // UC has no sequence to judge a packet by: its first one names the port.
-            qp.learn_peer_port(addrs.src.port());
+            // UC takes any PSN, but only the peer knows the expected one: a packet
+            // carrying it names the port.
+            if h.bth.psn == qp.resp.epsn {
+                qp.learn_peer_port(addrs.src.port());
+            }
             uc_request(qp, env, now, h, payload)
         }
         QpType::Rc => rc_request(qp, env, now, addrs.src.port(), h, payload),

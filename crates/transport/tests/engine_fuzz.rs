@@ -21,21 +21,7 @@ fn script(seed: u64, actions: usize) -> Script {
     let mut r = SplitMix64::new(seed);
     let mut data: Vec<u8> = (0..actions * 6).map(|_| r.next_u64() as u8).collect();
     data[..8].copy_from_slice(&seed.to_le_bytes());
-    policy(Script::decode(&data, actions))
-}
-
-/// Shallow receive queues (RNR NAKs at every turn) stay out of the default run until the
-/// requester no longer resumes a later WQE at the byte offset of one the completer
-/// retired mid-retransmission (seed 110 with `SOFTRDMA_FUZZ_RNR=1`: an RC WRITE_ONLY
-/// goes out with a 223-byte RETH and no payload, the responder answers NAK invalid
-/// request and the QP fails); `SOFTRDMA_FUZZ_RNR=1` puts them back. The fuzz target has
-/// them always.
-fn policy(s: Script) -> Script {
-    if std::env::var_os("SOFTRDMA_FUZZ_RNR").is_some() {
-        s
-    } else {
-        s.full_receive_queues()
-    }
+    Script::decode(&data, actions)
 }
 
 fn run_seeds(first: u64, scripts: u64, actions: usize, min_packets: u64) -> Counts {
@@ -44,7 +30,7 @@ fn run_seeds(first: u64, scripts: u64, actions: usize, min_packets: u64) -> Coun
         let bytes: Vec<u8> = (0..hex.len() / 2)
             .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex input"))
             .collect();
-        let s = policy(Script::decode(&bytes, usize::MAX));
+        let s = Script::decode(&bytes, usize::MAX);
         eprintln!("{}", s.describe());
         total.add(&run(&s));
         return total;

@@ -1,7 +1,5 @@
 //! Engine bugs the fuzz harness (`engine_fuzz`) found, each reproduced directly with
-//! hand-driven packets. `#[ignore]`d while the bug stands (the engineer fixing it removes
-//! the attribute); `cargo test -p softrdma-transport --test engine_fuzz_findings --
-//! --ignored` shows them failing.
+//! hand-driven packets, kept as regression tests.
 
 mod common;
 use common::*;
@@ -10,13 +8,12 @@ use common::*;
 /// the outbox bound; in the harness at an RNR wait), then an ACK from the first
 /// transmission acknowledges that WQE whole and the completer retires it. The requester's
 /// position was inside the retired WQE (`ReqState::cur` 0, `offset` past its start), and
-/// `complete_front` lowers `cur` with a saturating subtraction that keeps it at 0 but
-/// leaves `offset`: the next WQE is resumed at that stale byte offset. A 223-byte WRITE
-/// then leaves as a WRITE_ONLY whose RETH says 223 bytes but which carries none; the
-/// responder answers NAK invalid request and the QP fails (REM_INV_REQ_ERR). A longer
-/// next WQE would skip its first packets instead.
+/// `complete_front` lowered `cur` with a saturating subtraction that kept it at 0 but
+/// left `offset`: the next WQE was resumed at that stale byte offset. A 223-byte WRITE
+/// then left as a WRITE_ONLY whose RETH said 223 bytes but which carried none; the
+/// responder answered NAK invalid request and the QP failed (REM_INV_REQ_ERR). A longer
+/// next WQE would have skipped its first packets instead.
 #[test]
-#[ignore = "engine bug: completer::complete_front leaves ReqState::offset when it retires the WQE at cur 0"]
 fn retiring_the_wqe_being_retransmitted_resets_the_requester_offset() {
     const PKTS: usize = 300;
     const MTU: usize = 256;

@@ -304,13 +304,6 @@ impl Script {
         self.actions.len()
     }
 
-    /// The same script with every receive queue kept full, so RNR NAKs come only from
-    /// held-back receives.
-    pub fn full_receive_queues(mut self) -> Script {
-        self.recv_depth = SLOTS;
-        self
-    }
-
     /// A smaller script that still fails under `fails`: the shortest failing prefix,
     /// then without every run of actions (halves, quarters, ... single ones) that is not
     /// needed for the failure, within a bounded number of tries.
