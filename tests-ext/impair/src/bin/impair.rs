@@ -17,6 +17,8 @@
 //!   it does not pass the OUTPUT hook again; the copy also carries the skip mark, so a
 //!   rule that excludes the mark keeps it out of the queue whatever path it takes.
 //!
+//! Packets other than IPv4/UDP (TCP, to compare with) are only ever dropped.
+//!
 //! The counters go to stdout when it stops on SIGTERM or SIGINT.
 
 use std::io;
@@ -350,17 +352,18 @@ impl Impairer {
         self.c.seen += 1;
         let not_ready = skb_info & nfq::SKB_CSUM_NOT_READY != 0;
         self.c.csum_not_ready += not_ready as u64;
-        if pkt::udp4(payload).is_none() {
-            // Not ours to judge (the rule should only queue RoCEv2): pass it untouched.
-            self.c.not_udp += 1;
-            self.c.passed += 1;
-            self.q.verdict(id, nfq::NF_ACCEPT, None)?;
-            return self.tick();
-        }
         let d = self.decider.decide();
         if d.drop {
             self.c.dropped += 1;
             self.q.verdict(id, nfq::NF_DROP, None)?;
+            return self.tick();
+        }
+        if pkt::udp4(payload).is_none() {
+            // Any packet may be lost (so TCP can be measured through the same impairer),
+            // but only IPv4/UDP is edited, duplicated or held: the rest passes untouched.
+            self.c.not_udp += 1;
+            self.c.passed += 1;
+            self.q.verdict(id, nfq::NF_ACCEPT, None)?;
             return self.tick();
         }
         let mut bytes = None;
