@@ -79,6 +79,16 @@ fn ring(depth: u64) -> usize {
     depth as usize
 }
 
+/// The most memory the server registers for receive buffers, whatever a client asks.
+const MAX_BUFFERS: u64 = 256 << 20;
+
+/// Whether a run's depth and message size are within what either side will allocate.
+fn sizes_ok(depth: u64, max_len: u64) -> bool {
+    (2..=4096).contains(&depth)
+        && (pattern::TAG as u64..=1 << 20).contains(&max_len)
+        && (2 * depth + 16) * max_len <= MAX_BUFFERS
+}
+
 /// What the client tells the server: its QP and the run's parameters.
 struct Hello {
     qp: RemoteQp,
@@ -213,7 +223,7 @@ fn server(a: &Args) -> Res<()> {
     s.read_exact(&mut hb)
         .map_err(e("read the client's hello"))?;
     let h = Hello::from_bytes(&hb).ok_or("bad hello")?;
-    if h.depth < 2 || h.depth > 4096 || h.max_len < pattern::TAG as u64 || h.max_len > 1 << 20 {
+    if !sizes_ok(h.depth, h.max_len) {
         return Err(format!(
             "client parameters out of range: depth {} max_len {}",
             h.depth, h.max_len
@@ -599,8 +609,12 @@ impl Client<'_> {
 }
 
 fn client(a: &Args, host: &str) -> Res<()> {
-    if a.depth < 2 || a.depth > 4096 || a.max_len < pattern::TAG || a.max_len > 1 << 20 {
-        return Err("--depth must be 2..=4096 and --max-len 8..=1048576".into());
+    if !sizes_ok(a.depth, a.max_len as u64) {
+        return Err(format!(
+            "--depth must be 2..=4096, --max-len 8..=1048576 and the server's buffers \
+             ((2 × depth + 16) × max-len) at most {} MiB",
+            MAX_BUFFERS >> 20
+        ));
     }
     let start = Instant::now();
     let deadline = start + Duration::from_secs(a.timeout);
