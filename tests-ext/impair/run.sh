@@ -18,7 +18,8 @@
 # Env: LOSS (default 0.10), DUP, REORDER, CORRUPT (default 0) per packet and direction;
 # OPS (default 100000), SEED (default 1), DEPTH (WRs in flight, default 16), TIMEOUT
 # (seconds for the soak, default 600), SOAK_ARGS (more soak options, e.g.
-# "--ack-timeout 10"), OUT (logs, default /tmp/softrdma-impair), SKIP_BUILD=1 (use the
+# "--ack-timeout 10"), SERVER_ENV and CLIENT_ENV (VAR=VALUE words for one side, e.g.
+# "SOFTRDMA_PCAP=/tmp/server.pcap SOFTRDMA_LOG=debug"), OUT (logs, default /tmp/softrdma-impair), SKIP_BUILD=1 (use the
 # binaries in the target directory), SKIP_INSTALL=1, ONLY (regex of check names).
 # As root on Debian 12 it installs iproute2 and iptables with apt when missing.
 # Prints PASS/FAIL per check and "N passed, M failed"; exits 1 on any failure.
@@ -29,7 +30,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 OUT=${OUT:-/tmp/softrdma-impair}
 LOSS=${LOSS:-0.10} DUP=${DUP:-0} REORDER=${REORDER:-0} CORRUPT=${CORRUPT:-0}
 OPS=${OPS:-100000} SEED=${SEED:-1} DEPTH=${DEPTH:-16} TIMEOUT=${TIMEOUT:-600}
-SOAK_ARGS=${SOAK_ARGS:-}
+SOAK_ARGS=${SOAK_ARGS:-} SERVER_ENV=${SERVER_ENV:-} CLIENT_ENV=${CLIENT_ENV:-}
 ONLY=${ONLY:-}
 
 LOG_TAG=impair
@@ -80,11 +81,11 @@ result "impairers ready" $? "see $OUT/impair-soak-{a,b}.log"
 log "$name"
 start=$(date +%s.%N)
 # shellcheck disable=SC2086
-ns_bg B env SOFTRDMA_ADDR=$ADDR_B timeout $((TIMEOUT + 60)) "$SOAK" --timeout "$TIMEOUT" \
+ns_bg B env SOFTRDMA_ADDR=$ADDR_B $SERVER_ENV timeout $((TIMEOUT + 60)) "$SOAK" --timeout "$TIMEOUT" \
   $SOAK_ARGS >"$OUT/soak-server.log" 2>&1
 server=${NS_PIDS[-1]}
 # shellcheck disable=SC2086
-in_a env SOFTRDMA_ADDR=$ADDR_A timeout $((TIMEOUT + 30)) "$SOAK" "$ADDR_B" --ops "$OPS" \
+in_a env SOFTRDMA_ADDR=$ADDR_A $CLIENT_ENV timeout $((TIMEOUT + 30)) "$SOAK" "$ADDR_B" --ops "$OPS" \
   --seed "$SEED" --depth "$DEPTH" --timeout "$TIMEOUT" $SOAK_ARGS >"$OUT/soak-client.log" 2>&1
 crc=$?
 wait "$server"
