@@ -75,10 +75,19 @@ impair_start() {
 }
 
 # Stop the impairers (SIGTERM: they release what they hold and print their counters) and
-# set IMPAIR_SEEN and IMPAIR_DROPPED (both directions summed) and IMPAIR_COUNTERS (their
-# lines).
+# set IMPAIR_SEEN and IMPAIR_DROPPED (both directions summed), IMPAIR_COUNTERS (their
+# lines) and IMPAIR_KERNEL_DROPS (packets the kernel dropped on the queues since the
+# namespaces were made).
 impair_stop() {
   local tag=$1 p
+  # Drops the kernel made itself (queue full, or the impairer's socket buffer full) are
+  # losses too, and bursty ones: count them apart (/proc/net is per namespace).
+  IMPAIR_KERNEL_DROPS=0
+  for p in "$NS_A" "$NS_B"; do
+    local k
+    k=$(ip netns exec "$p" awk '$1 == 1 { print $6 + $7 }' /proc/net/netfilter/nfnetlink_queue 2>/dev/null)
+    IMPAIR_KERNEL_DROPS=$((IMPAIR_KERNEL_DROPS + ${k:-0}))
+  done
   for p in "${IMPAIR_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for p in "${IMPAIR_PIDS[@]}"; do
     for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done

@@ -94,6 +94,7 @@ secs=$(echo "$start $(date +%s.%N)" | awk '{printf "%.1f", $2 - $1}')
 impair_stop soak
 grep -h 'ok:\|FAILED' "$OUT/soak-client.log" "$OUT/soak-server.log"
 echo "$IMPAIR_COUNTERS"
+echo "kernel drops on the queues (queue or socket buffer full): $IMPAIR_KERNEL_DROPS"
 detail="client exit $crc, server exit $src after ${secs}s: $(grep -h FAILED "$OUT/soak-client.log" "$OUT/soak-server.log" | head -2 | tr '\n' ' ')see $OUT/soak-*.log"
 result "$name (${secs}s)" $((crc | src)) "$detail"
 [ "$IMPAIR_SEEN" -gt 0 ]
