@@ -42,7 +42,8 @@ struct Args {
     /// TCP port of the exchange.
     #[arg(long, default_value_t = 18519)]
     port: u16,
-    /// Work requests to run (client; the server takes the client's).
+    /// Work requests to run (client; the server takes the client's); one more when the
+    /// last is a WRITE, which its READ follows.
     #[arg(long, default_value_t = 100_000)]
     ops: u64,
     /// Seed of the schedule and the data.
@@ -745,7 +746,9 @@ fn run_client(
     let mut last_report = Instant::now();
     let mut last_done_at = Instant::now();
     let mut peeked: Option<Step> = None;
-    while done < a.ops {
+    // The last step may be a WRITE and its READ that run one past --ops: wait for it too,
+    // so nothing is in flight when the server is told the run is over.
+    while next_op < a.ops || !staged.is_empty() || !pending.is_empty() {
         loop {
             if staged.is_empty() && next_op < a.ops {
                 let step = *peeked.get_or_insert_with(|| sched.next_step());
@@ -774,7 +777,7 @@ fn run_client(
                     "timed out after {:.1} s: {done} of {} ops done, {} in flight; last \
                      completion {:.1} s ago; {}",
                     start.elapsed().as_secs_f64(),
-                    a.ops,
+                    a.ops.max(next_op),
                     pending.len(),
                     last_done_at.elapsed().as_secs_f64(),
                     stats_line(dev)
