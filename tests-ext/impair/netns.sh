@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # tests-ext/impair/netns.sh: two "hosts" as network namespaces joined by a veth pair, with
 # the `impair` NFQUEUE impairer on the RoCEv2 traffic each one sends. Sourced by
 # tests-ext/impair/run.sh and scripts/bench-loss, after tests-ext/lib.sh (for log) and
@@ -64,8 +65,7 @@ impair_start() {
       --mark "$IMPAIR_MARK" >"$OUT/impair-$tag-$side.log" 2>&1 &
     IMPAIR_PIDS+=($!)
   done
-  local i
-  for i in $(seq 100); do
+  for _ in $(seq 100); do
     if grep -q ready "$OUT/impair-$tag-a.log" && grep -q ready "$OUT/impair-$tag-b.log"; then
       return 0
     fi
@@ -80,14 +80,8 @@ impair_start() {
 # namespaces were made).
 impair_stop() {
   local tag=$1 p
-  # Drops the kernel made itself (queue full, or the impairer's socket buffer full) are
-  # losses too, and bursty ones: count them apart (/proc/net is per namespace).
-  IMPAIR_KERNEL_DROPS=0
-  for p in "$NS_A" "$NS_B"; do
-    local k
-    k=$(ip netns exec "$p" awk '$1 == 1 { print $6 + $7 }' /proc/net/netfilter/nfnetlink_queue 2>/dev/null)
-    IMPAIR_KERNEL_DROPS=$((IMPAIR_KERNEL_DROPS + ${k:-0}))
-  done
+  # shellcheck disable=SC2034 # read by the scripts that source this file
+  IMPAIR_KERNEL_DROPS=$(kernel_drops)
   for p in "${IMPAIR_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for p in "${IMPAIR_PIDS[@]}"; do
     for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
@@ -96,13 +90,26 @@ impair_stop() {
   done
   IMPAIR_PIDS=()
   IMPAIR_COUNTERS=$(grep -h 'seen=' "$OUT/impair-$tag-a.log" "$OUT/impair-$tag-b.log")
+  # shellcheck disable=SC2034 # read by the scripts that source this file
   IMPAIR_SEEN=$(impair_sum seen) IMPAIR_DROPPED=$(impair_sum dropped)
+}
+
+# Packets the kernel dropped on queue 1 in both namespaces (queue full, or the impairer's
+# socket buffer full): losses too, and bursty ones. /proc/net is per namespace.
+kernel_drops() {
+  local ns k n=0
+  for ns in "$NS_A" "$NS_B"; do
+    # shellcheck disable=SC2016 # awk's own $6 and $7
+    k=$(ip netns exec "$ns" awk '$1 == 1 { print $6 + $7 }' /proc/net/netfilter/nfnetlink_queue 2>/dev/null)
+    n=$((n + ${k:-0}))
+  done
+  echo "$n"
 }
 
 # The sum of one counter over both impairers' lines.
 impair_sum() {
   local n=0 v
-  for v in $(grep -o " $1=[0-9]*" <<<"$IMPAIR_COUNTERS" | cut -d= -f2); do n=$((n + v)); done
+  while read -r v; do n=$((n + v)); done < <(grep -o " $1=[0-9]*" <<<"$IMPAIR_COUNTERS" | cut -d= -f2)
   echo "$n"
 }
 
