@@ -1,11 +1,12 @@
 //! Loss response of an RC requester: a congestion window that backs off on loss and grows
-//! back as acknowledgements come (TCP Reno's rules, counted in packets), and a
+//! back as acknowledgements come (TCP's rules counted in packets, with CUBIC's gentler
+//! cut), and a
 //! retransmission timer from the measured round-trip time (RFC 6298).
 //!
 //! Why: go-back-N resends everything in flight from a loss, so with a fixed window of
 //! [`MAX_INFLIGHT_PSNS`] packets a lossy path resends hundreds of packets per loss, many
 //! of them lost again; and a lost last packet waits for the QP's local ACK timeout (67 ms
-//! at the usual `timeout` 14) before anything is resent. With the window halved on each
+//! at the usual `timeout` 14) before anything is resent. With the window cut on each
 //! loss a go-back-N costs about what is really in flight, and the RTT timer resends a
 //! lost tail after about a round trip.
 //!
@@ -26,6 +27,10 @@ pub(crate) const MAX_CWND: u32 = MAX_INFLIGHT_PSNS as u32;
 /// The RTT timer never fires sooner than this: a software peer's round trip includes
 /// its scheduling, and a spurious resend costs a window of packets.
 pub(crate) const RTO_MIN_NS: u64 = 250_000;
+/// What a loss leaves of the window, in percent. Reno halves; on a lossy path where loss
+/// is not congestion (the case a software RoCE meets: a shared NIC, a VM, a tunnel), a
+/// gentler cut keeps more in flight, as CUBIC's 0.7 does.
+pub(crate) const BETA_PERCENT: u32 = 70;
 /// Backing off doubles the RTT timer up to this many times (×64).
 const MAX_BACKOFF: u8 = 6;
 
@@ -89,17 +94,26 @@ impl Cc {
         }
     }
 
-    /// A loss shown by the peer (sequence NAK, a response past a lost one): halve.
+    /// A loss shown by the peer (sequence NAK, a response past a lost one), or a lost tail
+    /// resent by the round-trip timer: the window shrinks to [`BETA_PERCENT`] of itself.
     pub fn on_loss(&mut self) {
-        self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
+        self.ssthresh = (self.cwnd * BETA_PERCENT / 100).max(MIN_CWND);
         self.cwnd = self.ssthresh;
         self.acc = 0;
         self.probe = None;
     }
 
-    /// Nothing came back for a whole timeout: start again from the smallest window.
+    /// The round-trip timer expired: a loss like any other (the tail of a window, or a
+    /// resent packet, was lost; nothing says the path stopped), and the timer backs off.
+    pub fn on_rtt_timeout(&mut self) {
+        self.on_loss();
+        self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
+    }
+
+    /// Nothing came back for a whole local ACK timeout: start again from the smallest
+    /// window.
     pub fn on_timeout(&mut self) {
-        self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
+        self.ssthresh = (self.cwnd * BETA_PERCENT / 100).max(MIN_CWND);
         self.cwnd = MIN_CWND;
         self.acc = 0;
         self.probe = None;
@@ -164,23 +178,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn window_halves_on_loss_and_grows_back() {
+    fn window_shrinks_on_loss_and_grows_back() {
         let mut c = Cc::default();
         assert_eq!(c.cwnd, MAX_CWND);
         c.on_loss();
-        assert_eq!((c.cwnd, c.ssthresh), (MAX_CWND / 2, MAX_CWND / 2));
+        let w = MAX_CWND * BETA_PERCENT / 100;
+        assert_eq!((c.cwnd, c.ssthresh), (w, w));
         // Linear growth above ssthresh: one packet per window acknowledged.
-        c.on_acked(MAX_CWND / 2);
-        assert_eq!(c.cwnd, MAX_CWND / 2 + 1);
+        c.on_acked(w);
+        assert_eq!(c.cwnd, w + 1);
         c.on_timeout();
         assert_eq!(c.cwnd, MIN_CWND);
-        assert_eq!(c.ssthresh, (MAX_CWND / 2 + 1) >> 1);
+        assert_eq!(c.ssthresh, (w + 1) * BETA_PERCENT / 100);
         // Slow start up to ssthresh.
         c.on_acked(MIN_CWND);
         assert_eq!(c.cwnd, 2 * MIN_CWND);
         c.on_acked(10_000);
         assert_eq!(c.cwnd, c.ssthresh);
-        for _ in 0..20 {
+        // A round-trip timer expiry is a loss, not a collapse.
+        let before = c.cwnd;
+        c.on_rtt_timeout();
+        assert_eq!(c.cwnd, (before * BETA_PERCENT / 100).max(MIN_CWND));
+        for _ in 0..40 {
             c.on_loss();
         }
         assert_eq!(c.cwnd, MIN_CWND);
@@ -207,7 +226,7 @@ mod tests {
             Some(5_000_000),
             "capped by the QP timeout"
         );
-        c.on_timeout();
+        c.on_rtt_timeout();
         assert_eq!(c.rto(None), Some(18_000_000), "backed off");
         c.on_acked(1);
         assert_eq!(c.rto(None), Some(9_000_000));

@@ -657,7 +657,7 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 cwnd = qp.req.cc.cwnd,
                 "retransmission timer (round trip) expired; resending"
             );
-            qp.req.cc.on_timeout();
+            qp.req.cc.on_rtt_timeout();
             // The local ACK timeout keeps running from the last progress.
             let rto = qp.req.rto;
             rewind(qp);

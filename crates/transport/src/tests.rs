@@ -1167,8 +1167,8 @@ fn sgid_and_dgid_of_different_ip_versions_are_refused() {
     assert!(c.nic.gid(1).is_err());
 }
 
-/// After losses, a READ is asked for again a congestion window at a time: each loss
-/// halves the window (512 packets, then 256, then 128), a resent request names only the
+/// After losses, a READ is asked for again a congestion window at a time: each loss cuts
+/// the window to 70% (512 packets, then 358, 250, 175), a resent request names only the
 /// window's worth from the first missing response (the responder honours that RETH), and
 /// the rest is asked for when that part has come. Nothing waits for a timer, and the
 /// bytes are right.
@@ -1189,7 +1189,8 @@ fn read_resent_after_losses_asks_for_a_window_at_a_time() {
     };
     a.send(now, 1, read, vec![a.sge(0, BUF)]).unwrap();
     let first = cfg.psn_a;
-    let (mut lost1, mut lost2) = (false, false);
+    // Response 10 of the first stream, response 20 of the second, 30 of the third.
+    let mut lost = [false; 3];
     let mut requests: Vec<(u32, u32)> = Vec::new();
     pump(&mut a, &mut b, &mut now, |from_a, t| {
         let (h, _) = Headers::parse(&t.data).unwrap();
@@ -1200,34 +1201,32 @@ fn read_resent_after_losses_asks_for_a_window_at_a_time() {
             }
             return false;
         }
-        // Response 10 of the first stream, then response 100 once it is resent.
-        if k == 10 && !lost1 {
-            lost1 = true;
-            return true;
-        }
-        if k == 100 && lost1 && !lost2 && requests.len() >= 2 {
-            lost2 = true;
+        let i = requests.len().saturating_sub(1);
+        if i < 3 && k == 10 * (i as i32 + 1) && !lost[i] {
+            lost[i] = true;
             return true;
         }
         false
     });
-    assert!(lost1 && lost2);
+    assert_eq!(lost, [true; 3]);
     let wcs = a.wcs();
     assert_eq!(wcs.len(), 1);
     assert_eq!(wcs[0].status, WcStatus::Success);
     assert!(a.read(0, BUF) == data, "READ bytes");
+    let rest = |k: u32| BUF as u32 - k * 256;
     assert_eq!(
         requests,
         vec![
             (0, BUF as u32),
-            (10, (BUF - 10 * 256) as u32),
-            (100, 128 * 256),
-            (228, (BUF - 228 * 256) as u32)
+            (10, rest(10)),
+            (20, rest(20)),
+            (30, 175 * 256),
+            (205, rest(205))
         ],
         "(first response asked, bytes asked) of each READ request"
     );
     assert_eq!((a.nic.stats().timeouts, a.nic.stats().rtt_timeouts), (0, 0));
-    assert_eq!(b.nic.stats().read_replays, 3);
+    assert_eq!(b.nic.stats().read_replays, 4);
 }
 
 /// Many QPs on one engine, with every first transmission lost: their retransmission
