@@ -201,17 +201,9 @@ pub(crate) fn rewind(qp: &mut QpCtx) {
     }
 }
 
-/// PSN of the oldest request packet not yet acknowledged, if any is in flight.
-fn oldest_unacked(qp: &QpCtx) -> Option<u32> {
-    qp.sq
-        .iter()
-        .find(|w| w.started && !w.done)
-        .map(|w| psn::add(w.first_psn, w.acked_pkts))
-}
-
 /// Whether any WQE has packets in flight.
 fn outstanding(qp: &QpCtx) -> bool {
-    qp.sq.iter().any(|w| w.started && !w.done)
+    qp.oldest_unacked().is_some()
 }
 
 /// What an acknowledgement up to a PSN found.
@@ -305,7 +297,7 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static st
     }
     debug!(
         qpn = format_args!("{:#x}", qp.qpn),
-        psn = oldest_unacked(qp),
+        psn = qp.oldest_unacked(),
         retries_left = qp.req.retry_left,
         why,
         "go back N"
@@ -337,7 +329,7 @@ pub(crate) fn handle_response(
     // a WQE still being segmented) it answers nothing we sent; before the oldest
     // unacknowledged one it is stale (a late duplicate) or forged, and acting on it, a
     // fatal NAK above all, would end a working connection.
-    let Some(oldest) = oldest_unacked(qp) else {
+    let Some(oldest) = qp.oldest_unacked() else {
         dropped!(
             trace,
             env,
@@ -531,7 +523,7 @@ fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
     if qp.state == QpState::Err {
         return;
     }
-    let una = oldest_unacked(qp).unwrap_or(qp.req.high_psn);
+    let una = qp.oldest_unacked().unwrap_or(qp.req.high_psn);
     let acked = qp.req.cc.advance(una, now);
     qp.req.cc.on_acked(acked);
     if progress {
@@ -543,16 +535,7 @@ fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
         qp.req.rto = None;
         qp.req.rto_fast = None;
     } else {
-        if qp.req.rto.is_none() {
-            qp.req.rto = qp.ack_timeout().map(|t| now.saturating_add(t));
-        }
-        if qp.req.rto_fast.is_none() {
-            qp.req.rto_fast = qp
-                .req
-                .cc
-                .rto(qp.ack_timeout())
-                .map(|t| now.saturating_add(t));
-        }
+        qp.arm_timers(now);
     }
     requester::run(qp, env, now);
 }
@@ -653,7 +636,7 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             env.stats.rtt_timeouts += 1;
             debug!(
                 qpn = format_args!("{:#x}", qp.qpn),
-                psn = oldest_unacked(qp),
+                psn = qp.oldest_unacked(),
                 cwnd = qp.req.cc.cwnd,
                 "retransmission timer (round trip) expired; resending"
             );
@@ -676,7 +659,7 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         qp.req.cc.on_timeout();
         debug!(
             qpn = format_args!("{:#x}", qp.qpn),
-            psn = oldest_unacked(qp),
+            psn = qp.oldest_unacked(),
             retries_left = qp.req.retry_left,
             "retransmission timeout"
         );

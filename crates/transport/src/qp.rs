@@ -344,6 +344,24 @@ impl QpCtx {
     pub fn ack_timeout(&self) -> Option<u64> {
         ack_timeout_ns(self.attr.timeout)
     }
+    /// PSN of the oldest request packet not yet acknowledged, if any is in flight. WQEs
+    /// start in posting order, so only the first unfinished one can hold it.
+    pub fn oldest_unacked(&self) -> Option<u32> {
+        let w = self.sq.iter().find(|w| !w.done)?;
+        w.started
+            .then(|| softrdma_wire::psn::add(w.first_psn, w.acked_pkts))
+    }
+    /// Arm the local ACK timeout and the round-trip timer from `now`, each unless it is
+    /// already running.
+    pub fn arm_timers(&mut self, now: u64) {
+        let limit = self.ack_timeout();
+        if self.req.rto.is_none() {
+            self.req.rto = limit.map(|t| now.saturating_add(t));
+        }
+        if self.req.rto_fast.is_none() {
+            self.req.rto_fast = self.req.cc.rto(limit).map(|t| now.saturating_add(t));
+        }
+    }
 }
 
 /// IBTA local ACK timeout: 4.096 µs × 2^timeout; 0 means infinite.

@@ -64,12 +64,6 @@ fn npkts(len: usize, mtu: usize) -> u32 {
     (len.div_ceil(mtu.max(1))).max(1) as u32
 }
 
-/// PSN of the oldest request packet not known to have arrived.
-fn oldest_unacked(qp: &QpCtx) -> Option<u32> {
-    let w = qp.sq.iter().find(|w| !w.done)?;
-    w.started.then(|| psn::add(w.first_psn, w.acked_pkts))
-}
-
 /// Run the requester: send as much of the SQ as the rules allow. Every iteration either
 /// sends a packet, executes a local op, or advances past a WQE, and the budget bounds it.
 pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
@@ -96,7 +90,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         };
         let max_rd = u32::from(qp.attr.max_rd_atomic.max(1));
         let rd_atomic = qp.req.rd_atomic;
-        let base = oldest_unacked(qp);
+        let base = qp.oldest_unacked();
         let Some(w) = qp.sq.get_mut(cur) else {
             break;
         };
@@ -364,16 +358,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 // A READ is timed to its first response: a round trip, not the transfer.
                 qp.req.cc.maybe_probe(pkt_psn, now, resend);
             }
-            if qp.req.rto.is_none() {
-                qp.req.rto = qp.ack_timeout().map(|t| now.saturating_add(t));
-            }
-            if qp.req.rto_fast.is_none() {
-                qp.req.rto_fast = qp
-                    .req
-                    .cc
-                    .rto(qp.ack_timeout())
-                    .map(|t| now.saturating_add(t));
-            }
+            qp.arm_timers(now);
         }
     }
     // UC/UD sends and local ops finish without a response: report them now.
