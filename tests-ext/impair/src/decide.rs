@@ -1,6 +1,6 @@
 //! What the impairer does to each packet: independent, seeded decisions.
 
-use crate::rng::Rng;
+use softrdma_wire::SplitMix64;
 
 /// Probabilities of each impairment, each in [0, 1], applied independently per packet.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -47,7 +47,7 @@ pub struct Decision {
 #[derive(Debug, Clone)]
 pub struct Decider {
     rates: Rates,
-    rng: Rng,
+    rng: SplitMix64,
 }
 
 impl Decider {
@@ -55,7 +55,7 @@ impl Decider {
     pub fn new(rates: Rates, seed: u64) -> Decider {
         Decider {
             rates,
-            rng: Rng::new(seed),
+            rng: SplitMix64::new(seed),
         }
     }
 
@@ -66,10 +66,13 @@ impl Decider {
 
     /// The next packet's fate.
     pub fn decide(&mut self) -> Decision {
-        let drop = self.rng.chance(self.rates.loss);
-        let dup = self.rng.chance(self.rates.dup);
-        let reorder = self.rng.chance(self.rates.reorder);
-        let corrupt = self.rng.chance(self.rates.corrupt);
+        // One draw per rate whatever the rate (`SplitMix64::chance` skips the draw for
+        // a certain outcome), so the stream stays aligned.
+        let mut draw = |p: f64| self.rng.next_f64() < p;
+        let drop = draw(self.rates.loss);
+        let dup = draw(self.rates.dup);
+        let reorder = draw(self.rates.reorder);
+        let corrupt = draw(self.rates.corrupt);
         let pick = self.rng.next_u64();
         // 1..=255: a zero mask would flip nothing.
         let mask = (self.rng.below(255) + 1) as u8;

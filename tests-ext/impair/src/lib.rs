@@ -12,4 +12,3 @@ pub mod decide;
 pub mod nfq;
 pub mod pattern;
 pub mod pkt;
-pub mod rng;

@@ -362,7 +362,7 @@ mod tests {
             }
         }
         // Pseudo-random garbage.
-        let mut r = crate::rng::Rng::new(11);
+        let mut r = softrdma_wire::SplitMix64::new(11);
         for _ in 0..2000 {
             let n = r.below(80) as usize;
             let b: Vec<u8> = (0..n).map(|_| r.next_u64() as u8).collect();

@@ -2,7 +2,7 @@
 //! operation count alone, which operation comes n-th, how long it is and every byte it
 //! carries, so each side checks what it sees without being told what to expect.
 
-use crate::rng::{mix, Rng};
+use softrdma_wire::SplitMix64;
 
 /// One step of the schedule. A WRITE step is followed by a READ of the same bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +43,7 @@ pub const TAG: usize = 8;
 /// The schedule's generator: steps in order, for `ops` work requests in all.
 #[derive(Debug, Clone)]
 pub struct Schedule {
-    rng: Rng,
+    rng: SplitMix64,
     slots: usize,
     max_len: usize,
     next_slot: usize,
@@ -54,7 +54,7 @@ impl Schedule {
     /// `slots` target slots in turn.
     pub fn new(seed: u64, slots: usize, max_len: usize) -> Schedule {
         Schedule {
-            rng: Rng::new(mix(seed ^ 0x5CED_u64)),
+            rng: SplitMix64::new(SplitMix64::mix(seed ^ 0x5CED_u64)),
             slots: slots.max(1),
             max_len: max_len.max(TAG),
             next_slot: 0,
@@ -102,9 +102,9 @@ pub fn fill(seed: u64, op: u64, out: &mut [u8]) {
     let tag = op.to_le_bytes();
     let n = out.len().min(TAG);
     out[..n].copy_from_slice(&tag[..n]);
-    let base = mix(seed ^ mix(op));
+    let base = SplitMix64::mix(seed ^ SplitMix64::mix(op));
     for (i, chunk) in out[n..].chunks_mut(8).enumerate() {
-        let w = mix(base.wrapping_add(i as u64)).to_le_bytes();
+        let w = SplitMix64::mix(base.wrapping_add(i as u64)).to_le_bytes();
         chunk.copy_from_slice(&w[..chunk.len()]);
     }
 }

@@ -217,7 +217,7 @@ mod tests {
             let _ = corrupt(&mut p, 5, 1, false);
             let _ = duplicate(&p);
         }
-        let mut r = crate::rng::Rng::new(3);
+        let mut r = softrdma_wire::SplitMix64::new(3);
         for _ in 0..5000 {
             let mut p = good.clone();
             let i = r.below(p.len() as u64) as usize;
