@@ -5,14 +5,12 @@
 //! subscriber is in scope can keep that "not interested" verdict, so a second test
 //! driving the engine in parallel would make this one flaky.
 
+mod rc;
 mod support;
 
 use std::net::SocketAddr;
 
-use softrdma_device::verbs::{
-    Access, AhAttr, Gid, GlobalRoute, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType,
-    SendFlags, SendOp, SendWr, Sge,
-};
+use softrdma_device::verbs::{Access, Gid, SendFlags, SendOp, SendWr, Sge};
 use softrdma_device::Rnic;
 use support::{Collector, Ev};
 use tracing::Level;
@@ -30,67 +28,16 @@ fn requester(buf: &mut [u8]) -> (Rnic, u32, Sge) {
     let ptr = buf.as_mut_ptr();
     // SAFETY: `buf` outlives the engine's use of it (the test's whole body).
     let mr = unsafe { nic.reg_mr(pd, ptr, buf.len(), ptr as u64, Access::LOCAL_WRITE) }.unwrap();
-    let qpn = nic
-        .create_qp(QpInitAttr {
-            qp_type: QpType::Rc,
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap: QpCap {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            sq_sig_all: false,
-        })
-        .unwrap();
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        ..Default::default()
+    let qpn = nic.create_qp(rc::rc_qp(pd, cq, 4)).unwrap();
+    let c = rc::Connect {
+        sq_psn: 100,
+        max_dest_rd_atomic: 1,
+        max_rd_atomic: 1,
+        retry_cnt: 0,
+        rnr_retry: 0,
+        ..rc::Connect::to(Gid::from_ip("10.0.0.2".parse().unwrap()), PEER_QPN)
     };
-    nic.modify_qp(
-        0,
-        qpn,
-        &a,
-        M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rtr;
-    a.ah_attr = AhAttr {
-        grh: GlobalRoute {
-            dgid: Gid::from_ip("10.0.0.2".parse().unwrap()),
-            hop_limit: 64,
-            ..Default::default()
-        },
-        is_global: true,
-        port_num: 1,
-        ..Default::default()
-    };
-    a.path_mtu = softrdma_device::verbs::Mtu::Mtu1024;
-    a.dest_qp_num = PEER_QPN;
-    a.rq_psn = 0;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 1;
-    let m = M::STATE
-        | M::AV
-        | M::PATH_MTU
-        | M::DEST_QPN
-        | M::RQ_PSN
-        | M::MAX_DEST_RD_ATOMIC
-        | M::MIN_RNR_TIMER;
-    nic.modify_qp(0, qpn, &a, m).unwrap();
-    a.qp_state = QpState::Rts;
-    a.sq_psn = 100;
-    a.timeout = 14;
-    a.retry_cnt = 0;
-    a.rnr_retry = 0;
-    a.max_rd_atomic = 1;
-    let m = M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
-    nic.modify_qp(0, qpn, &a, m).unwrap();
+    rc::connect(&mut nic, 0, qpn, &c);
     let sge = Sge {
         addr: ptr as u64,
         length: 64,

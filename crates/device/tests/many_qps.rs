@@ -4,11 +4,12 @@
 //! from the device socket). Nothing here is timed: `softrdma scale` measures; this keeps
 //! it working. Alone in its test binary, so the descriptor count is this test's own.
 
+mod rc;
+
 use std::time::{Duration, Instant};
 
 use softrdma_device::verbs::{
-    Access, AhAttr, GlobalRoute, Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType,
-    Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    Access, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig};
 
@@ -61,24 +62,8 @@ impl Side {
         });
         let qpns = (0..QPS)
             .map(|_| {
-                dev.call(|r, _| {
-                    r.create_qp(QpInitAttr {
-                        qp_type: QpType::Rc,
-                        pd,
-                        send_cq: cq,
-                        recv_cq: cq,
-                        srq: None,
-                        cap: QpCap {
-                            max_send_wr: 4,
-                            max_recv_wr: 4,
-                            max_send_sge: 1,
-                            max_recv_sge: 1,
-                            max_inline_data: 0,
-                        },
-                        sq_sig_all: false,
-                    })
-                })
-                .expect("create QP")
+                dev.call(|r, _| r.create_qp(rc::rc_qp(pd, cq, 4)))
+                    .expect("create QP")
             })
             .collect();
         Side {
@@ -95,52 +80,13 @@ impl Side {
     fn connect(&self, peer: &Side) {
         let peer_gid = peer.dev.gid();
         for (i, &qpn) in self.qpns.iter().enumerate() {
-            let peer_qpn = peer.qpns[i];
-            self.dev.call(|r, now| {
-                let mut a = QpAttr {
-                    qp_state: QpState::Init,
-                    port_num: 1,
-                    qp_access_flags: Access::REMOTE_WRITE,
-                    ..Default::default()
-                };
-                let m = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
-                r.modify_qp(now, qpn, &a, m).unwrap();
-                a.qp_state = QpState::Rtr;
-                a.ah_attr = AhAttr {
-                    grh: GlobalRoute {
-                        dgid: peer_gid,
-                        hop_limit: 64,
-                        ..Default::default()
-                    },
-                    is_global: true,
-                    port_num: 1,
-                    ..Default::default()
-                };
-                a.path_mtu = Mtu::Mtu1024;
-                a.dest_qp_num = peer_qpn;
-                a.rq_psn = i as u32;
-                a.min_rnr_timer = 1;
-                let m = M::STATE
-                    | M::AV
-                    | M::PATH_MTU
-                    | M::DEST_QPN
-                    | M::RQ_PSN
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::MIN_RNR_TIMER;
-                r.modify_qp(now, qpn, &a, m).unwrap();
-                a.qp_state = QpState::Rts;
-                a.sq_psn = i as u32;
-                a.timeout = 14;
-                a.retry_cnt = 7;
-                a.rnr_retry = 7;
-                let m = M::STATE
-                    | M::SQ_PSN
-                    | M::TIMEOUT
-                    | M::RETRY_CNT
-                    | M::RNR_RETRY
-                    | M::MAX_QP_RD_ATOMIC;
-                r.modify_qp(now, qpn, &a, m).unwrap();
-            });
+            let c = rc::Connect {
+                access: Access::REMOTE_WRITE,
+                rq_psn: i as u32,
+                sq_psn: i as u32,
+                ..rc::Connect::to(peer_gid, peer.qpns[i])
+            };
+            self.dev.call(|r, now| rc::connect(r, now, qpn, &c));
         }
     }
 

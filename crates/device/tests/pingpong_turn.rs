@@ -7,11 +7,12 @@
 //! or the retransmission timer. Asserted with the device's datagram counter right after
 //! each post, over real loopback UDP; no wait is timed.
 
+mod rc;
+
 use std::time::{Duration, Instant};
 
 use softrdma_device::verbs::{
-    Access, AhAttr, GlobalRoute, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType, Qpn,
-    RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    Access, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig};
 
@@ -48,23 +49,7 @@ impl Side {
             // drops first (field order), and the test reads it only through the CQ.
             let mr =
                 unsafe { r.reg_mr(pd, ptr, mem.len(), ptr as u64, Access::LOCAL_WRITE) }.unwrap();
-            let qpn = r
-                .create_qp(QpInitAttr {
-                    qp_type: QpType::Rc,
-                    pd,
-                    send_cq: cq,
-                    recv_cq: cq,
-                    srq: None,
-                    cap: QpCap {
-                        max_send_wr: 16,
-                        max_recv_wr: 16,
-                        max_send_sge: 1,
-                        max_recv_sge: 1,
-                        max_inline_data: 0,
-                    },
-                    sq_sig_all: false,
-                })
-                .unwrap();
+            let qpn = r.create_qp(rc::rc_qp(pd, cq, 16)).unwrap();
             (cq, qpn, mr.lkey)
         });
         Side {
@@ -77,51 +62,8 @@ impl Side {
     }
 
     fn connect(&self, peer: &Side) {
-        let (peer_gid, peer_qpn) = (peer.dev.gid(), peer.qpn);
-        self.dev.call(|r, now| {
-            let mut a = QpAttr {
-                qp_state: QpState::Init,
-                port_num: 1,
-                ..Default::default()
-            };
-            let m = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
-            r.modify_qp(now, self.qpn, &a, m).unwrap();
-            a.qp_state = QpState::Rtr;
-            a.ah_attr = AhAttr {
-                grh: GlobalRoute {
-                    dgid: peer_gid,
-                    hop_limit: 64,
-                    ..Default::default()
-                },
-                is_global: true,
-                port_num: 1,
-                ..Default::default()
-            };
-            a.path_mtu = softrdma_device::verbs::Mtu::Mtu1024;
-            a.dest_qp_num = peer_qpn;
-            a.rq_psn = 0;
-            a.min_rnr_timer = 1;
-            let m = M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER;
-            r.modify_qp(now, self.qpn, &a, m).unwrap();
-            a.qp_state = QpState::Rts;
-            a.sq_psn = 0;
-            a.timeout = 14;
-            a.retry_cnt = 7;
-            a.rnr_retry = 7;
-            let m = M::STATE
-                | M::SQ_PSN
-                | M::TIMEOUT
-                | M::RETRY_CNT
-                | M::RNR_RETRY
-                | M::MAX_QP_RD_ATOMIC;
-            r.modify_qp(now, self.qpn, &a, m).unwrap();
-        });
+        let c = rc::Connect::to(peer.dev.gid(), peer.qpn);
+        self.dev.call(|r, now| rc::connect(r, now, self.qpn, &c));
     }
 
     fn post_recv(&self) {
