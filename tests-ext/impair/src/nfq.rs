@@ -80,9 +80,8 @@ impl Builder {
     }
 }
 
-/// Bind this socket to queue `queue` (for IPv4), asking for an acknowledgement.
-pub fn bind_msg(seq: u32, queue: u16) -> Vec<u8> {
-    let pf = (libc::AF_INET as u16).to_be_bytes();
+/// A configuration message for queue `queue`, acknowledged.
+fn config(seq: u32, queue: u16) -> Builder {
     Builder::new(
         NFQNL_MSG_CONFIG,
         NLM_F_REQUEST | NLM_F_ACK,
@@ -90,24 +89,24 @@ pub fn bind_msg(seq: u32, queue: u16) -> Vec<u8> {
         libc::AF_UNSPEC as u8,
         queue,
     )
-    .attr(NFQA_CFG_CMD, &[NFQNL_CFG_CMD_BIND, 0, pf[0], pf[1]])
-    .finish()
+}
+
+/// Bind this socket to queue `queue` (for IPv4), asking for an acknowledgement.
+pub fn bind_msg(seq: u32, queue: u16) -> Vec<u8> {
+    let pf = (libc::AF_INET as u16).to_be_bytes();
+    config(seq, queue)
+        .attr(NFQA_CFG_CMD, &[NFQNL_CFG_CMD_BIND, 0, pf[0], pf[1]])
+        .finish()
 }
 
 /// Ask for whole packets (up to `copy_range` bytes) and a queue of `maxlen` packets.
 pub fn params_msg(seq: u32, queue: u16, copy_range: u32, maxlen: u32) -> Vec<u8> {
     let mut p = copy_range.to_be_bytes().to_vec();
     p.push(NFQNL_COPY_PACKET);
-    Builder::new(
-        NFQNL_MSG_CONFIG,
-        NLM_F_REQUEST | NLM_F_ACK,
-        seq,
-        libc::AF_UNSPEC as u8,
-        queue,
-    )
-    .attr(NFQA_CFG_PARAMS, &p)
-    .attr(NFQA_CFG_QUEUE_MAXLEN, &maxlen.to_be_bytes())
-    .finish()
+    config(seq, queue)
+        .attr(NFQA_CFG_PARAMS, &p)
+        .attr(NFQA_CFG_QUEUE_MAXLEN, &maxlen.to_be_bytes())
+        .finish()
 }
 
 /// The verdict on packet `id`; with `payload`, the packet's bytes are replaced by it;
