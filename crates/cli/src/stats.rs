@@ -71,13 +71,12 @@ fn print_record(r: &Record) {
         get("rx_bytes")
     );
     outln!(
-        "  retransmits {}  timeouts {} (round-trip timer {})  duplicates {}  out-of-sequence {} (held {})",
+        "  retransmits {}  timeouts {} (round-trip timer {})  duplicates {}  out-of-sequence {}",
         get("retransmits"),
         get("timeouts"),
         get("rtt_timeouts"),
         get("duplicates"),
-        get("out_of_sequence"),
-        get("held")
+        get("out_of_sequence")
     );
     outln!(
         "  NAKs sent      seq {}  inv {}  access {}  op {}  rnr {}",
@@ -100,7 +99,6 @@ fn print_record(r: &Record) {
         get("read_replays"),
         get("read_replays_refused")
     );
-
     outln!(
         "  ICRC errors {}  malformed {}  dropped {}  UDP send drops {}",
         get("icrc_errors"),
