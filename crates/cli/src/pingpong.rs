@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use softrdma::cm::{self, CmId, ConnectOptions};
 use softrdma::{
-    wr, Access, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, Gid, GlobalRoute, Mtu,
+    wr, Access, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, Gid, Mtu,
     ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, SendFlags,
     SharedReceiveQueue, WcStatus, WorkCompletion,
 };
@@ -101,18 +101,9 @@ impl Conn<'_> {
         theirs: &[Dest],
     ) -> CmdResult<Option<AddressHandle>> {
         let grh = |d: &Dest| AhAttr {
-            grh: GlobalRoute {
-                dgid: d.gid,
-                flow_label: 0,
-                sgid_index: self.gid_idx,
-                hop_limit: 64,
-                traffic_class: 0,
-            },
-            is_global: true,
-            port_num: 1,
             sl: self.sl,
             dlid: d.lid,
-            ..Default::default()
+            ..AhAttr::roce(d.gid, self.gid_idx)
         };
         for (i, qp) in self.qps.iter().enumerate() {
             let d = &theirs[i];

@@ -10,8 +10,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use softrdma_device::verbs::{
-    Access, AhAttr, CqId, Errno, Gid, GlobalRoute, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr,
-    QpState, QpType, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
+    Access, AhAttr, CqId, Errno, Gid, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
 };
 use softrdma_device::{Device, DeviceAddr, DeviceConfig};
 
@@ -147,16 +147,7 @@ impl Side {
     ) -> Vec<Vec<u8>> {
         let at = SLOTS * SLOT;
         let mut sent = Vec::new();
-        let av = AhAttr {
-            grh: GlobalRoute {
-                dgid: Gid::from_ip(group.into()),
-                hop_limit: 64,
-                ..Default::default()
-            },
-            is_global: true,
-            port_num: 1,
-            ..Default::default()
-        };
+        let av = AhAttr::roce(Gid::from_ip(group.into()), 0);
         let ah = d
             .call(|r, _| r.create_ah(self.pd, &av))
             .expect("AH to the group");

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use softrdma_transport::verbs::{
-    Access, AhAttr, CqId, Gid, GlobalRoute, Mtu, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr,
-    QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+    Access, AhAttr, CqId, Gid, Mtu, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
 };
 use softrdma_transport::Rnic;
 
@@ -109,21 +109,7 @@ impl Side {
 }
 
 fn av(to: u8) -> AhAttr {
-    AhAttr {
-        grh: GlobalRoute {
-            dgid: Gid::from_ip(addr(to).ip()),
-            flow_label: 0,
-            sgid_index: 0,
-            hop_limit: 64,
-            traffic_class: 0,
-        },
-        dlid: 0,
-        sl: 0,
-        src_path_bits: 0,
-        static_rate: 0,
-        is_global: true,
-        port_num: 1,
-    }
+    AhAttr::roce(Gid::from_ip(addr(to).ip()), 0)
 }
 
 fn connect(s: &mut Side, peer_qpn: u32, peer: u8, mtu: Mtu, sq_psn: u32, rq_psn: u32) {

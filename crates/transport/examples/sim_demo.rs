@@ -129,16 +129,7 @@ fn connect(nic: &mut Rnic, me: &Side, peer_gid: Gid, peer_qpn: Qpn) -> Result<()
     a.rq_psn = 0;
     a.max_dest_rd_atomic = 4;
     a.min_rnr_timer = 12;
-    a.ah_attr = AhAttr {
-        grh: GlobalRoute {
-            dgid: peer_gid,
-            hop_limit: 64,
-            ..Default::default()
-        },
-        is_global: true,
-        port_num: 1,
-        ..Default::default()
-    };
+    a.ah_attr = AhAttr::roce(peer_gid, 0);
     nic.modify_qp(
         0,
         me.qpn,

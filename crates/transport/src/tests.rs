@@ -177,17 +177,7 @@ fn connect(n: &mut Node, peer: &Node, t: QpType, cfg: &Cfg, my_psn: u32, peer_ps
     };
     n.nic.modify_qp(0, n.qpn, &a, m).unwrap();
     a.qp_state = verbs::QpState::Rtr;
-    a.ah_attr = AhAttr {
-        grh: GlobalRoute {
-            dgid: peer.nic.gid(cfg.sgid_index).unwrap(),
-            sgid_index: cfg.sgid_index,
-            hop_limit: 64,
-            ..Default::default()
-        },
-        is_global: true,
-        port_num: 1,
-        ..Default::default()
-    };
+    a.ah_attr = AhAttr::roce(peer.nic.gid(cfg.sgid_index).unwrap(), cfg.sgid_index);
     a.path_mtu = cfg.mtu;
     a.dest_qp_num = peer.qpn;
     a.rq_psn = peer_psn;
@@ -1134,17 +1124,7 @@ fn sgid_and_dgid_of_different_ip_versions_are_refused() {
     for (sgid_index, dgid) in [(0, b.nic.gid(1).unwrap()), (1, b.nic.gid(0).unwrap())] {
         let rtr = QpAttr {
             qp_state: verbs::QpState::Rtr,
-            ah_attr: AhAttr {
-                grh: GlobalRoute {
-                    dgid,
-                    sgid_index,
-                    hop_limit: 64,
-                    ..Default::default()
-                },
-                is_global: true,
-                port_num: 1,
-                ..Default::default()
-            },
+            ah_attr: AhAttr::roce(dgid, sgid_index),
             path_mtu: Mtu::Mtu1024,
             dest_qp_num: 5,
             ..Default::default()

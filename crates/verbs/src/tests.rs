@@ -48,17 +48,7 @@ fn qp_init(pd: PdId, cq: CqId, t: QpType) -> QpInitAttr {
 }
 
 fn av() -> AhAttr {
-    AhAttr {
-        is_global: true,
-        port_num: 1,
-        grh: GlobalRoute {
-            dgid: Gid::from_ipv4(Ipv4Addr::new(127, 0, 0, 2)),
-            sgid_index: 0,
-            hop_limit: 64,
-            ..Default::default()
-        },
-        ..Default::default()
-    }
+    AhAttr::roce(Gid::from_ipv4(Ipv4Addr::new(127, 0, 0, 2)), 0)
 }
 
 /// Attribute values valid for every field.

@@ -255,6 +255,24 @@ pub struct AhAttr {
     pub port_num: u8,
 }
 
+impl AhAttr {
+    /// The RoCE address vector towards `dgid` from our GID at `sgid_index`, on port 1:
+    /// a global route with hop limit 64, flow label and traffic class 0, and no LID.
+    pub fn roce(dgid: Gid, sgid_index: u8) -> AhAttr {
+        AhAttr {
+            grh: GlobalRoute {
+                dgid,
+                sgid_index,
+                hop_limit: 64,
+                ..Default::default()
+            },
+            is_global: true,
+            port_num: 1,
+            ..Default::default()
+        }
+    }
+}
+
 /// Queue sizes (`ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QpCap {

@@ -3,8 +3,8 @@
 //! RNR timer 1, as a perftest-style program connects).
 
 use softrdma_device::verbs::{
-    Access, AhAttr, CqId, Gid, GlobalRoute, Mtu, PdId, QpAttr, QpAttrMask as M, QpCap, QpInitAttr,
-    QpState, QpType, Qpn,
+    Access, AhAttr, CqId, Gid, Mtu, PdId, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
+    QpType, Qpn,
 };
 use softrdma_device::Rnic;
 
@@ -71,16 +71,7 @@ pub fn connect(r: &mut Rnic, now: u64, qpn: Qpn, c: &Connect) {
     let m = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
     r.modify_qp(now, qpn, &a, m).unwrap();
     a.qp_state = QpState::Rtr;
-    a.ah_attr = AhAttr {
-        grh: GlobalRoute {
-            dgid: c.peer_gid,
-            hop_limit: 64,
-            ..Default::default()
-        },
-        is_global: true,
-        port_num: 1,
-        ..Default::default()
-    };
+    a.ah_attr = AhAttr::roce(c.peer_gid, 0);
     a.path_mtu = Mtu::Mtu1024;
     a.dest_qp_num = c.peer_qpn;
     a.rq_psn = c.rq_psn;

@@ -519,21 +519,7 @@ impl World {
 
     /// The address vector towards device `to`.
     pub fn av(&self, to: usize) -> AhAttr {
-        AhAttr {
-            grh: GlobalRoute {
-                dgid: Gid::from_ip(dev_addr(to).ip()),
-                flow_label: 0,
-                sgid_index: 0,
-                hop_limit: 64,
-                traffic_class: 0,
-            },
-            dlid: 0,
-            sl: 0,
-            src_path_bits: 0,
-            static_rate: 0,
-            is_global: true,
-            port_num: 1,
-        }
+        AhAttr::roce(Gid::from_ip(dev_addr(to).ip()), 0)
     }
     /// Address handle on `from` (in `pd`) towards device `to`.
     pub fn ah(&mut self, from: usize, pd: PdId, to: usize) -> AhId {

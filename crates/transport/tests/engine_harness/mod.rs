@@ -45,9 +45,9 @@ use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use softrdma_transport::verbs::{
-    Access, AhAttr, AhId, CqId, Gid, GlobalRoute, MrInfo, Mtu, PdId, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags,
-    WcOpcode, WcStatus, WorkCompletion,
+    Access, AhAttr, AhId, CqId, Gid, MrInfo, Mtu, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr,
+    QpState, QpType, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 use softrdma_transport::Rnic;
 use softrdma_wire::{
@@ -651,21 +651,7 @@ fn opcodes() -> Vec<Opcode> {
 }
 
 fn av(to: usize) -> AhAttr {
-    AhAttr {
-        grh: GlobalRoute {
-            dgid: Gid::from_ip(dev_addr(to).ip()),
-            flow_label: 0,
-            sgid_index: 0,
-            hop_limit: 64,
-            traffic_class: 0,
-        },
-        dlid: 0,
-        sl: 0,
-        src_path_bits: 0,
-        static_rate: 0,
-        is_global: true,
-        port_num: 1,
-    }
+    AhAttr::roce(Gid::from_ip(dev_addr(to).ip()), 0)
 }
 
 const TYPES: [QpType; 3] = [QpType::Rc, QpType::Uc, QpType::Ud];
