@@ -216,7 +216,8 @@ impl Engine {
 /// Re-seal the datagrams of `chunk` that `link` will send as segments of a GSO message:
 /// the kernel gives segment *k* IPv4 ID *k* (see [`udp::Driver::gso_run_len`]), and the
 /// ICRC, sealed by the engine for ID 0, covers it. A receiver that sees the IP header
-/// (Linux rxe) checks exactly that; a UDP-socket receiver accepts any ID.
+/// (Linux rxe) checks exactly that; a UDP-socket receiver solves for the ID and believes
+/// one below `IpIdGuard::GSO_IDS`.
 fn seal_gso_segments(link: &udp::Driver, chunk: &mut [Transmit], ip_ids: &mut IpIdCache) {
     // (start, length) of each run of more than one datagram, planned as the driver will
     // send them.

@@ -200,6 +200,9 @@ pub(crate) struct Nic {
     /// Per-length work of the unknown-IP-ID ICRC check (packets sealed for ID k > 0:
     /// rxe's numbered packets, segments of a GSO send).
     pub ip_ids: wire::icrc::IpIdCache,
+    /// Which of those IDs to believe from each sender (a corrupted packet matches some
+    /// ID with probability about 2^-16).
+    pub ip_id_guard: wire::icrc::IpIdGuard,
     /// QP1: MADs received for the layer above, and the send PSN.
     pub gsi: gsi::Gsi,
 }
@@ -356,6 +359,7 @@ impl Rnic {
                 pool_small: Vec::new(),
                 pool_large: Vec::new(),
                 ip_ids: wire::icrc::IpIdCache::default(),
+                ip_id_guard: wire::icrc::IpIdGuard::default(),
                 gsi: gsi::Gsi::default(),
             },
             qps: BTreeMap::new(),
@@ -662,10 +666,15 @@ impl Rnic {
         }
         let addrs = Addrs::new(src, dst);
         // The ICRC covers the IPv4 ID, which a UDP socket does not report. softrdma sends
-        // ID 0 (the fast path), but Linux rxe numbers its packets, so accept the packet
-        // when some ID makes the ICRC right: corruption still fails except with
-        // probability about 2^-16 per corrupted IPv4 packet.
-        if wire::icrc::verify_unknown_ip_id_with(&mut env.ip_ids, &addrs, data).is_none() {
+        // ID 0 (the fast path) and numbers GSO segments from 0; Linux rxe numbers its
+        // packets. Some ID makes the ICRC of a corrupted packet right with probability
+        // about 2^-16, so the ID must also be one this sender plausibly used.
+        let solved = wire::icrc::verify_unknown_ip_id_with(&mut env.ip_ids, &addrs, data);
+        let believed = match (solved, src.ip().to_canonical()) {
+            (Some(id), IpAddr::V4(ip)) => env.ip_id_guard.admit(now, ip, id),
+            (solved, _) => solved.is_some(),
+        };
+        if !believed {
             // The header fields may be the corrupted ones: they are what the packet claims.
             // (The length was checked above, so the view always exists.)
             let claims = wire::BthView::new_checked(data).ok();
@@ -675,8 +684,13 @@ impl Rnic {
                 qpn = format_args!("{:#x}", claims.map_or(0, |b| b.dest_qp())),
                 psn = claims.map_or(0, |b| b.psn()),
                 opcode = %claims.map_or(wire::Opcode(0), |b| b.opcode()),
+                ip_id = ?solved,
                 counter = "icrc_errors",
-                reason = "bad ICRC",
+                reason = if solved.is_some() {
+                    "ICRC right only for an IPv4 ID off the sender's count"
+                } else {
+                    "bad ICRC"
+                },
                 "packet dropped"
             );
             env.stats.icrc_errors += 1;

@@ -805,6 +805,40 @@ fn bad_icrc_and_garbage_are_counted() {
     }
 }
 
+/// One changed byte that some IPv4 ID explains (UDP payload offset 93, XOR 0x0F: any
+/// packet long enough has such bytes, and which ones depends only on where they are)
+/// must not pass as a packet from an active sender that uses ID 0.
+#[test]
+fn corruption_that_an_ip_id_explains_is_dropped() {
+    let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
+    b.post_recv(1, 0, 300);
+    b.post_recv(2, 300, 300);
+    let data = pattern(200, 9);
+    a.write(0, &data);
+    a.send(0, 1, SendOp::Send, vec![a.sge(0, 200)]).unwrap();
+    a.send(0, 2, SendOp::Send, vec![a.sge(0, 200)]).unwrap();
+    let first = a.nic.poll_transmit(0).unwrap();
+    let second = a.nic.poll_transmit(0).unwrap();
+    b.nic.handle_datagram(0, first.src, first.dst, &first.data);
+    let mut bad = second.data.clone();
+    bad[93] ^= 0x0F;
+    let addrs = wire::Addrs::new(second.src, second.dst);
+    let id = wire::icrc::verify_unknown_ip_id(&addrs, &bad);
+    assert!(
+        id.is_some_and(|id| id >= 64),
+        "ID {id:?} explains the change"
+    );
+    b.nic.handle_datagram(1_000, second.src, second.dst, &bad);
+    assert_eq!(b.nic.stats().icrc_errors, 1);
+    assert_eq!(b.wcs().len(), 1, "only the first SEND arrived");
+    b.nic
+        .handle_datagram(2_000, second.src, second.dst, &second.data);
+    let w = b.wcs();
+    assert_eq!(w.len(), 1);
+    assert_eq!((w[0].wr_id, w[0].status), (2, WcStatus::Success));
+    assert_eq!(b.read(300, 200), data);
+}
+
 /// Like `pump`, but over a 1 µs link that loses 10% of the packets, duplicates 5% and
 /// holds 5% back behind later ones.
 fn lossy_pump(a: &mut Node, b: &mut Node, now: &mut u64, seed: u64) {

@@ -300,8 +300,8 @@ fn echelon(basis: &[u32; 16]) -> ([(u32, u32, u16); 16], usize) {
 /// there for 32-4124 bytes), with no allocation and no second pass over the packet.
 ///
 /// A wrong packet passes with probability about 2^-16 (any of the 2^16 IDs may
-/// match), not 2^-32 as with a known ID; callers that know the sender's IDs are
-/// sequential may tighten this by checking the returned ID.
+/// match), not 2^-32 as with a known ID; [`IpIdGuard`] checks the returned ID against
+/// the IDs the sender plausibly used.
 pub fn verify_unknown_ip_id(addrs: &Addrs, udp_payload: &[u8]) -> Option<u16> {
     verify_unknown_ip_id_with(&mut IpIdCache::default(), addrs, udp_payload)
 }
@@ -422,6 +422,118 @@ impl IpIdCache {
     }
 }
 
+/// Which IPv4 IDs a receiver believes from each sender.
+///
+/// [`verify_unknown_ip_id_with`] accepts a packet when *any* of the 2^16 IDs makes its
+/// ICRC right, so a corrupted packet passes with probability 2^-16: one in about
+/// 65,000 corrupted packets reached the application with its damage. Real senders use
+/// far fewer IDs. softrdma sends ID 0, and the kernel numbers the segments of a UDP GSO
+/// message 0, 1, 2 ... (below [`IpIdGuard::GSO_IDS`]); Linux rxe and connected UDP
+/// sockets count up per destination. So an ID below `GSO_IDS` is always believed, and
+/// a higher one only when it continues the sender's count (at most
+/// [`IpIdGuard::AHEAD`] ahead or [`IpIdGuard::BEHIND`] behind the last one believed).
+/// A corrupted packet then passes with probability about 2^-20 (4,416 of the 2^32
+/// ICRC values) while its sender's count is known, and 2^-26 from a sender that only
+/// uses low IDs.
+///
+/// A count can jump (the kernel adds a random step after idle time, and other traffic
+/// to the same host shares the counter). A sender silent for [`IpIdGuard::IDLE_NS`]
+/// starts afresh: its first ID is believed, so a peer's first packet (a connection
+/// request) is never lost to this check. While a sender is active, an ID off its count
+/// is refused and remembered, and a second packet that continues from it confirms the
+/// jump: a real jump costs one packet, which the transport resends.
+#[derive(Debug, Default, Clone)]
+pub struct IpIdGuard {
+    senders: std::collections::HashMap<std::net::Ipv4Addr, IpIdSender>,
+    /// The sender whose low-ID packet last updated its entry, and when: most packets
+    /// come from one peer with ID 0, and its `seen` need not be more exact than this.
+    recent: Option<(std::net::Ipv4Addr, u64)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct IpIdSender {
+    /// When a packet from this sender was last believed (ns).
+    seen: u64,
+    /// The sender's count: the latest ID at or above `GSO_IDS` believed.
+    count: Option<u16>,
+    /// An ID off the count, refused; a packet continuing from it confirms a jump.
+    jump: Option<u16>,
+}
+
+impl IpIdGuard {
+    /// IDs below this are always believed: softrdma's ID 0 and its GSO segments
+    /// (at most 64 per message, the kernel's limit before Linux 6.9).
+    pub const GSO_IDS: u16 = 64;
+    /// A sender silent this long (ns) starts a fresh count.
+    pub const IDLE_NS: u64 = 1_000_000_000;
+    /// How far ahead of a sender's count an ID may be: packets sent to this host and
+    /// lost, and other traffic sharing the kernel's counter, advance it.
+    pub const AHEAD: u16 = 4096;
+    /// How far behind: packets reordered on the way.
+    pub const BEHIND: u16 = 256;
+    /// Senders tracked at once; beyond this, senders idle for `IDLE_NS` are forgotten,
+    /// and a new sender with no room is believed as if it were fresh.
+    pub const MAX_SENDERS: usize = 4096;
+
+    /// Whether to believe that the packet from `src` received at `now` (ns, any
+    /// monotonic origin) was sent with IPv4 ID `id`, the ID its ICRC was solved for.
+    /// Records what it believes.
+    pub fn admit(&mut self, now: u64, src: std::net::Ipv4Addr, id: u16) -> bool {
+        if id < Self::GSO_IDS {
+            if let Some((ip, at)) = self.recent {
+                if ip == src && now.saturating_sub(at) < Self::IDLE_NS / 1024 {
+                    return true;
+                }
+            }
+            self.recent = Some((src, now));
+        }
+        let Some(s) = self.senders.get_mut(&src) else {
+            if self.senders.len() >= Self::MAX_SENDERS {
+                self.recent = None;
+                self.senders
+                    .retain(|_, s| now.saturating_sub(s.seen) < Self::IDLE_NS);
+            }
+            if self.senders.len() < Self::MAX_SENDERS {
+                let count = (id >= Self::GSO_IDS).then_some(id);
+                self.senders.insert(
+                    src,
+                    IpIdSender {
+                        seen: now,
+                        count,
+                        jump: None,
+                    },
+                );
+            }
+            return true;
+        };
+        if id < Self::GSO_IDS {
+            s.seen = now;
+            return true;
+        }
+        let fresh = now.saturating_sub(s.seen) >= Self::IDLE_NS;
+        // How far `id` is past `from`, when it is within the window around it.
+        let step = |from: Option<u16>| {
+            let d = id.wrapping_sub(from?) as i16;
+            (-(Self::BEHIND as i32)..=Self::AHEAD as i32)
+                .contains(&(d as i32))
+                .then_some(d)
+        };
+        let on_count = step(s.count);
+        if fresh || on_count.is_some() || step(s.jump).is_some() {
+            // A reordered packet (behind the count) leaves the count where it is.
+            if fresh || on_count.map_or(true, |d| d > 0) {
+                s.count = Some(id);
+            }
+            s.jump = None;
+            s.seen = now;
+            true
+        } else {
+            s.jump = Some(id);
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod ip_id_tests {
     use super::*;
@@ -492,6 +604,137 @@ mod ip_id_tests {
                 e.reseal(&mut q, id, 0);
                 assert_eq!(q, p);
             }
+        }
+    }
+
+    const T0: u64 = 5_000_000_000;
+    const MS: u64 = 1_000_000;
+
+    fn ip(s: &str) -> std::net::Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn guard_believes_low_ids_and_a_new_senders_first_id() {
+        let mut g = IpIdGuard::default();
+        let a = ip("10.0.0.1");
+        for id in [0, 1, 63, 0, 5] {
+            assert!(g.admit(T0, a, id));
+        }
+        // A new sender's first ID, whatever it is (an rxe peer's connection request).
+        assert!(g.admit(T0, ip("10.0.0.2"), 40_000));
+        assert!(g.admit(T0 + MS, ip("10.0.0.2"), 40_001));
+    }
+
+    #[test]
+    fn guard_follows_a_count_with_gaps_reordering_and_wrap() {
+        let mut g = IpIdGuard::default();
+        let a = ip("10.0.0.1");
+        let mut t = T0;
+        let mut id: u16 = 60_000;
+        assert!(g.admit(t, a, id));
+        for step in [1u16, 1, 7, IpIdGuard::AHEAD, 300, 2000, 1, 1] {
+            t += MS;
+            id = id.wrapping_add(step);
+            assert!(g.admit(t, a, id), "step {step} to {id}");
+        }
+        // Past the wrap, through the low IDs and on.
+        assert!(id < 10_000, "the count wrapped: {id}");
+        // Reordered: behind the count, believed, and the count stays.
+        assert!(g.admit(t, a, id.wrapping_sub(IpIdGuard::BEHIND)));
+        assert!(g.admit(t, a, id.wrapping_add(1)));
+        // Too far either way.
+        assert!(!g.admit(t, a, id.wrapping_add(1 + IpIdGuard::AHEAD + 1)));
+        assert!(!g.admit(t, a, id.wrapping_sub(IpIdGuard::BEHIND + 1)));
+    }
+
+    #[test]
+    fn guard_refuses_a_high_id_from_an_active_low_id_sender() {
+        let mut g = IpIdGuard::default();
+        let a = ip("10.0.0.1");
+        assert!(g.admit(T0, a, 0));
+        assert!(g.admit(T0 + MS, a, 3));
+        assert!(!g.admit(T0 + 2 * MS, a, 31_337));
+        // An unrelated high ID does not confirm the first.
+        assert!(!g.admit(T0 + 3 * MS, a, 9_000));
+        // Low IDs go on being believed.
+        assert!(g.admit(T0 + 4 * MS, a, 0));
+    }
+
+    #[test]
+    fn guard_confirms_a_jump_with_the_next_packet_and_starts_afresh_after_idle() {
+        let mut g = IpIdGuard::default();
+        let a = ip("10.0.0.1");
+        assert!(g.admit(T0, a, 1000));
+        assert!(g.admit(T0 + MS, a, 1001));
+        // The counter jumped (other traffic, a random step): one packet is refused...
+        assert!(!g.admit(T0 + 2 * MS, a, 30_000));
+        // ...and the next one, continuing from it, is believed and moves the count.
+        assert!(g.admit(T0 + 3 * MS, a, 30_002));
+        assert!(g.admit(T0 + 4 * MS, a, 30_003));
+        assert!(!g.admit(T0 + 5 * MS, a, 1002));
+        // Silent for IDLE_NS: any ID starts a fresh count.
+        let later = T0 + 5 * MS + IpIdGuard::IDLE_NS;
+        assert!(g.admit(later, a, 50_000));
+        assert!(g.admit(later + MS, a, 50_001));
+    }
+
+    #[test]
+    fn guard_stays_bounded_under_many_senders() {
+        let mut g = IpIdGuard::default();
+        let n = IpIdGuard::MAX_SENDERS as u32 + 100;
+        for i in 0..n {
+            assert!(g.admit(T0, std::net::Ipv4Addr::from(0x0A00_0000 + i), 1000));
+        }
+        assert_eq!(g.senders.len(), IpIdGuard::MAX_SENDERS);
+        // Once they are idle, new senders take their place.
+        let later = T0 + IpIdGuard::IDLE_NS;
+        assert!(g.admit(later, ip("192.168.0.1"), 7000));
+        assert!(g.senders.contains_key(&ip("192.168.0.1")));
+        assert_eq!(g.senders.len(), 1);
+    }
+
+    /// The reason for the guard. Every one-byte corruption of a full-MTU packet, checked
+    /// as a receiver checks a packet from an active softrdma peer: solving for any ID
+    /// lets a few of them through (which ones depends only on where the byte is and how
+    /// it changed, not on the data); with the guard none pass.
+    #[test]
+    fn guard_stops_the_corruptions_that_some_id_explains() {
+        let addrs = Addrs::new(
+            "10.0.0.1:49152".parse().unwrap(),
+            "10.0.0.2:4791".parse().unwrap(),
+        );
+        let src = ip("10.0.0.1");
+        let len = 1024 + 28; // payload, BTH, RETH, ICRC
+        let mut rng = crate::SplitMix64::new(0x1C2C);
+        let mut p: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        seal(&addrs, &mut p);
+        let effect = &IpIdEffect::new(len);
+        // The hashed message is 8 + 20 + 8 bytes of headers, then the payload without
+        // its ICRC; a byte at payload offset `at` is followed by len - 4 - at - 1 bytes.
+        let explained: Vec<(usize, u8)> = (0..len - ICRC_LEN)
+            .filter(|&at| at != 4) // the byte the ICRC leaves out
+            .flat_map(|at| {
+                let shift = zeros_operator(len - ICRC_LEN - at - 1);
+                (1..=255u8)
+                    .filter(move |&m| effect.solve(multmodp(shift, raw_crc_byte(m))).is_some())
+                    .map(move |m| (at, m))
+            })
+            .collect();
+        assert!(
+            !explained.is_empty(),
+            "no one-byte corruption matches an ID: the test shows nothing"
+        );
+        let mut cache = IpIdCache::default();
+        let mut g = IpIdGuard::default();
+        for (n, &(at, m)) in explained.iter().enumerate() {
+            let now = T0 + n as u64 * MS;
+            assert!(g.admit(now, src, 0), "the sender's good packets");
+            let mut q = p.clone();
+            q[at] ^= m;
+            let id = verify_unknown_ip_id_with(&mut cache, &addrs, &q)
+                .unwrap_or_else(|| panic!("byte {at} ^ {m:#x} is explained by some ID"));
+            assert!(!g.admit(now, src, id), "byte {at} ^ {m:#x} as ID {id}");
         }
     }
 
