@@ -439,9 +439,11 @@ impl IpIdCache {
 /// A count can jump (the kernel adds a random step after idle time, and other traffic
 /// to the same host shares the counter). A sender silent for [`IpIdGuard::IDLE_NS`]
 /// starts afresh: its first ID is believed, so a peer's first packet (a connection
-/// request) is never lost to this check. While a sender is active, an ID off its count
-/// is refused and remembered, and a second packet that continues from it confirms the
-/// jump: a real jump costs one packet, which the transport resends.
+/// request) is never lost to this check. While a counting sender is active, an ID off
+/// its count is refused and remembered, and a packet just past it (at most
+/// [`IpIdGuard::CONFIRM`]) confirms the jump: a real jump costs one packet, which the
+/// transport resends. A sender that has used only low IDs is not believed with a high
+/// one until it has been silent for `IDLE_NS`.
 #[derive(Debug, Default, Clone)]
 pub struct IpIdGuard {
     senders: std::collections::HashMap<std::net::Ipv4Addr, IpIdSender>,
@@ -471,6 +473,8 @@ impl IpIdGuard {
     pub const AHEAD: u16 = 4096;
     /// How far behind: packets reordered on the way.
     pub const BEHIND: u16 = 256;
+    /// How far past a refused ID the next one may be and confirm a jump of the count.
+    pub const CONFIRM: u16 = 64;
     /// Senders tracked at once; beyond this, senders idle for `IDLE_NS` are forgotten,
     /// and a new sender with no room is believed as if it were fresh.
     pub const MAX_SENDERS: usize = 4096;
@@ -519,7 +523,14 @@ impl IpIdGuard {
                 .then_some(d)
         };
         let on_count = step(s.count);
-        if fresh || on_count.is_some() || step(s.jump).is_some() {
+        // A jump is confirmed only on a count (a sender that used low IDs alone does not
+        // start counting while active), and only by an ID just past the refused one:
+        // which IDs explain a corruption depends on nothing but where the bytes changed
+        // and how, so corruptions repeat IDs and land near each other.
+        let confirms_jump = s.count.is_some()
+            && s.jump
+                .is_some_and(|j| (1..=Self::CONFIRM).contains(&id.wrapping_sub(j)));
+        if fresh || on_count.is_some() || confirms_jump {
             // A reordered packet (behind the count) leaves the count where it is.
             if fresh || on_count.map_or(true, |d| d > 0) {
                 s.count = Some(id);
@@ -655,10 +666,13 @@ mod ip_id_tests {
         assert!(g.admit(T0, a, 0));
         assert!(g.admit(T0 + MS, a, 3));
         assert!(!g.admit(T0 + 2 * MS, a, 31_337));
-        // An unrelated high ID does not confirm the first.
+        // An unrelated high ID does not confirm the first, nor does the same one again
+        // or one just past it: such a sender does not start counting while active.
         assert!(!g.admit(T0 + 3 * MS, a, 9_000));
+        assert!(!g.admit(T0 + 4 * MS, a, 9_000));
+        assert!(!g.admit(T0 + 5 * MS, a, 9_001));
         // Low IDs go on being believed.
-        assert!(g.admit(T0 + 4 * MS, a, 0));
+        assert!(g.admit(T0 + 6 * MS, a, 0));
     }
 
     #[test]
@@ -669,7 +683,9 @@ mod ip_id_tests {
         assert!(g.admit(T0 + MS, a, 1001));
         // The counter jumped (other traffic, a random step): one packet is refused...
         assert!(!g.admit(T0 + 2 * MS, a, 30_000));
-        // ...and the next one, continuing from it, is believed and moves the count.
+        // ...the same ID again does not confirm it (a corruption repeats its ID)...
+        assert!(!g.admit(T0 + 3 * MS, a, 30_000));
+        // ...and the next one, just past it, is believed and moves the count.
         assert!(g.admit(T0 + 3 * MS, a, 30_002));
         assert!(g.admit(T0 + 4 * MS, a, 30_003));
         assert!(!g.admit(T0 + 5 * MS, a, 1002));
@@ -727,7 +743,9 @@ mod ip_id_tests {
         );
         let mut cache = IpIdCache::default();
         let mut g = IpIdGuard::default();
-        for (n, &(at, m)) in explained.iter().enumerate() {
+        // Twice through: the same change explained by the same ID again, and changes
+        // whose IDs are near each other, must not confirm one another.
+        for (n, &(at, m)) in explained.iter().chain(&explained).enumerate() {
             let now = T0 + n as u64 * MS;
             assert!(g.admit(now, src, 0), "the sender's good packets");
             let mut q = p.clone();
