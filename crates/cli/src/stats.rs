@@ -71,12 +71,13 @@ fn print_record(r: &Record) {
         get("rx_bytes")
     );
     outln!(
-        "  retransmits {}  timeouts {} (round-trip timer {})  duplicates {}  out-of-sequence {}",
+        "  retransmits {}  timeouts {} (round-trip timer {})  duplicates {}  out-of-sequence {} (held {})",
         get("retransmits"),
         get("timeouts"),
         get("rtt_timeouts"),
         get("duplicates"),
-        get("out_of_sequence")
+        get("out_of_sequence"),
+        get("held")
     );
     outln!(
         "  NAKs sent      seq {}  inv {}  access {}  op {}  rnr {}",
@@ -99,6 +100,7 @@ fn print_record(r: &Record) {
         get("read_replays"),
         get("read_replays_refused")
     );
+
     outln!(
         "  ICRC errors {}  malformed {}  dropped {}  UDP send drops {}",
         get("icrc_errors"),

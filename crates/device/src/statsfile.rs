@@ -81,6 +81,7 @@ pub fn counters(s: &DeviceStats) -> Vec<(&'static str, u64)> {
         ("read_replays", e.read_replays),
         ("read_replays_refused", e.read_replays_refused),
         ("out_of_sequence", e.out_of_sequence),
+        ("held", e.held),
         ("gsi_dropped", e.gsi_dropped),
         ("gsi_unserved", e.gsi_unserved),
         ("udp_tx_datagrams", l.tx_datagrams),

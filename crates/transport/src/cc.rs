@@ -1,14 +1,16 @@
 //! Loss response of an RC requester: a congestion window that backs off on loss and grows
 //! back as acknowledgements come (TCP's rules counted in packets, with CUBIC's gentler
-//! cut), and a
-//! retransmission timer from the measured round-trip time (RFC 6298).
+//! cut), and a retransmission timer from the measured round-trip time (RFC 6298).
 //!
 //! Why: go-back-N resends everything in flight from a loss, so with a fixed window of
 //! [`MAX_INFLIGHT_PSNS`] packets a lossy path resends hundreds of packets per loss, many
 //! of them lost again; and a lost last packet waits for the QP's local ACK timeout (67 ms
 //! at the usual `timeout` 14) before anything is resent. With the window cut on each
 //! loss a go-back-N costs about what is really in flight, and the RTT timer resends a
-//! lost tail after about a round trip.
+//! lost tail after about a round trip. Against a peer that holds what follows a gap
+//! (`qp::Held`), the completer resends the lost packet alone; such a loss cuts the window
+//! only when the round trip shows a queue, and once per window of packets
+//! ([`Cc::on_loss_of`]).
 //!
 //! The QP's timeout attribute keeps its IBTA meaning: the RTT timer resends early but
 //! spends no retry; `retry_cnt` retries are counted only against the local ACK timeout,
@@ -31,6 +33,9 @@ pub(crate) const RTO_MIN_NS: u64 = 250_000;
 /// is not congestion (the case a software RoCE meets: a shared NIC, a VM, a tunnel), a
 /// gentler cut keeps more in flight, as CUBIC's 0.7 does.
 pub(crate) const BETA_PERCENT: u32 = 70;
+/// Round-trip growth over twice the minimum that still counts as no queue: a software
+/// peer's round trip varies with its scheduling by about this much.
+pub(crate) const QUEUE_SLACK_NS: u64 = 20_000;
 /// Backing off doubles the RTT timer up to this many times (×64).
 const MAX_BACKOFF: u8 = 6;
 
@@ -53,6 +58,12 @@ pub(crate) struct Cc {
     pub una: u32,
     /// Consecutive RTT timer expiries without progress (each doubles the timer).
     pub backoff: u8,
+    /// The smallest and the latest round-trip sample, ns (0 before the first).
+    min_rtt: u64,
+    last_rtt: u64,
+    /// One past the highest PSN sent when the window was last cut by a selective
+    /// repeat: losses of packets sent before it belong to the same episode.
+    recover: Option<u32>,
 }
 
 impl Default for Cc {
@@ -68,6 +79,9 @@ impl Default for Cc {
             probe: None,
             una: 0,
             backoff: 0,
+            min_rtt: 0,
+            last_rtt: 0,
+            recover: None,
         }
     }
 }
@@ -103,6 +117,23 @@ impl Cc {
         self.probe = None;
     }
 
+    /// The loss of packet `p`, shown while the packets before `high` had been sent: the
+    /// window is cut once per window of packets, as NewReno's recovery point does: the
+    /// losses of packets sent before the last cut are the same episode, which that cut
+    /// answered already.
+    ///
+    /// A loss while the round trip is near its minimum is not congestion (nothing is
+    /// queueing on the path: a lossy link, a busy host dropping at random) and cuts
+    /// nothing; with a selective repeat it costs one packet. Congestion shows as a round
+    /// trip grown past twice its minimum (plus [`QUEUE_SLACK_NS`]), and that loss cuts.
+    pub fn on_loss_of(&mut self, p: u32, high: u32) {
+        if self.recover.is_some_and(|r| psn::lt(p, r)) || !self.queueing() {
+            return;
+        }
+        self.on_loss();
+        self.recover = Some(high);
+    }
+
     /// The round-trip timer expired: a loss like any other (the tail of a window, or a
     /// resent packet, was lost; nothing says the path stopped), and the timer backs off.
     pub fn on_rtt_timeout(&mut self) {
@@ -120,8 +151,29 @@ impl Cc {
         self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
     }
 
+    /// Whether the latest round trip shows packets queueing on the path: past twice the
+    /// smallest seen plus [`QUEUE_SLACK_NS`], or no sample yet (assume the worst).
+    fn queueing(&self) -> bool {
+        self.min_rtt == 0
+            || self.last_rtt
+                > self
+                    .min_rtt
+                    .saturating_mul(2)
+                    .saturating_add(QUEUE_SLACK_NS)
+    }
+
+    /// Whether the round trip has been measured.
+    pub fn has_sample(&self) -> bool {
+        self.srtt != 0
+    }
+
     /// A round-trip sample (RFC 6298 2.2–2.3).
     pub fn on_rtt(&mut self, rtt: u64) {
+        let rtt = rtt.max(1);
+        self.last_rtt = rtt;
+        if self.min_rtt == 0 || rtt < self.min_rtt {
+            self.min_rtt = rtt;
+        }
         if self.srtt == 0 {
             self.srtt = rtt.max(1);
             self.rttvar = rtt / 2;
@@ -207,6 +259,27 @@ mod tests {
             c.on_acked(64);
         }
         assert_eq!(c.cwnd, MAX_CWND, "never past the ceiling");
+    }
+
+    #[test]
+    fn a_selective_repeat_cuts_only_under_queueing_and_once_per_window() {
+        let mut c = Cc::default();
+        // No sample yet: assume the worst.
+        c.on_loss_of(10, 100);
+        let w = MAX_CWND * BETA_PERCENT / 100;
+        assert_eq!(c.cwnd, w);
+        // A loss of a packet sent before that cut: the same episode.
+        c.on_loss_of(99, 200);
+        assert_eq!(c.cwnd, w);
+        // Round trips near their minimum: a random loss, no cut.
+        c.on_rtt(100_000);
+        c.on_rtt(110_000);
+        c.on_loss_of(150, 300);
+        assert_eq!(c.cwnd, w);
+        // A round trip past twice the minimum plus the slack: queueing, a cut.
+        c.on_rtt(100_000 * 2 + QUEUE_SLACK_NS + 1);
+        c.on_loss_of(300, 400);
+        assert_eq!(c.cwnd, w * BETA_PERCENT / 100);
     }
 
     #[test]

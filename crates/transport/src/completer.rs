@@ -149,6 +149,7 @@ pub(crate) fn flush(qp: &mut QpCtx, env: &mut Nic, now: u64) {
     qp.resp.in_msg = None;
     qp.resp.ack = None;
     qp.resp.pending.clear();
+    qp.resp.held.clear(&mut env.held_bytes);
     qp.resp.fatal = false;
     flush_rq(qp, env, now);
     if qp.has_srq {
@@ -186,6 +187,7 @@ pub(crate) fn rewind(qp: &mut QpCtx) {
     qp.req.noack_pkts = 0;
     qp.req.rto = None;
     qp.req.rto_fast = None;
+    qp.req.sr_hole = None;
     // Karn: the resent packets' acknowledgements may answer the first copies.
     qp.req.cc.probe = None;
     for w in qp.sq.iter_mut() {
@@ -308,6 +310,81 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static st
     true
 }
 
+/// Selective repeat after a sequence NAK for `k`: resend only packet `k` and keep
+/// sending new ones, unless the peer is known to drop what follows a gap (then go back
+/// N, as the IBTA requester does). A softrdma responder holds the packets past a gap
+/// (`qp::Held`), so one loss costs one packet instead of a window; whether the peer
+/// does is learnt from the answer to this resend (see [`sr_answered`]). False when the
+/// caller should go back N: the peer drops, a go-back-N or an RNR wait is under way,
+/// nothing was sent after `k`, or `k` is a READ or atomic request. `cut`: the loss
+/// counts against the window here (the round-trip timer counted it already).
+fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) -> bool {
+    if qp.req.peer_holds == Some(false) || qp.req.retrying || qp.req.rnr_until.is_some() {
+        return false;
+    }
+    if qp.req.sr_hole == Some(k) {
+        // The same loss reported again: its resend is on its way (and if that is lost
+        // too, the round-trip timer resends it).
+        return true;
+    }
+    let high = qp.req.high_psn;
+    if !psn::lt(psn::add(k, 1), high) || !requester::resend_one(qp, env, now, k) {
+        return false;
+    }
+    if qp.state == QpState::Err {
+        return true;
+    }
+    // Like the round-trip timer's resend, this one spends no retry: the local ACK
+    // timeout, run from the last progress, still ends a connection that makes none.
+    debug!(
+        qpn = format_args!("{:#x}", qp.qpn),
+        psn = k,
+        "selective repeat"
+    );
+    qp.req.sr_hole = Some(k);
+    if cut {
+        qp.req.cc.on_loss_of(k, high);
+    }
+    qp.req.sr_sent_at = now;
+    // The round-trip timer now waits for the answer to this resend, not for progress
+    // that the hole held up since the last acknowledgement.
+    qp.req.rto_fast = None;
+    qp.arm_timers(now);
+    true
+}
+
+/// The peer's answer to the selective resend of the hole `k`, if this response (an ACK
+/// of `p`, or a NAK at `p`, which acknowledges what precedes `p`) is it. An ACK of `k`
+/// itself, with packets after `k` sent, says the peer kept none of them (an IBTA
+/// responder drops what follows a gap): returns true, and the caller goes back N from
+/// `k + 1`. Anything further says it held them.
+///
+/// Until the round trip has been measured, the answer measures it: under steady loss
+/// the timed packet rarely gets through without a hole before it, and without a
+/// measure a lost resend would wait for the local ACK timeout.
+fn sr_answered(qp: &mut QpCtx, now: u64, p: u32, nak: bool) -> bool {
+    let Some(k) = qp.req.sr_hole else {
+        return false;
+    };
+    let filled = if nak { psn::lt(k, p) } else { psn::le(k, p) };
+    if !filled {
+        return false;
+    }
+    qp.req.sr_hole = None;
+    if !qp.req.cc.has_sample() {
+        qp.req.cc.on_rtt(now.saturating_sub(qp.req.sr_sent_at));
+    }
+    let next = psn::add(k, 1);
+    if !nak && p == k && psn::lt(next, qp.req.high_psn) {
+        qp.req.peer_holds.get_or_insert(false);
+        return true;
+    }
+    if !nak || p != next {
+        qp.req.peer_holds = Some(true);
+    }
+    false
+}
+
 /// A response (ACK, NAK, READ response, atomic ACK) for an RC QP, from UDP port
 /// `src_port` of the peer's address.
 pub(crate) fn handle_response(
@@ -358,22 +435,40 @@ pub(crate) fn handle_response(
                 return;
             };
             match aeth.syndrome {
-                Syndrome::Ack { .. } => match ack_upto(qp, p, true) {
-                    Acked::Ok(pr) => progress = pr,
-                    Acked::LostResponse(pr) => {
-                        if pr {
-                            renew_retries(qp);
-                        }
-                        if !retry_from_response(
-                            qp,
-                            env,
-                            now,
-                            "ACK past a lost READ/atomic response",
-                        ) {
-                            return;
+                Syndrome::Ack { .. } => {
+                    let dropped_rest = sr_answered(qp, now, p, false);
+                    match ack_upto(qp, p, true) {
+                        Acked::Ok(pr) => progress = pr,
+                        Acked::LostResponse(pr) => {
+                            if pr {
+                                renew_retries(qp);
+                            }
+                            if !retry_from_response(
+                                qp,
+                                env,
+                                now,
+                                "ACK past a lost READ/atomic response",
+                            ) {
+                                return;
+                            }
                         }
                     }
-                },
+                    if dropped_rest && !qp.req.retrying {
+                        // The resent hole arrived, nothing after it did: go back N from
+                        // there (the retry was spent on the hole).
+                        debug!(
+                            qpn = format_args!("{:#x}", qp.qpn),
+                            psn = psn::add(p, 1),
+                            "peer kept nothing past the hole: go back N"
+                        );
+                        complete_front(qp, env, now);
+                        if qp.state == QpState::Err {
+                            return;
+                        }
+                        rewind(qp);
+                        qp.req.retrying = true;
+                    }
+                }
                 Syndrome::RnrNak { timer } => {
                     env.stats.rnr_naks_rcvd += 1;
                     if let Acked::Ok(true) | Acked::LostResponse(true) = ack_upto(qp, p, false) {
@@ -442,11 +537,16 @@ pub(crate) fn handle_response(
                         NakCode::RemoteOperationalError => Some(WcStatus::RemOpErr),
                         NakCode::InvalidRdRequest => Some(WcStatus::RemInvRdReqErr),
                     };
+                    let selective = status.is_none() && !lost && {
+                        sr_answered(qp, now, p, true);
+                        selective_repeat(qp, env, now, p, true)
+                    };
                     match status {
                         Some(s) if !lost => {
                             fail(qp, env, now, Some(s), "NAK received");
                             return;
                         }
+                        _ if selective => {}
                         _ => {
                             let why = if lost {
                                 "NAK past a lost READ/atomic response"
@@ -643,6 +743,21 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             qp.req.cc.on_rtt_timeout();
             // The local ACK timeout keeps running from the last progress.
             let rto = qp.req.rto;
+            let oldest = qp.oldest_unacked();
+            // A peer that holds packets past a gap most likely lost only the oldest one
+            // (or its answer): resend that alone. The answer says whether more is
+            // missing (see `sr_answered`).
+            let holds = qp.req.peer_holds == Some(true) && !qp.req.retrying;
+            if let Some(k) = oldest.filter(|_| holds) {
+                qp.req.sr_hole = None;
+                if selective_repeat(qp, env, now, k, false) {
+                    qp.req.rto = rto;
+                    if qp.state != QpState::Err {
+                        requester::run(qp, env, now);
+                    }
+                    return;
+                }
+            }
             rewind(qp);
             qp.req.rto = rto;
             qp.req.retrying = true;

@@ -100,6 +100,8 @@ pub struct Stats {
     pub read_replays_refused: u64,
     /// Requests ahead of the expected PSN.
     pub out_of_sequence: u64,
+    /// Of those, RC requests held until the gap before them filled (`qp::Held`).
+    pub held: u64,
     /// Datagrams to QP1 (the GSI) dropped: not a MAD as the GSI takes them (opcode,
     /// Q_Key, length, P_Key), or the inbox was full.
     pub gsi_dropped: u64,
@@ -205,6 +207,8 @@ pub(crate) struct Nic {
     pub ip_id_guard: wire::icrc::IpIdGuard,
     /// QP1: MADs received for the layer above, and the send PSN.
     pub gsi: gsi::Gsi,
+    /// Bytes of request packets all QPs' responders hold past a gap (see `qp::Held`).
+    pub held_bytes: usize,
 }
 
 impl Nic {
@@ -361,6 +365,7 @@ impl Rnic {
                 ip_ids: wire::icrc::IpIdCache::default(),
                 ip_id_guard: wire::icrc::IpIdGuard::default(),
                 gsi: gsi::Gsi::default(),
+                held_bytes: 0,
             },
             qps: BTreeMap::new(),
             timers: timers::Timers::default(),
@@ -407,7 +412,9 @@ impl Rnic {
     /// Destroy a QP. Queued WRs vanish without completions, as `ibv_destroy_qp` does.
     pub fn destroy_qp(&mut self, qpn: verbs::Qpn) -> verbs::Result<()> {
         self.env.ctx.destroy_qp(qpn)?;
-        self.qps.remove(&qpn);
+        if let Some(mut qp) = self.qps.remove(&qpn) {
+            qp.resp.held.clear(&mut self.env.held_bytes);
+        }
         self.timers.set(qpn, None);
         Ok(())
     }
@@ -481,6 +488,7 @@ impl Rnic {
         if new == QpState::Reset {
             qp.sq.clear();
             qp.req = ReqState::default();
+            qp.resp.held.clear(&mut self.env.held_bytes);
             qp.resp = RespState::default();
             return Ok(());
         }
@@ -493,6 +501,7 @@ impl Rnic {
         if mask.contains(M::RQ_PSN) {
             qp.resp.epsn = qp.attr.rq_psn & wire::psn::MASK;
             qp.resp.nak_sent = false;
+            qp.resp.held.clear(&mut self.env.held_bytes);
         }
         if mask.contains(M::SQ_PSN) && !qp.sq.iter().any(|w| w.started) {
             qp.req.next_psn = qp.attr.sq_psn & wire::psn::MASK;

@@ -2,8 +2,10 @@
 //! position and window, the completer's timers and retry counters, and the responder's
 //! expected PSN, MSN, message in progress and READ/atomic resources.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
+
+use softrdma_wire::{psn, Headers};
 
 use crate::verbs::{QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, WcStatus};
 
@@ -140,6 +142,15 @@ pub(crate) struct ReqState {
     pub rnr_until: Option<u64>,
     /// A go-back-N started by a response is under way (cleared by progress).
     pub retrying: bool,
+    /// The PSN a sequence NAK reported missing, resent alone: the answer to it shows
+    /// whether the peer held what followed (see `completer::selective_repeat`).
+    pub sr_hole: Option<u32>,
+    /// When the hole was resent.
+    pub sr_sent_at: u64,
+    /// Whether the peer holds packets past a gap: unknown until a selective resend is
+    /// answered, then `Some(false)` (an IBTA responder, rxe: go back N at once) or
+    /// `Some(true)` (a softrdma responder).
+    pub peer_holds: Option<bool>,
     /// SQ drained event already given for the current SQD period.
     pub sqd_notified: bool,
     /// Stopped at a full outbox; queued in `Nic::tx_wait` to continue when it drains.
@@ -263,6 +274,88 @@ pub(crate) enum InMsg {
     Write { va: u64, rkey: u32, len: u32 },
 }
 
+/// Bytes of held request packets (see [`Held`]) one device keeps at most, over all its
+/// QPs: holding is an optimisation, and past this a packet ahead of the expected PSN is
+/// dropped as the IBTA responder drops it.
+pub(crate) const HELD_BYTES_MAX: usize = 32 << 20;
+
+/// A request packet that arrived ahead of the expected PSN.
+#[derive(Debug)]
+pub(crate) struct HeldPkt {
+    pub h: Headers,
+    pub payload: Vec<u8>,
+    pub src_port: u16,
+}
+
+/// Request packets an RC responder holds past a gap, by PSN, to execute in order once
+/// the gap fills.
+///
+/// Why: the IBTA responder drops everything after a lost packet, and its requester
+/// resends all of it (go-back-N), so one loss costs a window of packets. Held packets
+/// change nothing the peer can see: they are executed in PSN order, exactly when the
+/// packets before them have been, as if they had just arrived. A requester that resends
+/// everything finds them duplicates; softrdma's own requester resends only the missing
+/// packet (see `completer`). Bounded per QP by the request window and per device by
+/// [`HELD_BYTES_MAX`].
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    pkts: BTreeMap<u32, HeldPkt>,
+    bytes: usize,
+}
+
+impl Held {
+    fn cost(pkt: &HeldPkt) -> usize {
+        pkt.payload.len() + std::mem::size_of::<HeldPkt>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pkts.is_empty()
+    }
+
+    /// Hold `pkt` with PSN `p`, counting its bytes in the device's `total`. False (not
+    /// held) when one with that PSN is held already or the device's budget is spent.
+    pub fn insert(&mut self, p: u32, pkt: HeldPkt, total: &mut usize) -> bool {
+        let c = Self::cost(&pkt);
+        if self.pkts.contains_key(&p) || total.saturating_add(c) > HELD_BYTES_MAX {
+            return false;
+        }
+        *total += c;
+        self.bytes += c;
+        self.pkts.insert(p, pkt);
+        true
+    }
+
+    /// Take the packet with PSN `p`, if held.
+    pub fn take(&mut self, p: u32, total: &mut usize) -> Option<HeldPkt> {
+        let pkt = self.pkts.remove(&p)?;
+        let c = Self::cost(&pkt);
+        self.bytes -= c;
+        *total = total.saturating_sub(c);
+        Some(pkt)
+    }
+
+    /// Drop what is not ahead of `epsn` any more (a READ moves the expected PSN past
+    /// its responses' PSNs, which no genuine request uses).
+    pub fn purge_before(&mut self, epsn: u32, total: &mut usize) {
+        let stale: Vec<u32> = self
+            .pkts
+            .keys()
+            .copied()
+            .filter(|&p| psn::diff(p, epsn) <= 0)
+            .collect();
+        for p in stale {
+            self.take(p, total);
+        }
+    }
+
+    /// Drop everything held.
+    pub fn clear(&mut self, total: &mut usize) {
+        *total = total.saturating_sub(self.bytes);
+        self.bytes = 0;
+        self.pkts.clear();
+    }
+}
+
 /// Responder state.
 #[derive(Debug, Default)]
 pub(crate) struct RespState {
@@ -298,6 +391,8 @@ pub(crate) struct RespState {
     pub fatal: bool,
     /// CommEst given.
     pub comm_est: bool,
+    /// Request packets held past a gap.
+    pub held: Held,
 }
 
 /// A QP's transport side.

@@ -5,8 +5,8 @@
 use softrdma_wire::{psn, AtomicEth, Bth, Deth, Headers, Opcode, Reth};
 
 use crate::completer;
-use crate::qp::{QpCtx, MAX_INFLIGHT_PSNS, MAX_PKT_PER_ACK, OUTBOX_MAX};
-use crate::verbs::{QpState, QpType, SendFlags, SendOp, WcStatus};
+use crate::qp::{QpCtx, SendWqe, MAX_INFLIGHT_PSNS, MAX_PKT_PER_ACK, OUTBOX_MAX};
+use crate::verbs::{PdId, QpState, QpType, SendFlags, SendOp, WcStatus};
 use crate::Nic;
 
 /// Position of packet `idx` among `n`.
@@ -286,47 +286,8 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                     }
                     asks_ack = bth.ack_req;
                 }
-                let mut h = Headers::new(bth);
-                if let Some(u) = &w.ud {
-                    h.deth = Some(Deth {
-                        qkey: u.qkey,
-                        src_qp: qp.qpn,
-                    });
-                }
-                if matches!(p, Pos::First | Pos::Only) {
-                    if let SendOp::Write { remote_addr, rkey }
-                    | SendOp::WriteWithImm {
-                        remote_addr, rkey, ..
-                    } = w.wr.op
-                    {
-                        h.reth = Some(Reth {
-                            va: remote_addr,
-                            rkey,
-                            dma_len: w.len as u32,
-                        });
-                    }
-                }
-                if last {
-                    match w.wr.op {
-                        SendOp::SendWithImm { imm } | SendOp::WriteWithImm { imm, .. } => {
-                            h.imm = Some(imm)
-                        }
-                        SendOp::SendWithInv { invalidate_rkey } => h.ieth = Some(invalidate_rkey),
-                        _ => {}
-                    }
-                }
                 let pd = qp.pd;
-                let sent = env.send_with(qp.qpn, dst, tos, &h, plen, |ctx, slot| match &w.inline {
-                    Some(data) => match data.get(offset..offset + plen) {
-                        Some(s) => {
-                            slot.copy_from_slice(s);
-                            Ok(())
-                        }
-                        None => Err(WcStatus::LocLenErr),
-                    },
-                    None if plen == 0 => Ok(()),
-                    None => ctx.gather(pd, &w.wr.sg_list, offset, slot),
-                });
+                let sent = send_data(env, qp.qpn, dst, tos, bth, w, pd, offset, plen, p);
                 if let Err(s) = sent {
                     w.status = Some(s);
                     completer::fail(qp, env, now, None, "send data not read from local memory");
@@ -363,6 +324,110 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
     }
     // UC/UD sends and local ops finish without a response: report them now.
     completer::complete_front(qp, env, now);
+}
+
+/// Build and queue the SEND / WRITE data packet of `w` at byte `offset` (`plen` bytes, at
+/// position `p` of the message), with the BTH the caller decided (opcode, PSN, AckReq,
+/// solicited): the extension headers its position needs and its payload from the WQE's
+/// inline data or its gather list.
+#[allow(clippy::too_many_arguments)]
+fn send_data(
+    env: &mut Nic,
+    qpn: u32,
+    dst: std::net::SocketAddr,
+    tos: u8,
+    bth: Bth,
+    w: &SendWqe,
+    pd: PdId,
+    offset: usize,
+    plen: usize,
+    p: Pos,
+) -> Result<(), WcStatus> {
+    let mut h = Headers::new(bth);
+    if let Some(u) = &w.ud {
+        h.deth = Some(Deth {
+            qkey: u.qkey,
+            src_qp: qpn,
+        });
+    }
+    if matches!(p, Pos::First | Pos::Only) {
+        if let SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        } = w.wr.op
+        {
+            h.reth = Some(Reth {
+                va: remote_addr,
+                rkey,
+                dma_len: w.len as u32,
+            });
+        }
+    }
+    if matches!(p, Pos::Last | Pos::Only) {
+        match w.wr.op {
+            SendOp::SendWithImm { imm } | SendOp::WriteWithImm { imm, .. } => h.imm = Some(imm),
+            SendOp::SendWithInv { invalidate_rkey } => h.ieth = Some(invalidate_rkey),
+            _ => {}
+        }
+    }
+    env.send_with(qpn, dst, tos, &h, plen, |ctx, slot| match &w.inline {
+        Some(data) => match data.get(offset..offset + plen) {
+            Some(s) => {
+                slot.copy_from_slice(s);
+                Ok(())
+            }
+            None => Err(WcStatus::LocLenErr),
+        },
+        None if plen == 0 => Ok(()),
+        None => ctx.gather(pd, &w.wr.sg_list, offset, slot),
+    })
+}
+
+/// Resend the one request packet with PSN `k` (a SEND or WRITE packet the peer reported
+/// missing), asking for an ACK, without moving the requester from where it is: the
+/// selective repeat of [`crate::completer`]. False, with nothing sent, when `k` is not a
+/// data packet of a WQE in flight (a READ or atomic request, or nothing); the caller
+/// then goes back N.
+pub(crate) fn resend_one(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32) -> bool {
+    let mtu = qp.mtu();
+    let Some((dst, tos, dqpn)) = qp
+        .peer
+        .map(|p| (p, qp.attr.ah_attr.grh.traffic_class, qp.attr.dest_qp_num))
+    else {
+        return false;
+    };
+    let Some(w) = qp
+        .sq
+        .iter_mut()
+        .find(|w| w.started && !w.done && psn::le(w.first_psn, k) && psn::le(k, w.last_psn))
+    else {
+        return false;
+    };
+    if w.is_rd_atomic() || w.is_local() || qp.qp_type != QpType::Rc {
+        return false;
+    }
+    let idx = psn::diff(k, w.first_psn) as u32;
+    let offset = (idx as usize).saturating_mul(mtu);
+    if offset > w.len || (offset == w.len && w.len > 0) {
+        return false;
+    }
+    let plen = (w.len - offset).min(mtu);
+    let p = pos(idx, w.npkts);
+    let Some(opcode) = data_opcode(qp.qp_type, &w.wr.op, p) else {
+        return false;
+    };
+    let mut bth = Bth::new(opcode, dqpn, k);
+    bth.solicited = matches!(p, Pos::Last | Pos::Only) && w.wr.flags.contains(SendFlags::SOLICITED);
+    bth.ack_req = true;
+    let pd = qp.pd;
+    if let Err(s) = send_data(env, qp.qpn, dst, tos, bth, w, pd, offset, plen, p) {
+        w.status = Some(s);
+        completer::fail(qp, env, now, None, "send data not read from local memory");
+        return true;
+    }
+    env.stats.retransmits += 1;
+    qp.arm_timers(now);
+    true
 }
 
 #[cfg(test)]

@@ -8,7 +8,10 @@ use softrdma_wire::{
 };
 
 use crate::completer;
-use crate::qp::{InMsg, Pending, QpCtx, ReplayBudget, Resource, ATOMIC_REPLAY_MIN, OUTBOX_MAX};
+use crate::qp::{
+    HeldPkt, InMsg, Pending, QpCtx, ReplayBudget, Resource, ATOMIC_REPLAY_MIN, MAX_INFLIGHT_PSNS,
+    OUTBOX_MAX,
+};
 use crate::verbs::{
     Access, QpType, RecvWr, RemoteKeyError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
@@ -451,6 +454,58 @@ fn length_ok(position: Position, plen: usize, mtu: usize, has_payload: bool) -> 
 }
 
 fn rc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, src_port: u16, h: &Headers, payload: &[u8]) {
+    let in_order = h.bth.psn == qp.resp.epsn;
+    rc_request_one(qp, env, now, src_port, h, payload);
+    if in_order && !qp.resp.held.is_empty() {
+        drain_held(qp, env, now);
+    }
+}
+
+/// Execute the held packets that now follow in order (see [`crate::qp::Held`]), then
+/// report where the next gap is: a NAK when packets past it are held (they show it is a
+/// loss, and the requester resends the missing one at once), an ACK of the last one
+/// executed otherwise.
+fn drain_held(qp: &mut QpCtx, env: &mut Nic, now: u64) {
+    let mut last = None;
+    while let Some(pkt) = qp.resp.held.take(qp.resp.epsn, &mut env.held_bytes) {
+        let before = qp.resp.epsn;
+        rc_request_one(qp, env, now, pkt.src_port, &pkt.h, &pkt.payload);
+        if qp.resp.epsn == before || qp.resp.fatal || qp.state == crate::verbs::QpState::Err {
+            // Not executed (no receive WQE, an error): the requester resends from there.
+            qp.resp.held.clear(&mut env.held_bytes);
+            return;
+        }
+        last = Some((pkt.h.bth.psn, pkt.h.bth.opcode.info().map(|i| i.kind)));
+    }
+    let epsn = qp.resp.epsn;
+    qp.resp.held.purge_before(epsn, &mut env.held_bytes);
+    if !qp.resp.held.is_empty() {
+        // The NAK acknowledges everything before it, the coalesced ACK included.
+        qp.resp.ack = None;
+        qp.resp.nak_sent = true;
+        env.stats.naks_sent_seq += 1;
+        debug!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = epsn,
+            kind = ?NakCode::PsnSequenceError,
+            "NAK sent (packets past the gap held)"
+        );
+        send_aeth(qp, env, now, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+    } else if let Some((p, Some(OpKind::Send | OpKind::Write))) = last {
+        // Held packets asked for no ACK of their own: acknowledge the last, so that the
+        // requester sees at once how far the filled gap took it.
+        schedule_ack(qp, env, p);
+    }
+}
+
+fn rc_request_one(
+    qp: &mut QpCtx,
+    env: &mut Nic,
+    now: u64,
+    src_port: u16,
+    h: &Headers,
+    payload: &[u8],
+) {
     let Some(info) = h.bth.opcode.info() else {
         return;
     };
@@ -471,6 +526,22 @@ fn rc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, src_port: u16, h: &Header
     if d > 0 {
         // Only the first packet past a loss gets a NAK; the rest of the burst is routine.
         let epsn = qp.resp.epsn;
+        // Held only from the port the peer was learnt on: holding takes a packet for
+        // genuine later, as the in-order path does.
+        let held = d < MAX_INFLIGHT_PSNS
+            && qp.peer_port == Some(src_port)
+            && qp.resp.held.insert(
+                p,
+                HeldPkt {
+                    h: *h,
+                    payload: payload.to_vec(),
+                    src_port,
+                },
+                &mut env.held_bytes,
+            );
+        if held {
+            env.stats.held += 1;
+        }
         if qp.resp.nak_sent {
             let why = "PSN ahead of the expected one (NAK already sent)";
             dropped!(trace, env, qp, h, out_of_sequence, why; epsn);

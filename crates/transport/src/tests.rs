@@ -489,6 +489,8 @@ fn rc_retransmit_after_lost_last_packet_by_timeout() {
 /// progress this ACK made was dropped on the way to the lost READ: the retry under way
 /// swallowed the evidence, the timer fired with no retry left, and the READ completed with
 /// RETRY_EXC_ERR after one retry per loss — which is what `retry_cnt = 1` allows.
+/// The requester is told its peer goes back N, as rxe does: against a softrdma peer it
+/// resends the lost WRITE alone instead (`selective_repeat_resends_only_the_hole`).
 #[test]
 fn ack_past_lost_read_response_after_progress_renews_retries() {
     use wire::{Headers, Opcode, Syndrome};
@@ -497,6 +499,7 @@ fn ack_past_lost_read_response_after_progress_renews_retries() {
         ..Default::default()
     };
     let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    a.nic.qps.get_mut(&a.qpn).unwrap().req.peer_holds = Some(false);
     let p = cfg.psn_a;
     a.write(0, &pattern(64, 1));
     b.write(4096, &pattern(100, 2));
@@ -1306,4 +1309,81 @@ fn many_qps_time_out_together_and_each_delivers() {
     for i in 0..QPS {
         assert_eq!(b.read(i * LEN, LEN), pattern(LEN, i as u8), "QP {i}");
     }
+}
+
+/// A 32 KiB WRITE (32 packets) whose sixth packet is lost once, and every response
+/// delivered: the responder holds the 26 packets after the hole, the requester resends
+/// the hole alone, and the filled gap acknowledges the rest. The peer is learnt to hold.
+#[test]
+fn selective_repeat_resends_only_the_hole() {
+    use wire::Headers;
+    let cfg = Cfg::default();
+    let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    let data = pattern(32 * 1024, 9);
+    a.write(0, &data);
+    let mut now = 0;
+    let op = SendOp::Write {
+        remote_addr: b.base + 8192,
+        rkey: b.rkey,
+    };
+    a.send(now, 1, op, vec![a.sge(0, data.len())]).unwrap();
+    let hole = wire::psn::add(cfg.psn_a, 5);
+    let mut lost = false;
+    pump(&mut a, &mut b, &mut now, |from_a, t| {
+        let (h, _) = Headers::parse(&t.data).unwrap();
+        let lose = from_a && h.bth.psn == hole && !lost;
+        lost |= lose;
+        lose
+    });
+    assert!(lost);
+    assert_eq!(b.read(8192, data.len()), data);
+    let w = a.wcs();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].status, WcStatus::Success);
+    let (sa, sb) = (a.nic.stats(), b.nic.stats());
+    assert_eq!(sa.naks_rcvd_seq, 1);
+    assert_eq!(sa.retransmits, 1, "only the hole is resent");
+    assert_eq!((sa.timeouts, sa.rtt_timeouts), (0, 0));
+    assert_eq!(sb.held, 26, "every packet after the hole was held");
+    assert_eq!(sb.duplicates, 0);
+    assert_eq!(b.nic.env.held_bytes, 0, "nothing stays held");
+    let q = &a.nic.qps[&a.qpn];
+    assert_eq!(q.req.peer_holds, Some(true));
+    assert_eq!(q.req.sr_hole, None);
+}
+
+/// The same loss where the responder cannot hold what follows the hole (the lost packet
+/// was the connection's first, so the peer's port is not known yet, as an IBTA
+/// responder such as rxe never holds): the answer to the resent hole acknowledges the
+/// hole only, and the requester goes back N from the packet after it at once, without
+/// a timer, and from then on goes back N without trying a selective resend first.
+#[test]
+fn selective_repeat_falls_back_to_go_back_n() {
+    use wire::Headers;
+    let cfg = Cfg::default();
+    let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    let data = pattern(32 * 1024, 3);
+    a.write(0, &data);
+    let mut now = 0;
+    let op = SendOp::Write {
+        remote_addr: b.base + 4096,
+        rkey: b.rkey,
+    };
+    a.send(now, 1, op, vec![a.sge(0, data.len())]).unwrap();
+    let mut lost = false;
+    pump(&mut a, &mut b, &mut now, |from_a, t| {
+        let (h, _) = Headers::parse(&t.data).unwrap();
+        let lose = from_a && h.bth.psn == cfg.psn_a && !lost;
+        lost |= lose;
+        lose
+    });
+    assert!(lost);
+    assert_eq!(b.read(4096, data.len()), data);
+    assert_eq!(a.wcs()[0].status, WcStatus::Success);
+    let (sa, sb) = (a.nic.stats(), b.nic.stats());
+    assert_eq!(sb.held, 0);
+    assert_eq!(sa.naks_rcvd_seq, 1);
+    assert_eq!(sa.retransmits, 32, "the hole, then the 31 packets after it");
+    assert_eq!((sa.timeouts, sa.rtt_timeouts), (0, 0));
+    assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, Some(false));
 }
