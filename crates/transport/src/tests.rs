@@ -1311,23 +1311,22 @@ fn many_qps_time_out_together_and_each_delivers() {
     }
 }
 
-/// A 32 KiB WRITE (32 packets) whose sixth packet is lost once, and every response
-/// delivered: the responder holds the 26 packets after the hole, the requester resends
-/// the hole alone, and the filled gap acknowledges the rest. The peer is learnt to hold.
-#[test]
-fn selective_repeat_resends_only_the_hole() {
+/// A 32 KiB WRITE (32 packets, MTU 1024) from a to b at offset 4096 whose request
+/// packet `lost_idx` is lost once, everything else delivered; checks the data and
+/// the WRITE's completion and returns the pair.
+fn write_losing_one_packet(lost_idx: u32) -> (Node, Node) {
     use wire::Headers;
     let cfg = Cfg::default();
     let (mut a, mut b) = pair(QpType::Rc, &cfg);
-    let data = pattern(32 * 1024, 9);
+    let data = pattern(32 * 1024, lost_idx as u8);
     a.write(0, &data);
     let mut now = 0;
     let op = SendOp::Write {
-        remote_addr: b.base + 8192,
+        remote_addr: b.base + 4096,
         rkey: b.rkey,
     };
     a.send(now, 1, op, vec![a.sge(0, data.len())]).unwrap();
-    let hole = wire::psn::add(cfg.psn_a, 5);
+    let hole = wire::psn::add(cfg.psn_a, lost_idx);
     let mut lost = false;
     pump(&mut a, &mut b, &mut now, |from_a, t| {
         let (h, _) = Headers::parse(&t.data).unwrap();
@@ -1336,10 +1335,19 @@ fn selective_repeat_resends_only_the_hole() {
         lose
     });
     assert!(lost);
-    assert_eq!(b.read(8192, data.len()), data);
+    assert_eq!(b.read(4096, data.len()), data);
     let w = a.wcs();
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].status, WcStatus::Success);
+    (a, b)
+}
+
+/// The sixth packet lost: the responder holds the 26 packets after the hole, the
+/// requester resends the hole alone, and the filled gap acknowledges the rest. The peer
+/// is learnt to hold.
+#[test]
+fn selective_repeat_resends_only_the_hole() {
+    let (a, b) = write_losing_one_packet(5);
     let (sa, sb) = (a.nic.stats(), b.nic.stats());
     assert_eq!(sa.naks_rcvd_seq, 1);
     assert_eq!(sa.retransmits, 1, "only the hole is resent");
@@ -1352,34 +1360,14 @@ fn selective_repeat_resends_only_the_hole() {
     assert_eq!(q.req.sr_hole, None);
 }
 
-/// The same loss where the responder cannot hold what follows the hole (the lost packet
-/// was the connection's first, so the peer's port is not known yet, as an IBTA
-/// responder such as rxe never holds): the answer to the resent hole acknowledges the
-/// hole only, and the requester goes back N from the packet after it at once, without
-/// a timer, and from then on goes back N without trying a selective resend first.
+/// The first packet lost, so the responder cannot hold what follows it (the peer's port
+/// is not known yet; an IBTA responder such as rxe never holds): the answer to the
+/// resent hole acknowledges the hole only, and the requester goes back N from the packet
+/// after it at once, without a timer, and from then on goes back N without trying a
+/// selective resend first.
 #[test]
 fn selective_repeat_falls_back_to_go_back_n() {
-    use wire::Headers;
-    let cfg = Cfg::default();
-    let (mut a, mut b) = pair(QpType::Rc, &cfg);
-    let data = pattern(32 * 1024, 3);
-    a.write(0, &data);
-    let mut now = 0;
-    let op = SendOp::Write {
-        remote_addr: b.base + 4096,
-        rkey: b.rkey,
-    };
-    a.send(now, 1, op, vec![a.sge(0, data.len())]).unwrap();
-    let mut lost = false;
-    pump(&mut a, &mut b, &mut now, |from_a, t| {
-        let (h, _) = Headers::parse(&t.data).unwrap();
-        let lose = from_a && h.bth.psn == cfg.psn_a && !lost;
-        lost |= lose;
-        lose
-    });
-    assert!(lost);
-    assert_eq!(b.read(4096, data.len()), data);
-    assert_eq!(a.wcs()[0].status, WcStatus::Success);
+    let (a, b) = write_losing_one_packet(0);
     let (sa, sb) = (a.nic.stats(), b.nic.stats());
     assert_eq!(sb.held, 0);
     assert_eq!(sa.naks_rcvd_seq, 1);
