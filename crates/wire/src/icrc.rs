@@ -518,8 +518,8 @@ impl IpIdGuard {
         // How far `id` is past `from`, when it is within the window around it.
         let step = |from: Option<u16>| {
             let d = id.wrapping_sub(from?) as i16;
-            (-(Self::BEHIND as i32)..=Self::AHEAD as i32)
-                .contains(&(d as i32))
+            (-(Self::BEHIND as i16)..=Self::AHEAD as i16)
+                .contains(&d)
                 .then_some(d)
         };
         let on_count = step(s.count);
