@@ -96,6 +96,12 @@ fn print_record(r: &Record) {
         get("rnr_naks_rcvd")
     );
     outln!(
+        "  SACKs sent {}  received {}  packets resent from them {}",
+        get("sacks_sent"),
+        get("sacks_rcvd"),
+        get("sack_resends")
+    );
+    outln!(
         "  READ re-executions {}  refused {}",
         get("read_replays"),
         get("read_replays_refused")

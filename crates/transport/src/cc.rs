@@ -199,6 +199,12 @@ impl Cc {
         Some(limit.map_or(t, |l| t.min(l)))
     }
 
+    /// How long a resent packet is given to arrive before evidence that it is still
+    /// missing counts: a round trip and twice its variation. None before the first sample.
+    pub fn resend_guard(&self) -> Option<u64> {
+        (self.srtt != 0).then(|| self.srtt.saturating_add(self.rttvar.saturating_mul(2)))
+    }
+
     /// Time the packet `p` sent at `now` unless one is being timed already; `resend`
     /// packets are never timed (their acknowledgement may answer the first copy).
     pub fn maybe_probe(&mut self, p: u32, now: u64, resend: bool) {

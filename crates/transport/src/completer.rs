@@ -188,6 +188,7 @@ pub(crate) fn rewind(qp: &mut QpCtx) {
     qp.req.rto = None;
     qp.req.rto_fast = None;
     qp.req.sr_hole = None;
+    qp.req.sack.forget();
     // Karn: the resent packets' acknowledgements may answer the first copies.
     qp.req.cc.probe = None;
     for w in qp.sq.iter_mut() {
@@ -322,9 +323,9 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
     if qp.req.peer_holds == Some(false) || qp.req.retrying || qp.req.rnr_until.is_some() {
         return false;
     }
-    if qp.req.sr_hole == Some(k) {
-        // The same loss reported again: its resend is on its way (and if that is lost
-        // too, the round-trip timer resends it).
+    if qp.req.sr_hole == Some(k) || crate::sack::recently_resent(qp, k, now) {
+        // The same loss reported again, or resent for a SACK: its resend is on its way
+        // (and if that is lost too, the round-trip timer or a later SACK resends it).
         return true;
     }
     let high = qp.req.high_psn;
@@ -342,6 +343,7 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
         "selective repeat"
     );
     qp.req.sr_hole = Some(k);
+    qp.req.sack.resent.insert(k, now);
     if cut {
         qp.req.cc.on_loss_of(k, high);
     }
@@ -637,6 +639,7 @@ fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
     } else {
         qp.arm_timers(now);
     }
+    crate::sack::maybe_permit(qp, env, now);
     requester::run(qp, env, now);
 }
 

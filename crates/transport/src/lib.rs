@@ -32,6 +32,7 @@ mod objects;
 mod qp;
 mod requester;
 mod responder;
+mod sack;
 #[cfg(test)]
 mod tests;
 mod timers;
@@ -102,6 +103,13 @@ pub struct Stats {
     pub out_of_sequence: u64,
     /// Of those, RC requests held until the gap before them filled (`qp::Held`).
     pub held: u64,
+    /// SACKs sent: a responder told a softrdma requester which packets past a gap it
+    /// holds ([`wire::ext`]).
+    pub sacks_sent: u64,
+    /// SACKs received and acted on.
+    pub sacks_rcvd: u64,
+    /// Packets resent because a SACK showed them missing.
+    pub sack_resends: u64,
     /// Datagrams to QP1 (the GSI) dropped: not a MAD as the GSI takes them (opcode,
     /// Q_Key, length, P_Key), or the inbox was full.
     pub gsi_dropped: u64,
@@ -278,6 +286,29 @@ impl Nic {
             data,
         });
         Ok(())
+    }
+
+    /// Build, seal and queue one of softrdma's extension messages ([`wire::ext`]) from QP
+    /// `src_qpn` to `dst`. They leave promptly, as a NAK does.
+    pub fn send_ext(&mut self, src_qpn: u32, dst: SocketAddr, tos: u8, m: &wire::ext::Ext) {
+        let mut data = self.take_buf(m.len());
+        if m.emit(&mut data).is_err() {
+            // The buffer is exactly the message's length: emission cannot fail.
+            self.stats.dropped += 1;
+            self.recycle(data);
+            return;
+        }
+        let src = SocketAddr::new(self.src_ip(dst.ip()), wire::udp_src_port(src_qpn));
+        wire::icrc::seal(&Addrs::new(src, dst), &mut data);
+        self.stats.tx_packets += 1;
+        self.stats.tx_bytes += data.len() as u64;
+        self.out.push_back(Transmit {
+            src,
+            dst,
+            tos,
+            kind: TransmitKind::Nak,
+            data,
+        });
     }
 
     /// A buffer of exactly `len` bytes (contents unspecified), from the pool when it can.
@@ -705,6 +736,10 @@ impl Rnic {
             env.stats.icrc_errors += 1;
             return;
         }
+        if wire::ext::is_vendor(wire::Opcode(data[0])) {
+            self.receive_ext(now, src, data);
+            return;
+        }
         let (h, payload) = match Headers::parse(data) {
             Ok(parsed) => parsed,
             Err(e) => {
@@ -776,6 +811,63 @@ impl Rnic {
             completer::handle_response(qp, env, now, src.port(), &h, payload);
         }
         self.sync_timer(h.bth.dest_qp);
+    }
+
+    /// One of softrdma's extension messages ([`wire::ext`]) with a good ICRC: taken only
+    /// by an RC QP, in a state that speaks to its peer, from the connected peer's IP and
+    /// the UDP port that peer was learnt to send from (counted and dropped otherwise).
+    fn receive_ext(&mut self, now: u64, src: SocketAddr, data: &[u8]) {
+        use wire::ext::Ext;
+        let env = &mut self.env;
+        let m = match Ext::parse(data) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(
+                    peer = %src,
+                    len = data.len(),
+                    opcode = %wire::Opcode(data[0]),
+                    counter = "malformed",
+                    reason = %e,
+                    "packet dropped"
+                );
+                env.stats.malformed += 1;
+                return;
+            }
+        };
+        let (Ext::SackPermit(bth) | Ext::Sack(bth, _)) = m;
+        let qp = self.qps.get_mut(&bth.dest_qp);
+        let ok = qp.as_ref().is_some_and(|qp| {
+            let state_ok = match m {
+                Ext::SackPermit(_) => matches!(
+                    qp.state,
+                    QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+                ),
+                Ext::Sack(..) => matches!(qp.state, QpState::Rts | QpState::Sqd),
+            };
+            qp.qp_type == QpType::Rc
+                && state_ok
+                && default_partition(bth.pkey)
+                && qp.peer.is_some_and(|p| same_ip(p.ip(), src.ip()))
+                && qp.peer_port == Some(src.port())
+        });
+        let Some(qp) = qp.filter(|_| ok) else {
+            tracing::debug!(
+                peer = %src,
+                qpn = format_args!("{:#x}", bth.dest_qp),
+                psn = bth.psn,
+                opcode = %bth.opcode,
+                counter = "dropped",
+                reason = "no RC QP here takes it from that address and port",
+                "packet dropped"
+            );
+            env.stats.dropped += 1;
+            return;
+        };
+        match m {
+            Ext::SackPermit(_) => sack::on_permit(qp, env),
+            Ext::Sack(b, bits) => sack::on_sack(qp, env, now, b.psn, bits),
+        }
+        self.sync_timer(bth.dest_qp);
     }
 
     /// A datagram to the multicast QPN: a copy for every QP attached to the group its

@@ -151,6 +151,8 @@ pub(crate) struct ReqState {
     /// answered, then `Some(false)` (an IBTA responder, rxe: go back N at once) or
     /// `Some(true)` (a softrdma responder).
     pub peer_holds: Option<bool>,
+    /// Selective acknowledgements from a softrdma responder ([`crate::sack`]).
+    pub sack: crate::sack::ReqSack,
     /// SQ drained event already given for the current SQD period.
     pub sqd_notified: bool,
     /// Stopped at a full outbox; queued in `Nic::tx_wait` to continue when it drains.
@@ -325,6 +327,16 @@ impl Held {
         true
     }
 
+    /// Whether the packet with PSN `p` is held.
+    pub fn contains(&self, p: u32) -> bool {
+        self.pkts.contains_key(&p)
+    }
+
+    /// The PSNs held.
+    pub fn psns(&self) -> impl Iterator<Item = u32> + '_ {
+        self.pkts.keys().copied()
+    }
+
     /// Take the packet with PSN `p`, if held.
     pub fn take(&mut self, p: u32, total: &mut usize) -> Option<HeldPkt> {
         let pkt = self.pkts.remove(&p)?;
@@ -393,6 +405,8 @@ pub(crate) struct RespState {
     pub comm_est: bool,
     /// Request packets held past a gap.
     pub held: Held,
+    /// The requester asked for SACKs ([`crate::sack`]): say which packets are held.
+    pub sack_peer: bool,
 }
 
 /// A QP's transport side.

@@ -91,6 +91,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         let max_rd = u32::from(qp.attr.max_rd_atomic.max(1));
         let rd_atomic = qp.req.rd_atomic;
         let base = qp.oldest_unacked();
+        let sacked = base.map_or(0, |b| crate::sack::sacked_from(qp, b) as i32);
         let Some(w) = qp.sq.get_mut(cur) else {
             break;
         };
@@ -103,8 +104,11 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 } else {
                     qp.req.next_psn
                 };
-                let window = MAX_INFLIGHT_PSNS.min(qp.req.cc.cwnd as i32);
-                if psn::diff(next, base) >= window {
+                // The peer's hold window bounds what may be outstanding; the congestion
+                // window, what is in flight (packets a SACK showed held are not).
+                let out = psn::diff(next, base);
+                let in_flight = out - sacked;
+                if out >= MAX_INFLIGHT_PSNS || in_flight >= qp.req.cc.cwnd as i32 {
                     break;
                 }
             }

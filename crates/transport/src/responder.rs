@@ -491,6 +491,7 @@ fn drain_held(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             "NAK sent (packets past the gap held)"
         );
         send_aeth(qp, env, now, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+        crate::sack::send(qp, env);
     } else if let Some((p, Some(OpKind::Send | OpKind::Write))) = last {
         // Held packets asked for no ACK of their own: acknowledge the last, so that the
         // requester sees at once how far the filled gap took it.
@@ -541,6 +542,7 @@ fn rc_request_one(
             );
         if held {
             env.stats.held += 1;
+            crate::sack::on_held(qp, env, p);
         }
         if qp.resp.nak_sent {
             let why = "PSN ahead of the expected one (NAK already sent)";

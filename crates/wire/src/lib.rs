@@ -43,6 +43,7 @@ mod rng;
 mod view;
 
 pub mod cm;
+pub mod ext;
 pub mod frame;
 pub mod icrc;
 pub mod pcap;

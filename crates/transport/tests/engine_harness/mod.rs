@@ -51,7 +51,7 @@ use softrdma_transport::verbs::{
 };
 use softrdma_transport::Rnic;
 use softrdma_wire::{
-    self as wire, psn, Aeth, AtomicAckEth, AtomicEth, Deth, Headers, Opcode, Reth, SplitMix64,
+    self as wire, ext, psn, Aeth, AtomicAckEth, AtomicEth, Deth, Headers, Opcode, Reth, SplitMix64,
     Syndrome,
 };
 
@@ -643,10 +643,11 @@ struct Run<'s> {
     ops: Vec<Opcode>,
 }
 
+/// Every IBTA opcode softrdma implements, and its SACK extension's two.
 fn opcodes() -> Vec<Opcode> {
     (0..=255u8)
         .map(Opcode)
-        .filter(|o| o.info().is_some())
+        .filter(|&o| o.info().is_some() || o == ext::SACK || o == ext::SACK_PERMIT)
         .collect()
 }
 
@@ -1533,6 +1534,24 @@ impl<'s> Run<'s> {
         method: usize,
     ) {
         let (src, dst) = self.attacker_addrs(d, h.bth.dest_qp, a);
+        if ext::is_vendor(h.bth.opcode) {
+            // A SACK (its bitmap from the payload) or SACK_PERMIT, sealed like any packet.
+            let m = if h.bth.opcode == ext::SACK {
+                let mut bits = ext::SackBitmap::default();
+                for (x, y) in bits.0.iter_mut().zip(payload) {
+                    *x = *y;
+                }
+                ext::Ext::Sack(h.bth, bits)
+            } else {
+                ext::Ext::SackPermit(h.bth)
+            };
+            let mut buf = vec![0u8; m.len()];
+            if m.emit(&mut buf).is_ok() {
+                wire::icrc::seal(&wire::Addrs::new(src, dst), &mut buf);
+                self.inject(d, src, buf, method);
+            }
+            return;
+        }
         Self::deny_qkey(&mut h);
         if let Some(b) = Self::emit(&h, payload, src, dst) {
             self.inject(d, src, b, method);

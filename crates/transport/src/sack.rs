@@ -1,0 +1,258 @@
+//! Selective acknowledgement between softrdma peers ([`wire::ext`]).
+//!
+//! A softrdma responder holds the request packets that follow a gap (`qp::Held`); a
+//! sequence NAK can name only the first missing packet, so without more a requester
+//! repairs one hole per round trip. Once a requester knows its peer holds packets (see
+//! `completer::sr_answered`), it sends a SACK_PERMIT; from then on the responder sends a
+//! SACK whenever a held packet shows a new hole, and the requester resends every packet
+//! the SACK shows missing at once.
+//!
+//! A SACK acknowledges nothing and completes nothing: it is advice on what to resend
+//! early, and the ACKs and NAKs keep their IBTA meaning. So a forged or stale SACK can
+//! at worst make the requester resend packets (duplicates, which the responder
+//! discards), and is accepted only inside the outstanding window, from the peer's UDP
+//! port. An IBTA peer (rxe) never receives either message: it never holds packets, so
+//! no SACK_PERMIT is sent to it, and a responder sends SACKs only to a requester that
+//! asked.
+
+use std::collections::BTreeMap;
+
+use softrdma_wire::ext::{Ext, SackBitmap, SACK, SACK_PERMIT, SACK_SPAN};
+use softrdma_wire::{psn, Bth};
+use tracing::{debug, trace};
+
+use crate::qp::{QpCtx, MAX_INFLIGHT_PSNS};
+use crate::requester;
+use crate::verbs::{QpState, QpType};
+use crate::Nic;
+
+/// A hole is resent on a SACK only when this many held packets follow it (or nothing
+/// more was sent after the highest held one): a packet merely overtaken by a few others
+/// arrives by itself, as TCP's duplicate-ACK threshold assumes.
+pub(crate) const DUP_THRESH: u32 = 3;
+/// Holes resent for one SACK, at most.
+const RESENDS_PER_SACK: usize = 128;
+/// SACK_PERMITs one QP sends at most while no SACK answers (a softrdma peer without this
+/// extension drops them).
+const PERMITS_MAX: u8 = 8;
+/// A hole resent less than this long ago is not resent again (before a round trip has
+/// been measured).
+const RESEND_GUARD_NS: u64 = 1_000_000;
+
+/// The requester's side: whether the peer sends SACKs, and what the last one said.
+#[derive(Debug, Default)]
+pub(crate) struct ReqSack {
+    /// A SACK came from the peer: it sends one whenever a held packet shows a hole.
+    pub peer_sacks: bool,
+    /// SACK_PERMITs sent, and when the last one went.
+    permits: u8,
+    permit_at: u64,
+    /// The latest SACK: the responder's expected PSN and the packets it holds past it.
+    pub board: Option<(u32, SackBitmap)>,
+    /// Holes resent (by a SACK or a selective repeat) and when: not again within a
+    /// round trip, when the SACK that shows them still missing may predate their arrival.
+    pub resent: BTreeMap<u32, u64>,
+}
+
+impl ReqSack {
+    /// A go-back-N resends everything: what the last SACK said no longer describes what
+    /// is in flight.
+    pub fn forget(&mut self) {
+        self.board = None;
+        self.resent.clear();
+    }
+}
+
+/// Packets at or after `base` that the last SACK showed held: in flight no more, so the
+/// congestion window does not count them.
+pub(crate) fn sacked_from(qp: &QpCtx, base: u32) -> u32 {
+    let Some((e, bits)) = &qp.req.sack.board else {
+        return 0;
+    };
+    let from = psn::diff(base, *e);
+    if from > SACK_SPAN as i32 {
+        return 0;
+    }
+    bits.count_from(from.max(1) as u32)
+}
+
+/// Requester: ask a peer that holds packets for SACKs, unless it sends them already
+/// (again after a round trip's worth of time while none answers, at most
+/// [`PERMITS_MAX`] times).
+pub(crate) fn maybe_permit(qp: &mut QpCtx, env: &mut Nic, now: u64) {
+    let s = &qp.req.sack;
+    if qp.qp_type != QpType::Rc
+        || qp.req.peer_holds != Some(true)
+        || s.peer_sacks
+        || s.permits >= PERMITS_MAX
+        || (s.permits > 0 && now.saturating_sub(s.permit_at) < resend_guard(qp))
+    {
+        return;
+    }
+    let Some(dst) = qp.peer else { return };
+    let at = qp.oldest_unacked().unwrap_or(qp.req.next_psn);
+    let m = Ext::SackPermit(Bth::new(SACK_PERMIT, qp.attr.dest_qp_num, at));
+    qp.req.sack.permits += 1;
+    qp.req.sack.permit_at = now;
+    debug!(
+        qpn = format_args!("{:#x}", qp.qpn),
+        "SACK_PERMIT sent (the peer holds packets past a gap)"
+    );
+    env.send_ext(qp.qpn, dst, qp.attr.ah_attr.grh.traffic_class, &m);
+}
+
+/// How long a resent hole is given before a SACK that still shows it missing resends it
+/// again: a round trip and its variation.
+fn resend_guard(qp: &QpCtx) -> u64 {
+    qp.req.cc.resend_guard().unwrap_or(RESEND_GUARD_NS)
+}
+
+/// Whether packet `q` was resent so recently that evidence of it missing may predate
+/// the resend's arrival.
+pub(crate) fn recently_resent(qp: &QpCtx, q: u32, now: u64) -> bool {
+    let guard = resend_guard(qp);
+    qp.req
+        .sack
+        .resent
+        .get(&q)
+        .is_some_and(|&t| now.saturating_sub(t) < guard)
+}
+
+/// Responder: the requester asked for SACKs. Answer with one at once, which also tells
+/// it that this peer sends them.
+pub(crate) fn on_permit(qp: &mut QpCtx, env: &mut Nic) {
+    if qp.qp_type != QpType::Rc {
+        return;
+    }
+    qp.resp.sack_peer = true;
+    send(qp, env);
+}
+
+/// Responder: send a SACK (expected PSN, the packets held past it) to a requester that
+/// asked for them.
+pub(crate) fn send(qp: &mut QpCtx, env: &mut Nic) {
+    if !qp.resp.sack_peer {
+        return;
+    }
+    let Some(dst) = qp.peer else { return };
+    let e = qp.resp.epsn;
+    let mut bits = SackBitmap::default();
+    for p in qp.resp.held.psns() {
+        let d = psn::diff(p, e);
+        if d > 0 {
+            bits.set(d as u32);
+        }
+    }
+    env.stats.sacks_sent += 1;
+    trace!(qpn = format_args!("{:#x}", qp.qpn), psn = e, "SACK sent");
+    let m = Ext::Sack(Bth::new(SACK, qp.attr.dest_qp_num, e), bits);
+    env.send_ext(qp.qpn, dst, qp.attr.ah_attr.grh.traffic_class, &m);
+}
+
+/// Responder: packet `p` was just held. A SACK goes out when one of the
+/// [`DUP_THRESH`] packets before it is missing: the first shows a new hole, the last
+/// makes the requester resend it (so a hole costs at most that many SACKs).
+pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32) {
+    if !qp.resp.sack_peer {
+        return;
+    }
+    let e = qp.resp.epsn;
+    let hole_near = (1..=DUP_THRESH).any(|k| {
+        let q = psn::sub(p, k);
+        !psn::lt(q, e) && !qp.resp.held.contains(q)
+    });
+    if hole_near {
+        send(qp, env);
+    }
+}
+
+/// Requester: a SACK from the peer saying it expects `e` and holds `bits` past it.
+/// Resends every packet it shows missing below the highest held one (see
+/// [`DUP_THRESH`]), each at most once per round trip.
+pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: SackBitmap) {
+    if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+        return;
+    }
+    // The answer to a SACK_PERMIT comes when nothing may be outstanding any more.
+    qp.req.sack.peer_sacks = true;
+    let Some(oldest) = qp.oldest_unacked() else {
+        return;
+    };
+    let high = qp.req.high_psn;
+    // The responder expects `e`, so it has every packet before it: `e` lies in the
+    // outstanding window (an ACK may have moved `oldest` past it since: then the SACK
+    // is older than that ACK), and what it holds was sent.
+    let span = psn::diff(high, e);
+    if psn::lt(e, oldest) || span <= 0 || span > MAX_INFLIGHT_PSNS {
+        trace!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = e,
+            oldest,
+            high,
+            "SACK outside the outstanding window ignored"
+        );
+        return;
+    }
+    let top = bits.highest();
+    if top.is_some_and(|d| d as i32 >= span) {
+        trace!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = e,
+            "SACK holding packets never sent ignored"
+        );
+        return;
+    }
+    env.stats.sacks_rcvd += 1;
+    qp.req.sack.board = Some((e, bits));
+    qp.req
+        .sack
+        .resent
+        .retain(|&q, _| !psn::lt(q, oldest) && psn::lt(q, high));
+    let Some(top) = top else { return };
+    if qp.req.retrying || qp.req.rnr_until.is_some() {
+        // A go-back-N or an RNR wait resends everything from the oldest anyway.
+        return;
+    }
+    // Nothing sent after the highest held packet: no later packet will show its holes.
+    let tail = psn::add(e, top + 1) == high;
+    let mut resent = 0;
+    let mut first = None;
+    for d in 0..top {
+        if resent >= RESENDS_PER_SACK {
+            break;
+        }
+        if d > 0 && bits.get(d) {
+            continue;
+        }
+        if !tail && bits.count_from(d + 1) < DUP_THRESH {
+            break;
+        }
+        let q = psn::add(e, d);
+        if recently_resent(qp, q, now) {
+            continue;
+        }
+        if !requester::resend_one(qp, env, now, q) {
+            // A READ or atomic request (resent by a go-back-N), or nothing to resend.
+            continue;
+        }
+        if qp.state == QpState::Err {
+            return;
+        }
+        qp.req.sack.resent.insert(q, now);
+        env.stats.sack_resends += 1;
+        first.get_or_insert(q);
+        resent += 1;
+    }
+    if let Some(q) = first {
+        debug!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            from = q,
+            resent,
+            "holes resent from a SACK"
+        );
+        qp.req.cc.on_loss_of(q, high);
+        // The round-trip timer now waits for the answer to these resends.
+        qp.req.rto_fast = None;
+        qp.arm_timers(now);
+    }
+}
