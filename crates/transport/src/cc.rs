@@ -38,6 +38,13 @@ pub(crate) const BETA_PERCENT: u32 = 70;
 pub(crate) const QUEUE_SLACK_NS: u64 = 20_000;
 /// Backing off doubles the RTT timer up to this many times (×64).
 const MAX_BACKOFF: u8 = 6;
+/// A loss never cuts the window below this multiple of the path's measured
+/// bandwidth-delay product (BBR's cwnd gain): random loss on a path that delivers at a
+/// high rate leaves the window able to keep that rate, while a queue, which raises the
+/// round trip but not the delivery rate, is still bounded to about one BDP.
+pub(crate) const BDP_GAIN: u32 = 2;
+/// Delivery-rate samples the bandwidth-delay product is the maximum of.
+const BDP_SAMPLES: usize = 8;
 
 /// One requester's window and round-trip estimate.
 #[derive(Debug, Clone)]
@@ -64,6 +71,13 @@ pub(crate) struct Cc {
     /// One past the highest PSN sent when the window was last cut by a selective
     /// repeat: losses of packets sent before it belong to the same episode.
     recover: Option<u32>,
+    /// Packets acknowledged so far, and as of when the timed packet was sent.
+    delivered: u64,
+    probe_delivered: u64,
+    /// The latest bandwidth-delay product samples, in packets: what was acknowledged
+    /// while a timed packet made its round trip, scaled to the smallest round trip.
+    bdp: [u32; BDP_SAMPLES],
+    bdp_at: usize,
 }
 
 impl Default for Cc {
@@ -82,6 +96,10 @@ impl Default for Cc {
             min_rtt: 0,
             last_rtt: 0,
             recover: None,
+            delivered: 0,
+            probe_delivered: 0,
+            bdp: [0; BDP_SAMPLES],
+            bdp_at: 0,
         }
     }
 }
@@ -111,8 +129,10 @@ impl Cc {
     /// A loss shown by the peer (sequence NAK, a response past a lost one), or a lost tail
     /// resent by the round-trip timer: the window shrinks to [`BETA_PERCENT`] of itself.
     pub fn on_loss(&mut self) {
-        self.ssthresh = (self.cwnd * BETA_PERCENT / 100).max(MIN_CWND);
-        self.cwnd = self.ssthresh;
+        self.ssthresh = (self.cwnd * BETA_PERCENT / 100)
+            .max(self.bdp_floor())
+            .clamp(MIN_CWND, MAX_CWND);
+        self.cwnd = self.cwnd.min(self.ssthresh);
         self.acc = 0;
         self.probe = None;
     }
@@ -160,6 +180,17 @@ impl Cc {
                     .min_rtt
                     .saturating_mul(2)
                     .saturating_add(QUEUE_SLACK_NS)
+    }
+
+    /// What a loss leaves of the window at least: [`BDP_GAIN`] times the largest recent
+    /// bandwidth-delay product sample.
+    fn bdp_floor(&self) -> u32 {
+        self.bdp
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or(0)
+            .saturating_mul(BDP_GAIN)
     }
 
     /// Whether the round trip has been measured.
@@ -210,6 +241,7 @@ impl Cc {
     pub fn maybe_probe(&mut self, p: u32, now: u64, resend: bool) {
         if self.probe.is_none() && !resend {
             self.probe = Some((p, now));
+            self.probe_delivered = self.delivered;
         }
     }
 
@@ -221,10 +253,17 @@ impl Cc {
             return 0;
         }
         self.una = una;
+        self.delivered += n as u64;
         if let Some((p, t)) = self.probe {
             if psn::lt(p, una) {
                 self.probe = None;
-                self.on_rtt(now.saturating_sub(t));
+                let rtt = now.saturating_sub(t).max(1);
+                self.on_rtt(rtt);
+                // Delivered during the timed round trip, at the smallest round trip.
+                let d = self.delivered - self.probe_delivered;
+                let bdp = u128::from(d) * u128::from(self.min_rtt) / u128::from(rtt);
+                self.bdp[self.bdp_at] = bdp.min(u128::from(MAX_CWND)) as u32;
+                self.bdp_at = (self.bdp_at + 1) % BDP_SAMPLES;
             }
         }
         n as u32
@@ -286,6 +325,40 @@ mod tests {
         c.on_rtt(100_000 * 2 + QUEUE_SLACK_NS + 1);
         c.on_loss_of(300, 400);
         assert_eq!(c.cwnd, w * BETA_PERCENT / 100);
+    }
+
+    #[test]
+    fn a_loss_leaves_twice_the_measured_bdp() {
+        let mut c = Cc::default();
+        // 100 packets acknowledged while a packet made a 100 µs round trip (also the
+        // smallest): a BDP of 100 packets.
+        c.maybe_probe(0, 0, false);
+        assert_eq!(c.advance(100, 100_000), 100);
+        let floor = 100 * BDP_GAIN;
+        assert!(floor < MAX_CWND * BETA_PERCENT / 100 * BETA_PERCENT / 100);
+        for _ in 0..20 {
+            c.on_loss();
+        }
+        assert_eq!((c.cwnd, c.ssthresh), (floor, floor));
+        // The same deliveries over a round trip twice as long (a queue): half the BDP
+        // at the smallest round trip; the larger sample still counts while it is recent.
+        c.maybe_probe(100, 200_000, false);
+        c.advance(200, 400_000);
+        c.on_loss();
+        assert_eq!(c.cwnd, floor);
+        // Once only queue-inflated samples remain, losses cut to their floor.
+        for i in 0..BDP_SAMPLES as u32 {
+            let t = 1_000_000 * u64::from(i + 1);
+            c.maybe_probe(200 + i * 10, t, false);
+            c.advance(210 + i * 10, t + 200_000);
+        }
+        for _ in 0..20 {
+            c.on_loss();
+        }
+        assert_eq!(c.cwnd, 5 * BDP_GAIN, "10 packets per 200 µs, scaled to 100 µs");
+        // A timeout still collapses the window.
+        c.on_timeout();
+        assert_eq!(c.cwnd, MIN_CWND);
     }
 
     #[test]

@@ -320,12 +320,21 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static st
 /// nothing was sent after `k`, or `k` is a READ or atomic request. `cut`: the loss
 /// counts against the window here (the round-trip timer counted it already).
 fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) -> bool {
-    if qp.req.peer_holds == Some(false) || qp.req.retrying || qp.req.rnr_until.is_some() {
+    if qp.req.retrying || qp.req.rnr_until.is_some() {
         return false;
+    }
+    if qp.req.peer_holds == Some(false) {
+        if qp.req.sr_probe_in > 0 {
+            qp.req.sr_probe_in -= 1;
+            return false;
+        }
+        // Ask again (the answer to this resend decides, see `sr_answered`).
+        qp.req.sr_probe_in = crate::qp::SR_RETRY_AFTER;
     }
     if qp.req.sr_hole == Some(k) || crate::sack::recently_resent(qp, k, now) {
         // The same loss reported again, or resent for a SACK: its resend is on its way
         // (and if that is lost too, the round-trip timer or a later SACK resends it).
+        qp.arm_timers(now);
         return true;
     }
     let high = qp.req.high_psn;
@@ -378,7 +387,10 @@ fn sr_answered(qp: &mut QpCtx, now: u64, p: u32, nak: bool) -> bool {
     }
     let next = psn::add(k, 1);
     if !nak && p == k && psn::lt(next, qp.req.high_psn) {
-        qp.req.peer_holds.get_or_insert(false);
+        if qp.req.peer_holds != Some(true) {
+            qp.req.peer_holds = Some(false);
+            qp.req.sr_probe_in = crate::qp::SR_RETRY_AFTER;
+        }
         return true;
     }
     if !nak || p != next {
@@ -752,7 +764,9 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             // missing (see `sr_answered`).
             let holds = qp.req.peer_holds == Some(true) && !qp.req.retrying;
             if let Some(k) = oldest.filter(|_| holds) {
+                // The timer's expiry is the evidence that the last resend was lost too.
                 qp.req.sr_hole = None;
+                qp.req.sack.resent.remove(&k);
                 if selective_repeat(qp, env, now, k, false) {
                     qp.req.rto = rto;
                     if qp.state != QpState::Err {

@@ -26,6 +26,11 @@ pub(crate) const MAX_INFLIGHT_PSNS: i32 = 512;
 /// window (up to MAX_INFLIGHT_PSNS packets) at post time.
 pub(crate) const OUTBOX_MAX: usize = 256;
 
+/// Go-back-N recoveries between two tries of a selective resend on a peer that did not
+/// hold the last time (see [`ReqState::sr_probe_in`]). Against rxe each try costs the
+/// resent packet and a round trip before the go-back-N.
+pub(crate) const SR_RETRY_AFTER: u8 = 16;
+
 /// Atomic results remembered for duplicate detection, at least (more if
 /// max_dest_rd_atomic is larger).
 pub(crate) const ATOMIC_REPLAY_MIN: usize = 16;
@@ -151,6 +156,11 @@ pub(crate) struct ReqState {
     /// answered, then `Some(false)` (an IBTA responder, rxe: go back N at once) or
     /// `Some(true)` (a softrdma responder).
     pub peer_holds: Option<bool>,
+    /// Losses to answer with a go-back-N before trying a selective resend again on a
+    /// peer that did not hold: a softrdma responder cannot hold before it has learnt the
+    /// requester's port (a loss of the connection's first packet looks like rxe), so
+    /// the question is asked again now and then ([`SR_RETRY_AFTER`]).
+    pub sr_probe_in: u8,
     /// Selective acknowledgements from a softrdma responder ([`crate::sack`]).
     pub sack: crate::sack::ReqSack,
     /// SQ drained event already given for the current SQD period.

@@ -499,7 +499,9 @@ fn ack_past_lost_read_response_after_progress_renews_retries() {
         ..Default::default()
     };
     let (mut a, mut b) = pair(QpType::Rc, &cfg);
-    a.nic.qps.get_mut(&a.qpn).unwrap().req.peer_holds = Some(false);
+    let req = &mut a.nic.qps.get_mut(&a.qpn).unwrap().req;
+    req.peer_holds = Some(false);
+    req.sr_probe_in = crate::qp::SR_RETRY_AFTER;
     let p = cfg.psn_a;
     a.write(0, &pattern(64, 1));
     b.write(4096, &pattern(100, 2));
@@ -1606,4 +1608,51 @@ fn forged_or_stale_sacks_change_nothing() {
     let w = a.wcs();
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].status, WcStatus::Success);
+}
+
+/// A connection whose first packet was lost took its peer for one that does not hold;
+/// after `SR_RETRY_AFTER` go-back-N recoveries it tries a selective resend again, and
+/// finds out that the peer (which has since learnt the requester's port) does hold.
+#[test]
+fn a_peer_taken_for_one_that_does_not_hold_is_asked_again() {
+    use wire::Headers;
+    let cfg = Cfg::default();
+    let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    let mut now = 0;
+    let mut next = cfg.psn_a;
+    for round in 0..=u32::from(crate::qp::SR_RETRY_AFTER) + 1 {
+        let data = pattern(16 * 1024, round as u8);
+        a.write(0, &data);
+        let op = SendOp::Write {
+            remote_addr: b.base,
+            rkey: b.rkey,
+        };
+        a.send(now, u64::from(round), op, vec![a.sge(0, data.len())])
+            .unwrap();
+        // The first round loses its first packet, the others their sixth.
+        let hole = wire::psn::add(next, if round == 0 { 0 } else { 5 });
+        let mut lost = false;
+        pump(&mut a, &mut b, &mut now, |from_a, t| {
+            let Ok((h, _)) = Headers::parse(&t.data) else {
+                return false;
+            };
+            let lose = from_a && !lost && h.bth.psn == hole;
+            lost |= lose;
+            lose
+        });
+        assert!(lost);
+        assert_eq!(b.read(0, data.len()), data, "round {round}");
+        let w = a.wcs();
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].status, WcStatus::Success);
+        let holds = a.nic.qps[&a.qpn].req.peer_holds;
+        if round == 0 {
+            assert_eq!(holds, Some(false), "the first loss looks like rxe");
+        } else if round <= u32::from(crate::qp::SR_RETRY_AFTER) {
+            assert_eq!(holds, Some(false), "round {round}: still going back N");
+        } else {
+            assert_eq!(holds, Some(true), "asked again, the peer holds");
+        }
+        next = wire::psn::add(next, 16);
+    }
 }
