@@ -187,7 +187,7 @@ impl CompletionQueue {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.wait_into(&mut buf[..want], left) {
                 Ok(got) => out.extend_from_slice(&buf[..got]),
-                Err(e) if e.errno() == libc::ETIMEDOUT => {
+                Err(e) if e.is_timeout() => {
                     return Err(Error::timed_out("not all completions arrived"))
                 }
                 Err(e) => return Err(e),

@@ -110,7 +110,8 @@ impl Device {
                 }
                 None => (libc::EIO, format!(": {e}")),
             };
-            Error::new(errno, format!("opening {} at UDP {at}{detail}", cfg.name))
+            let msg = format!("opening {} at UDP {at}{detail}", cfg.name);
+            Error::io(e, errno, msg)
         })?;
         Ok(Device {
             inner: Arc::new(DevInner {

@@ -45,7 +45,7 @@ pub use cq::{CompletionChannel, CompletionQueue, PollIter};
 pub use device::{
     devices, Device, DeviceAddr, DeviceConfig, DeviceInfo, DeviceStats, DriverStats, LinkStats,
 };
-pub use error::{Error, Rejection, Result};
+pub use error::{Error, ErrorKind, Rejection, Result};
 pub use mr::{DeviceMemory, MemoryRegion, MemoryWindow, MrBuffer, RemoteMemory};
 pub use pd::ProtectionDomain;
 pub use qp::{PathOptions, QpInit, QueuePair, RemoteQp, SharedReceiveQueue, DEFAULT_QKEY};

@@ -565,7 +565,8 @@ impl Rnic {
             return Ok(());
         }
         if qp.sq.len() >= qp.max_send_wr as usize {
-            return Err(verbs::Error::new(verbs::Errno::ENOMEM, "send queue full"));
+            return Err(verbs::Error::new(verbs::Errno::ENOMEM, "send queue full")
+                .with_kind(verbs::ErrorKind::QueueFull));
         }
         let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
         if len > u64::from(u32::MAX >> 1) {

@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use super::fault;
 use super::mem::{DmaPtr, MemSpan};
 use super::table::IdMap;
-use super::{ebusy, einval, enomem, Context};
+use super::{ebusy, einval, enomem, missing, Context};
 use crate::error::{Errno, Error, Result};
 use crate::types::{Access, DmId, PdId, Qpn, Sge, WcStatus};
 
@@ -204,7 +204,7 @@ impl Context {
     /// The PD and keys of the region with local key `lkey` (for importing it by handle);
     /// EINVAL if there is none.
     pub fn query_mr(&self, lkey: u32) -> Result<(PdId, MrInfo)> {
-        let m = self.mrs.by_key(lkey).ok_or(einval("no such MR"))?;
+        let m = self.mrs.by_key(lkey).ok_or(missing("no such MR"))?;
         Ok((
             m.pd,
             MrInfo {
@@ -218,7 +218,7 @@ impl Context {
     /// Deregister by lkey; EBUSY while windows are bound to it.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
         if self.mrs.by_key(lkey).is_none() {
-            return Err(einval("no such MR"));
+            return Err(missing("no such MR"));
         }
         if self.mws.bound_to_mr(lkey) {
             return Err(ebusy("memory windows are bound to the MR"));
