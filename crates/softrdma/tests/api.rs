@@ -112,3 +112,92 @@ fn foreign_objects_and_config_errors_have_their_kinds() {
     let inner = io_err.get_ref().and_then(|i| i.downcast_ref::<Error>());
     assert_eq!(inner, Some(&e));
 }
+
+#[test]
+fn poll_iter_yields_the_overflow_error() {
+    let a = side(QpType::Rc, 1);
+    let b = side(QpType::Rc, 64);
+    connect(&a, &b);
+    a.qp.post_send(wr::write(1, [a.mr.sge(0..8)], &b.mr.remote(), 0))
+        .unwrap();
+    assert_eq!(a.cq.wait(T).unwrap().wr_id, 1);
+    assert!(
+        a.cq.poll_iter().next().is_none(),
+        "an idle CQ yields nothing"
+    );
+    for i in 0..=a.cq.capacity() as u64 {
+        a.qp.post_send(wr::write(10 + i, [a.mr.sge(0..8)], &b.mr.remote(), 0))
+            .unwrap();
+    }
+    assert_eq!(
+        a.dev.wait_async_event(Some(T)).unwrap(),
+        AsyncEvent::CqErr(a.cq.id())
+    );
+    let items: Vec<Result<WorkCompletion>> = a.cq.poll_iter().collect();
+    match items.as_slice() {
+        [Err(e)] => assert_eq!(e.kind(), ErrorKind::CqOverflow, "{e}"),
+        other => panic!("expected one overflow error, got {other:?}"),
+    }
+}
+
+/// Whether `fd` becomes readable within `ms`, by poll(2) through the device crate.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: u64) -> bool {
+    softrdma_device::poll_readable(&[fd], Some(Duration::from_millis(ms))).is_ok_and(|r| r[0])
+}
+
+#[test]
+fn fds_are_borrowed_from_their_owners() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let a = side(QpType::Rc, 16);
+    let dev_b = open();
+    let pd_b = dev_b.alloc_pd().unwrap();
+    let ch = dev_b.create_channel().unwrap();
+    let cq_b = dev_b.create_cq(16, Some(&ch)).unwrap();
+    let qp_b = pd_b.create_qp(&QpInit::new(QpType::Rc, &cq_b)).unwrap();
+    let mr_b = pd_b.register(4096, ALL).unwrap();
+    a.qp.connect(&qp_b.local(5), 9, ALL).unwrap();
+    qp_b.connect(&a.qp.local(9), 5, ALL).unwrap();
+    assert_eq!(ch.as_fd().as_raw_fd(), ch.as_raw_fd());
+    // An owned duplicate of the channel's fd sees the same eventfd.
+    let dup = ch.as_fd().try_clone_to_owned().unwrap();
+    assert!(!readable(dup.as_fd(), 0), "no event yet");
+    qp_b.post_recv(wr::recv(1, [mr_b.sge(0..64)])).unwrap();
+    cq_b.req_notify(false).unwrap();
+    a.qp.post_send(wr::send(1, [a.mr.sge(0..7)])).unwrap();
+    assert!(
+        (0..100).any(|_| readable(dup.as_fd(), 100)),
+        "channel fd never became readable"
+    );
+    assert!(readable(ch.as_fd(), 0));
+    assert_eq!(ch.try_get().unwrap(), Some(cq_b.id()));
+    ch.ack(&cq_b, 1).unwrap();
+    assert_eq!(cq_b.wait(T).unwrap().wr_id, 1);
+    // The device's async-event fd, by accessor and by AsFd.
+    assert_eq!(
+        dev_b.async_event_fd().as_raw_fd(),
+        dev_b.as_fd().as_raw_fd()
+    );
+    assert!(!readable(dev_b.as_fd(), 0), "no async event yet");
+    qp_b.to_error().unwrap();
+    let ev = dev_b.async_event_fd().try_clone_to_owned().unwrap();
+    drop(dup);
+    // A QP moved to ERROR by the program raises no event; an overflowing CQ does.
+    assert!(!readable(ev.as_fd(), 0));
+    let cq_small = dev_b.create_cq(1, None).unwrap();
+    let qp_c = pd_b.create_qp(&QpInit::new(QpType::Rc, &cq_small)).unwrap();
+    qp_c.to_init(ALL).unwrap();
+    for i in 0..4 {
+        qp_c.post_recv(wr::recv(i, [mr_b.sge(0..8)])).unwrap();
+    }
+    qp_c.to_error().unwrap(); // flushes four receives into a one-entry CQ
+    assert!(
+        (0..100).any(|_| readable(ev.as_fd(), 100)),
+        "async-event fd never became readable"
+    );
+    assert_eq!(
+        dev_b.next_async_event(),
+        Some(AsyncEvent::CqErr(cq_small.id()))
+    );
+    drop(qp_b);
+    drop(cq_b);
+}
