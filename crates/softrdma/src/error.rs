@@ -197,6 +197,16 @@ impl From<verbs::Error> for Error {
     }
 }
 
+/// A failed work completion, for `wc.result()?` in a function returning [`Result`]: EIO
+/// to the errno, the completion's status and detail as the message and the source.
+impl From<verbs::WcError> for Error {
+    fn from(e: verbs::WcError) -> Error {
+        Error::new(libc::EIO, format!("work request failed: {e}"))
+            .with_kind(ErrorKind::Completion)
+            .with_source(e)
+    }
+}
+
 impl From<softrdma_cm::cma::CmaError> for Error {
     fn from(e: softrdma_cm::cma::CmaError) -> Error {
         Error::new(e.errno, e.msg).with_source(e)

@@ -54,5 +54,5 @@ pub use softrdma_transport::verbs;
 pub use softrdma_transport::verbs::{
     Access, AhAttr, AsyncEvent, CqId, DeviceAttr, Gid, GlobalRoute, Mtu, MwBind, PortAttr, QpAttr,
     QpAttrMask, QpCap, QpState, QpType, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
-    WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    WcDetail, WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };

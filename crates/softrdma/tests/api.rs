@@ -201,3 +201,90 @@ fn fds_are_borrowed_from_their_owners() {
     drop(qp_b);
     drop(cq_b);
 }
+
+fn rc_pair() -> (Side, Side) {
+    let (a, b) = (side(QpType::Rc, 64), side(QpType::Rc, 64));
+    connect(&a, &b);
+    (a, b)
+}
+
+/// WRITE 64 bytes from `sge` to the peer and return the completion.
+fn write_from(a: &Side, b: &Side, sge: Sge) -> WorkCompletion {
+    a.qp.post_send(wr::write(1, [sge], &b.mr.remote(), 0))
+        .unwrap();
+    a.cq.wait(T).unwrap()
+}
+
+fn failed(status: WcStatus, detail: WcDetail) -> std::result::Result<(), WcError> {
+    Err(WcError::new(status, detail))
+}
+
+#[test]
+fn completion_errors_carry_their_detail() {
+    use WcStatus::*;
+    // A memory region of another PD of the same device.
+    let (a, b) = rc_pair();
+    let other = a.dev.alloc_pd().unwrap().register(64, ALL).unwrap();
+    let wc = write_from(&a, &b, other.sge(0..64));
+    assert_eq!(wc.result(), failed(LocProtErr, WcDetail::WrongPd));
+    assert_eq!(wc.vendor_err, 2);
+    // An SGE reaching past its region's end.
+    let (a, b) = rc_pair();
+    let past_end = Sge {
+        addr: a.mr.addr() + 8192 - 32,
+        length: 64,
+        lkey: a.mr.lkey(),
+    };
+    let wc = write_from(&a, &b, past_end);
+    assert_eq!(wc.result(), failed(LocProtErr, WcDetail::SgeOutOfBounds));
+    assert_eq!(wc.vendor_err, 3);
+    // The lkey of a region deregistered (dropped) before the post.
+    let (a, b) = rc_pair();
+    let gone = a.pd.register(64, ALL).unwrap();
+    let stale = gone.sge(0..64);
+    drop(gone);
+    let wc = write_from(&a, &b, stale);
+    assert_eq!(wc.result(), failed(LocProtErr, WcDetail::UnknownLkey));
+    assert_eq!(wc.vendor_err, 1);
+    let e = wc.result().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "local protection error (lkey of no registered memory region)"
+    );
+    // `?` turns it into an Error of kind Completion, whose source is the WcError.
+    let err: Error = e.into();
+    assert_eq!(err.kind(), ErrorKind::Completion);
+    let src = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<WcError>());
+    assert_eq!(src, Some(&e));
+    // A receive whose buffer fails the responder's check: the receiver's completion says
+    // which check, the sender's what the peer answered.
+    let (a, b) = rc_pair();
+    let recv_past_end = Sge {
+        addr: b.mr.addr() + 8192 - 8,
+        length: 64,
+        lkey: b.mr.lkey(),
+    };
+    b.qp.post_recv(wr::recv(7, [recv_past_end])).unwrap();
+    a.qp.post_send(wr::send(2, [a.mr.sge(0..32)])).unwrap();
+    let rwc = b.cq.wait(T).unwrap();
+    assert_eq!(rwc.wr_id, 7);
+    assert_eq!(rwc.result(), failed(LocProtErr, WcDetail::SgeOutOfBounds));
+    let swc = a.cq.wait(T).unwrap();
+    assert_eq!(swc.result(), failed(RemOpErr, WcDetail::RemoteOperational));
+    // Success has no error and no detail; flushed requests have no detail.
+    let (a, b) = rc_pair();
+    let ok = write_from(&a, &b, a.mr.sge(0..64));
+    assert_eq!((ok.result(), ok.vendor_err), (Ok(()), 0));
+    let other = a.dev.alloc_pd().unwrap().register(64, ALL).unwrap();
+    a.qp.post_send(wr::write(3, [other.sge(0..64)], &b.mr.remote(), 0))
+        .unwrap();
+    a.qp.post_send(wr::write(4, [a.mr.sge(0..64)], &b.mr.remote(), 0))
+        .unwrap();
+    let wcs = a.cq.wait_n(2, T).unwrap();
+    assert_eq!(wcs[0].result(), failed(LocProtErr, WcDetail::WrongPd));
+    assert_eq!(wcs[1].result(), failed(WrFlushErr, WcDetail::Unspecified));
+    assert_eq!(
+        WcStatus::WrFlushErr.to_string(),
+        "Work Request Flushed Error"
+    );
+}

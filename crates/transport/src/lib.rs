@@ -1057,12 +1057,22 @@ fn gather_inline(
     sg_list: &[verbs::Sge],
     len: usize,
 ) -> verbs::Result<Vec<u8>> {
+    use verbs::{ErrorKind, WcDetail};
     let mut out = vec![0u8; len];
-    ctx.gather(pd, sg_list, 0, &mut out).map_err(|_| {
+    ctx.gather(pd, sg_list, 0, &mut out).map_err(|e| {
+        // The check that failed, which a completion would have given as its detail.
+        let kind = match e.detail {
+            WcDetail::UnknownLkey => ErrorKind::NotFound,
+            WcDetail::WrongPd => ErrorKind::ForeignObject,
+            WcDetail::SgeOutOfBounds | WcDetail::MessageTooLong => ErrorKind::OutOfBounds,
+            WcDetail::LocalAccess => ErrorKind::PermissionDenied,
+            _ => ErrorKind::BadAddress,
+        };
         verbs::Error::new(
             verbs::Errno::EFAULT,
             "inline SGE outside the PD's registered memory",
         )
+        .with_kind(kind)
     })?;
     Ok(out)
 }

@@ -107,6 +107,8 @@ pub enum ErrorKind {
     Io,
     /// The configuration (environment or file) is invalid.
     Config,
+    /// A work request completed in error (the source is its completion's error).
+    Completion,
     /// None of the above.
     Other,
 }
