@@ -532,6 +532,12 @@ impl Device {
         self.shared.async_fd.as_raw_fd()
     }
 
+    /// The async-event fd, borrowed for as long as the device: what a program hands to
+    /// an event loop without trusting a raw number to stay open.
+    pub fn async_event_borrowed_fd(&self) -> BorrowedFd<'_> {
+        self.shared.async_fd.as_fd()
+    }
+
     /// Wait until an async event is pending or `timeout` passes (None: forever); returns
     /// whether one is (a signal may end the wait early, with `false`).
     pub fn wait_async_event(&self, timeout: Option<Duration>) -> io::Result<bool> {

@@ -52,7 +52,7 @@ use softrdma_transport::verbs::{QpAttr, QpAttrMask, QpState, QpType};
 use softrdma_wire::cm::{port_space, rej_reason};
 
 use crate::error::Rejection;
-use crate::{Device, Error, ProtectionDomain, QpInit, QueuePair, Result};
+use crate::{Device, Error, ErrorKind, ProtectionDomain, QpInit, QueuePair, Result};
 
 pub use softrdma_cm::cma::{
     ConnParam, EventType, IdOption, IdState, Timeouts, UdParam, MAX_ACCEPT_PRIVATE,
@@ -74,10 +74,8 @@ fn agent_of(dev: &Device) -> Result<Arc<Agent>> {
     }
     let dir = registry::default_dir();
     let reg = Registry::open(&dir).map_err(|e| {
-        Error::new(
-            e.raw_os_error().unwrap_or(libc::EACCES),
-            format!("rdma_cm port registry {}: {e}", dir.display()),
-        )
+        let msg = format!("rdma_cm port registry {}: {e}", dir.display());
+        Error::io(e, libc::EACCES, msg)
     })?;
     let ports = HostPorts::new(reg, dev.addr().port());
     let a = Agent::start(
@@ -86,10 +84,8 @@ fn agent_of(dev: &Device) -> Result<Arc<Agent>> {
         softrdma_device::os_seed(),
     )
     .map_err(|e| {
-        Error::new(
-            e.raw_os_error().unwrap_or(libc::EIO),
-            format!("starting the CM of {}: {e}", dev.name()),
-        )
+        let msg = format!("starting the CM of {}: {e}", dev.name());
+        Error::io(e, libc::EIO, msg)
     })?;
     let a = Arc::new(a);
     *slot = Some(Arc::clone(&a));
@@ -458,7 +454,8 @@ impl CmId {
     /// `rdma_migrate_id`: send this id's future events to `channel` (of the same device).
     pub fn migrate(&mut self, channel: &EventChannel) -> Result<()> {
         if !self.chan.same_device(channel) {
-            return Err(Error::invalid("the channel belongs to another device"));
+            return Err(Error::invalid("the channel belongs to another device")
+                .with_kind(ErrorKind::ForeignObject));
         }
         let ch = channel.ch.id();
         self.call(|c, _, h| c.migrate(h, ch))?;
@@ -470,9 +467,10 @@ impl CmId {
     /// attributes (UD QPs go on to RTS: they need no peer).
     pub fn create_qp(&self, pd: &ProtectionDomain, init: &QpInit<'_>) -> Result<QueuePair> {
         if !Arc::ptr_eq(&pd.device().inner, &self.chan.dev.inner) {
-            return Err(Error::invalid(
-                "the PD belongs to another device than the CM id",
-            ));
+            return Err(
+                Error::invalid("the PD belongs to another device than the CM id")
+                    .with_kind(ErrorKind::ForeignObject),
+            );
         }
         if init.qp_type != self.ps.qp_type() {
             return Err(Error::invalid(format!(
@@ -704,7 +702,8 @@ fn event_error(ev: &Event, what: &str, peer: SocketAddr) -> Error {
         EventType::Unreachable => Error::new(
             libc::ETIMEDOUT,
             format!("{peer} unreachable: its CM never answered (UNREACHABLE)"),
-        ),
+        )
+        .with_kind(ErrorKind::Unreachable),
         EventType::AddrError | EventType::RouteError | EventType::ConnectError => {
             let errno = if ev.status < 0 { -ev.status } else { libc::EIO };
             Error::new(errno, format!("{:?} while {what} ({peer})", ev.kind))
@@ -807,10 +806,8 @@ pub fn connect_with(
             id.ready_qp(&qp, None, None, opts.min_rnr_timer)
                 .and_then(|()| id.accept(&ConnParam::default()))
                 .map_err(|e| {
-                    Error::new(
-                        e.errno(),
-                        format!("completing the connection to {addr}: {}", e.message()),
-                    )
+                    let msg = format!("completing the connection to {addr}: {}", e.message());
+                    e.with_message(msg)
                 })?;
             Ok(Connection::new(id, qp, ev.private_data().to_vec(), None))
         }

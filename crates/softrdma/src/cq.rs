@@ -1,6 +1,6 @@
 //! Completion queues and completion channels.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,6 +72,16 @@ impl CompletionChannel {
     }
 }
 
+impl AsFd for CompletionChannel {
+    /// The channel's eventfd, for poll/epoll or an async runtime's `AsyncFd`.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the device keeps the channel's eventfd open until `ChanInner::drop`
+        // removes it, and `self` holds an `Arc` of that `ChanInner`, so the fd outlives
+        // the borrow of `self` the returned value is tied to.
+        unsafe { BorrowedFd::borrow_raw(self.inner.fd) }
+    }
+}
+
 impl AsRawFd for CompletionChannel {
     fn as_raw_fd(&self) -> RawFd {
         self.inner.fd
@@ -137,7 +147,9 @@ impl CompletionQueue {
         let mut wc = [WorkCompletion::default()];
         Ok((self.poll(&mut wc)? == 1).then_some(wc[0]))
     }
-    /// The completions available now, as an iterator (stops at the first empty poll or error).
+    /// The completions available now, as an iterator: it ends at the first empty poll,
+    /// and an error of the poll (a CQ overflow: completions were lost) is its last item,
+    /// so that a loop over it cannot mistake a broken CQ for an idle one.
     pub fn poll_iter(&self) -> PollIter<'_> {
         PollIter {
             cq: self,
@@ -187,7 +199,7 @@ impl CompletionQueue {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.wait_into(&mut buf[..want], left) {
                 Ok(got) => out.extend_from_slice(&buf[..got]),
-                Err(e) if e.errno() == libc::ETIMEDOUT => {
+                Err(e) if e.is_timeout() => {
                     return Err(Error::timed_out("not all completions arrived"))
                 }
                 Err(e) => return Err(e),
@@ -234,14 +246,21 @@ pub struct PollIter<'a> {
 }
 
 impl Iterator for PollIter<'_> {
-    type Item = WorkCompletion;
-    fn next(&mut self) -> Option<WorkCompletion> {
+    type Item = Result<WorkCompletion>;
+    fn next(&mut self) -> Option<Result<WorkCompletion>> {
         if self.at == self.n {
             if self.done {
                 return None;
             }
             self.at = 0;
-            self.n = self.cq.poll(&mut self.buf).unwrap_or(0);
+            self.n = 0;
+            match self.cq.poll(&mut self.buf) {
+                Ok(n) => self.n = n,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
             if self.n < self.buf.len() {
                 self.done = true;
             }
@@ -251,6 +270,8 @@ impl Iterator for PollIter<'_> {
         }
         let wc = self.buf[self.at];
         self.at += 1;
-        Some(wc)
+        Some(Ok(wc))
     }
 }
+
+impl std::iter::FusedIterator for PollIter<'_> {}

@@ -2,7 +2,7 @@
 
 use softrdma_device::CqPoller;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -110,7 +110,8 @@ impl Device {
                 }
                 None => (libc::EIO, format!(": {e}")),
             };
-            Error::new(errno, format!("opening {} at UDP {at}{detail}", cfg.name))
+            let msg = format!("opening {} at UDP {at}{detail}", cfg.name);
+            Error::io(e, errno, msg)
         })?;
         Ok(Device {
             inner: Arc::new(DevInner {
@@ -248,9 +249,11 @@ impl Device {
         })
     }
 
-    /// The async-event fd: readable while async events are pending.
-    pub fn async_event_fd(&self) -> RawFd {
-        self.inner.dev.async_event_fd()
+    /// The async-event fd, readable while async events are pending (take them with
+    /// [`Device::next_async_event`]). Borrowed from the device, so it cannot outlive it;
+    /// the same fd is the device's [`AsFd`].
+    pub fn async_event_fd(&self) -> BorrowedFd<'_> {
+        self.inner.dev.async_event_borrowed_fd()
     }
     /// The next async event, if one is pending.
     pub fn next_async_event(&self) -> Option<AsyncEvent> {
@@ -278,9 +281,16 @@ impl Device {
     }
 }
 
+impl AsFd for Device {
+    /// The async-event fd ([`Device::async_event_fd`]).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.async_event_fd()
+    }
+}
+
 impl AsRawFd for Device {
     /// The async-event fd.
     fn as_raw_fd(&self) -> RawFd {
-        self.async_event_fd()
+        self.async_event_fd().as_raw_fd()
     }
 }

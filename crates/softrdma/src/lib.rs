@@ -45,7 +45,7 @@ pub use cq::{CompletionChannel, CompletionQueue, PollIter};
 pub use device::{
     devices, Device, DeviceAddr, DeviceConfig, DeviceInfo, DeviceStats, DriverStats, LinkStats,
 };
-pub use error::{Error, Rejection, Result};
+pub use error::{Error, ErrorKind, Rejection, Result};
 pub use mr::{DeviceMemory, MemoryRegion, MemoryWindow, MrBuffer, RemoteMemory};
 pub use pd::ProtectionDomain;
 pub use qp::{PathOptions, QpInit, QueuePair, RemoteQp, SharedReceiveQueue, DEFAULT_QKEY};
@@ -54,5 +54,5 @@ pub use softrdma_transport::verbs;
 pub use softrdma_transport::verbs::{
     Access, AhAttr, AsyncEvent, CqId, DeviceAttr, Gid, GlobalRoute, Mtu, MwBind, PortAttr, QpAttr,
     QpAttrMask, QpCap, QpState, QpType, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
-    WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    WcDetail, WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use softrdma_transport::verbs::{self, Access, DmId, MrInfo, MwId, PdId, Sge};
 
 use crate::pd::{PdInner, ProtectionDomain};
-use crate::{Device, Error, Result};
+use crate::{Device, Error, ErrorKind, Result};
 
 /// The memory a safe registration owns: a vector, a length of zeroed bytes, or a copy.
 #[derive(Debug)]
@@ -293,12 +293,17 @@ impl MemoryRegion {
     ) -> Result<R> {
         match offset.checked_add(n) {
             Some(end) if end <= self.len() => {}
-            _ => return Err(Error::new(libc::EFAULT, "out of the region's bounds")),
+            _ => {
+                return Err(Error::new(libc::EFAULT, "out of the region's bounds")
+                    .with_kind(ErrorKind::OutOfBounds))
+            }
         }
         let pd = self.pd.id;
         let sge = Sge {
             addr: self.info.addr.wrapping_add(offset as u64),
-            length: u32::try_from(n).map_err(|_| Error::invalid("access longer than 4 GiB"))?,
+            length: u32::try_from(n).map_err(|_| {
+                Error::invalid("access longer than 4 GiB").with_kind(ErrorKind::OutOfBounds)
+            })?,
             lkey: self.info.lkey,
         };
         // Under the engine lock, which orders these copies with the device's own accesses
@@ -496,6 +501,6 @@ fn misaligned_or_gone(s: &verbs::MemSpan<'_>) -> Error {
     if s.word_aligned(0) {
         gone(s)
     } else {
-        Error::invalid("misaligned address")
+        Error::invalid("misaligned address").with_kind(ErrorKind::Misaligned)
     }
 }

@@ -10,7 +10,7 @@ use softrdma_transport::verbs::{
 use crate::ah::ah_attr;
 use crate::cq::{CompletionQueue, CqInner};
 use crate::pd::{PdInner, ProtectionDomain};
-use crate::{Error, Result};
+use crate::{Error, ErrorKind, Result};
 
 /// The default Q_Key of the UD helpers.
 pub const DEFAULT_QKEY: u32 = 0x1111_1111;
@@ -164,12 +164,16 @@ impl QueuePair {
         let dev = &pd.inner.dev;
         for cq in [init.send_cq, init.recv_cq] {
             if !Arc::ptr_eq(&cq.inner.dev.inner, &dev.inner) {
-                return Err(Error::invalid("CQ of another device"));
+                return Err(
+                    Error::invalid("CQ of another device").with_kind(ErrorKind::ForeignObject)
+                );
             }
         }
         if let Some(s) = init.srq {
             if !Arc::ptr_eq(&s.pd.dev.inner, &dev.inner) {
-                return Err(Error::invalid("SRQ of another device"));
+                return Err(
+                    Error::invalid("SRQ of another device").with_kind(ErrorKind::ForeignObject)
+                );
             }
         }
         let attr = QpInitAttr {

@@ -207,6 +207,7 @@ fn peer_process() {
     loop {
         assert!(Instant::now() < deadline, "peer ran too long");
         for wc in s.cq.poll_iter() {
+            let wc = wc.unwrap();
             let slot = (wc.wr_id % 1000) as usize % 32 * SLOT;
             let base = match wc.wr_id / 1000 {
                 1 => RC_RECV,

@@ -7,22 +7,31 @@ use tracing::{debug, trace, warn};
 
 use crate::qp::{rnr_timer_ns, QpCtx, ReqState, SendWqe};
 use crate::requester;
-use crate::verbs::{AsyncEvent, QpState, SendFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::{
+    AsyncEvent, QpState, SendFlags, WcDetail, WcError, WcOpcode, WcStatus, WorkCompletion,
+};
 use crate::Nic;
 
 /// The send completion of a WQE.
 fn send_wc(qp: &QpCtx, w: &SendWqe, status: WcStatus) -> WorkCompletion {
-    let byte_len = if status != WcStatus::Success {
+    let failed = status != WcStatus::Success;
+    let byte_len = if failed {
         0
     } else if w.is_atomic() {
         8
     } else {
         w.len as u32
     };
+    // A flushed WQE has no error of its own, hence no detail.
+    let detail = match w.status {
+        Some(s) if s == status => w.detail,
+        _ => WcDetail::Unspecified,
+    };
     WorkCompletion {
         wr_id: w.wr.wr_id,
         status,
         opcode: w.wr.op.wc_opcode(),
+        vendor_err: if failed { detail.code() } else { 0 },
         byte_len,
         qp_num: qp.qpn,
         ..Default::default()
@@ -89,18 +98,19 @@ pub(crate) fn check_drained(qp: &mut QpCtx, env: &mut Nic) {
     }
 }
 
-/// The QP fails: the first unfinished WQE gets `status` (if given), the QP goes to ERR
-/// and everything outstanding and posted is flushed. `cause` says why, for the log.
+/// The QP fails: the first unfinished WQE gets `status` and its detail (if given), the QP
+/// goes to ERR and everything outstanding and posted is flushed. `cause` says why, for the
+/// log.
 pub(crate) fn fail(
     qp: &mut QpCtx,
     env: &mut Nic,
     now: u64,
-    status: Option<WcStatus>,
+    status: Option<WcError>,
     cause: &'static str,
 ) {
     if let Some(s) = status {
         if let Some(w) = qp.sq.iter_mut().find(|w| !w.done || w.status.is_some()) {
-            w.status = Some(s);
+            w.set_error(s);
         }
     }
     if qp.state != QpState::Err {
@@ -261,7 +271,8 @@ fn ack_upto(qp: &mut QpCtx, p: u32, inclusive: bool) -> Acked {
 /// Count a transport retry; false (and the QP failed with RETRY_EXC_ERR) when none are left.
 fn use_retry(qp: &mut QpCtx, env: &mut Nic, now: u64, cause: &'static str) -> bool {
     if qp.req.retry_left == 0 {
-        fail(qp, env, now, Some(WcStatus::RetryExcErr), cause);
+        let e = WcError::new(WcStatus::RetryExcErr, WcDetail::RetryExceeded);
+        fail(qp, env, now, Some(e), cause);
         return false;
     }
     qp.req.retry_left -= 1;
@@ -499,7 +510,10 @@ pub(crate) fn handle_response(
                                 qp,
                                 env,
                                 now,
-                                Some(WcStatus::RnrRetryExcErr),
+                                Some(WcError::new(
+                                    WcStatus::RnrRetryExcErr,
+                                    WcDetail::RnrRetryExceeded,
+                                )),
                                 "RNR retry count exceeded",
                             );
                             return;
@@ -546,10 +560,21 @@ pub(crate) fn handle_response(
                     }
                     let status = match code {
                         NakCode::PsnSequenceError => None,
-                        NakCode::InvalidRequest => Some(WcStatus::RemInvReqErr),
-                        NakCode::RemoteAccessError => Some(WcStatus::RemAccessErr),
-                        NakCode::RemoteOperationalError => Some(WcStatus::RemOpErr),
-                        NakCode::InvalidRdRequest => Some(WcStatus::RemInvRdReqErr),
+                        NakCode::InvalidRequest => Some(WcError::new(
+                            WcStatus::RemInvReqErr,
+                            WcDetail::RemoteInvalidRequest,
+                        )),
+                        NakCode::RemoteAccessError => {
+                            Some(WcError::new(WcStatus::RemAccessErr, WcDetail::RemoteAccess))
+                        }
+                        NakCode::RemoteOperationalError => Some(WcError::new(
+                            WcStatus::RemOpErr,
+                            WcDetail::RemoteOperational,
+                        )),
+                        NakCode::InvalidRdRequest => Some(WcError::new(
+                            WcStatus::RemInvRdReqErr,
+                            WcDetail::RemoteInvalidRdRequest,
+                        )),
                     };
                     let selective = status.is_none() && !lost && {
                         sr_answered(qp, now, p, true);
@@ -608,7 +633,7 @@ pub(crate) fn handle_response(
                                 progress = true;
                             }
                             Err(s) => {
-                                w.status = Some(s);
+                                w.set_error(s);
                                 fail(
                                     qp,
                                     env,
@@ -712,7 +737,7 @@ fn read_response(
     }
     if !payload.is_empty() {
         if let Err(s) = env.ctx.scatter(pd, &w.wr.sg_list, offset, payload) {
-            w.status = Some(s);
+            w.set_error(s);
             fail(
                 qp,
                 env,

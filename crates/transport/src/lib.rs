@@ -596,7 +596,8 @@ impl Rnic {
             return Ok(());
         }
         if qp.sq.len() >= qp.max_send_wr as usize {
-            return Err(verbs::Error::new(verbs::Errno::ENOMEM, "send queue full"));
+            return Err(verbs::Error::new(verbs::Errno::ENOMEM, "send queue full")
+                .with_kind(verbs::ErrorKind::QueueFull));
         }
         let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
         if len > u64::from(u32::MAX >> 1) {
@@ -1148,12 +1149,22 @@ fn gather_inline(
     sg_list: &[verbs::Sge],
     len: usize,
 ) -> verbs::Result<Vec<u8>> {
+    use verbs::{ErrorKind, WcDetail};
     let mut out = vec![0u8; len];
-    ctx.gather(pd, sg_list, 0, &mut out).map_err(|_| {
+    ctx.gather(pd, sg_list, 0, &mut out).map_err(|e| {
+        // The check that failed, which a completion would have given as its detail.
+        let kind = match e.detail {
+            WcDetail::UnknownLkey => ErrorKind::NotFound,
+            WcDetail::WrongPd => ErrorKind::ForeignObject,
+            WcDetail::SgeOutOfBounds | WcDetail::MessageTooLong => ErrorKind::OutOfBounds,
+            WcDetail::LocalAccess => ErrorKind::PermissionDenied,
+            _ => ErrorKind::BadAddress,
+        };
         verbs::Error::new(
             verbs::Errno::EFAULT,
             "inline SGE outside the PD's registered memory",
         )
+        .with_kind(kind)
     })?;
     Ok(out)
 }

@@ -5,7 +5,7 @@
 
 use crate::verbs::{
     self, Access, AhAttr, AhId, Arm, AsyncEvent, ChannelId, CqId, DeviceAttr, DmId, Gid, MemSpan,
-    MrInfo, Mtu, MwId, PdId, PortAttr, QpInitAttr, Qpn, Sge, SrqId, WcStatus,
+    MrInfo, Mtu, MwId, PdId, PortAttr, QpInitAttr, Qpn, Sge, SrqId, WcError,
 };
 use crate::Rnic;
 
@@ -112,7 +112,7 @@ delegate_ref! {
     /// A memory window's current rkey.
     fn mw_rkey(mw: MwId) -> verbs::Result<u32>;
     /// The registered memory an SGE names in `pd`, with the local access `need`.
-    fn local_span(pd: PdId, sge: &Sge, need: Access) -> Result<MemSpan<'_>, WcStatus>;
+    fn local_span(pd: PdId, sge: &Sge, need: Access) -> Result<MemSpan<'_>, WcError>;
 }
 
 impl Rnic {

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use softrdma_wire::{psn, Headers};
 
-use crate::verbs::{QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, WcStatus};
+use crate::verbs::{QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, WcDetail, WcError, WcStatus};
 
 /// Packets sent without AckReq before the requester asks for an ACK anyway (rxe's
 /// RXE_MAX_PKT_PER_ACK), so that long messages get acknowledged as they go.
@@ -67,6 +67,8 @@ pub(crate) struct SendWqe {
     pub done: bool,
     /// Completion status when not success.
     pub status: Option<WcStatus>,
+    /// Why, for the completion's `vendor_err`.
+    pub detail: WcDetail,
     /// READ: response packet index the last request sent asked from.
     pub read_req_k: u32,
     /// READ: response packet index the last request sent asked up to (exclusive). A
@@ -95,9 +97,15 @@ impl SendWqe {
             read_req_end: 0,
             done: false,
             status: None,
+            detail: WcDetail::Unspecified,
             in_rd_window: false,
             ud,
         }
+    }
+    /// Complete in error, with the status and the detail of `e`.
+    pub fn set_error(&mut self, e: WcError) {
+        self.status = Some(e.status);
+        self.detail = e.detail;
     }
     /// READ or atomic: the responses, not ACKs, complete it.
     pub fn is_rd_atomic(&self) -> bool {

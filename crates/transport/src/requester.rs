@@ -6,7 +6,7 @@ use softrdma_wire::{psn, AtomicEth, Bth, Deth, Headers, Opcode, Reth};
 
 use crate::completer;
 use crate::qp::{QpCtx, SendWqe, MAX_INFLIGHT_PSNS, MAX_PKT_PER_ACK, OUTBOX_MAX};
-use crate::verbs::{PdId, QpState, QpType, SendFlags, SendOp, WcStatus};
+use crate::verbs::{PdId, QpState, QpType, SendFlags, SendOp, WcDetail, WcError, WcStatus};
 use crate::Nic;
 
 /// Position of packet `idx` among `n`.
@@ -293,7 +293,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 let pd = qp.pd;
                 let sent = send_data(env, qp.qpn, dst, tos, bth, w, pd, offset, plen, p);
                 if let Err(s) = sent {
-                    w.status = Some(s);
+                    w.set_error(s);
                     completer::fail(qp, env, now, None, "send data not read from local memory");
                     return;
                 }
@@ -346,7 +346,7 @@ fn send_data(
     offset: usize,
     plen: usize,
     p: Pos,
-) -> Result<(), WcStatus> {
+) -> Result<(), WcError> {
     let mut h = Headers::new(bth);
     if let Some(u) = &w.ud {
         h.deth = Some(Deth {
@@ -380,7 +380,7 @@ fn send_data(
                 slot.copy_from_slice(s);
                 Ok(())
             }
-            None => Err(WcStatus::LocLenErr),
+            None => Err(WcError::new(WcStatus::LocLenErr, WcDetail::MessageTooLong)),
         },
         None if plen == 0 => Ok(()),
         None => ctx.gather(pd, &w.wr.sg_list, offset, slot),
@@ -425,7 +425,7 @@ pub(crate) fn resend_one(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32) -> boo
     bth.ack_req = true;
     let pd = qp.pd;
     if let Err(s) = send_data(env, qp.qpn, dst, tos, bth, w, pd, offset, plen, p) {
-        w.status = Some(s);
+        w.set_error(s);
         completer::fail(qp, env, now, None, "send data not read from local memory");
         return true;
     }

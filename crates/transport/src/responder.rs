@@ -13,7 +13,7 @@ use crate::qp::{
     OUTBOX_MAX,
 };
 use crate::verbs::{
-    Access, QpType, RecvWr, RemoteKeyError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    Access, QpType, RecvWr, RemoteKeyError, WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::Nic;
 use tracing::{debug, trace};
@@ -303,7 +303,7 @@ fn fatal_nak(
     now: u64,
     code: NakCode,
     p: u32,
-    recv_status: Option<WcStatus>,
+    recv_status: Option<WcError>,
     reason: &'static str,
 ) {
     match code {
@@ -321,7 +321,8 @@ fn fatal_nak(
         "NAK sent"
     );
     if let (Some(s), Some(r)) = (recv_status, qp.resp.recv.take()) {
-        let wc = recv_wc(qp, &r, s);
+        let mut wc = recv_wc(qp, &r, s.status);
+        wc.vendor_err = s.detail.code();
         env.complete(qp.recv_cq, wc, false, now);
     }
     if qp.resp.pending.is_empty() {
@@ -603,7 +604,7 @@ fn rc_request_one(
             now,
             NakCode::InvalidRequest,
             p,
-            Some(WcStatus::RemInvReqErr),
+            Some(WcStatus::RemInvReqErr.into()),
             "opcode out of sequence within a message",
         );
         return;
@@ -630,7 +631,7 @@ fn rc_request_one(
             now,
             NakCode::InvalidRequest,
             p,
-            Some(WcStatus::RemInvReqErr),
+            Some(WcStatus::RemInvReqErr.into()),
             "payload length wrong for its position",
         );
         return;
@@ -714,10 +715,10 @@ fn rc_send(
     };
     if !payload.is_empty() {
         if let Err(s) = env.ctx.scatter(qp.pd, &r.sg_list, qp.resp.offset, payload) {
-            let (code, status) = if s == WcStatus::LocLenErr {
-                (NakCode::InvalidRequest, WcStatus::LocLenErr)
+            let code = if s.status == WcStatus::LocLenErr {
+                NakCode::InvalidRequest
             } else {
-                (NakCode::RemoteOperationalError, s)
+                NakCode::RemoteOperationalError
             };
             fatal_nak(
                 qp,
@@ -725,7 +726,7 @@ fn rc_send(
                 now,
                 code,
                 p,
-                Some(status),
+                Some(s),
                 "SEND not placed in the receive WQE",
             );
             return false;
@@ -742,7 +743,7 @@ fn rc_send(
                     now,
                     NakCode::InvalidRequest,
                     p,
-                    Some(s),
+                    Some(s.into()),
                     "SEND with invalidate of an rkey it may not invalidate",
                 );
                 return false;
@@ -1349,7 +1350,8 @@ fn uc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u
                         "UC SEND not placed: receive WQE completed in error"
                     );
                     if let Some(r) = qp.resp.recv.take() {
-                        let wc = recv_wc(qp, &r, s);
+                        let mut wc = recv_wc(qp, &r, s.status);
+                        wc.vendor_err = s.detail.code();
                         env.complete(qp.recv_cq, wc, false, now);
                     }
                     qp.resp.in_msg = None;
@@ -1497,7 +1499,10 @@ fn ud_request(
                 wc.imm_data = imm;
             }
         }
-        Err(s) => wc.status = s,
+        Err(s) => {
+            wc.status = s.status;
+            wc.vendor_err = s.detail.code();
+        }
     }
     env.complete(qp.recv_cq, wc, h.bth.solicited, now);
 }

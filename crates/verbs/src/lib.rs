@@ -13,5 +13,5 @@ mod tests;
 mod types;
 
 pub use context::*;
-pub use error::{Errno, Error, Result};
+pub use error::{Errno, Error, ErrorKind, Result};
 pub use types::*;

@@ -721,6 +721,9 @@ fn memspan_bounds_and_atomics() {
 
 #[test]
 fn scatter_gather_multi_sge() {
+    // Each failed check gives its own detail, for the completion's vendor_err.
+    let prot = |d| WcError::new(WcStatus::LocProtErr, d);
+    let too_long = WcError::new(WcStatus::LocLenErr, WcDetail::MessageTooLong);
     let mut a = [0u8; 8];
     let mut b = [0u8; 8];
     let mut rdonly = [7u8; 8];
@@ -750,15 +753,12 @@ fn scatter_gather_multi_sge() {
     let data: Vec<u8> = (1..=12).collect();
     c.scatter(pd, &sgl, 0, &data[..6]).unwrap();
     c.scatter(pd, &sgl, 6, &data[6..]).unwrap();
-    assert_eq!(c.scatter(pd, &sgl, 10, &[0; 3]), Err(WcStatus::LocLenErr));
-    assert_eq!(
-        c.scatter(pd, &sgl, usize::MAX, &[0; 3]),
-        Err(WcStatus::LocLenErr)
-    );
+    assert_eq!(c.scatter(pd, &sgl, 10, &[0; 3]), Err(too_long));
+    assert_eq!(c.scatter(pd, &sgl, usize::MAX, &[0; 3]), Err(too_long));
     assert_eq!(c.scatter(pd, &sgl, 12, &[]), Ok(()));
     assert_eq!(
         c.scatter(pd2, &sgl, 0, &[1]),
-        Err(WcStatus::LocProtErr),
+        Err(prot(WcDetail::WrongPd)),
         "other PD"
     );
     let mut out = [0u8; 12];
@@ -767,14 +767,17 @@ fn scatter_gather_multi_sge() {
     let mut out5 = [0u8; 5];
     c.gather(pd, &sgl, 3, &mut out5).unwrap();
     assert_eq!(out5, [4, 5, 6, 7, 8]);
-    assert_eq!(c.gather(pd, &sgl, 8, &mut out5), Err(WcStatus::LocLenErr));
+    assert_eq!(c.gather(pd, &sgl, 8, &mut out5), Err(too_long));
     // Local write needed to scatter; reading needs none.
     let ro = [Sge {
         addr: 0x300,
         length: 8,
         lkey: mr.lkey,
     }];
-    assert_eq!(c.scatter(pd, &ro, 0, &[1]), Err(WcStatus::LocProtErr));
+    assert_eq!(
+        c.scatter(pd, &ro, 0, &[1]),
+        Err(prot(WcDetail::LocalAccess))
+    );
     let mut o = [0u8; 8];
     c.gather(pd, &ro, 0, &mut o).unwrap();
     assert_eq!(o, [7; 8]);
@@ -784,7 +787,10 @@ fn scatter_gather_multi_sge() {
         length: 8,
         lkey: ma.lkey,
     }];
-    assert_eq!(c.gather(pd, &oob, 0, &mut o), Err(WcStatus::LocProtErr));
+    assert_eq!(
+        c.gather(pd, &oob, 0, &mut o),
+        Err(prot(WcDetail::SgeOutOfBounds))
+    );
     let bad2 = [
         Sge {
             addr: 0x100,
@@ -797,7 +803,10 @@ fn scatter_gather_multi_sge() {
             lkey: mb.lkey ^ 0x80,
         },
     ];
-    assert_eq!(c.gather(pd, &bad2, 0, &mut o), Err(WcStatus::LocProtErr));
+    assert_eq!(
+        c.gather(pd, &bad2, 0, &mut o),
+        Err(prot(WcDetail::UnknownLkey))
+    );
     assert_eq!(
         c.gather(pd, &bad2, 0, &mut o[..4]),
         Ok(()),
@@ -2142,11 +2151,11 @@ fn spans_over_memory_gone_since_registration_fail() {
     };
     assert_eq!(
         c.gather(pd, std::slice::from_ref(&sge), 0, &mut [0u8; 32]),
-        Err(WcStatus::LocProtErr)
+        Err(WcError::new(WcStatus::LocProtErr, WcDetail::MemoryFault))
     );
     assert_eq!(
         c.scatter(pd, std::slice::from_ref(&sge), 0, &[1u8; 32]),
-        Err(WcStatus::LocProtErr)
+        Err(WcError::new(WcStatus::LocProtErr, WcDetail::MemoryFault))
     );
     drop(c);
     // SAFETY: what is left of this test's mapping.
@@ -2182,4 +2191,47 @@ fn overlapping_device_copies_move_as_memmove() {
         crate::context::fault_copy_for_tests(p, p.add(8), 32).unwrap();
     }
     assert_eq!(&v[..32], &(8..40).collect::<Vec<u8>>()[..]);
+}
+
+#[test]
+fn wc_detail_codes_round_trip_and_result_reports_them() {
+    let all = [
+        WcDetail::Unspecified,
+        WcDetail::UnknownLkey,
+        WcDetail::WrongPd,
+        WcDetail::SgeOutOfBounds,
+        WcDetail::LocalAccess,
+        WcDetail::MemoryFault,
+        WcDetail::MessageTooLong,
+        WcDetail::RemoteInvalidRequest,
+        WcDetail::RemoteAccess,
+        WcDetail::RemoteOperational,
+        WcDetail::RemoteInvalidRdRequest,
+        WcDetail::RetryExceeded,
+        WcDetail::RnrRetryExceeded,
+    ];
+    for d in all {
+        assert_eq!(WcDetail::from_code(d.code()), Some(d));
+    }
+    assert_eq!(WcDetail::from_code(7), None);
+    let mut wc = WorkCompletion::default();
+    assert_eq!(wc.result(), Ok(()));
+    wc.status = WcStatus::LocProtErr;
+    wc.vendor_err = WcDetail::WrongPd.code();
+    let e = wc.result().unwrap_err();
+    assert_eq!(e, WcError::new(WcStatus::LocProtErr, WcDetail::WrongPd));
+    assert_eq!(
+        e.to_string(),
+        "local protection error (memory region of another protection domain)"
+    );
+    wc.vendor_err = 0xdead;
+    assert_eq!(
+        wc.detail(),
+        WcDetail::Unspecified,
+        "unknown codes have no detail"
+    );
+    assert_eq!(
+        WcError::from(WcStatus::RetryExcErr).to_string(),
+        "transport retry counter exceeded"
+    );
 }

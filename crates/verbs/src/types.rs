@@ -604,6 +604,150 @@ impl WcStatus {
     }
 }
 
+impl core::fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::error::Error for WcStatus {}
+
+/// Why a work request failed, beyond its status: the `vendor_err` of its completion (the C
+/// face's `ibv_wc.vendor_err` carries the same number, as a hardware syndrome would).
+///
+/// The codes are stable. Local causes (below 0x100) are known exactly, from the check that
+/// failed here. Remote causes (0x100 and up) are what the peer answered: the wire carries a
+/// NAK code, not which of the peer's checks failed, so a remote access error stays one
+/// code whether the rkey was unknown, of another PD, lacking a right or out of bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+#[repr(u32)]
+pub enum WcDetail {
+    /// No detail: a success, a flushed request, or a cause with nothing to add to its
+    /// status.
+    #[default]
+    Unspecified = 0,
+    /// An SGE's lkey names no memory region: never registered, or deregistered since
+    /// (the region was dropped while the request was outstanding).
+    UnknownLkey = 1,
+    /// An SGE's memory region belongs to another protection domain than the QP's.
+    WrongPd = 2,
+    /// An SGE reaches outside its memory region's bounds.
+    SgeOutOfBounds = 3,
+    /// An SGE's memory region lacks the access the device needs (LOCAL_WRITE to place a
+    /// received message, a READ's data or an atomic's result).
+    LocalAccess = 4,
+    /// The memory behind a region was unmapped or protected after registration: the copy
+    /// stopped at the fault instead of crashing the program.
+    MemoryFault = 5,
+    /// The message is longer than the scatter list of the receive (or its data longer
+    /// than the request's SGEs).
+    MessageTooLong = 6,
+    /// The peer NAKed the request as invalid (an opcode it does not take, a SEND longer
+    /// than its receive buffer, a malformed packet).
+    RemoteInvalidRequest = 0x101,
+    /// The peer NAKed the request's remote access: its rkey check failed (unknown or
+    /// invalidated rkey, another PD, a missing right, out of bounds, a misaligned
+    /// atomic), or its QP does not allow the operation.
+    RemoteAccess = 0x102,
+    /// The peer NAKed the request as failed on its side (for example its receive WQE's
+    /// memory failed a local check).
+    RemoteOperational = 0x103,
+    /// The peer NAKed a READ or atomic as exceeding what it accepts outstanding.
+    RemoteInvalidRdRequest = 0x104,
+    /// The peer did not answer within the transport retries (timeout or lost packets).
+    RetryExceeded = 0x105,
+    /// The peer kept answering "receiver not ready" (no receive posted) past the RNR
+    /// retries.
+    RnrRetryExceeded = 0x106,
+}
+
+impl WcDetail {
+    /// The numeric code, as `vendor_err` carries it.
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+    /// The detail a `vendor_err` code stands for; None for a code this version does not
+    /// know.
+    pub const fn from_code(code: u32) -> Option<WcDetail> {
+        Some(match code {
+            0 => WcDetail::Unspecified,
+            1 => WcDetail::UnknownLkey,
+            2 => WcDetail::WrongPd,
+            3 => WcDetail::SgeOutOfBounds,
+            4 => WcDetail::LocalAccess,
+            5 => WcDetail::MemoryFault,
+            6 => WcDetail::MessageTooLong,
+            0x101 => WcDetail::RemoteInvalidRequest,
+            0x102 => WcDetail::RemoteAccess,
+            0x103 => WcDetail::RemoteOperational,
+            0x104 => WcDetail::RemoteInvalidRdRequest,
+            0x105 => WcDetail::RetryExceeded,
+            0x106 => WcDetail::RnrRetryExceeded,
+            _ => return None,
+        })
+    }
+    /// What it means, in words.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WcDetail::Unspecified => "no detail",
+            WcDetail::UnknownLkey => "lkey of no registered memory region",
+            WcDetail::WrongPd => "memory region of another protection domain",
+            WcDetail::SgeOutOfBounds => "SGE outside its memory region",
+            WcDetail::LocalAccess => "memory region lacks the access needed",
+            WcDetail::MemoryFault => "memory unmapped or protected since registration",
+            WcDetail::MessageTooLong => "message longer than the scatter list",
+            WcDetail::RemoteInvalidRequest => "the peer NAKed an invalid request",
+            WcDetail::RemoteAccess => "the peer NAKed a remote access",
+            WcDetail::RemoteOperational => "the peer NAKed an operational error",
+            WcDetail::RemoteInvalidRdRequest => "the peer NAKed an invalid READ/atomic",
+            WcDetail::RetryExceeded => "the peer did not answer within the retries",
+            WcDetail::RnrRetryExceeded => "the peer had no receive posted within the retries",
+        }
+    }
+}
+
+impl core::fmt::Display for WcDetail {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A work request that failed: its completion's status and detail
+/// ([`WorkCompletion::result`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WcError {
+    /// The completion status (never `Success`).
+    pub status: WcStatus,
+    /// Why, where known.
+    pub detail: WcDetail,
+}
+
+impl WcError {
+    /// A failure of `status` for the reason `detail`.
+    pub const fn new(status: WcStatus, detail: WcDetail) -> WcError {
+        WcError { status, detail }
+    }
+}
+
+impl core::fmt::Display for WcError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.detail {
+            WcDetail::Unspecified => write!(f, "{}", self.status),
+            d => write!(f, "{} ({d})", self.status),
+        }
+    }
+}
+
+impl std::error::Error for WcError {}
+
+/// A status with nothing to add to it.
+impl From<WcStatus> for WcError {
+    fn from(status: WcStatus) -> WcError {
+        WcError::new(status, WcDetail::Unspecified)
+    }
+}
+
 /// Completion opcode (`IBV_WC_*` opcode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u32)]
@@ -638,7 +782,8 @@ pub struct WorkCompletion {
     pub status: WcStatus,
     /// Opcode (valid on success; on error it may be the WR's).
     pub opcode: WcOpcode,
-    /// Vendor syndrome: for errors, a softrdma-specific detail code.
+    /// Vendor syndrome: for errors, a [`WcDetail`] code saying why (0 when there is
+    /// nothing to add to the status).
     pub vendor_err: u32,
     /// Bytes received (receive side) or transferred.
     pub byte_len: u32,
@@ -660,6 +805,22 @@ pub struct WorkCompletion {
     pub dlid_path_bits: u8,
     /// Completion timestamp in device clock nanoseconds, if the CQ asked for it.
     pub timestamp: Option<u64>,
+}
+
+impl WorkCompletion {
+    /// Ok for a successful completion, otherwise its status and detail as an error, for
+    /// `?` and `match`.
+    pub fn result(&self) -> Result<(), WcError> {
+        match self.status {
+            WcStatus::Success => Ok(()),
+            status => Err(WcError::new(status, self.detail())),
+        }
+    }
+    /// The detail of `vendor_err` ([`WcDetail::Unspecified`] for a code this version
+    /// does not know).
+    pub fn detail(&self) -> WcDetail {
+        WcDetail::from_code(self.vendor_err).unwrap_or_default()
+    }
 }
 
 /// Asynchronous events (`IBV_EVENT_*`).

@@ -1,7 +1,7 @@
 //! Address handles and the address vector rules they share with connected QPs.
 
 use super::table::Table;
-use super::{einval, enomem, Context};
+use super::{einval, enomem, missing, Context};
 use crate::error::Result;
 use crate::types::{AhAttr, AhId, PdId};
 
@@ -51,10 +51,10 @@ impl Context {
     }
     /// The attributes of an AH.
     pub fn ah(&self, ah: AhId) -> Result<(PdId, AhAttr)> {
-        self.ahs.get(ah).copied().ok_or(einval("no such AH"))
+        self.ahs.get(ah).copied().ok_or(missing("no such AH"))
     }
     /// Destroy an AH.
     pub fn destroy_ah(&mut self, ah: AhId) -> Result<()> {
-        self.ahs.remove(ah).map(|_| ()).ok_or(einval("no such AH"))
+        self.ahs.remove(ah).map(|_| ()).ok_or(missing("no such AH"))
     }
 }

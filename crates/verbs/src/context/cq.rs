@@ -3,8 +3,8 @@
 use std::collections::VecDeque;
 
 use super::table::Table;
-use super::{ebusy, einval, enomem, Context};
-use crate::error::Result;
+use super::{ebusy, einval, enomem, missing, Context};
+use crate::error::{ErrorKind, Result};
 use crate::types::{AsyncEvent, ChannelId, CqId, WcStatus, WorkCompletion};
 
 /// How a CQ is armed for its next event.
@@ -54,7 +54,7 @@ impl Context {
     /// Destroy a channel; EBUSY while CQs use it.
     pub fn destroy_channel(&mut self, ch: ChannelId) -> Result<()> {
         if !self.channels.contains(ch) {
-            return Err(einval("no such channel"));
+            return Err(missing("no such channel"));
         }
         if self.cqs.uses_channel(ch) {
             return Err(ebusy("CQs use the channel"));
@@ -78,7 +78,7 @@ impl Context {
         self.check_cqe(cqe)?;
         if let Some(ch) = channel {
             if !self.channels.contains(ch) {
-                return Err(einval("no such channel"));
+                return Err(missing("no such channel"));
             }
         }
         if self.cqs.len() >= self.dev.max_cq as usize {
@@ -102,7 +102,7 @@ impl Context {
     /// Resize a CQ; EINVAL if smaller than its current contents.
     pub fn resize_cq(&mut self, cq: CqId, cqe: u32) -> Result<u32> {
         self.check_cqe(cqe)?;
-        let c = self.cqs.get_mut(cq).ok_or(einval("no such CQ"))?;
+        let c = self.cqs.get_mut(cq).ok_or(missing("no such CQ"))?;
         if (cqe as usize) < c.q.len() {
             return Err(einval("CQ holds more completions than the new size"));
         }
@@ -111,7 +111,7 @@ impl Context {
     }
     /// Destroy a CQ; EBUSY while QPs use it or events are unacknowledged.
     pub fn destroy_cq(&mut self, cq: CqId) -> Result<()> {
-        let c = self.cqs.get(cq).ok_or(einval("no such CQ"))?;
+        let c = self.cqs.get(cq).ok_or(missing("no such CQ"))?;
         if c.unacked > 0 {
             return Err(ebusy("CQ events not acknowledged"));
         }
@@ -165,9 +165,9 @@ impl Context {
     }
     /// Poll up to `out.len()` completions, oldest first. EIO-like error (EINVAL) if overflowed.
     pub fn poll_cq(&mut self, cq: CqId, out: &mut [WorkCompletion]) -> Result<usize> {
-        let c = self.cqs.get_mut(cq).ok_or(einval("no such CQ"))?;
+        let c = self.cqs.get_mut(cq).ok_or(missing("no such CQ"))?;
         if c.overflowed {
-            return Err(einval("CQ overflowed"));
+            return Err(einval("CQ overflowed").with_kind(ErrorKind::CqOverflow));
         }
         let mut n = 0;
         for slot in out.iter_mut() {
@@ -186,11 +186,11 @@ impl Context {
         self.cqs
             .get(cq)
             .map(|c| c.q.len())
-            .ok_or(einval("no such CQ"))
+            .ok_or(missing("no such CQ"))
     }
     /// Arm the CQ for one event.
     pub fn req_notify_cq(&mut self, cq: CqId, arm: Arm) -> Result<()> {
-        let c = self.cqs.get_mut(cq).ok_or(einval("no such CQ"))?;
+        let c = self.cqs.get_mut(cq).ok_or(missing("no such CQ"))?;
         // Next is the wider request: it is not narrowed by a later Solicited.
         if c.arm != Some(Arm::Next) {
             c.arm = Some(arm);
@@ -212,7 +212,7 @@ impl Context {
     }
     /// Acknowledge `n` events of a CQ. EINVAL if more than were taken with `get_cq_event`.
     pub fn ack_cq_events(&mut self, cq: CqId, n: u32) -> Result<()> {
-        let c = self.cqs.get_mut(cq).ok_or(einval("no such CQ"))?;
+        let c = self.cqs.get_mut(cq).ok_or(missing("no such CQ"))?;
         if n as u64 > c.unacked {
             return Err(einval("more events acknowledged than received"));
         }

@@ -4,8 +4,8 @@
 use super::mem::{DmaPtr, MemSpan};
 use super::mr::MrInfo;
 use super::table::IdMap;
-use super::{ebusy, einval, enomem, Context};
-use crate::error::Result;
+use super::{ebusy, einval, enomem, missing, Context};
+use crate::error::{ErrorKind, Result};
 use crate::types::{Access, DmId, PdId};
 
 /// The granularity of a program's copies to and from device memory. The devices that have
@@ -78,12 +78,12 @@ impl Context {
             .bufs
             .get(&dm)
             .map(|b| b.len)
-            .ok_or(einval("no such device memory"))
+            .ok_or(missing("no such device memory"))
     }
     /// Free device memory; EBUSY while registered.
     pub fn free_dm(&mut self, dm: DmId) -> Result<()> {
         if !self.dms.bufs.contains_key(&dm) {
-            return Err(einval("no such device memory"));
+            return Err(missing("no such device memory"));
         }
         if self.mrs.uses_dm(dm) {
             return Err(ebusy("device memory is registered"));
@@ -99,11 +99,16 @@ impl Context {
             .dms
             .bufs
             .get(&dm)
-            .ok_or(einval("no such device memory"))?;
-        let off = usize::try_from(offset).map_err(|_| einval("offset out of range"))?;
+            .ok_or(missing("no such device memory"))?;
+        let off = usize::try_from(offset)
+            .map_err(|_| einval("offset out of range").with_kind(ErrorKind::OutOfBounds))?;
         match off.checked_add(n) {
             Some(end) if end <= buf.len => {}
-            _ => return Err(einval("device memory access out of bounds")),
+            _ => {
+                return Err(
+                    einval("device memory access out of bounds").with_kind(ErrorKind::OutOfBounds)
+                )
+            }
         }
         Ok(buf.ptr.offset(off))
     }
@@ -115,9 +120,10 @@ impl Context {
     /// length must be multiples of `DM_COPY_ALIGN`.
     fn dm_copy_span(&self, dm: DmId, offset: u64, n: usize) -> Result<MemSpan<'_>> {
         if offset % DM_COPY_ALIGN as u64 != 0 || n % DM_COPY_ALIGN != 0 {
-            return Err(einval(
-                "device memory copies need 4-byte aligned offsets and lengths",
-            ));
+            return Err(
+                einval("device memory copies need 4-byte aligned offsets and lengths")
+                    .with_kind(ErrorKind::Misaligned),
+            );
         }
         self.dm_span(dm, offset, n)
     }
@@ -127,7 +133,7 @@ impl Context {
         if span.write(0, data) {
             Ok(())
         } else {
-            Err(einval("device memory access out of bounds"))
+            Err(einval("device memory access out of bounds").with_kind(ErrorKind::OutOfBounds))
         }
     }
     /// Copy out of device memory (offset and length multiples of 4, else EINVAL).
@@ -136,7 +142,7 @@ impl Context {
         if span.read(0, out) {
             Ok(())
         } else {
-            Err(einval("device memory access out of bounds"))
+            Err(einval("device memory access out of bounds").with_kind(ErrorKind::OutOfBounds))
         }
     }
     /// Register part of device memory as an MR (zero-based addresses, as `ibv_reg_dm_mr`).

@@ -29,7 +29,7 @@
 
 use std::ffi::c_int;
 
-use crate::error::{Errno, Error};
+use crate::error::{Errno, Error, ErrorKind};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -474,9 +474,15 @@ pub(super) fn check_backed(ptr: *mut u8, len: usize, write: bool) -> Result<()> 
     let end = match (ptr as usize).checked_add(len.max(1)) {
         Some(e) => match e.checked_add(page - 1) {
             Some(e) => e & !(page - 1),
-            None => return Err(Error::new(Errno::EINVAL, "range wraps the address space")),
+            None => {
+                return Err(Error::new(Errno::EINVAL, "range wraps the address space")
+                    .with_kind(ErrorKind::BadAddress))
+            }
         },
-        None => return Err(Error::new(Errno::EINVAL, "range wraps the address space")),
+        None => {
+            return Err(Error::new(Errno::EINVAL, "range wraps the address space")
+                .with_kind(ErrorKind::BadAddress))
+        }
     };
     let advice = if write {
         libc::MADV_POPULATE_WRITE

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::{einval, enomem, Context};
+use super::{einval, enomem, missing, Context};
 use crate::error::Result;
 use crate::types::{Gid, QpType, Qpn};
 
@@ -28,7 +28,7 @@ impl Context {
     /// The checks attach and detach share (`ib_attach_mcast`): the QP exists and is UD,
     /// and `mgid` is a multicast GID. All EINVAL.
     fn check_mcast(&self, qpn: Qpn, mgid: Gid) -> Result<()> {
-        let q = self.qps.get(qpn).ok_or(einval("no such QP"))?;
+        let q = self.qps.get(qpn).ok_or(missing("no such QP"))?;
         if q.init.qp_type != QpType::Ud {
             return Err(einval("only UD QPs join multicast groups"));
         }
@@ -76,10 +76,10 @@ impl Context {
         self.check_mcast(qpn, mgid)?;
         let t = &mut self.mcast;
         let Some(members) = t.groups.get_mut(&mgid) else {
-            return Err(einval("the QP is not attached to that group"));
+            return Err(missing("the QP is not attached to that group"));
         };
         let Some(at) = members.iter().position(|&q| q == qpn) else {
-            return Err(einval("the QP is not attached to that group"));
+            return Err(missing("the QP is not attached to that group"));
         };
         members.remove(at);
         t.total -= 1;

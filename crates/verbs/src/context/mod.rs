@@ -33,7 +33,7 @@ pub use mr::{MrInfo, RemoteKeyError};
 pub use mw::inc_rkey;
 pub use qp::Qp;
 
-use crate::error::{Errno, Error, Result};
+use crate::error::{Errno, Error, ErrorKind, Result};
 use crate::types::{AsyncEvent, Gid};
 use softrdma_wire::{KeyRng, Seed};
 
@@ -59,6 +59,10 @@ mod limits {
 
 fn einval(msg: &'static str) -> Error {
     Error::inval(msg)
+}
+/// EINVAL, as verbs answers a handle naming no live object.
+fn missing(msg: &'static str) -> Error {
+    Error::inval(msg).with_kind(ErrorKind::NotFound)
 }
 fn ebusy(msg: &'static str) -> Error {
     Error::new(Errno::EBUSY, msg)

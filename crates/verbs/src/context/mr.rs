@@ -6,9 +6,9 @@ use std::ptr::NonNull;
 use super::fault;
 use super::mem::{DmaPtr, MemSpan};
 use super::table::IdMap;
-use super::{ebusy, einval, enomem, Context};
+use super::{ebusy, einval, enomem, missing, Context};
 use crate::error::{Errno, Error, Result};
-use crate::types::{Access, DmId, PdId, Qpn, Sge, WcStatus};
+use crate::types::{Access, DmId, PdId, Qpn, Sge, WcDetail, WcError, WcStatus};
 
 /// What registering a memory region returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,7 +204,7 @@ impl Context {
     /// The PD and keys of the region with local key `lkey` (for importing it by handle);
     /// EINVAL if there is none.
     pub fn query_mr(&self, lkey: u32) -> Result<(PdId, MrInfo)> {
-        let m = self.mrs.by_key(lkey).ok_or(einval("no such MR"))?;
+        let m = self.mrs.by_key(lkey).ok_or(missing("no such MR"))?;
         Ok((
             m.pd,
             MrInfo {
@@ -218,7 +218,7 @@ impl Context {
     /// Deregister by lkey; EBUSY while windows are bound to it.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
         if self.mrs.by_key(lkey).is_none() {
-            return Err(einval("no such MR"));
+            return Err(missing("no such MR"));
         }
         if self.mws.bound_to_mr(lkey) {
             return Err(ebusy("memory windows are bound to the MR"));
@@ -227,19 +227,29 @@ impl Context {
         Ok(())
     }
     /// Check a local SGE for the QP's PD and the access needed (LOCAL_WRITE when the device
-    /// writes it); LocProtErr on failure.
+    /// writes it); LocProtErr on failure, with the check that failed as its detail.
     pub fn local_span(
         &self,
         pd: PdId,
         sge: &Sge,
         need: Access,
-    ) -> core::result::Result<MemSpan<'_>, WcStatus> {
+    ) -> core::result::Result<MemSpan<'_>, WcError> {
+        let prot = |d| WcError::new(WcStatus::LocProtErr, d);
         if sge.length == 0 {
             return Ok(MemSpan::empty());
         }
-        let mr = self.mrs.by_key(sge.lkey).ok_or(WcStatus::LocProtErr)?;
-        if mr.pd != pd || !mr.access.contains(need) || !mr.contains(sge.addr, sge.length as u64) {
-            return Err(WcStatus::LocProtErr);
+        let mr = self
+            .mrs
+            .by_key(sge.lkey)
+            .ok_or(prot(WcDetail::UnknownLkey))?;
+        if mr.pd != pd {
+            return Err(prot(WcDetail::WrongPd));
+        }
+        if !mr.access.contains(need) {
+            return Err(prot(WcDetail::LocalAccess));
+        }
+        if !mr.contains(sge.addr, sge.length as u64) {
+            return Err(prot(WcDetail::SgeOutOfBounds));
         }
         Ok(MemSpan::new(mr.host(sge.addr), sge.length as usize))
     }
@@ -253,13 +263,12 @@ impl Context {
         len: usize,
         need: Access,
         mut f: impl FnMut(&MemSpan<'_>, usize, usize, usize) -> bool,
-    ) -> core::result::Result<(), WcStatus> {
+    ) -> core::result::Result<(), WcError> {
+        let too_long = WcError::new(WcStatus::LocLenErr, WcDetail::MessageTooLong);
         let total: u64 = sg_list.iter().map(|s| s.length as u64).sum();
-        let end = (offset as u64)
-            .checked_add(len as u64)
-            .ok_or(WcStatus::LocLenErr)?;
+        let end = (offset as u64).checked_add(len as u64).ok_or(too_long)?;
         if end > total {
-            return Err(WcStatus::LocLenErr);
+            return Err(too_long);
         }
         if len == 0 {
             return Ok(());
@@ -276,7 +285,7 @@ impl Context {
             let in_sge = skip as usize;
             let n = (sl - skip).min((len - done) as u64) as usize;
             if !f(&span, in_sge, done, n) {
-                return Err(WcStatus::LocProtErr);
+                return Err(WcError::new(WcStatus::LocProtErr, WcDetail::MemoryFault));
             }
             done += n;
             skip = 0;
@@ -294,7 +303,7 @@ impl Context {
         sg_list: &[Sge],
         offset: usize,
         data: &[u8],
-    ) -> core::result::Result<(), WcStatus> {
+    ) -> core::result::Result<(), WcError> {
         self.walk_sgl(
             pd,
             sg_list,
@@ -314,7 +323,7 @@ impl Context {
         sg_list: &[Sge],
         offset: usize,
         out: &mut [u8],
-    ) -> core::result::Result<(), WcStatus> {
+    ) -> core::result::Result<(), WcError> {
         let len = out.len();
         self.walk_sgl(
             pd,

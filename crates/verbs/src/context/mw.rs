@@ -1,7 +1,7 @@
 //! Memory windows: allocation, binding (type 1 and type 2) and invalidation.
 
 use super::table::IdMap;
-use super::{einval, enomem, Context};
+use super::{einval, enomem, missing, Context};
 use crate::error::Result;
 use crate::types::{Access, MwBind, MwId, PdId, Qpn, WcStatus};
 
@@ -181,7 +181,7 @@ impl Context {
             .mws
             .by_id
             .remove(&mw)
-            .ok_or(einval("no such memory window"))?;
+            .ok_or(missing("no such memory window"))?;
         self.mws.by_index.remove(&(obj.rkey >> 8));
         Ok(())
     }
@@ -191,7 +191,7 @@ impl Context {
             .by_id
             .get(&mw)
             .map(|w| w.rkey)
-            .ok_or(einval("no such memory window"))
+            .ok_or(missing("no such memory window"))
     }
     /// Bind (executed in send-queue order by the transport). For type 1 the key byte is
     /// bumped ([`inc_rkey`]) and the new rkey returned; for type 2 `bind.rkey` becomes the key and the window

@@ -1,7 +1,7 @@
 //! Protection domains.
 
 use super::table::Table;
-use super::{ebusy, einval, enomem, Context};
+use super::{ebusy, enomem, missing, Context};
 use crate::error::Result;
 use crate::types::PdId;
 
@@ -13,7 +13,7 @@ impl Context {
         if self.pds.contains(pd) {
             Ok(())
         } else {
-            Err(einval("no such PD"))
+            Err(missing("no such PD"))
         }
     }
     /// Whether `pd` is a live protection domain (for importing it by handle).

@@ -3,8 +3,8 @@
 use std::collections::VecDeque;
 
 use super::table::Table;
-use super::{ebusy, einval, enomem, limits, Context};
-use crate::error::Result;
+use super::{ebusy, einval, enomem, limits, missing, Context};
+use crate::error::{ErrorKind, Result};
 use crate::qp_table;
 use crate::types::{
     CqId, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, SendFlags,
@@ -53,11 +53,11 @@ impl Context {
     pub fn create_qp(&mut self, init: QpInitAttr) -> Result<Qpn> {
         self.check_pd(init.pd)?;
         if !self.cqs.contains(init.send_cq) || !self.cqs.contains(init.recv_cq) {
-            return Err(einval("no such CQ"));
+            return Err(missing("no such CQ"));
         }
         if let Some(srq) = init.srq {
             if !self.srqs.contains(srq) {
-                return Err(einval("no such SRQ"));
+                return Err(missing("no such SRQ"));
             }
         }
         let d = &self.dev;
@@ -126,7 +126,7 @@ impl Context {
     /// program detaches it.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<()> {
         if !self.qps.contains(qpn) {
-            return Err(einval("no such QP"));
+            return Err(missing("no such QP"));
         }
         if self.mcast.has_qp(qpn) {
             return Err(ebusy("the QP is still attached to a multicast group"));
@@ -200,7 +200,7 @@ impl Context {
         mask: QpAttrMask,
     ) -> Result<(QpState, QpState)> {
         use QpAttrMask as M;
-        let qp = self.qps.get(qpn).ok_or(einval("no such QP"))?;
+        let qp = self.qps.get(qpn).ok_or(missing("no such QP"))?;
         let cur = qp.state;
         let next = if mask.contains(M::STATE) {
             attr.qp_state
@@ -212,14 +212,16 @@ impl Context {
                 cur,
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
             ) {
-                return Err(einval("CUR_STATE not allowed from this state"));
+                return Err(einval("CUR_STATE not allowed from this state")
+                    .with_kind(ErrorKind::InvalidTransition));
             }
             if attr.cur_qp_state != cur {
-                return Err(einval("cur_qp_state does not match the QP's state"));
+                return Err(einval("cur_qp_state does not match the QP's state")
+                    .with_kind(ErrorKind::InvalidTransition));
             }
         }
         let (req, opt) = qp_table::transition(cur, next, qp.init.qp_type)
-            .ok_or(einval("illegal QP state transition"))?;
+            .ok_or(einval("illegal QP state transition").with_kind(ErrorKind::InvalidTransition))?;
         if !mask.contains(req) {
             return Err(einval("a required attribute is missing"));
         }
@@ -228,7 +230,7 @@ impl Context {
         }
         self.check_qp_values(attr, mask)?;
         let Some(qp) = self.qps.get_mut(qpn) else {
-            return Err(einval("no such QP"));
+            return Err(missing("no such QP"));
         };
         if next == QpState::Reset {
             qp.rq.clear();
@@ -312,13 +314,13 @@ impl Context {
     /// flush. Anything else posted in ERR is accepted, for the transport to complete with
     /// WR_FLUSH_ERR.
     pub fn check_send_wr(&self, qpn: Qpn, wr: &SendWr) -> Result<()> {
-        let qp = self.qps.get(qpn).ok_or(einval("no such QP"))?;
+        let qp = self.qps.get(qpn).ok_or(missing("no such QP"))?;
         if wr.sg_list.len() > qp.init.cap.max_send_sge as usize {
             return Err(einval("too many SGEs"));
         }
         match qp.state {
             QpState::Reset | QpState::Init | QpState::Rtr => {
-                return Err(einval("QP not ready to send"))
+                return Err(einval("QP not ready to send").with_kind(ErrorKind::QpState))
             }
             QpState::Err => return Ok(()),
             QpState::Rts | QpState::Sqd | QpState::Sqe => {}
@@ -345,7 +347,12 @@ impl Context {
                 .ok_or(einval("UD send without a destination"))?;
             match self.ahs.get(ud.ah) {
                 Some((pd, _)) if *pd == qp.init.pd => {}
-                _ => return Err(einval("invalid address handle")),
+                Some(_) => {
+                    return Err(
+                        einval("address handle of another PD").with_kind(ErrorKind::ForeignObject)
+                    )
+                }
+                None => return Err(missing("invalid address handle")),
             }
             if ud.remote_qpn > limits::MASK24 {
                 return Err(einval("remote QPN is 24 bits"));
@@ -378,9 +385,9 @@ impl Context {
     /// than `max_recv_sge` in every state, ENOMEM when full). Posting in ERR is allowed; the
     /// transport flushes.
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<()> {
-        let qp = self.qps.get_mut(qpn).ok_or(einval("no such QP"))?;
+        let qp = self.qps.get_mut(qpn).ok_or(missing("no such QP"))?;
         if qp.state == QpState::Reset {
-            return Err(einval("QP in RESET"));
+            return Err(einval("QP in RESET").with_kind(ErrorKind::QpState));
         }
         if qp.init.srq.is_some() {
             return Err(einval("QP receives from an SRQ"));
@@ -389,7 +396,7 @@ impl Context {
             return Err(einval("too many SGEs"));
         }
         if qp.rq.len() >= qp.init.cap.max_recv_wr as usize {
-            return Err(enomem("receive queue full"));
+            return Err(enomem("receive queue full").with_kind(ErrorKind::QueueFull));
         }
         qp.rq.push_back(wr);
         Ok(())

@@ -3,8 +3,8 @@
 use std::collections::VecDeque;
 
 use super::table::Table;
-use super::{ebusy, einval, enomem, Context};
-use crate::error::Result;
+use super::{ebusy, einval, enomem, missing, Context};
+use crate::error::{ErrorKind, Result};
 use crate::types::{AsyncEvent, PdId, RecvWr, SrqId};
 
 #[derive(Debug)]
@@ -63,7 +63,7 @@ impl Context {
         limit: Option<u32>,
     ) -> Result<()> {
         let dev_max = self.dev.max_srq_wr;
-        let s = self.srqs.get_mut(srq).ok_or(einval("no such SRQ"))?;
+        let s = self.srqs.get_mut(srq).ok_or(missing("no such SRQ"))?;
         let new_max = max_wr.unwrap_or(s.max_wr);
         if new_max < s.max_wr || new_max > dev_max {
             return Err(einval("SRQ max_wr may only grow, up to the device limit"));
@@ -81,12 +81,12 @@ impl Context {
         self.srqs
             .get(srq)
             .map(|s| (s.max_wr, s.max_sge, s.limit))
-            .ok_or(einval("no such SRQ"))
+            .ok_or(missing("no such SRQ"))
     }
     /// Destroy an SRQ; EBUSY while QPs use it.
     pub fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
         if !self.srqs.contains(srq) {
-            return Err(einval("no such SRQ"));
+            return Err(missing("no such SRQ"));
         }
         if self.qps.uses_srq(srq) {
             return Err(ebusy("QPs use the SRQ"));
@@ -96,12 +96,12 @@ impl Context {
     }
     /// Post a receive WR to an SRQ (ENOMEM when full, EINVAL for too many SGEs).
     pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWr) -> Result<()> {
-        let s = self.srqs.get_mut(srq).ok_or(einval("no such SRQ"))?;
+        let s = self.srqs.get_mut(srq).ok_or(missing("no such SRQ"))?;
         if wr.sg_list.len() > s.max_sge as usize {
             return Err(einval("too many SGEs"));
         }
         if s.q.len() >= s.max_wr as usize {
-            return Err(enomem("SRQ full"));
+            return Err(enomem("SRQ full").with_kind(ErrorKind::QueueFull));
         }
         s.q.push_back(wr);
         Ok(())
@@ -111,7 +111,7 @@ impl Context {
         self.srqs
             .get(srq)
             .map(|s| s.q.len())
-            .ok_or(einval("no such SRQ"))
+            .ok_or(missing("no such SRQ"))
     }
     /// Take the SRQ's next receive WR, firing the limit event when the SRQ drops below its
     /// armed limit (which disarms it).

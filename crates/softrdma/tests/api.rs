@@ -1,0 +1,290 @@
+//! The API's error reporting: error kinds to match on, completion errors with their detail
+//! codes, `poll_iter` after an overflow, and the fds as `AsFd`.
+
+use std::time::Duration;
+
+use softrdma::*;
+
+const T: Duration = Duration::from_secs(10);
+const ALL: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
+
+fn open() -> Device {
+    let cfg = DeviceConfig::new("api", DeviceAddr::AutoLoopback(4791));
+    Device::open_with(&cfg).expect("open device")
+}
+
+/// A QP on its own device with a CQ of `cq_depth`, and an MR of its PD.
+struct Side {
+    dev: Device,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    mr: MemoryRegion,
+}
+
+fn side(t: QpType, cq_depth: u32) -> Side {
+    let dev = open();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(cq_depth, None).unwrap();
+    let qp = pd.create_qp(&QpInit::new(t, &cq)).unwrap();
+    let mr = pd.register(8192, ALL).unwrap();
+    Side {
+        dev,
+        pd,
+        cq,
+        qp,
+        mr,
+    }
+}
+
+fn connect(a: &Side, b: &Side) {
+    a.qp.connect(&b.qp.local(2000), 100, ALL).unwrap();
+    b.qp.connect(&a.qp.local(100), 2000, ALL).unwrap();
+}
+
+#[test]
+fn the_einval_family_has_distinct_kinds() {
+    let a = side(QpType::Rc, 1);
+    let b = side(QpType::Rc, 64);
+    // Sending before the QP is ready.
+    let not_ready = a.qp.post_send(wr::send(1, [a.mr.sge(0..8)])).unwrap_err();
+    assert_eq!(not_ready.kind(), ErrorKind::QpState, "{not_ready}");
+    connect(&a, &b);
+    // RTS back to INIT is no transition of the state machine.
+    let illegal = a.qp.to_init(ALL).unwrap_err();
+    assert_eq!(illegal.kind(), ErrorKind::InvalidTransition, "{illegal}");
+    // Local copies past the region's end, and a misaligned atomic.
+    let oob = a.mr.write(8190, b"four").unwrap_err();
+    assert_eq!(oob.kind(), ErrorKind::OutOfBounds, "{oob}");
+    let misaligned = a.mr.fetch_add_u64(4, 1).unwrap_err();
+    assert_eq!(misaligned.kind(), ErrorKind::Misaligned, "{misaligned}");
+    // More completions than the CQ holds.
+    let cap = a.cq.capacity() as u64;
+    for i in 0..=cap {
+        a.qp.post_send(wr::write(i, [a.mr.sge(0..8)], &b.mr.remote(), 0))
+            .unwrap();
+    }
+    // Nothing polls until the device reports the overflow.
+    assert_eq!(
+        a.dev.wait_async_event(Some(T)).unwrap(),
+        AsyncEvent::CqErr(a.cq.id())
+    );
+    let overflow = a.cq.poll_one().unwrap_err();
+    assert_eq!(overflow.kind(), ErrorKind::CqOverflow, "{overflow}");
+    // The C face's errnos are what they were.
+    for e in [&not_ready, &illegal, &misaligned, &overflow] {
+        assert_eq!(e.errno(), 22, "{e}");
+    }
+    assert_eq!(oob.errno(), 14, "{oob}");
+    // The verbs error a kind came from is the source.
+    let src = std::error::Error::source(&illegal).expect("a verbs error underneath");
+    let verbs_err = src.downcast_ref::<verbs::Error>().expect("verbs::Error");
+    assert_eq!(verbs_err.kind, ErrorKind::InvalidTransition);
+    drop(b.dev);
+    drop(a.pd);
+}
+
+#[test]
+fn foreign_objects_and_config_errors_have_their_kinds() {
+    let a = open();
+    let b = open();
+    let cq_b = b.create_cq(4, None).unwrap();
+    let pd_a = a.alloc_pd().unwrap();
+    let Err(e) = pd_a.create_qp(&QpInit::new(QpType::Rc, &cq_b)) else {
+        panic!("a CQ of another device is refused");
+    };
+    assert_eq!(e.kind(), ErrorKind::ForeignObject, "{e}");
+    let cfg = DeviceConfig::new(
+        "api-bad",
+        DeviceAddr::Fixed("192.0.2.1:4791".parse().unwrap()),
+    );
+    let Err(e) = Device::open_with(&cfg) else {
+        panic!("not a local address");
+    };
+    assert_eq!(e.kind(), ErrorKind::AddrNotAvailable, "{e}");
+    let io = std::error::Error::source(&e).expect("the OS error underneath");
+    assert!(io.downcast_ref::<std::io::Error>().is_some(), "{io:?}");
+    let io_err: std::io::Error = e.clone().into();
+    assert_eq!(io_err.kind(), std::io::ErrorKind::AddrNotAvailable);
+    let inner = io_err.get_ref().and_then(|i| i.downcast_ref::<Error>());
+    assert_eq!(inner, Some(&e));
+}
+
+#[test]
+fn poll_iter_yields_the_overflow_error() {
+    let a = side(QpType::Rc, 1);
+    let b = side(QpType::Rc, 64);
+    connect(&a, &b);
+    a.qp.post_send(wr::write(1, [a.mr.sge(0..8)], &b.mr.remote(), 0))
+        .unwrap();
+    assert_eq!(a.cq.wait(T).unwrap().wr_id, 1);
+    assert!(
+        a.cq.poll_iter().next().is_none(),
+        "an idle CQ yields nothing"
+    );
+    for i in 0..=a.cq.capacity() as u64 {
+        a.qp.post_send(wr::write(10 + i, [a.mr.sge(0..8)], &b.mr.remote(), 0))
+            .unwrap();
+    }
+    assert_eq!(
+        a.dev.wait_async_event(Some(T)).unwrap(),
+        AsyncEvent::CqErr(a.cq.id())
+    );
+    let items: Vec<Result<WorkCompletion>> = a.cq.poll_iter().collect();
+    match items.as_slice() {
+        [Err(e)] => assert_eq!(e.kind(), ErrorKind::CqOverflow, "{e}"),
+        other => panic!("expected one overflow error, got {other:?}"),
+    }
+}
+
+/// Whether `fd` becomes readable within `ms`, by poll(2) through the device crate.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: u64) -> bool {
+    softrdma_device::poll_readable(&[fd], Some(Duration::from_millis(ms))).is_ok_and(|r| r[0])
+}
+
+#[test]
+fn fds_are_borrowed_from_their_owners() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let a = side(QpType::Rc, 16);
+    let dev_b = open();
+    let pd_b = dev_b.alloc_pd().unwrap();
+    let ch = dev_b.create_channel().unwrap();
+    let cq_b = dev_b.create_cq(16, Some(&ch)).unwrap();
+    let qp_b = pd_b.create_qp(&QpInit::new(QpType::Rc, &cq_b)).unwrap();
+    let mr_b = pd_b.register(4096, ALL).unwrap();
+    a.qp.connect(&qp_b.local(5), 9, ALL).unwrap();
+    qp_b.connect(&a.qp.local(9), 5, ALL).unwrap();
+    assert_eq!(ch.as_fd().as_raw_fd(), ch.as_raw_fd());
+    // An owned duplicate of the channel's fd sees the same eventfd.
+    let dup = ch.as_fd().try_clone_to_owned().unwrap();
+    assert!(!readable(dup.as_fd(), 0), "no event yet");
+    qp_b.post_recv(wr::recv(1, [mr_b.sge(0..64)])).unwrap();
+    cq_b.req_notify(false).unwrap();
+    a.qp.post_send(wr::send(1, [a.mr.sge(0..7)])).unwrap();
+    assert!(
+        (0..100).any(|_| readable(dup.as_fd(), 100)),
+        "channel fd never became readable"
+    );
+    assert!(readable(ch.as_fd(), 0));
+    assert_eq!(ch.try_get().unwrap(), Some(cq_b.id()));
+    ch.ack(&cq_b, 1).unwrap();
+    assert_eq!(cq_b.wait(T).unwrap().wr_id, 1);
+    // The device's async-event fd, by accessor and by AsFd.
+    assert_eq!(
+        dev_b.async_event_fd().as_raw_fd(),
+        dev_b.as_fd().as_raw_fd()
+    );
+    assert!(!readable(dev_b.as_fd(), 0), "no async event yet");
+    qp_b.to_error().unwrap();
+    let ev = dev_b.async_event_fd().try_clone_to_owned().unwrap();
+    drop(dup);
+    // A QP moved to ERROR by the program raises no event; an overflowing CQ does.
+    assert!(!readable(ev.as_fd(), 0));
+    let cq_small = dev_b.create_cq(1, None).unwrap();
+    let qp_c = pd_b.create_qp(&QpInit::new(QpType::Rc, &cq_small)).unwrap();
+    qp_c.to_init(ALL).unwrap();
+    for i in 0..4 {
+        qp_c.post_recv(wr::recv(i, [mr_b.sge(0..8)])).unwrap();
+    }
+    qp_c.to_error().unwrap(); // flushes four receives into a one-entry CQ
+    assert!(
+        (0..100).any(|_| readable(ev.as_fd(), 100)),
+        "async-event fd never became readable"
+    );
+    assert_eq!(
+        dev_b.next_async_event(),
+        Some(AsyncEvent::CqErr(cq_small.id()))
+    );
+    drop(qp_b);
+    drop(cq_b);
+}
+
+fn rc_pair() -> (Side, Side) {
+    let (a, b) = (side(QpType::Rc, 64), side(QpType::Rc, 64));
+    connect(&a, &b);
+    (a, b)
+}
+
+/// WRITE 64 bytes from `sge` to the peer and return the completion.
+fn write_from(a: &Side, b: &Side, sge: Sge) -> WorkCompletion {
+    a.qp.post_send(wr::write(1, [sge], &b.mr.remote(), 0))
+        .unwrap();
+    a.cq.wait(T).unwrap()
+}
+
+fn failed(status: WcStatus, detail: WcDetail) -> std::result::Result<(), WcError> {
+    Err(WcError::new(status, detail))
+}
+
+#[test]
+fn completion_errors_carry_their_detail() {
+    use WcStatus::*;
+    // A memory region of another PD of the same device.
+    let (a, b) = rc_pair();
+    let other = a.dev.alloc_pd().unwrap().register(64, ALL).unwrap();
+    let wc = write_from(&a, &b, other.sge(0..64));
+    assert_eq!(wc.result(), failed(LocProtErr, WcDetail::WrongPd));
+    assert_eq!(wc.vendor_err, 2);
+    // An SGE reaching past its region's end.
+    let (a, b) = rc_pair();
+    let past_end = Sge {
+        addr: a.mr.addr() + 8192 - 32,
+        length: 64,
+        lkey: a.mr.lkey(),
+    };
+    let wc = write_from(&a, &b, past_end);
+    assert_eq!(wc.result(), failed(LocProtErr, WcDetail::SgeOutOfBounds));
+    assert_eq!(wc.vendor_err, 3);
+    // The lkey of a region deregistered (dropped) before the post.
+    let (a, b) = rc_pair();
+    let gone = a.pd.register(64, ALL).unwrap();
+    let stale = gone.sge(0..64);
+    drop(gone);
+    let wc = write_from(&a, &b, stale);
+    assert_eq!(wc.result(), failed(LocProtErr, WcDetail::UnknownLkey));
+    assert_eq!(wc.vendor_err, 1);
+    let e = wc.result().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "local protection error (lkey of no registered memory region)"
+    );
+    // `?` turns it into an Error of kind Completion, whose source is the WcError.
+    let err: Error = e.into();
+    assert_eq!(err.kind(), ErrorKind::Completion);
+    let src = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<WcError>());
+    assert_eq!(src, Some(&e));
+    // A receive whose buffer fails the responder's check: the receiver's completion says
+    // which check, the sender's what the peer answered.
+    let (a, b) = rc_pair();
+    let recv_past_end = Sge {
+        addr: b.mr.addr() + 8192 - 8,
+        length: 64,
+        lkey: b.mr.lkey(),
+    };
+    b.qp.post_recv(wr::recv(7, [recv_past_end])).unwrap();
+    a.qp.post_send(wr::send(2, [a.mr.sge(0..32)])).unwrap();
+    let rwc = b.cq.wait(T).unwrap();
+    assert_eq!(rwc.wr_id, 7);
+    assert_eq!(rwc.result(), failed(LocProtErr, WcDetail::SgeOutOfBounds));
+    let swc = a.cq.wait(T).unwrap();
+    assert_eq!(swc.result(), failed(RemOpErr, WcDetail::RemoteOperational));
+    // Success has no error and no detail; flushed requests have no detail.
+    let (a, b) = rc_pair();
+    let ok = write_from(&a, &b, a.mr.sge(0..64));
+    assert_eq!((ok.result(), ok.vendor_err), (Ok(()), 0));
+    let other = a.dev.alloc_pd().unwrap().register(64, ALL).unwrap();
+    a.qp.post_send(wr::write(3, [other.sge(0..64)], &b.mr.remote(), 0))
+        .unwrap();
+    a.qp.post_send(wr::write(4, [a.mr.sge(0..64)], &b.mr.remote(), 0))
+        .unwrap();
+    let wcs = a.cq.wait_n(2, T).unwrap();
+    assert_eq!(wcs[0].result(), failed(LocProtErr, WcDetail::WrongPd));
+    assert_eq!(wcs[1].result(), failed(WrFlushErr, WcDetail::Unspecified));
+    assert_eq!(
+        WcStatus::WrFlushErr.to_string(),
+        "Work Request Flushed Error"
+    );
+}
