@@ -551,8 +551,12 @@ pub(crate) fn handle_response(
                     let lost = matches!(acked, Acked::LostResponse(_));
                     if let Acked::Ok(true) | Acked::LostResponse(true) = acked {
                         // The NAK acknowledges everything before it: progress, so this is
-                        // a new loss that deserves its own go-back-N and fresh retries.
+                        // a new loss that deserves its own go-back-N and fresh retries,
+                        // and the local ACK timeout starts over (a responder that holds
+                        // packets past gaps may acknowledge for a long while by NAKs
+                        // only).
                         renew_retries(qp);
+                        progress = true;
                     }
                     complete_front(qp, env, now);
                     if qp.state == QpState::Err {
