@@ -114,7 +114,7 @@ impl Cc {
         self.ssthresh = (self.cwnd * BETA_PERCENT / 100).max(MIN_CWND);
         self.cwnd = self.ssthresh;
         self.acc = 0;
-        self.probe = None;
+        self.on_resend();
     }
 
     /// The loss of packet `p`, shown while the packets before `high` had been sent: the
@@ -197,6 +197,35 @@ impl Cc {
             .max(RTO_MIN_NS);
         let t = base.saturating_mul(1 << self.backoff);
         Some(limit.map_or(t, |l| t.min(l)))
+    }
+
+    /// Packets are about to be sent again (a go-back-N, a selective repeat): an answer
+    /// covering the timed packet may then answer its second copy, so it is no longer
+    /// timed (Karn) — unless nothing has been measured yet. Then it keeps its first send
+    /// time: an answer to the second copy measures more than the round trip, never less,
+    /// and the round-trip timer that estimate gives still fires no later than the local
+    /// ACK timeout. Dropping it instead leaves a connection that loses a packet every
+    /// round trip from the start with no estimate at all (only never-sent packets are
+    /// timed), so every loss whose evidence is missing too waits for the local ACK
+    /// timeout and spends a retry.
+    pub fn on_resend(&mut self) {
+        if self.has_sample() {
+            self.probe = None;
+        }
+    }
+
+    /// An answer from the peer covering the request packets before `p` (and `p` itself
+    /// when `inclusive`: an ACK of `p`, a READ response or atomic ACK at `p`) arrived at
+    /// `now`. If it covers the timed packet, that is a round-trip sample, whether or not
+    /// the oldest unacknowledged PSN moves past it: a READ or atomic whose response was
+    /// lost holds that PSN, and the ACKs past it still answer the packets they cover.
+    pub fn on_answer(&mut self, p: u32, inclusive: bool, now: u64) {
+        if let Some((q, t)) = self.probe {
+            if psn::lt(q, p) || (inclusive && q == p) {
+                self.probe = None;
+                self.on_rtt(now.saturating_sub(t));
+            }
+        }
     }
 
     /// Time the packet `p` sent at `now` unless one is being timed already; `resend`
@@ -314,5 +343,33 @@ mod tests {
         // PSN wrap.
         c.una = 0xFF_FFFE;
         assert_eq!(c.advance(1, 0), 3);
+    }
+
+    #[test]
+    fn an_answer_covering_the_timed_packet_measures_and_karn_waits_for_a_first_sample() {
+        let mut c = Cc::default();
+        c.maybe_probe(10, 1_000, false);
+        // A go-back-N before any sample keeps the first send time.
+        c.on_resend();
+        c.on_loss();
+        assert_eq!(c.probe, Some((10, 1_000)));
+        // A NAK at the timed PSN does not cover it; an ACK past it does, though the
+        // oldest unacknowledged PSN never moved.
+        c.on_answer(10, false, 2_000);
+        assert_eq!(c.probe, Some((10, 1_000)));
+        c.on_answer(12, true, 401_000);
+        assert_eq!(c.probe, None);
+        // 400 µs: SRTT 400 µs, RTTVAR 200 µs.
+        assert_eq!(c.rto(None), Some(1_200_000));
+        // With a sample, Karn: a resend ends the timing.
+        c.maybe_probe(20, 500_000, false);
+        c.on_resend();
+        assert_eq!(c.probe, None);
+        c.maybe_probe(30, 600_000, false);
+        c.on_answer(30, true, 700_000);
+        assert_eq!(c.probe, None);
+        c.maybe_probe(40, 800_000, false);
+        c.on_timeout();
+        assert_eq!(c.probe, None, "an ACK timeout always ends the timing");
     }
 }
