@@ -187,6 +187,14 @@ impl Cc {
     /// The RTT timer's interval: SRTT + 4·RTTVAR, at least [`RTO_MIN_NS`], doubled per
     /// backoff, and never past `limit` (the QP's local ACK timeout, when it has one).
     /// None before the first sample.
+    ///
+    /// Backing off stops at half of `limit` (or at the interval itself when that is
+    /// longer): the local ACK timeout runs from the last progress and spends a retry each
+    /// time, and a round-trip timer backed off to it would never fire first. So between
+    /// two local ACK timeouts the round-trip timer still resends once without spending
+    /// one; otherwise a round trip measured at a few milliseconds (a reordering path)
+    /// backs off past the ACK timeout after a single expiry, and a READ whose request or
+    /// response is lost seven more times in a row ends in RETRY_EXC_ERR.
     pub fn rto(&self, limit: Option<u64>) -> Option<u64> {
         if self.srtt == 0 {
             return None;
@@ -196,7 +204,7 @@ impl Cc {
             .saturating_add(self.rttvar.saturating_mul(4))
             .max(RTO_MIN_NS);
         let t = base.saturating_mul(1 << self.backoff);
-        Some(limit.map_or(t, |l| t.min(l)))
+        Some(limit.map_or(t, |l| t.min((l / 2).max(base)).min(l)))
     }
 
     /// Packets are about to be sent again (a go-back-N, a selective repeat): an answer
@@ -330,6 +338,16 @@ mod tests {
         );
         c.on_rtt_timeout();
         assert_eq!(c.rto(None), Some(18_000_000), "backed off");
+        assert_eq!(
+            c.rto(Some(20_000_000)),
+            Some(10_000_000),
+            "backed off to half the QP timeout at most"
+        );
+        assert_eq!(
+            c.rto(Some(12_000_000)),
+            Some(9_000_000),
+            "not below the interval itself"
+        );
         c.on_acked(1);
         assert_eq!(c.rto(None), Some(9_000_000));
         // Tiny samples: the floor.

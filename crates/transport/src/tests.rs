@@ -1458,3 +1458,49 @@ fn a_go_back_n_before_the_first_sample_keeps_timing_the_first_copy() {
     assert_eq!(s.timeouts, 0);
     assert!(s.rtt_timeouts >= 1);
 }
+
+/// With the round trip measured, the round-trip timer keeps resending between local ACK
+/// timeouts instead of backing off past them: it stops doubling at half the ACK
+/// timeout. Here the ACK timeout is about 1 ms (code 8), the measured RTO 250 µs, and
+/// `retry_cnt = 1`; the READ's response is lost four times. Backed off past the ACK
+/// timeout, the timer resent twice before the first ACK timeout and never after it:
+/// the fourth loss ended the READ in RETRY_EXC_ERR.
+#[test]
+fn the_round_trip_timer_still_fires_between_local_ack_timeouts() {
+    use wire::Opcode;
+    let cfg = Cfg {
+        retry: 1,
+        timeout: 8,
+        ..Default::default()
+    };
+    let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    b.write(4096, &pattern(100, 2));
+    a.write(0, &pattern(64, 1));
+    let mut now = 0;
+    let write = SendOp::Write {
+        remote_addr: b.base,
+        rkey: b.rkey,
+    };
+    // A clean WRITE first: it measures the round trip.
+    a.send(now, 1, write, vec![a.sge(0, 64)]).unwrap();
+    pump(&mut a, &mut b, &mut now, |_, _| false);
+    let read = SendOp::Read {
+        remote_addr: b.base + 4096,
+        rkey: b.rkey,
+    };
+    a.send(now, 2, read, vec![a.sge(8192, 100)]).unwrap();
+    let mut lost = 0;
+    pump(&mut a, &mut b, &mut now, |from_a, t| {
+        let (h, _) = wire::Headers::parse(&t.data).unwrap();
+        let lose = !from_a && h.bth.opcode == Opcode::RC_RDMA_READ_RESPONSE_ONLY && lost < 4;
+        lost += usize::from(lose);
+        lose
+    });
+    assert_eq!(lost, 4);
+    let got: Vec<(u64, WcStatus)> = a.wcs().iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(got, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(a.read(8192, 100), pattern(100, 2), "READ data");
+    let s = a.nic.stats();
+    assert_eq!(s.timeouts, 1, "one local ACK timeout, the only retry");
+    assert!(s.rtt_timeouts >= 3);
+}
