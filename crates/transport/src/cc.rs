@@ -78,6 +78,8 @@ pub(crate) struct Cc {
     /// while a timed packet made its round trip, scaled to the smallest round trip.
     bdp: [u32; BDP_SAMPLES],
     bdp_at: usize,
+    /// A round trip just sampled, whose deliveries the next advance counts.
+    bdp_rtt: Option<u64>,
 }
 
 impl Default for Cc {
@@ -100,6 +102,7 @@ impl Default for Cc {
             probe_delivered: 0,
             bdp: [0; BDP_SAMPLES],
             bdp_at: 0,
+            bdp_rtt: None,
         }
     }
 }
@@ -134,7 +137,7 @@ impl Cc {
             .clamp(MIN_CWND, MAX_CWND);
         self.cwnd = self.cwnd.min(self.ssthresh);
         self.acc = 0;
-        self.probe = None;
+        self.on_resend();
     }
 
     /// The loss of packet `p`, shown while the packets before `high` had been sent: the
@@ -218,6 +221,14 @@ impl Cc {
     /// The RTT timer's interval: SRTT + 4·RTTVAR, at least [`RTO_MIN_NS`], doubled per
     /// backoff, and never past `limit` (the QP's local ACK timeout, when it has one).
     /// None before the first sample.
+    ///
+    /// Backing off stops at half of `limit` (or at the interval itself when that is
+    /// longer): the local ACK timeout runs from the last progress and spends a retry each
+    /// time, and a round-trip timer backed off to it would never fire first. So between
+    /// two local ACK timeouts the round-trip timer still resends once without spending
+    /// one; otherwise a round trip measured at a few milliseconds (a reordering path)
+    /// backs off past the ACK timeout after a single expiry, and a READ whose request or
+    /// response is lost seven more times in a row ends in RETRY_EXC_ERR.
     pub fn rto(&self, limit: Option<u64>) -> Option<u64> {
         if self.srtt == 0 {
             return None;
@@ -227,7 +238,36 @@ impl Cc {
             .saturating_add(self.rttvar.saturating_mul(4))
             .max(RTO_MIN_NS);
         let t = base.saturating_mul(1 << self.backoff);
-        Some(limit.map_or(t, |l| t.min(l)))
+        Some(limit.map_or(t, |l| t.min((l / 2).max(base)).min(l)))
+    }
+
+    /// Packets are about to be sent again (a go-back-N, a selective repeat): an answer
+    /// covering the timed packet may then answer its second copy, so it is no longer
+    /// timed (Karn) — unless nothing has been measured yet. Then it keeps its first send
+    /// time: an answer to the second copy measures more than the round trip, never less,
+    /// and the round-trip timer that estimate gives still fires no later than the local
+    /// ACK timeout. Dropping it instead leaves a connection that loses a packet every
+    /// round trip from the start with no estimate at all (only never-sent packets are
+    /// timed), so every loss whose evidence is missing too waits for the local ACK
+    /// timeout and spends a retry.
+    pub fn on_resend(&mut self) {
+        if self.has_sample() {
+            self.probe = None;
+        }
+    }
+
+    /// An answer from the peer covering the request packets before `p` (and `p` itself
+    /// when `inclusive`: an ACK of `p`, a READ response or atomic ACK at `p`) arrived at
+    /// `now`. If it covers the timed packet, that is a round-trip sample, whether or not
+    /// the oldest unacknowledged PSN moves past it: a READ or atomic whose response was
+    /// lost holds that PSN, and the ACKs past it still answer the packets they cover.
+    pub fn on_answer(&mut self, p: u32, inclusive: bool, now: u64) {
+        if let Some((q, t)) = self.probe {
+            if psn::lt(q, p) || (inclusive && q == p) {
+                self.probe = None;
+                self.sampled(now.saturating_sub(t));
+            }
+        }
     }
 
     /// How long a resent packet is given to arrive before evidence that it is still
@@ -257,16 +297,24 @@ impl Cc {
         if let Some((p, t)) = self.probe {
             if psn::lt(p, una) {
                 self.probe = None;
-                let rtt = now.saturating_sub(t).max(1);
-                self.on_rtt(rtt);
-                // Delivered during the timed round trip, at the smallest round trip.
-                let d = self.delivered - self.probe_delivered;
-                let bdp = u128::from(d) * u128::from(self.min_rtt) / u128::from(rtt);
-                self.bdp[self.bdp_at] = bdp.min(u128::from(MAX_CWND)) as u32;
-                self.bdp_at = (self.bdp_at + 1) % BDP_SAMPLES;
+                self.sampled(now.saturating_sub(t));
             }
         }
+        if let Some(rtt) = self.bdp_rtt.take() {
+            // Delivered during the timed round trip, at the smallest round trip.
+            let d = self.delivered - self.probe_delivered;
+            let bdp = u128::from(d) * u128::from(self.min_rtt) / u128::from(rtt.max(1));
+            self.bdp[self.bdp_at] = bdp.min(u128::from(MAX_CWND)) as u32;
+            self.bdp_at = (self.bdp_at + 1) % BDP_SAMPLES;
+        }
         n as u32
+    }
+
+    /// The timed packet's round trip was `rtt`: a sample for the timer, and for the
+    /// bandwidth-delay product once the acknowledgement that ended it is counted.
+    fn sampled(&mut self, rtt: u64) {
+        self.on_rtt(rtt);
+        self.bdp_rtt = Some(rtt);
     }
 }
 
@@ -384,6 +432,16 @@ mod tests {
         );
         c.on_rtt_timeout();
         assert_eq!(c.rto(None), Some(18_000_000), "backed off");
+        assert_eq!(
+            c.rto(Some(20_000_000)),
+            Some(10_000_000),
+            "backed off to half the QP timeout at most"
+        );
+        assert_eq!(
+            c.rto(Some(12_000_000)),
+            Some(9_000_000),
+            "not below the interval itself"
+        );
         c.on_acked(1);
         assert_eq!(c.rto(None), Some(9_000_000));
         // Tiny samples: the floor.
@@ -397,5 +455,33 @@ mod tests {
         // PSN wrap.
         c.una = 0xFF_FFFE;
         assert_eq!(c.advance(1, 0), 3);
+    }
+
+    #[test]
+    fn an_answer_covering_the_timed_packet_measures_and_karn_waits_for_a_first_sample() {
+        let mut c = Cc::default();
+        c.maybe_probe(10, 1_000, false);
+        // A go-back-N before any sample keeps the first send time.
+        c.on_resend();
+        c.on_loss();
+        assert_eq!(c.probe, Some((10, 1_000)));
+        // A NAK at the timed PSN does not cover it; an ACK past it does, though the
+        // oldest unacknowledged PSN never moved.
+        c.on_answer(10, false, 2_000);
+        assert_eq!(c.probe, Some((10, 1_000)));
+        c.on_answer(12, true, 401_000);
+        assert_eq!(c.probe, None);
+        // 400 µs: SRTT 400 µs, RTTVAR 200 µs.
+        assert_eq!(c.rto(None), Some(1_200_000));
+        // With a sample, Karn: a resend ends the timing.
+        c.maybe_probe(20, 500_000, false);
+        c.on_resend();
+        assert_eq!(c.probe, None);
+        c.maybe_probe(30, 600_000, false);
+        c.on_answer(30, true, 700_000);
+        assert_eq!(c.probe, None);
+        c.maybe_probe(40, 800_000, false);
+        c.on_timeout();
+        assert_eq!(c.probe, None, "an ACK timeout always ends the timing");
     }
 }

@@ -200,7 +200,7 @@ pub(crate) fn rewind(qp: &mut QpCtx) {
     qp.req.sr_hole = None;
     qp.req.sack.forget();
     // Karn: the resent packets' acknowledgements may answer the first copies.
-    qp.req.cc.probe = None;
+    qp.req.cc.on_resend();
     for w in qp.sq.iter_mut() {
         w.in_rd_window = false;
         if !w.done {
@@ -452,6 +452,14 @@ pub(crate) fn handle_response(
         return;
     }
     qp.learn_peer_port(src_port);
+    // Whatever it then starts (a go-back-N above all), the answer first measures the
+    // round trip of the packet being timed if it covers it. A NAK acknowledges only what
+    // precedes its PSN; a READ response or atomic ACK answers its own PSN.
+    let inclusive = !matches!(
+        h.aeth.map(|a| a.syndrome),
+        Some(Syndrome::Nak(_) | Syndrome::RnrNak { .. })
+    );
+    qp.req.cc.on_answer(p, inclusive, now);
     let mut progress = false;
     match info.kind {
         OpKind::Acknowledge => {
@@ -529,6 +537,9 @@ pub(crate) fn handle_response(
                         "RNR NAK received; waiting before resending"
                     );
                     rewind(qp);
+                    // The resend waits for the RNR timer: an answer to it measures that
+                    // wait, not the round trip.
+                    qp.req.cc.probe = None;
                     qp.req.rnr_until = Some(now.saturating_add(rnr_timer_ns(timer)));
                     return;
                 }

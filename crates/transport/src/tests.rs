@@ -1656,3 +1656,132 @@ fn a_peer_taken_for_one_that_does_not_hold_is_asked_again() {
         next = wire::psn::add(next, 16);
     }
 }
+
+/// A READ followed by a WRITE on a QP with `retry_cnt = 1`, over a link that loses the
+/// packets `lose` picks (it sees whether a sent the packet, its opcode and how many of
+/// that opcode went before in that direction). Returns the requester's completions
+/// and its counters.
+fn read_then_write_losing(
+    lose: impl Fn(bool, wire::Opcode, usize) -> bool,
+) -> (Vec<(u64, WcStatus)>, Vec<u8>, Stats) {
+    let cfg = Cfg {
+        retry: 1,
+        ..Default::default()
+    };
+    let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    b.write(4096, &pattern(100, 2));
+    a.write(0, &pattern(64, 1));
+    let mut now = 0;
+    let read = SendOp::Read {
+        remote_addr: b.base + 4096,
+        rkey: b.rkey,
+    };
+    a.send(now, 1, read, vec![a.sge(8192, 100)]).unwrap();
+    let write = SendOp::Write {
+        remote_addr: b.base,
+        rkey: b.rkey,
+    };
+    a.send(now, 2, write, vec![a.sge(0, 64)]).unwrap();
+    let mut seen: std::collections::HashMap<(bool, u8), usize> = Default::default();
+    pump(&mut a, &mut b, &mut now, |from_a, t| {
+        let (h, _) = wire::Headers::parse(&t.data).unwrap();
+        let n = seen.entry((from_a, h.bth.opcode.0)).or_default();
+        *n += 1;
+        lose(from_a, h.bth.opcode, *n - 1)
+    });
+    let got = a.wcs().iter().map(|c| (c.wr_id, c.status)).collect();
+    (got, a.read(8192, 100), a.nic.stats().clone())
+}
+
+/// An ACK past a READ whose response was lost acknowledges the READ request, which was
+/// the packet being timed: it measures the round trip. Before, only the oldest
+/// unacknowledged PSN moving past the timed packet did, and a READ without its response
+/// holds that PSN; the go-back-N the ACK starts then dropped the timing (Karn). With no
+/// round trip measured there is no round-trip timer, so when the resent READ's response
+/// was lost too, nothing resent it before the local ACK timeout, which spent the last
+/// retry: RETRY_EXC_ERR after two lost responses, where the round-trip timer resends
+/// without spending one. Under 20% corruption each way a READ's round trip fails 42% of
+/// the time, and a connection whose first round trips all saw a loss never measured one:
+/// seven failed rounds at the ACK timeout's pace ended it early in one run in six.
+#[test]
+fn an_ack_past_a_lost_read_response_measures_the_round_trip() {
+    use wire::Opcode;
+    let (got, data, s) = read_then_write_losing(|from_a, op, n| {
+        !from_a && op == Opcode::RC_RDMA_READ_RESPONSE_ONLY && n < 2
+    });
+    assert_eq!(got, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(data, pattern(100, 2), "READ data");
+    // The second lost response was recovered by the round-trip timer, not the local ACK
+    // timeout.
+    assert_eq!(s.timeouts, 0);
+    assert!(s.rtt_timeouts >= 1);
+}
+
+/// Before the first round-trip sample, a go-back-N keeps timing the packet being timed
+/// from its first transmission: an answer to its second copy measures more than the
+/// round trip, never less, and without a measure every later loss waits for the local
+/// ACK timeout. Here the READ request is lost (the sequence NAK for it starts a
+/// go-back-N, which spends the only retry), then the response to its resend: the ACK
+/// past it measures the round trip, and the round-trip timer asks again.
+#[test]
+fn a_go_back_n_before_the_first_sample_keeps_timing_the_first_copy() {
+    use wire::Opcode;
+    let (got, data, s) = read_then_write_losing(|from_a, op, n| {
+        if from_a {
+            op == Opcode::RC_RDMA_READ_REQUEST && n == 0
+        } else {
+            op == Opcode::RC_RDMA_READ_RESPONSE_ONLY && n == 0
+        }
+    });
+    assert_eq!(got, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(data, pattern(100, 2), "READ data");
+    assert_eq!(s.naks_rcvd_seq, 1);
+    assert_eq!(s.timeouts, 0);
+    assert!(s.rtt_timeouts >= 1);
+}
+
+/// With the round trip measured, the round-trip timer keeps resending between local ACK
+/// timeouts instead of backing off past them: it stops doubling at half the ACK
+/// timeout. Here the ACK timeout is about 1 ms (code 8), the measured RTO 250 µs, and
+/// `retry_cnt = 1`; the READ's response is lost four times. Backed off past the ACK
+/// timeout, the timer resent twice before the first ACK timeout and never after it:
+/// the fourth loss ended the READ in RETRY_EXC_ERR.
+#[test]
+fn the_round_trip_timer_still_fires_between_local_ack_timeouts() {
+    use wire::Opcode;
+    let cfg = Cfg {
+        retry: 1,
+        timeout: 8,
+        ..Default::default()
+    };
+    let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    b.write(4096, &pattern(100, 2));
+    a.write(0, &pattern(64, 1));
+    let mut now = 0;
+    let write = SendOp::Write {
+        remote_addr: b.base,
+        rkey: b.rkey,
+    };
+    // A clean WRITE first: it measures the round trip.
+    a.send(now, 1, write, vec![a.sge(0, 64)]).unwrap();
+    pump(&mut a, &mut b, &mut now, |_, _| false);
+    let read = SendOp::Read {
+        remote_addr: b.base + 4096,
+        rkey: b.rkey,
+    };
+    a.send(now, 2, read, vec![a.sge(8192, 100)]).unwrap();
+    let mut lost = 0;
+    pump(&mut a, &mut b, &mut now, |from_a, t| {
+        let (h, _) = wire::Headers::parse(&t.data).unwrap();
+        let lose = !from_a && h.bth.opcode == Opcode::RC_RDMA_READ_RESPONSE_ONLY && lost < 4;
+        lost += usize::from(lose);
+        lose
+    });
+    assert_eq!(lost, 4);
+    let got: Vec<(u64, WcStatus)> = a.wcs().iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(got, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(a.read(8192, 100), pattern(100, 2), "READ data");
+    let s = a.nic.stats();
+    assert_eq!(s.timeouts, 1, "one local ACK timeout, the only retry");
+    assert!(s.rtt_timeouts >= 3);
+}
