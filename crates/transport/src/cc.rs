@@ -43,8 +43,10 @@ const MAX_BACKOFF: u8 = 6;
 /// high rate leaves the window able to keep that rate, while a queue, which raises the
 /// round trip but not the delivery rate, is still bounded to about one BDP.
 pub(crate) const BDP_GAIN: u32 = 2;
-/// Delivery-rate samples the bandwidth-delay product is the maximum of.
-const BDP_SAMPLES: usize = 8;
+/// Delivery-rate samples the bandwidth-delay product takes the largest of.
+const RATE_SAMPLES: usize = 8;
+/// A delivery-rate sample spans a smoothed round trip, and at least this long.
+const RATE_SPAN_MIN_NS: u64 = 100_000;
 
 /// One requester's window and round-trip estimate.
 #[derive(Debug, Clone)]
@@ -71,15 +73,14 @@ pub(crate) struct Cc {
     /// One past the highest PSN sent when the window was last cut by a selective
     /// repeat: losses of packets sent before it belong to the same episode.
     recover: Option<u32>,
-    /// Packets acknowledged so far, and as of when the timed packet was sent.
+    /// Packets acknowledged so far, and (time, that count) where the delivery-rate
+    /// sample under way began.
     delivered: u64,
-    probe_delivered: u64,
-    /// The latest bandwidth-delay product samples, in packets: what was acknowledged
-    /// while a timed packet made its round trip, scaled to the smallest round trip.
-    bdp: [u32; BDP_SAMPLES],
-    bdp_at: usize,
-    /// A round trip just sampled, whose deliveries the next advance counts.
-    bdp_rtt: Option<u64>,
+    rate_from: Option<(u64, u64)>,
+    /// The latest delivery-rate samples, packets per second, each over at least a round
+    /// trip; the largest is the path's rate (BBR's windowed maximum).
+    rates: [u64; RATE_SAMPLES],
+    rates_at: usize,
 }
 
 impl Default for Cc {
@@ -99,10 +100,9 @@ impl Default for Cc {
             last_rtt: 0,
             recover: None,
             delivered: 0,
-            probe_delivered: 0,
-            bdp: [0; BDP_SAMPLES],
-            bdp_at: 0,
-            bdp_rtt: None,
+            rate_from: None,
+            rates: [0; RATE_SAMPLES],
+            rates_at: 0,
         }
     }
 }
@@ -186,14 +186,11 @@ impl Cc {
     }
 
     /// What a loss leaves of the window at least: [`BDP_GAIN`] times the largest recent
-    /// bandwidth-delay product sample.
+    /// delivery rate over the smallest round trip, in packets.
     fn bdp_floor(&self) -> u32 {
-        self.bdp
-            .iter()
-            .max()
-            .copied()
-            .unwrap_or(0)
-            .saturating_mul(BDP_GAIN)
+        let rate = self.rates.iter().max().copied().unwrap_or(0);
+        let bdp = u128::from(rate) * u128::from(self.min_rtt) / 1_000_000_000;
+        (bdp.min(u128::from(MAX_CWND)) as u32).saturating_mul(BDP_GAIN)
     }
 
     /// Whether the round trip has been measured.
@@ -265,7 +262,7 @@ impl Cc {
         if let Some((q, t)) = self.probe {
             if psn::lt(q, p) || (inclusive && q == p) {
                 self.probe = None;
-                self.sampled(now.saturating_sub(t));
+                self.on_rtt(now.saturating_sub(t));
             }
         }
     }
@@ -281,7 +278,6 @@ impl Cc {
     pub fn maybe_probe(&mut self, p: u32, now: u64, resend: bool) {
         if self.probe.is_none() && !resend {
             self.probe = Some((p, now));
-            self.probe_delivered = self.delivered;
         }
     }
 
@@ -294,27 +290,21 @@ impl Cc {
         }
         self.una = una;
         self.delivered += n as u64;
+        let (t0, d0) = *self.rate_from.get_or_insert((now, self.delivered));
+        let span = now.saturating_sub(t0);
+        if span >= self.srtt.max(RATE_SPAN_MIN_NS) {
+            let rate = u128::from(self.delivered - d0) * 1_000_000_000 / u128::from(span);
+            self.rates[self.rates_at] = rate.min(u128::from(u64::MAX)) as u64;
+            self.rates_at = (self.rates_at + 1) % RATE_SAMPLES;
+            self.rate_from = Some((now, self.delivered));
+        }
         if let Some((p, t)) = self.probe {
             if psn::lt(p, una) {
                 self.probe = None;
-                self.sampled(now.saturating_sub(t));
+                self.on_rtt(now.saturating_sub(t));
             }
         }
-        if let Some(rtt) = self.bdp_rtt.take() {
-            // Delivered during the timed round trip, at the smallest round trip.
-            let d = self.delivered - self.probe_delivered;
-            let bdp = u128::from(d) * u128::from(self.min_rtt) / u128::from(rtt.max(1));
-            self.bdp[self.bdp_at] = bdp.min(u128::from(MAX_CWND)) as u32;
-            self.bdp_at = (self.bdp_at + 1) % BDP_SAMPLES;
-        }
         n as u32
-    }
-
-    /// The timed packet's round trip was `rtt`: a sample for the timer, and for the
-    /// bandwidth-delay product once the acknowledgement that ended it is counted.
-    fn sampled(&mut self, rtt: u64) {
-        self.on_rtt(rtt);
-        self.bdp_rtt = Some(rtt);
     }
 }
 
@@ -378,36 +368,41 @@ mod tests {
     #[test]
     fn a_loss_leaves_twice_the_measured_bdp() {
         let mut c = Cc::default();
-        // 100 packets acknowledged while a packet made a 100 µs round trip (also the
-        // smallest): a BDP of 100 packets.
+        // A 100 µs round trip, and 100 packets acknowledged every 100 µs for a while: a
+        // delivery rate of 10^6 packets per second, a BDP of 100 packets.
         c.maybe_probe(0, 0, false);
-        assert_eq!(c.advance(100, 100_000), 100);
+        let mut t = 0;
+        let mut una = 0;
+        for _ in 0..=RATE_SAMPLES {
+            t += 100_000;
+            una += 100;
+            c.advance(una, t);
+        }
         let floor = 100 * BDP_GAIN;
         assert!(floor < MAX_CWND * BETA_PERCENT / 100 * BETA_PERCENT / 100);
         for _ in 0..20 {
             c.on_loss();
         }
         assert_eq!((c.cwnd, c.ssthresh), (floor, floor));
-        // The same deliveries over a round trip twice as long (a queue): half the BDP
-        // at the smallest round trip; the larger sample still counts while it is recent.
-        c.maybe_probe(100, 200_000, false);
-        c.advance(200, 400_000);
+        // A stall and then a burst (a gap that fills acknowledges what was held behind
+        // it at once): the largest sample still stands.
+        t += 100_000;
+        c.advance(una, t);
+        t += 100_000;
+        una += 100;
+        c.advance(una, t);
         c.on_loss();
         assert_eq!(c.cwnd, floor);
-        // Once only queue-inflated samples remain, losses cut to their floor.
-        for i in 0..BDP_SAMPLES as u32 {
-            let t = 1_000_000 * u64::from(i + 1);
-            c.maybe_probe(200 + i * 10, t, false);
-            c.advance(210 + i * 10, t + 200_000);
+        // The rate falls to a tenth (a queue, or a slower path): so does the floor.
+        for _ in 0..RATE_SAMPLES {
+            t += 100_000;
+            una += 10;
+            c.advance(una, t);
         }
         for _ in 0..20 {
             c.on_loss();
         }
-        assert_eq!(
-            c.cwnd,
-            5 * BDP_GAIN,
-            "10 packets per 200 µs, scaled to 100 µs"
-        );
+        assert_eq!(c.cwnd, 10 * BDP_GAIN);
         // A timeout still collapses the window.
         c.on_timeout();
         assert_eq!(c.cwnd, MIN_CWND);

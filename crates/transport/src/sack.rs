@@ -248,6 +248,8 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
             qpn = format_args!("{:#x}", qp.qpn),
             from = q,
             resent,
+            cwnd = qp.req.cc.cwnd,
+            outstanding = psn::diff(high, oldest),
             "holes resent from a SACK"
         );
         qp.req.cc.on_loss_of(q, high);
