@@ -166,11 +166,9 @@ fn kv(line: &str) -> HashMap<String, String> {
         .collect()
 }
 
-#[test]
-fn scapy_decodes_every_opcode() {
-    if skip() {
-        return;
-    }
+/// scapy_check.py's line for each frame (panics, saying how to install it, when scapy
+/// is missing).
+fn scapy(frames: &[&[u8]]) -> String {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/scapy_check.py");
     let probe = Command::new("python3")
         .args(["-c", "import scapy.contrib.roce"])
@@ -183,8 +181,7 @@ fn scapy_decodes_every_opcode() {
         ),
         Err(e) => panic!("python3 not found ({e}); {INSTALL}"),
     }
-    let cases = cases();
-    let input: String = cases.iter().map(|c| hex(&c.frame) + "\n").collect();
+    let input: String = frames.iter().map(|f| hex(f) + "\n").collect();
     let mut child = Command::new("python3")
         .arg(&script)
         .stdin(Stdio::piped())
@@ -204,7 +201,17 @@ fn scapy_decodes_every_opcode() {
         "scapy_check.py failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8(out.stdout).unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn scapy_decodes_every_opcode() {
+    if skip() {
+        return;
+    }
+    let cases = cases();
+    let frames: Vec<&[u8]> = cases.iter().map(|c| c.frame.as_slice()).collect();
+    let text = scapy(&frames);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), cases.len(), "one line per packet:\n{text}");
     let mut aeth_checked = 0;
@@ -762,4 +769,103 @@ fn tshark_decodes_cm_mads() {
     assert_eq!(field(4, "infiniband.cm.rej.localcommid"), 0x0BAD_F00D);
     assert_eq!(field(4, "infiniband.cm.rej.remotecommid"), 0x1A2B_3C4D);
     assert_eq!(field(4, "infiniband.cm.rej.reason"), 28);
+}
+
+/// softrdma's SACK extension (opcodes 0xC0 and 0xC1, `softrdma_wire::ext`), over IPv4 and
+/// IPv6: scapy reads the BTH fields we wrote and the body that follows, and computes the
+/// same ICRC; tshark reads the same BTH.
+#[test]
+fn decoders_read_the_sack_extension() {
+    use softrdma_wire::ext::{Ext, SackBitmap, SACK, SACK_PERMIT, TAG};
+    if skip() {
+        return;
+    }
+    let v4 = Addrs::new(
+        "10.47.91.2:49371".parse().unwrap(),
+        "10.47.91.1:4791".parse().unwrap(),
+    );
+    let v6 = Addrs::new(
+        "[fd47:91::2]:51671".parse().unwrap(),
+        "[fd47:91::1]:4791".parse().unwrap(),
+    );
+    let mut bits = SackBitmap::default();
+    for d in [1, 2, 3, 9, 200, 512] {
+        bits.set(d);
+    }
+    let msgs = [
+        Ext::SackPermit(Bth::new(SACK_PERMIT, 0x12_3456, 0xFF_FFFE)),
+        Ext::Sack(Bth::new(SACK, 0xAB_CDEF, 77), bits),
+    ];
+    let mut frames = Vec::new();
+    let mut udps = Vec::new();
+    for addrs in [v4, v6] {
+        for m in &msgs {
+            let mut udp = vec![0u8; m.len()];
+            m.emit(&mut udp).unwrap();
+            icrc::seal(&addrs, &mut udp);
+            frames.push(frame::emit_ip_udp(&addrs, 0, &udp));
+            udps.push((addrs, *m, udp));
+        }
+    }
+    let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_slice()).collect();
+    let text = scapy(&refs);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), udps.len(), "{text}");
+    for ((addrs, m, udp), line) in udps.iter().zip(&lines) {
+        let f = kv(line);
+        let (Ext::SackPermit(b) | Ext::Sack(b, _)) = m;
+        assert_eq!(f["opcode"], m_opcode(m).to_string(), "{line}");
+        assert_eq!(f["dqpn"], b.dest_qp.to_string(), "{line}");
+        assert_eq!(f["psn"], b.psn.to_string(), "{line}");
+        assert_eq!(f["sport"], addrs.src.port().to_string(), "{line}");
+        let mut body = TAG.to_vec();
+        if let Ext::Sack(_, bits) = m {
+            body.extend_from_slice(&bits.0);
+        }
+        assert_eq!(f["rest"], hex(&body), "{line}");
+        assert_eq!(f["icrc_stored"], hex(&udp[udp.len() - 4..]), "{line}");
+        assert_eq!(f["icrc_scapy"], f["icrc_stored"], "scapy's ICRC: {line}");
+    }
+    let path = tmp_path("sack.pcap");
+    {
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w = PcapWriter::new(std::io::BufWriter::new(file)).unwrap();
+        for (n, fr) in frames.iter().enumerate() {
+            w.write_packet(1_700_000_000_000_000_000 + n as u64 * 1000, fr)
+                .unwrap();
+        }
+        w.flush().unwrap();
+    }
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(&path)
+        .args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"])
+        .args(["-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp"])
+        .args(["-e", "infiniband.bth.psn"])
+        .output()
+        .unwrap_or_else(|e| panic!("tshark: {e}; {INSTALL}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(rows.len(), udps.len(), "{text}");
+    for ((_, m, _), row) in udps.iter().zip(rows) {
+        let (Ext::SackPermit(b) | Ext::Sack(b, _)) = m;
+        let v: Vec<u64> = row.split('\t').map(|x| num(x).unwrap()).collect();
+        assert_eq!(v[0], u64::from(m_opcode(m)), "{row}");
+        assert_eq!(v[1], u64::from(b.dest_qp), "{row}");
+        assert_eq!(v[2], u64::from(b.psn), "{row}");
+    }
+}
+
+/// The opcode byte an extension message goes out with.
+fn m_opcode(m: &softrdma_wire::ext::Ext) -> u8 {
+    use softrdma_wire::ext::{Ext, SACK, SACK_PERMIT};
+    match m {
+        Ext::Sack(..) => SACK.0,
+        Ext::SackPermit(_) => SACK_PERMIT.0,
+    }
 }
