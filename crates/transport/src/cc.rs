@@ -355,7 +355,11 @@ mod tests {
         for _ in 0..20 {
             c.on_loss();
         }
-        assert_eq!(c.cwnd, 5 * BDP_GAIN, "10 packets per 200 µs, scaled to 100 µs");
+        assert_eq!(
+            c.cwnd,
+            5 * BDP_GAIN,
+            "10 packets per 200 µs, scaled to 100 µs"
+        );
         // A timeout still collapses the window.
         c.on_timeout();
         assert_eq!(c.cwnd, MIN_CWND);
