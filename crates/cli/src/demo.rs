@@ -191,7 +191,10 @@ pub fn run(json: bool) -> CmdResult {
     side.mr.write(half, msg).map_err(buf_err)?;
     let t0 = Instant::now();
     side.qp
-        .post_send(wr::send(1, [side.mr.sge(half..half + msg.len())]))
+        .post_send(wr::send(
+            1,
+            [side.mr.sge(half..half + msg.len()).map_err(buf_err)?],
+        ))
         .map_err(|e| format!("couldn't post send: {e}"))?;
     let wc = wait_one(&side, &mut poller, WcOpcode::Recv)?;
     let t_send = us(t0.elapsed());
@@ -209,14 +212,17 @@ pub fn run(json: bool) -> CmdResult {
     let data = b"written into the server's memory by RDMA WRITE";
     side.mr.write(half + 64, data).map_err(buf_err)?;
     let t0 = Instant::now();
-    side.qp
-        .post_send(wr::write(
-            2,
-            [side.mr.sge(half + 64..half + 64 + data.len())],
-            &run.remote.mem,
-            1024,
-        ))
-        .map_err(|e| format!("couldn't post write: {e}"))?;
+    wr::write(
+        2,
+        [side
+            .mr
+            .sge(half + 64..half + 64 + data.len())
+            .map_err(buf_err)?],
+        &run.remote.mem,
+        1024,
+    )
+    .and_then(|w| side.qp.post_send(w))
+    .map_err(|e| format!("couldn't post write: {e}"))?;
     wait_one(&side, &mut poller, WcOpcode::RdmaWrite)?;
     let t_write = us(t0.elapsed());
     trips.push((
@@ -227,14 +233,14 @@ pub fn run(json: bool) -> CmdResult {
     ));
 
     let t0 = Instant::now();
-    side.qp
-        .post_send(wr::read(
-            3,
-            [side.mr.sge(2048..2048 + data.len())],
-            &run.remote.mem,
-            1024,
-        ))
-        .map_err(|e| format!("couldn't post read: {e}"))?;
+    wr::read(
+        3,
+        [side.mr.sge(2048..2048 + data.len()).map_err(buf_err)?],
+        &run.remote.mem,
+        1024,
+    )
+    .and_then(|w| side.qp.post_send(w))
+    .map_err(|e| format!("couldn't post read: {e}"))?;
     wait_one(&side, &mut poller, WcOpcode::RdmaRead)?;
     let t_read = us(t0.elapsed());
     let back = side.mr.to_vec(2048, data.len()).map_err(buf_err)?;
@@ -249,15 +255,15 @@ pub fn run(json: bool) -> CmdResult {
     ));
 
     let t0 = Instant::now();
-    side.qp
-        .post_send(wr::fetch_add(
-            4,
-            side.mr.sge(half + 256..half + 264),
-            &run.remote.mem,
-            3072,
-            5,
-        ))
-        .map_err(|e| format!("couldn't post atomic: {e}"))?;
+    wr::fetch_add(
+        4,
+        side.mr.sge(half + 256..half + 264).map_err(buf_err)?,
+        &run.remote.mem,
+        3072,
+        5,
+    )
+    .and_then(|w| side.qp.post_send(w))
+    .map_err(|e| format!("couldn't post atomic: {e}"))?;
     wait_one(&side, &mut poller, WcOpcode::FetchAdd)?;
     let t_fa = us(t0.elapsed());
     let old = side.mr.read_u64(half + 256).map_err(buf_err)?;

@@ -186,7 +186,7 @@ impl Resources {
     }
     fn post_recvs(&self, qp: &QueuePair, n: u32) -> CmdResult {
         for _ in 0..n {
-            qp.post_recv(wr::recv(0, [self.mr.sge(0..self.half)]))
+            qp.post_recv(wr::recv(0, [self.mr.sge(0..self.half).map_err(range_err)?]))
                 .map_err(|e| format!("couldn't post receive: {e}"))?;
         }
         Ok(())
@@ -252,7 +252,7 @@ impl Side {
     fn post_recvs(&self, n: u32) -> CmdResult {
         for _ in 0..n {
             self.qp
-                .post_recv(wr::recv(0, [self.mr.sge(0..self.half)]))
+                .post_recv(wr::recv(0, [self.mr.sge(0..self.half).map_err(range_err)?]))
                 .map_err(|e| format!("couldn't post receive: {e}"))?;
         }
         Ok(())
@@ -267,8 +267,8 @@ impl Side {
             .and_then(|()| self.qp.to_rts_with(self.psn, &o))
             .map_err(|e| format!("couldn't connect the QP: {e}"))
     }
-    fn send_sge(&self, size: usize) -> softrdma::Sge {
-        self.mr.sge(self.half..self.half + size)
+    fn send_sge(&self, size: usize) -> CmdResult<softrdma::Sge> {
+        self.mr.sge(self.half..self.half + size).map_err(range_err)
     }
     fn read_byte(&self, at: usize) -> CmdResult<u8> {
         let mut b = [0u8];
@@ -505,11 +505,8 @@ impl CmCtl<'_> {
         }
         if self.last_probe.elapsed() >= PROBE_EVERY {
             self.last_probe = Instant::now();
-            let mut w = wr::write(PROBE_WRID, Vec::new(), &self.client, 0);
-            w.flags |= SendFlags::SIGNALED;
-            self.conn
-                .qp()
-                .post_send(w)
+            wr::write(PROBE_WRID, Vec::new(), &self.client, 0)
+                .and_then(|w| self.conn.qp().post_send(w))
                 .map_err(|e| format!("couldn't probe the client: {e}"))?;
         }
         Ok(false)
@@ -606,7 +603,7 @@ fn serve_recv(side: &Side, ctl: &mut Ctl<'_>, echo: bool) -> CmdResult {
                 if echo {
                     let len = wc.byte_len as usize;
                     side.qp
-                        .post_send(wr::send(1, [side.mr.sge(0..len)]))
+                        .post_send(wr::send(1, [side.mr.sge(0..len).map_err(range_err)?]))
                         .map_err(|e| format!("couldn't post send: {e}"))?;
                 }
                 side.post_recvs(1)?;
@@ -703,8 +700,8 @@ fn serve_write_lat(
             side.mr
                 .write(side.half + size - 1, &[v])
                 .map_err(|e| format!("writing the buffer: {e}"))?;
-            side.qp
-                .post_send(wr::write(1, [side.send_sge(size)], &remote.mem, 0))
+            wr::write(1, [side.send_sge(size)?], &remote.mem, 0)
+                .and_then(|w| side.qp.post_send(w))
                 .map_err(|e| format!("couldn't post write: {e}"))?;
             outstanding += 1;
         }
@@ -785,7 +782,19 @@ impl Progress {
     }
 }
 
-fn bw_wr(test: PerfTest, side: &Side, remote: &Peer, size: usize, id: u64, sig: bool) -> SendWr {
+/// A buffer range refused by [`softrdma::MemoryRegion::sge`].
+fn range_err(e: softrdma::Error) -> String {
+    format!("buffer range: {e}")
+}
+
+fn bw_wr(
+    test: PerfTest,
+    side: &Side,
+    remote: &Peer,
+    size: usize,
+    id: u64,
+    sig: bool,
+) -> CmdResult<SendWr> {
     let flags = if sig {
         SendFlags::SIGNALED
     } else {
@@ -797,14 +806,14 @@ fn bw_wr(test: PerfTest, side: &Side, remote: &Peer, size: usize, id: u64, sig: 
                 remote_addr: remote.mem.addr,
                 rkey: remote.mem.rkey,
             },
-            side.send_sge(size),
+            side.send_sge(size)?,
         ),
         PerfTest::ReadBw => (
             SendOp::Read {
                 remote_addr: remote.mem.addr,
                 rkey: remote.mem.rkey,
             },
-            side.mr.sge(0..size),
+            side.mr.sge(0..size).map_err(range_err)?,
         ),
         PerfTest::AtomicBw => (
             SendOp::FetchAdd {
@@ -812,18 +821,18 @@ fn bw_wr(test: PerfTest, side: &Side, remote: &Peer, size: usize, id: u64, sig: 
                 rkey: remote.mem.rkey,
                 add: 1,
             },
-            side.send_sge(8),
+            side.send_sge(8)?,
         ),
-        _ => (SendOp::Send, side.send_sge(size)),
+        _ => (SendOp::Send, side.send_sge(size)?),
     };
-    SendWr {
+    Ok(SendWr {
         wr_id: id,
         op,
         flags,
         sg_list: vec![sg],
         inline_data: None,
         ud: None,
-    }
+    })
 }
 
 fn run_bw(
@@ -851,7 +860,7 @@ fn run_bw(
         while posted < n && posted - done < tx_depth {
             let sig = (posted + 1) % cq_mod == 0 || posted + 1 == n;
             side.qp
-                .post_send(bw_wr(test, side, remote, size as usize, posted, sig))
+                .post_send(bw_wr(test, side, remote, size as usize, posted, sig)?)
                 .map_err(|e| format!("couldn't post send: {e}"))?;
             posted += 1;
         }
@@ -964,8 +973,8 @@ fn run_lat(
                 side.mr
                     .write(side.half + sz - 1, &[v])
                     .map_err(|e| format!("writing the buffer: {e}"))?;
-                side.qp
-                    .post_send(wr::write(1, [side.send_sge(sz)], &remote.mem, 0))
+                wr::write(1, [side.send_sge(sz)?], &remote.mem, 0)
+                    .and_then(|w| side.qp.post_send(w))
                     .map_err(|e| format!("couldn't post write: {e}"))?;
                 outstanding += 1;
                 wait_byte(side, sz - 1, v, &mut poller, &mut outstanding)?;
@@ -973,7 +982,7 @@ fn run_lat(
             }
             PerfTest::SendLat => {
                 side.qp
-                    .post_send(wr::send(1, [side.send_sge(sz)]))
+                    .post_send(wr::send(1, [side.send_sge(sz)?]))
                     .map_err(|e| format!("couldn't post send: {e}"))?;
                 outstanding += 1;
                 wait_wc(side, &mut poller, true, &mut outstanding)?;
@@ -981,8 +990,8 @@ fn run_lat(
                 side.post_recvs(1)?;
             }
             PerfTest::ReadLat => {
-                side.qp
-                    .post_send(wr::read(1, [side.mr.sge(0..sz)], &remote.mem, 0))
+                wr::read(1, [side.mr.sge(0..sz).map_err(range_err)?], &remote.mem, 0)
+                    .and_then(|w| side.qp.post_send(w))
                     .map_err(|e| format!("couldn't post read: {e}"))?;
                 outstanding += 1;
                 while outstanding > 0 {
@@ -991,8 +1000,8 @@ fn run_lat(
                 t.push(t0.elapsed().as_secs_f64() * 1e6);
             }
             _ => {
-                side.qp
-                    .post_send(wr::fetch_add(1, side.send_sge(8), &remote.mem, 0, 1))
+                wr::fetch_add(1, side.send_sge(8)?, &remote.mem, 0, 1)
+                    .and_then(|w| side.qp.post_send(w))
                     .map_err(|e| format!("couldn't post atomic: {e}"))?;
                 outstanding += 1;
                 while outstanding > 0 {

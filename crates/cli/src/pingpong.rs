@@ -539,7 +539,8 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     let post_recv = |qp: Option<&QueuePair>, n: u32| -> u32 {
         let mut posted = 0;
         for _ in 0..n {
-            let w = wr::recv(RECV_WRID, [mr.sge(0..buf_len)]);
+            let Ok(sge) = mr.sge(0..buf_len) else { break };
+            let w = wr::recv(RECV_WRID, [sge]);
             let r = match (&srq, qp) {
                 (Some(s), _) => s.post_recv(w),
                 (None, Some(qp)) => qp.post_recv(w),
@@ -587,9 +588,14 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     let ud_peer = std::cell::Cell::new(theirs[0].qpn);
     let post_send = |i: usize| -> CmdResult {
         let ud_dest = ah.as_ref().map(|h| h.dest(ud_peer.get(), qkey));
+        let range_err = |e| format!("buffer range: {e}");
         let mut w = match ud_dest {
-            Some(d) => wr::ud_send(SEND_WRID, [mr.sge(GRH_LEN..GRH_LEN + size_us)], d),
-            None => wr::send(SEND_WRID, [mr.sge(0..size_us)]),
+            Some(d) => wr::ud_send(
+                SEND_WRID,
+                [mr.sge(GRH_LEN..GRH_LEN + size_us).map_err(range_err)?],
+                d,
+            ),
+            None => wr::send(SEND_WRID, [mr.sge(0..size_us).map_err(range_err)?]),
         };
         if inline {
             w.flags |= SendFlags::INLINE;

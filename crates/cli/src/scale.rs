@@ -115,9 +115,10 @@ impl Side {
             .create_cq(2 * n as u32 + 16, None)
             .map_err(|e| format!("couldn't create a CQ of {} entries: {e}", 2 * n + 16))?;
         let mut init = QpInit::new(QpType::Rc, &cq);
+        // One WR in flight per queue is all the run posts, and what the CQ has room for.
         init.cap = QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
+            max_send_wr: 1,
+            max_recv_wr: 1,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: 0,
@@ -223,6 +224,11 @@ fn read_line(r: &mut BufReader<TcpStream>, line: &mut String, what: &str) -> Cmd
         Ok(_) => Ok(()),
         Err(e) => Err(format!("couldn't read {what}: {e}")),
     }
+}
+
+/// A buffer range refused by [`softrdma::MemoryRegion::sge`].
+fn range_err(e: softrdma::Error) -> String {
+    format!("buffer range: {e}")
 }
 
 fn field<'a>(line: &'a str, key: &str) -> CmdResult<&'a str> {
@@ -348,7 +354,8 @@ fn serve(a: &ScaleArgs, dev: &Device, n: usize, timeout: Duration) -> CmdResult 
     // Receives for the SEND phase, one per QP, after the idle measurement.
     for (i, qp) in side.qps.iter().enumerate() {
         let at = n * MSG + i * MSG;
-        qp.post_recv(wr::recv(i as u64, [side.mr.sge(at..at + MSG)]))
+        let sge = side.mr.sge(at..at + MSG).map_err(range_err)?;
+        qp.post_recv(wr::recv(i as u64, [sge]))
             .map_err(|e| format!("couldn't post a receive on QP {i}: {e}"))?;
     }
     let m = side.remote();
@@ -519,13 +526,10 @@ fn client(
     // One WRITE per QP, one at a time: each QP's own round trip.
     let t = Instant::now();
     for (i, qp) in side.qps.iter().enumerate() {
-        qp.post_send(wr::write(
-            i as u64,
-            [side.mr.sge(i * MSG..(i + 1) * MSG)],
-            &remote,
-            (i * MSG) as u64,
-        ))
-        .map_err(|e| format!("couldn't post a WRITE on QP {i}: {e}"))?;
+        let sge = side.mr.sge(i * MSG..(i + 1) * MSG).map_err(range_err)?;
+        wr::write(i as u64, [sge], &remote, (i * MSG) as u64)
+            .and_then(|w| qp.post_send(w))
+            .map_err(|e| format!("couldn't post a WRITE on QP {i}: {e}"))?;
         let wc = side.reap(1, WcOpcode::RdmaWrite, timeout)?;
         if wc[0].wr_id != i as u64 {
             return Err(format!(
@@ -542,7 +546,8 @@ fn client(
     let t = Instant::now();
     for (i, qp) in side.qps.iter().enumerate() {
         let at = n * MSG + i * MSG;
-        qp.post_send(wr::send(i as u64, [side.mr.sge(at..at + MSG)]))
+        let sge = side.mr.sge(at..at + MSG).map_err(range_err)?;
+        qp.post_send(wr::send(i as u64, [sge]))
             .map_err(|e| format!("couldn't post a SEND on QP {i}: {e}"))?;
     }
     side.reap(n, WcOpcode::Send, timeout)?;

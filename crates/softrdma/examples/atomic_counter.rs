@@ -37,7 +37,12 @@ fn split(peer: &[u8]) -> (RemoteQp, RemoteMemory) {
 fn server(port: u16, expect: u64, adds: u64) -> Res<()> {
     let dev = Device::open_default()?;
     let pd = dev.alloc_pd()?;
-    let cq = dev.create_cq(16, None)?;
+    // Each client's QP only serves as a target and posts nothing: one WR per queue
+    // is enough, and the CQ must hold both queues of every QP.
+    let cq = dev.create_cq(
+        u32::try_from(expect.saturating_mul(2) + 2).unwrap_or(u32::MAX),
+        None,
+    )?;
     let access = Access::LOCAL_WRITE | Access::REMOTE_ATOMIC | Access::REMOTE_READ;
     let counter = pd.register(8, access)?;
     println!(
@@ -51,7 +56,7 @@ fn server(port: u16, expect: u64, adds: u64) -> Res<()> {
     for _ in 0..expect {
         let (mut s, from) = l.accept()?;
         s.set_read_timeout(Some(Duration::from_secs(60)))?;
-        let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
+        let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq).depth(1, 1))?;
         let mut msg = qp.local(0).to_bytes().to_vec();
         msg.extend_from_slice(&counter.remote().to_bytes());
         let (rqp, _) = split(&common::exchange(&mut s, &msg)?);
@@ -78,7 +83,7 @@ fn server(port: u16, expect: u64, adds: u64) -> Res<()> {
 fn client_thread(host: &str, port: u16, adds: u64, dev: &Device) -> Res<()> {
     let mut s = common::connect(host, port)?;
     let pd = dev.alloc_pd()?;
-    let cq = dev.create_cq(64, None)?;
+    let cq = dev.create_cq(128, None)?; // room for the QP's 64 + 64 WRs
     let res = pd.register(8 * DEPTH as usize, Access::LOCAL_WRITE)?;
     let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
     let mut msg = qp.local(0).to_bytes().to_vec();
@@ -92,11 +97,11 @@ fn client_thread(host: &str, port: u16, adds: u64, dev: &Device) -> Res<()> {
             let slot = (posted % DEPTH) as usize * 8;
             qp.post_send(wr::fetch_add(
                 posted,
-                res.sge(slot..slot + 8),
+                res.sge(slot..slot + 8)?,
                 &counter,
                 0,
                 1,
-            ))?;
+            )?)?;
             posted += 1;
         }
         let wc = cq.wait(Duration::from_secs(10))?;

@@ -43,7 +43,7 @@ struct Side {
 impl Side {
     fn new(dev: &Device, size: usize) -> Res<Side> {
         let pd = dev.alloc_pd()?;
-        let cq = dev.create_cq(64, None)?;
+        let cq = dev.create_cq(128, None)?; // room for the QP's 64 + 64 WRs
         let mr = pd.register(
             WRITE_AT + WRITTEN.len(),
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
@@ -54,10 +54,10 @@ impl Side {
         QpInit::new(QpType::Rc, &self.cq)
     }
     fn post_recv(&self, qp: &QueuePair) -> softrdma::Result<()> {
-        qp.post_recv(wr::recv(2, [self.mr.sge(0..self.size)]))
+        qp.post_recv(wr::recv(2, [self.mr.sge(0..self.size)?]))
     }
     fn send(&self, qp: &QueuePair) -> softrdma::Result<()> {
-        let mut w = wr::send(1, [self.mr.sge(self.size..2 * self.size)]);
+        let mut w = wr::send(1, [self.mr.sge(self.size..2 * self.size)?]);
         w.flags |= SendFlags::SIGNALED;
         qp.post_send(w)
     }
@@ -190,10 +190,10 @@ fn client(host: &str, port: u16, iters: u64, size: usize) -> Res<()> {
     side.mr.write(WRITE_AT, WRITTEN)?;
     let w = wr::write(
         3,
-        [side.mr.sge(WRITE_AT..WRITE_AT + WRITTEN.len())],
+        [side.mr.sge(WRITE_AT..WRITE_AT + WRITTEN.len())?],
         &server_mem,
         WRITE_AT as u64,
-    );
+    )?;
     qp.post_send(w)?;
     side.send(qp)?;
     side.wait_recv(&mut sends)?;

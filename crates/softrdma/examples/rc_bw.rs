@@ -68,7 +68,7 @@ fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize, depth: u64) -
     let mut idle = Instant::now();
     while done < iters {
         while posted < iters && posted - done < depth {
-            qp.post_send(wr::write(posted, [mr.sge(..)], &rmem, 0))?;
+            qp.post_send(wr::write(posted, [mr.sge(..)?], &rmem, 0)?)?;
             posted += 1;
         }
         let n = cq.poll(&mut wcs)?;

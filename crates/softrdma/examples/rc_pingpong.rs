@@ -22,7 +22,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize) -> Res<()> {
     let dev = Device::open_default()?;
     let pd = dev.alloc_pd()?;
-    let cq = dev.create_cq(64, None)?;
+    let cq = dev.create_cq(128, None)?; // room for the QP's 64 + 64 WRs
     let mr = pd.register(2 * size.max(1), Access::LOCAL_WRITE)?;
     let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
     let psn = std::process::id() & 0xFF_FFFF;
@@ -32,7 +32,7 @@ fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize) -> Res<()> {
     let remote = RemoteQp::from_bytes(&b);
     qp.to_init(Access::empty())?;
     // Receive into the second half, send from the first.
-    let recv = || qp.post_recv(wr::recv(2, [mr.sge(size..2 * size)]));
+    let recv = || qp.post_recv(wr::recv(2, [mr.sge(size..2 * size)?]));
     recv()?;
     qp.to_rtr(&remote)?;
     qp.to_rts(psn)?;
@@ -54,7 +54,7 @@ fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize) -> Res<()> {
     for i in 0..iters {
         if !server {
             mr.write(0, &i.to_le_bytes()[..size.min(8)])?;
-            qp.post_send(wr::send(1, [mr.sge(0..size)]))?;
+            qp.post_send(wr::send(1, [mr.sge(0..size)?]))?;
         }
         // Wait for the peer's message (and, on the client, our own send's completion).
         let want_sends = if server { i } else { i + 1 };
@@ -70,7 +70,7 @@ fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize) -> Res<()> {
         }
         recv()?;
         if server {
-            qp.post_send(wr::send(1, [mr.sge(0..size)]))?;
+            qp.post_send(wr::send(1, [mr.sge(0..size)?]))?;
         }
     }
     // The server's last send completes once the client has acknowledged it.

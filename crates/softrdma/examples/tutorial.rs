@@ -58,7 +58,8 @@ fn run(server: bool, tcp: &mut TcpStream) -> Res<()> {
     let cq = dev.create_cq(16, None)?;
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let mr = pd.register(4096, access)?;
-    let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
+    // The CQ must have room for every WR its queues can complete: 8 + 8 of 16.
+    let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq).depth(8, 8))?;
     // A random-looking first PSN, as real programs use.
     let psn = (std::process::id().wrapping_mul(2654435761)) & 0xFF_FFFF;
 
@@ -84,9 +85,9 @@ fn run(server: bool, tcp: &mut TcpStream) -> Res<()> {
     //    peer can send: a greeting (server) or DONE (client), and for the server one more
     //    for the WRITE_WITH_IMM notification.
     qp.to_init(access)?;
-    qp.post_recv(wr::recv(100, [mr.sge(0..256)]))?;
+    qp.post_recv(wr::recv(100, [mr.sge(0..256)?]))?;
     if server {
-        qp.post_recv(wr::recv(101, [mr.sge(256..512)]))?;
+        qp.post_recv(wr::recv(101, [mr.sge(256..512)?]))?;
     }
     qp.to_rtr(&rqp)?;
     qp.to_rts(psn)?;
@@ -117,29 +118,29 @@ fn run(server: bool, tcp: &mut TcpStream) -> Res<()> {
         }
         // 6. DONE.
         mr.write(2048, DONE)?;
-        qp.post_send(wr::send(3, [mr.sge(2048..2048 + DONE.len())]))?;
+        qp.post_send(wr::send(3, [mr.sge(2048..2048 + DONE.len())?]))?;
         wait_ok(&cq, "SEND DONE")?;
     } else {
         mr.write(0, GREETING)?;
-        qp.post_send(wr::send(1, [mr.sge(0..GREETING.len())]))?;
+        qp.post_send(wr::send(1, [mr.sge(0..GREETING.len())?]))?;
         wait_ok(&cq, "SEND greeting")?;
         // WRITE into the server's memory at offset 1024 (one-sided: the server's
         // process does nothing for it).
         mr.write(1024, WRITTEN)?;
         qp.post_send(wr::write(
             2,
-            [mr.sge(1024..1024 + WRITTEN.len())],
+            [mr.sge(1024..1024 + WRITTEN.len())?],
             &rmem,
             1024,
-        ))?;
+        )?)?;
         wait_ok(&cq, "RDMA WRITE")?;
         // READ it back into a different place of our own memory.
         qp.post_send(wr::read(
             3,
-            [mr.sge(3072..3072 + WRITTEN.len())],
+            [mr.sge(3072..3072 + WRITTEN.len())?],
             &rmem,
             1024,
-        ))?;
+        )?)?;
         wait_ok(&cq, "RDMA READ")?;
         let back = mr.to_vec(3072, WRITTEN.len())?;
         println!("read back: {:?}", String::from_utf8_lossy(&back));
@@ -147,7 +148,7 @@ fn run(server: bool, tcp: &mut TcpStream) -> Res<()> {
             return Err("READ returned other bytes".into());
         }
         // WRITE_WITH_IMM (zero bytes) to notify the server.
-        qp.post_send(wr::write_with_imm(4, [mr.sge(0..0)], &rmem, 0, IMM))?;
+        qp.post_send(wr::write_with_imm(4, [mr.sge(0..0)?], &rmem, 0, IMM)?)?;
         wait_ok(&cq, "RDMA WRITE_WITH_IMM")?;
         let wc = wait_ok(&cq, "RECV DONE")?;
         let text = mr.to_vec(0, wc.byte_len as usize)?;

@@ -34,7 +34,7 @@ fn run(server: bool, tcp: &mut TcpStream, count: u64) -> Res<()> {
     qp.to_init(Access::empty())?;
     for i in 0..32u64 {
         let o = 32 * SLOT + i as usize * SLOT;
-        qp.post_recv(wr::recv(100 + i, [mr.sge(o..o + SLOT)]))?;
+        qp.post_recv(wr::recv(100 + i, [mr.sge(o..o + SLOT)?]))?;
     }
     qp.to_rtr(&RemoteQp::default())?;
     qp.to_rts(0)?;
@@ -65,13 +65,13 @@ fn run(server: bool, tcp: &mut TcpStream, count: u64) -> Res<()> {
             let src = Ipv4Addr::new(buf[32], buf[33], buf[34], buf[35]);
             let text = String::from_utf8_lossy(&buf[GRH..]);
             println!("datagram {n} from {src} (QPN {:#x}): {text:?}", wc.src_qp);
-            qp.post_recv(wr::recv(wc.wr_id, [mr.sge(o..o + SLOT)]))?;
+            qp.post_recv(wr::recv(wc.wr_id, [mr.sge(o..o + SLOT)?]))?;
         }
         let reply = format!("got {count} datagrams");
         mr.write(0, reply.as_bytes())?;
         qp.post_send(wr::ud_send(
             1,
-            [mr.sge(0..reply.len())],
+            [mr.sge(0..reply.len())?],
             ah.dest(remote.qpn, DEFAULT_QKEY),
         ))?;
         if cq.wait(t)?.status != WcStatus::Success {
@@ -83,7 +83,7 @@ fn run(server: bool, tcp: &mut TcpStream, count: u64) -> Res<()> {
             mr.write(0, msg.as_bytes())?;
             qp.post_send(wr::ud_send(
                 i,
-                [mr.sge(0..msg.len())],
+                [mr.sge(0..msg.len())?],
                 ah.dest(remote.qpn, DEFAULT_QKEY),
             ))?;
             let wc = cq.wait(t)?;

@@ -22,7 +22,7 @@
 //! // Server: port 0 picks a free port.
 //! let dev = Device::open_default()?;
 //! let pd = dev.alloc_pd()?;
-//! let cq = dev.create_cq(64, None)?;
+//! let cq = dev.create_cq(256, None)?; // room for two QPs of 64 + 64 WRs
 //! let listener = Listener::bind(&dev, "0.0.0.0:0".parse().unwrap())?;
 //! println!("listening on port {}", listener.local_addr().port());
 //! let conn = listener.accept(&pd, &QpInit::new(QpType::Rc, &cq), &AcceptOptions::new(b"welcome"))?;

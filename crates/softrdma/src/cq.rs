@@ -2,13 +2,14 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use softrdma_device::CqPoller;
-use softrdma_transport::verbs::{Arm, ChannelId, CqId, WorkCompletion};
+use softrdma_transport::verbs::{Arm, ChannelId, CqId, SrqId, WorkCompletion};
 
-use crate::{Device, Error, Result};
+use crate::{Device, Error, ErrorKind, Result};
 
 pub(crate) struct ChanInner {
     pub(crate) dev: Device,
@@ -94,6 +95,106 @@ pub(crate) struct CqInner {
     pub(crate) cap: u32,
     pub(crate) _chan: Option<Arc<ChanInner>>,
     pub(crate) poller: CqPoller,
+    /// The completions the queues reporting here may hold at once.
+    pub(crate) load: Mutex<CqLoad>,
+}
+
+/// What the work queues reporting into a CQ may have outstanding: each one can complete
+/// that many WRs before the program polls, so together they must fit the CQ, or an
+/// overflow loses completions and breaks the CQ for good.
+#[derive(Debug, Default)]
+pub(crate) struct CqLoad {
+    /// The `max_send_wr` and `max_recv_wr` of the QP queues reporting here.
+    wrs: u64,
+    /// SRQs whose QPs report receives here: (how many such QPs, the SRQ's `max_wr`). An
+    /// SRQ holds `max_wr` receives however many QPs take from it, so it counts once.
+    srqs: HashMap<SrqId, (u32, u32)>,
+}
+
+impl CqLoad {
+    fn total(&self) -> u64 {
+        self.wrs + self.srqs.values().map(|&(_, w)| u64::from(w)).sum::<u64>()
+    }
+}
+
+/// A QP's share of a CQ's capacity, given back when the QP is destroyed.
+pub(crate) struct CqCharge {
+    cq: Arc<CqInner>,
+    wrs: u64,
+    srq: Option<SrqId>,
+}
+
+/// The CQ-too-small error of `create_qp` and `SharedReceiveQueue::modify`.
+fn too_small(cap: u32, load: u64, more: u64) -> Error {
+    Error::invalid(format!(
+        "a CQ of {cap} entries cannot hold the completions of its work queues \
+         ({load} already reserved, {more} more asked): make it larger or the queues smaller"
+    ))
+    .with_kind(ErrorKind::InvalidArgument)
+}
+
+impl CqInner {
+    fn load(&self) -> std::sync::MutexGuard<'_, CqLoad> {
+        self.load.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reserve `wrs` entries, and an SRQ of `max_wr` receives if it is new here.
+    pub(crate) fn charge(
+        self: &Arc<Self>,
+        wrs: u64,
+        srq: Option<(SrqId, u32)>,
+    ) -> Result<CqCharge> {
+        let mut l = self.load();
+        let srq_more = match srq {
+            Some((id, max_wr)) if !l.srqs.contains_key(&id) => u64::from(max_wr),
+            _ => 0,
+        };
+        let total = l.total();
+        if total + wrs + srq_more > u64::from(self.cap) {
+            return Err(too_small(self.cap, total, wrs + srq_more));
+        }
+        l.wrs += wrs;
+        if let Some((id, max_wr)) = srq {
+            l.srqs.entry(id).or_insert((0, max_wr)).0 += 1;
+        }
+        Ok(CqCharge {
+            cq: Arc::clone(self),
+            wrs,
+            srq: srq.map(|(id, _)| id),
+        })
+    }
+
+    /// The SRQ `srq` now holds `max_wr` receives: refused if the CQ would not hold them.
+    /// Returns the previous `max_wr`, or None if no QP of the SRQ reports here.
+    pub(crate) fn resize_srq(&self, srq: SrqId, max_wr: u32) -> Result<Option<u32>> {
+        let mut l = self.load();
+        let total = l.total();
+        let Some(e) = l.srqs.get_mut(&srq) else {
+            return Ok(None);
+        };
+        let old = e.1;
+        let more = u64::from(max_wr.saturating_sub(old));
+        if total + more > u64::from(self.cap) {
+            return Err(too_small(self.cap, total, more));
+        }
+        e.1 = max_wr;
+        Ok(Some(old))
+    }
+}
+
+impl Drop for CqCharge {
+    fn drop(&mut self) {
+        let mut l = self.cq.load();
+        l.wrs -= self.wrs;
+        if let Some(id) = self.srq {
+            if let Some(e) = l.srqs.get_mut(&id) {
+                e.0 -= 1;
+                if e.0 == 0 {
+                    l.srqs.remove(&id);
+                }
+            }
+        }
+    }
 }
 
 impl Drop for CqInner {

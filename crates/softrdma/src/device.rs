@@ -233,6 +233,7 @@ impl Device {
                 cap,
                 _chan: channel.map(|c| Arc::clone(&c.inner)),
                 poller: CqPoller::new(id),
+                load: Default::default(),
             }),
         })
     }

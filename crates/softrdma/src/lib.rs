@@ -8,19 +8,27 @@
 //! # fn main() -> softrdma::Result<()> {
 //! let dev = Device::open_default()?;
 //! let pd = dev.alloc_pd()?;
-//! let cq = dev.create_cq(64, None)?;
+//! let cq = dev.create_cq(128, None)?; // room for the QP's 64 send and 64 receive WRs
 //! let mr = pd.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
 //! let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
 //! // exchange qp.local(psn) and mr.remote() with the peer, then:
 //! # let peer = qp.local(0);
 //! qp.connect(&peer, 0, Access::REMOTE_WRITE)?;
-//! qp.post_send(wr::send(1, [mr.sge(0..64)]))?;
+//! qp.post_send(wr::send(1, [mr.sge(0..64)?]))?;
 //! let wc = cq.wait(std::time::Duration::from_secs(5))?;
 //! # Ok(()) }
 //! ```
 //!
 //! Instead of exchanging `qp.local(psn)` over a side channel of its own, a program can
 //! connect through the connection manager as librdmacm programs do: see [`cm`].
+//!
+//! Misuse the API can see is refused at the call with an [`ErrorKind`] to match on, and
+//! leaves the QP as it was, where a NIC would fail the work request in its completion and
+//! move the QP to ERROR: SGE ranges ([`MemoryRegion::sge`]) and remote ranges ([`wr`])
+//! are checked like slice indexing, every post checks its SGEs' lkeys, PD, access and
+//! bounds ([`QueuePair::post_send`]), and a QP whose queues would overcommit a CQ is not
+//! created ([`ProtectionDomain::create_qp`]). A QP in ERROR is brought back with
+//! [`QueuePair::reset`] and connected again.
 //!
 //! Memory is DMA-like: a registered region is written by the device at any time. Safe
 //! registration ([`ProtectionDomain::register`]) owns its buffer and exposes it only by

@@ -217,20 +217,41 @@ impl RemoteMemory {
     pub fn at(&self, offset: u64) -> u64 {
         self.addr.wrapping_add(offset)
     }
+    /// The address of `len` bytes at `offset`, checked against the descriptor as slice
+    /// indexing checks a range: [`ErrorKind::OutOfBounds`] when they reach past its end,
+    /// since the peer would refuse the access and break the connection. The builders of
+    /// [`crate::wr`] use it; a program filling a `SendWr` by hand can too.
+    pub fn checked_at(&self, offset: u64, len: u64) -> Result<u64> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len && self.addr.checked_add(end).is_some() => {
+                Ok(self.addr + offset)
+            }
+            _ => Err(
+                Error::new(libc::EFAULT, "access outside the remote memory's bounds")
+                    .with_kind(ErrorKind::OutOfBounds),
+            ),
+        }
+    }
 }
 
-fn range_of(r: impl RangeBounds<usize>, len: usize) -> (usize, usize) {
+/// `range` as (start, length) inside `len` bytes, or None where slice indexing would
+/// panic (start past end, end past `len`).
+fn range_of(r: impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)> {
     let start = match r.start_bound() {
         Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Excluded(&s) => s.checked_add(1)?,
         Bound::Unbounded => 0,
     };
     let end = match r.end_bound() {
-        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Included(&e) => e.checked_add(1)?,
         Bound::Excluded(&e) => e,
         Bound::Unbounded => len,
     };
-    (start, end.saturating_sub(start))
+    if start <= end && end <= len {
+        Some((start, end - start))
+    } else {
+        None
+    }
 }
 
 impl MemoryRegion {
@@ -262,16 +283,32 @@ impl MemoryRegion {
     pub fn pd_id(&self) -> PdId {
         self.pd.id
     }
-    /// A scatter/gather element over `range` (byte offsets into the region). Out-of-range
-    /// elements are not rejected here: the device fails the work request with a local
-    /// protection error, as a NIC does.
-    pub fn sge(&self, range: impl RangeBounds<usize>) -> Sge {
-        let (start, n) = range_of(range, self.len());
-        Sge {
+    /// A scatter/gather element over `range` (byte offsets into the region), checked as
+    /// slice indexing checks a range: a range reaching past the region's end or ending
+    /// before it starts is an error of kind [`ErrorKind::OutOfBounds`], so that it is
+    /// refused here rather than failing the work request (and its QP) at the device. It is
+    /// a `Result` rather than a panic because the range often comes from a peer's message.
+    /// A range longer than 4 GiB, the most one SGE carries, is
+    /// [`ErrorKind::InvalidArgument`].
+    ///
+    /// ```no_run
+    /// # fn f(mr: &softrdma::MemoryRegion) -> softrdma::Result<()> {
+    /// let head = mr.sge(..64)?;
+    /// assert_eq!(head.length, 64);
+    /// assert!(mr.sge(..mr.len() + 1).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn sge(&self, range: impl RangeBounds<usize>) -> Result<Sge> {
+        let (start, n) = range_of(range, self.len()).ok_or_else(|| {
+            Error::new(libc::EFAULT, "SGE range outside the memory region")
+                .with_kind(ErrorKind::OutOfBounds)
+        })?;
+        Ok(Sge {
             addr: self.info.addr.wrapping_add(start as u64),
-            length: u32::try_from(n).unwrap_or(u32::MAX),
+            length: u32::try_from(n)
+                .map_err(|_| Error::invalid("an SGE carries at most 4 GiB - 1 bytes"))?,
             lkey: self.info.lkey,
-        }
+        })
     }
     /// What a peer needs to access the region remotely.
     pub fn remote(&self) -> RemoteMemory {

@@ -1,6 +1,6 @@
 //! Queue pairs, their connection helpers, and shared receive queues.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use softrdma_transport::verbs::{
     Access, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, SendWr,
@@ -8,7 +8,7 @@ use softrdma_transport::verbs::{
 };
 
 use crate::ah::ah_attr;
-use crate::cq::{CompletionQueue, CqInner};
+use crate::cq::{CompletionQueue, CqCharge, CqInner};
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::{Error, ErrorKind, Result};
 
@@ -34,6 +34,8 @@ pub struct QpInit<'a> {
 
 impl<'a> QpInit<'a> {
     /// A QP of `qp_type` with one CQ for both queues, 64-deep queues, 4 SGEs, 64 bytes inline.
+    /// The CQ must have room for both queues' 128 completions (see
+    /// [`ProtectionDomain::create_qp`]); [`QpInit::depth`] sizes the queues otherwise.
     pub fn new(qp_type: QpType, cq: &'a CompletionQueue) -> QpInit<'a> {
         QpInit {
             qp_type,
@@ -49,6 +51,13 @@ impl<'a> QpInit<'a> {
             },
             sq_sig_all: false,
         }
+    }
+
+    /// The same, with `send` and `recv` WRs deep queues (the CQs must hold them).
+    pub fn depth(mut self, send: u32, recv: u32) -> QpInit<'a> {
+        self.cap.max_send_wr = send;
+        self.cap.max_recv_wr = recv;
+        self
     }
 }
 
@@ -129,6 +138,15 @@ impl Default for PathOptions {
 
 impl ProtectionDomain {
     /// Create a queue pair (in RESET).
+    ///
+    /// Its CQs must have room for what its queues can complete before the program polls:
+    /// the `max_send_wr` of every QP reporting sends into a CQ plus the `max_recv_wr` of
+    /// every QP reporting receives into it (for QPs taking receives from an SRQ, the SRQ's
+    /// `max_wr`, once per CQ) must not exceed the CQ's capacity. A QP that would overcommit
+    /// a CQ is refused with [`ErrorKind::InvalidArgument`]: the C face, like hardware,
+    /// accepts it, and the overflow later loses completions and breaks the CQ. The rule
+    /// bounds what completes between polls of a program that polls before reposting; one
+    /// that keeps posting without polling can still overflow a CQ.
     pub fn create_qp(&self, init: &QpInit<'_>) -> Result<QueuePair> {
         QueuePair::create(self, init)
     }
@@ -145,6 +163,8 @@ pub struct QueuePair {
     _send_cq: Arc<CqInner>,
     _recv_cq: Arc<CqInner>,
     _srq: Option<Arc<SrqInner>>,
+    /// Its reservations in its CQs, released once the QP is destroyed.
+    charges: Vec<CqCharge>,
     qpn: Qpn,
     qp_type: QpType,
     cap: QpCap,
@@ -190,15 +210,50 @@ impl QueuePair {
             let cap = r.qp_init_attr(qpn).ok().map(|i| i.cap).unwrap_or(attr.cap);
             Ok((qpn, cap))
         })?;
+        let charges = match Self::charge_cqs(init, &cap) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = dev.call(|r, _| r.destroy_qp(qpn));
+                return Err(e);
+            }
+        };
         Ok(QueuePair {
             pd: Arc::clone(&pd.inner),
             _send_cq: Arc::clone(&init.send_cq.inner),
             _recv_cq: Arc::clone(&init.recv_cq.inner),
             _srq: init.srq.map(|s| Arc::clone(&s.inner_arc())),
+            charges,
             qpn,
             qp_type: init.qp_type,
             cap,
         })
+    }
+
+    /// Reserve the QP's queues (actual sizes `cap`) in its CQs; see
+    /// [`ProtectionDomain::create_qp`].
+    fn charge_cqs(init: &QpInit<'_>, cap: &QpCap) -> Result<Vec<CqCharge>> {
+        let (send, recv) = (&init.send_cq.inner, &init.recv_cq.inner);
+        let srq = match init.srq {
+            Some(s) => {
+                let (max_wr, _, _) = s.query()?;
+                s.inner.note_cq(recv);
+                Some((s.id, max_wr))
+            }
+            None => None,
+        };
+        let recv_wrs = if srq.is_some() {
+            0
+        } else {
+            u64::from(cap.max_recv_wr)
+        };
+        let send_wrs = u64::from(cap.max_send_wr);
+        if Arc::ptr_eq(send, recv) {
+            return Ok(vec![send.charge(send_wrs + recv_wrs, srq)?]);
+        }
+        // A refusal of the second drops the first charge, which gives it back.
+        let s = send.charge(send_wrs, None)?;
+        let r = recv.charge(recv_wrs, srq)?;
+        Ok(vec![s, r])
     }
 
     /// QP number.
@@ -224,10 +279,30 @@ impl QueuePair {
 
     /// Post a send work request. The requester runs now, in this thread.
     ///
-    /// With `SendFlags::INLINE`, the payload is copied at once from the SGEs, which must lie
-    /// in regions registered in this QP's PD (EFAULT otherwise), or taken from
+    /// Before anything is queued, every SGE must lie inside a live region of this QP's
+    /// PD that grants the access the operation needs (LOCAL_WRITE where the device writes
+    /// it: READ and atomic results): an lkey of no region (never registered, or dropped) is
+    /// [`ErrorKind::NotFound`], a region of another PD [`ErrorKind::ForeignObject`], a
+    /// range outside its region [`ErrorKind::OutOfBounds`], a missing right
+    /// [`ErrorKind::PermissionDenied`]. The QP stays as it was. A NIC (and the C face)
+    /// accepts such a WR and fails it in its completion with LOC_PROT_ERR, which moves the
+    /// QP to ERROR; [`QueuePair::post_send_unvalidated`] does that here.
+    ///
+    /// With `SendFlags::INLINE`, the payload is copied at once from the SGEs, or taken from
     /// `wr.inline_data`.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        let qpn = self.qpn;
+        self.pd.dev.post(|r, now| {
+            r.check_send_sges(qpn, &wr)?;
+            r.post_send(now, qpn, wr)
+        })
+    }
+    /// Post a send work request that only the device checks, when it executes it, as a NIC
+    /// does: a bad SGE then completes with LOC_PROT_ERR (its [`WcDetail`](crate::WcDetail)
+    /// says which check failed) and moves the QP to ERROR. For programs and tests that
+    /// want the verbs behaviour; [`QueuePair::post_send`] refuses such a WR at the call.
+    /// Memory stays safe either way: the device reaches only registered memory.
+    pub fn post_send_unvalidated(&self, wr: SendWr) -> Result<()> {
         let qpn = self.qpn;
         self.pd.dev.post(|r, now| r.post_send(now, qpn, wr))
     }
@@ -238,8 +313,18 @@ impl QueuePair {
         }
         Ok(())
     }
-    /// Post a receive work request.
+    /// Post a receive work request, its SGEs checked as [`QueuePair::post_send`] checks
+    /// them (the device writes them: LOCAL_WRITE).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let qpn = self.qpn;
+        self.pd.dev.call(|r, now| {
+            r.check_recv_sges(qpn, &wr)?;
+            r.post_recv(now, qpn, wr)
+        })
+    }
+    /// Post a receive work request that only the device checks, when a message arrives
+    /// for it (see [`QueuePair::post_send_unvalidated`]).
+    pub fn post_recv_unvalidated(&self, wr: RecvWr) -> Result<()> {
         let qpn = self.qpn;
         self.pd.dev.call(|r, now| r.post_recv(now, qpn, wr))
     }
@@ -328,6 +413,7 @@ impl QueuePair {
         self.modify(&a, mask)
     }
     /// RESET → INIT → RTR → RTS to `remote`, sending from `local_psn`, granting `access`.
+    /// A QP that was connected before (or went to ERROR) is [`QueuePair::reset`] first.
     pub fn connect(&self, remote: &RemoteQp, local_psn: u32, access: Access) -> Result<()> {
         self.connect_with(remote, local_psn, access, &PathOptions::default())
     }
@@ -351,18 +437,55 @@ impl QueuePair {
         };
         self.modify(&a, QpAttrMask::STATE)
     }
+    /// Bring the QP back to RESET, from ERROR or any other state, so that it can be
+    /// connected again ([`QueuePair::connect`]) instead of replaced. A QP not yet in
+    /// ERROR or RESET goes through ERROR first, so that every outstanding WR completes
+    /// (with a flush error) rather than vanishing, as a direct move to RESET would make
+    /// it. The peer's QP must be reset and connected again too, with new PSNs, as after
+    /// any reconnection.
+    pub fn reset(&self) -> Result<()> {
+        match self.state()? {
+            QpState::Reset => return Ok(()),
+            QpState::Err => {}
+            _ => self.to_error()?,
+        }
+        let a = QpAttr {
+            qp_state: QpState::Reset,
+            ..Default::default()
+        };
+        self.modify(&a, QpAttrMask::STATE)
+    }
 }
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let qpn = self.qpn;
         let _ = self.pd.dev.call(|r, _| r.destroy_qp(qpn));
+        // Only now can the queues no longer complete anything into the CQs.
+        self.charges.clear();
     }
 }
 
 pub(crate) struct SrqInner {
     pd: Arc<PdInner>,
     id: SrqId,
+    /// The CQs its QPs report receives into, to check them when `max_wr` grows. Weak:
+    /// a CQ no QP of the SRQ uses any more must stay free to go.
+    cqs: Mutex<Vec<Weak<CqInner>>>,
+}
+
+impl SrqInner {
+    fn cqs(&self) -> std::sync::MutexGuard<'_, Vec<Weak<CqInner>>> {
+        self.cqs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+    /// Remember that a QP of the SRQ reports receives into `cq`.
+    fn note_cq(&self, cq: &Arc<CqInner>) {
+        let mut v = self.cqs();
+        v.retain(|w| w.strong_count() > 0);
+        if !v.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cq))) {
+            v.push(Arc::downgrade(cq));
+        }
+    }
 }
 
 impl Drop for SrqInner {
@@ -391,6 +514,7 @@ impl SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 pd: Arc::clone(&pd.inner),
                 id,
+                cqs: Mutex::new(Vec::new()),
             }),
             pd: Arc::clone(&pd.inner),
             id,
@@ -403,15 +527,50 @@ impl SharedReceiveQueue {
     pub fn id(&self) -> SrqId {
         self.id
     }
-    /// Post a receive work request.
+    /// Post a receive work request, its SGEs checked against the SRQ's PD as
+    /// [`QueuePair::post_recv`] checks them.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let id = self.id;
+        self.pd.dev.call(|r, now| {
+            r.check_srq_recv_sges(id, &wr)?;
+            r.post_srq_recv(now, id, wr)
+        })
+    }
+    /// Post a receive work request that only the device checks, when a message arrives
+    /// for it (see [`QueuePair::post_send_unvalidated`]).
+    pub fn post_recv_unvalidated(&self, wr: RecvWr) -> Result<()> {
         let id = self.id;
         self.pd.dev.call(|r, now| r.post_srq_recv(now, id, wr))
     }
-    /// Grow `max_wr` and/or arm the limit event (`ibv_modify_srq`).
+    /// Grow `max_wr` and/or arm the limit event (`ibv_modify_srq`). A larger `max_wr`
+    /// must still fit the CQs its QPs report receives into (see
+    /// [`ProtectionDomain::create_qp`]): [`ErrorKind::InvalidArgument`] otherwise.
     pub fn modify(&self, max_wr: Option<u32>, limit: Option<u32>) -> Result<()> {
         let id = self.id;
-        self.pd.dev.call(|r, _| r.modify_srq(id, max_wr, limit))
+        let cqs: Vec<Arc<CqInner>> = self.inner.cqs().iter().filter_map(Weak::upgrade).collect();
+        let mut grown = Vec::new();
+        let undo = |grown: &[(&Arc<CqInner>, u32)]| {
+            for (cq, old) in grown {
+                let _ = cq.resize_srq(id, *old);
+            }
+        };
+        if let Some(n) = max_wr {
+            for cq in &cqs {
+                match cq.resize_srq(id, n) {
+                    Ok(Some(old)) => grown.push((cq, old)),
+                    Ok(None) => {}
+                    Err(e) => {
+                        undo(&grown);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let r = self.pd.dev.call(|r, _| r.modify_srq(id, max_wr, limit));
+        if r.is_err() {
+            undo(&grown);
+        }
+        r
     }
     /// (max_wr, max_sge, limit).
     pub fn query(&self) -> Result<(u32, u32, u32)> {

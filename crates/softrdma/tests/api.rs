@@ -16,7 +16,8 @@ fn open() -> Device {
     Device::open_with(&cfg).expect("open device")
 }
 
-/// A QP on its own device with a CQ of `cq_depth`, and an MR of its PD.
+/// A QP on its own device with a CQ of `cq_depth` (at least 2) split between its send and
+/// receive queues, and an MR of its PD.
 struct Side {
     dev: Device,
     pd: ProtectionDomain,
@@ -29,7 +30,10 @@ fn side(t: QpType, cq_depth: u32) -> Side {
     let dev = open();
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(cq_depth, None).unwrap();
-    let qp = pd.create_qp(&QpInit::new(t, &cq)).unwrap();
+    let send = cq_depth / 2;
+    let qp = pd
+        .create_qp(&QpInit::new(t, &cq).depth(send, cq_depth - send))
+        .unwrap();
     let mr = pd.register(8192, ALL).unwrap();
     Side {
         dev,
@@ -40,6 +44,19 @@ fn side(t: QpType, cq_depth: u32) -> Side {
     }
 }
 
+/// Post `wr`, waiting while the send queue is full (the CQ is not polled meanwhile).
+fn post_when_room(qp: &QueuePair, wr: SendWr) {
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        match qp.post_send(wr.clone()) {
+            Err(e) if e.kind() == ErrorKind::QueueFull && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            r => return r.unwrap(),
+        }
+    }
+}
+
 fn connect(a: &Side, b: &Side) {
     a.qp.connect(&b.qp.local(2000), 100, ALL).unwrap();
     b.qp.connect(&a.qp.local(100), 2000, ALL).unwrap();
@@ -47,10 +64,12 @@ fn connect(a: &Side, b: &Side) {
 
 #[test]
 fn the_einval_family_has_distinct_kinds() {
-    let a = side(QpType::Rc, 1);
+    let a = side(QpType::Rc, 2);
     let b = side(QpType::Rc, 64);
     // Sending before the QP is ready.
-    let not_ready = a.qp.post_send(wr::send(1, [a.mr.sge(0..8)])).unwrap_err();
+    let not_ready =
+        a.qp.post_send(wr::send(1, [a.mr.sge(0..8).unwrap()]))
+            .unwrap_err();
     assert_eq!(not_ready.kind(), ErrorKind::QpState, "{not_ready}");
     connect(&a, &b);
     // RTS back to INIT is no transition of the state machine.
@@ -61,11 +80,11 @@ fn the_einval_family_has_distinct_kinds() {
     assert_eq!(oob.kind(), ErrorKind::OutOfBounds, "{oob}");
     let misaligned = a.mr.fetch_add_u64(4, 1).unwrap_err();
     assert_eq!(misaligned.kind(), ErrorKind::Misaligned, "{misaligned}");
-    // More completions than the CQ holds.
+    // More completions than the CQ holds: the send queue fits the CQ, but nothing polls.
     let cap = a.cq.capacity() as u64;
     for i in 0..=cap {
-        a.qp.post_send(wr::write(i, [a.mr.sge(0..8)], &b.mr.remote(), 0))
-            .unwrap();
+        let w = wr::write(i, [a.mr.sge(0..8).unwrap()], &b.mr.remote(), 0).unwrap();
+        post_when_room(&a.qp, w);
     }
     // Nothing polls until the device reports the overflow.
     assert_eq!(
@@ -115,10 +134,10 @@ fn foreign_objects_and_config_errors_have_their_kinds() {
 
 #[test]
 fn poll_iter_yields_the_overflow_error() {
-    let a = side(QpType::Rc, 1);
+    let a = side(QpType::Rc, 2);
     let b = side(QpType::Rc, 64);
     connect(&a, &b);
-    a.qp.post_send(wr::write(1, [a.mr.sge(0..8)], &b.mr.remote(), 0))
+    a.qp.post_send(wr::write(1, [a.mr.sge(0..8).unwrap()], &b.mr.remote(), 0).unwrap())
         .unwrap();
     assert_eq!(a.cq.wait(T).unwrap().wr_id, 1);
     assert!(
@@ -126,8 +145,8 @@ fn poll_iter_yields_the_overflow_error() {
         "an idle CQ yields nothing"
     );
     for i in 0..=a.cq.capacity() as u64 {
-        a.qp.post_send(wr::write(10 + i, [a.mr.sge(0..8)], &b.mr.remote(), 0))
-            .unwrap();
+        let w = wr::write(10 + i, [a.mr.sge(0..8).unwrap()], &b.mr.remote(), 0).unwrap();
+        post_when_room(&a.qp, w);
     }
     assert_eq!(
         a.dev.wait_async_event(Some(T)).unwrap(),
@@ -153,7 +172,9 @@ fn fds_are_borrowed_from_their_owners() {
     let pd_b = dev_b.alloc_pd().unwrap();
     let ch = dev_b.create_channel().unwrap();
     let cq_b = dev_b.create_cq(16, Some(&ch)).unwrap();
-    let qp_b = pd_b.create_qp(&QpInit::new(QpType::Rc, &cq_b)).unwrap();
+    let qp_b = pd_b
+        .create_qp(&QpInit::new(QpType::Rc, &cq_b).depth(8, 8))
+        .unwrap();
     let mr_b = pd_b.register(4096, ALL).unwrap();
     a.qp.connect(&qp_b.local(5), 9, ALL).unwrap();
     qp_b.connect(&a.qp.local(9), 5, ALL).unwrap();
@@ -161,9 +182,11 @@ fn fds_are_borrowed_from_their_owners() {
     // An owned duplicate of the channel's fd sees the same eventfd.
     let dup = ch.as_fd().try_clone_to_owned().unwrap();
     assert!(!readable(dup.as_fd(), 0), "no event yet");
-    qp_b.post_recv(wr::recv(1, [mr_b.sge(0..64)])).unwrap();
+    qp_b.post_recv(wr::recv(1, [mr_b.sge(0..64).unwrap()]))
+        .unwrap();
     cq_b.req_notify(false).unwrap();
-    a.qp.post_send(wr::send(1, [a.mr.sge(0..7)])).unwrap();
+    a.qp.post_send(wr::send(1, [a.mr.sge(0..7).unwrap()]))
+        .unwrap();
     assert!(
         (0..100).any(|_| readable(dup.as_fd(), 100)),
         "channel fd never became readable"
@@ -183,13 +206,17 @@ fn fds_are_borrowed_from_their_owners() {
     drop(dup);
     // A QP moved to ERROR by the program raises no event; an overflowing CQ does.
     assert!(!readable(ev.as_fd(), 0));
-    let cq_small = dev_b.create_cq(1, None).unwrap();
-    let qp_c = pd_b.create_qp(&QpInit::new(QpType::Rc, &cq_small)).unwrap();
-    qp_c.to_init(ALL).unwrap();
-    for i in 0..4 {
-        qp_c.post_recv(wr::recv(i, [mr_b.sge(0..8)])).unwrap();
+    // A QP whose queues fit its CQ, flushed three times over without a poll.
+    let cq_small = dev_b.create_cq(2, None).unwrap();
+    let qp_c = pd_b
+        .create_qp(&QpInit::new(QpType::Rc, &cq_small).depth(1, 1))
+        .unwrap();
+    for i in 0..3 {
+        qp_c.to_init(ALL).unwrap();
+        qp_c.post_recv(wr::recv(i, [mr_b.sge(0..8).unwrap()]))
+            .unwrap();
+        qp_c.reset().unwrap(); // through ERROR: flushes the receive into the CQ
     }
-    qp_c.to_error().unwrap(); // flushes four receives into a one-entry CQ
     assert!(
         (0..100).any(|_| readable(ev.as_fd(), 100)),
         "async-event fd never became readable"
@@ -208,9 +235,10 @@ fn rc_pair() -> (Side, Side) {
     (a, b)
 }
 
-/// WRITE 64 bytes from `sge` to the peer and return the completion.
+/// WRITE 64 bytes from `sge` to the peer, checked only by the device as on a NIC, and
+/// return the completion.
 fn write_from(a: &Side, b: &Side, sge: Sge) -> WorkCompletion {
-    a.qp.post_send(wr::write(1, [sge], &b.mr.remote(), 0))
+    a.qp.post_send_unvalidated(wr::write(1, [sge], &b.mr.remote(), 0).unwrap())
         .unwrap();
     a.cq.wait(T).unwrap()
 }
@@ -225,7 +253,7 @@ fn completion_errors_carry_their_detail() {
     // A memory region of another PD of the same device.
     let (a, b) = rc_pair();
     let other = a.dev.alloc_pd().unwrap().register(64, ALL).unwrap();
-    let wc = write_from(&a, &b, other.sge(0..64));
+    let wc = write_from(&a, &b, other.sge(0..64).unwrap());
     assert_eq!(wc.result(), failed(LocProtErr, WcDetail::WrongPd));
     assert_eq!(wc.vendor_err, 2);
     // An SGE reaching past its region's end.
@@ -241,7 +269,7 @@ fn completion_errors_carry_their_detail() {
     // The lkey of a region deregistered (dropped) before the post.
     let (a, b) = rc_pair();
     let gone = a.pd.register(64, ALL).unwrap();
-    let stale = gone.sge(0..64);
+    let stale = gone.sge(0..64).unwrap();
     drop(gone);
     let wc = write_from(&a, &b, stale);
     assert_eq!(wc.result(), failed(LocProtErr, WcDetail::UnknownLkey));
@@ -264,8 +292,10 @@ fn completion_errors_carry_their_detail() {
         length: 64,
         lkey: b.mr.lkey(),
     };
-    b.qp.post_recv(wr::recv(7, [recv_past_end])).unwrap();
-    a.qp.post_send(wr::send(2, [a.mr.sge(0..32)])).unwrap();
+    b.qp.post_recv_unvalidated(wr::recv(7, [recv_past_end]))
+        .unwrap();
+    a.qp.post_send(wr::send(2, [a.mr.sge(0..32).unwrap()]))
+        .unwrap();
     let rwc = b.cq.wait(T).unwrap();
     assert_eq!(rwc.wr_id, 7);
     assert_eq!(rwc.result(), failed(LocProtErr, WcDetail::SgeOutOfBounds));
@@ -273,12 +303,14 @@ fn completion_errors_carry_their_detail() {
     assert_eq!(swc.result(), failed(RemOpErr, WcDetail::RemoteOperational));
     // Success has no error and no detail; flushed requests have no detail.
     let (a, b) = rc_pair();
-    let ok = write_from(&a, &b, a.mr.sge(0..64));
+    let ok = write_from(&a, &b, a.mr.sge(0..64).unwrap());
     assert_eq!((ok.result(), ok.vendor_err), (Ok(()), 0));
     let other = a.dev.alloc_pd().unwrap().register(64, ALL).unwrap();
-    a.qp.post_send(wr::write(3, [other.sge(0..64)], &b.mr.remote(), 0))
-        .unwrap();
-    a.qp.post_send(wr::write(4, [a.mr.sge(0..64)], &b.mr.remote(), 0))
+    a.qp.post_send_unvalidated(
+        wr::write(3, [other.sge(0..64).unwrap()], &b.mr.remote(), 0).unwrap(),
+    )
+    .unwrap();
+    a.qp.post_send(wr::write(4, [a.mr.sge(0..64).unwrap()], &b.mr.remote(), 0).unwrap())
         .unwrap();
     let wcs = a.cq.wait_n(2, T).unwrap();
     assert_eq!(wcs[0].result(), failed(LocProtErr, WcDetail::WrongPd));

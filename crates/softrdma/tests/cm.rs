@@ -66,7 +66,7 @@ impl Side {
     fn new(name: &str) -> Side {
         let dev = device(name);
         let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(64, None).unwrap();
+        let cq = dev.create_cq(128, None).unwrap();
         let mr = pd
             .register(
                 BUF,
@@ -81,7 +81,10 @@ impl Side {
     /// Post the receive slots (wr_id = slot index).
     fn post_recvs(&self, qp: &QueuePair) -> Result<()> {
         for i in 0..RECVS {
-            qp.post_recv(wr::recv(i as u64, [self.mr.sge(i * SLOT..(i + 1) * SLOT)]))?;
+            qp.post_recv(wr::recv(
+                i as u64,
+                [self.mr.sge(i * SLOT..(i + 1) * SLOT).unwrap()],
+            ))?;
         }
         Ok(())
     }
@@ -163,16 +166,20 @@ fn write_then_send(from: &Side, fc: &cm::Connection, to: &Side, tc: &cm::Connect
     assert_eq!(target.rkey, to.mr.rkey());
     let mut w = wr::write(
         10,
-        [from.mr.sge(WRITE_AT..WRITE_AT + pattern.len())],
+        [from.mr.sge(WRITE_AT..WRITE_AT + pattern.len()).unwrap()],
         &target,
         WRITE_AT as u64,
-    );
+    )
+    .unwrap();
     w.flags |= SendFlags::SIGNALED;
     fc.qp().post_send(w).unwrap();
     wait_ok(&from.cq, WcOpcode::RdmaWrite);
     let mut w = wr::send(
         11,
-        [from.mr.sge(WRITE_AT + 1024..WRITE_AT + 1024 + msg.len())],
+        [from
+            .mr
+            .sge(WRITE_AT + 1024..WRITE_AT + 1024 + msg.len())
+            .unwrap()],
     );
     w.flags |= SendFlags::SIGNALED;
     fc.qp().post_send(w).unwrap();
@@ -428,7 +435,7 @@ fn ud_by_sidr_with_event_channel() {
             srv.mr.write(WRITE_AT, b"world").unwrap();
             let mut w = wr::ud_send(
                 2,
-                [srv.mr.sge(WRITE_AT..WRITE_AT + 5)],
+                [srv.mr.sge(WRITE_AT..WRITE_AT + 5).unwrap()],
                 ah.dest(wc.src_qp, cm::UDP_QKEY),
             );
             w.flags |= SendFlags::SIGNALED;
@@ -470,7 +477,7 @@ fn ud_by_sidr_with_event_channel() {
         cli.mr.write(WRITE_AT, b"hello").unwrap();
         let mut w = wr::ud_send(
             1,
-            [cli.mr.sge(WRITE_AT..WRITE_AT + 5)],
+            [cli.mr.sge(WRITE_AT..WRITE_AT + 5).unwrap()],
             ah.dest(ud.qp_num, ud.qkey),
         );
         w.flags |= SendFlags::SIGNALED;

@@ -53,8 +53,10 @@ fn rc_every_opcode() {
     assert_ne!(a.dev.addr(), b.dev.addr());
     // SEND
     a.mr.write(0, b"hello over RoCEv2").unwrap();
-    b.qp.post_recv(wr::recv(7, [b.mr.sge(0..1024)])).unwrap();
-    a.qp.post_send(wr::send(1, [a.mr.sge(0..17)])).unwrap();
+    b.qp.post_recv(wr::recv(7, [b.mr.sge(0..1024).unwrap()]))
+        .unwrap();
+    a.qp.post_send(wr::send(1, [a.mr.sge(0..17).unwrap()]))
+        .unwrap();
     let wc = a.cq.wait(T).unwrap();
     assert_eq!(
         (wc.wr_id, wc.status, wc.opcode),
@@ -67,8 +69,9 @@ fn rc_every_opcode() {
     );
     assert_eq!(b.mr.to_vec(0, 17).unwrap(), b"hello over RoCEv2");
     // SEND_WITH_IMM
-    b.qp.post_recv(wr::recv(8, [b.mr.sge(0..1024)])).unwrap();
-    a.qp.post_send(wr::send_with_imm(2, [a.mr.sge(0..5)], 0xABCD))
+    b.qp.post_recv(wr::recv(8, [b.mr.sge(0..1024).unwrap()]))
+        .unwrap();
+    a.qp.post_send(wr::send_with_imm(2, [a.mr.sge(0..5).unwrap()], 0xABCD))
         .unwrap();
     assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::Success);
     let wc = b.cq.wait(T).unwrap();
@@ -77,7 +80,7 @@ fn rc_every_opcode() {
     // WRITE of 3000 bytes (3 packets)
     let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
     a.mr.write(1000, &data).unwrap();
-    a.qp.post_send(wr::write(3, [a.mr.sge(1000..4000)], &b.mr.remote(), 4096))
+    a.qp.post_send(wr::write(3, [a.mr.sge(1000..4000).unwrap()], &b.mr.remote(), 4096).unwrap())
         .unwrap();
     let wc = a.cq.wait(T).unwrap();
     assert_eq!(
@@ -86,7 +89,7 @@ fn rc_every_opcode() {
     );
     assert_eq!(b.mr.to_vec(4096, 3000).unwrap(), data);
     // READ it back
-    a.qp.post_send(wr::read(4, [a.mr.sge(5000..8000)], &b.mr.remote(), 4096))
+    a.qp.post_send(wr::read(4, [a.mr.sge(5000..8000).unwrap()], &b.mr.remote(), 4096).unwrap())
         .unwrap();
     let wc = a.cq.wait(T).unwrap();
     assert_eq!(
@@ -95,14 +98,11 @@ fn rc_every_opcode() {
     );
     assert_eq!(a.mr.to_vec(5000, 3000).unwrap(), data);
     // WRITE_WITH_IMM
-    b.qp.post_recv(wr::recv(9, [b.mr.sge(0..0)])).unwrap();
-    a.qp.post_send(wr::write_with_imm(
-        5,
-        [a.mr.sge(0..4)],
-        &b.mr.remote(),
-        100,
-        77,
-    ))
+    b.qp.post_recv(wr::recv(9, [b.mr.sge(0..0).unwrap()]))
+        .unwrap();
+    a.qp.post_send(
+        wr::write_with_imm(5, [a.mr.sge(0..4).unwrap()], &b.mr.remote(), 100, 77).unwrap(),
+    )
     .unwrap();
     assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::Success);
     let wc = b.cq.wait(T).unwrap();
@@ -113,7 +113,7 @@ fn rc_every_opcode() {
     assert_eq!(b.mr.to_vec(100, 4).unwrap(), b"hell");
     // FAA and CAS at offset 8000 (8-aligned)
     b.mr.write_u64(8000, 40).unwrap();
-    a.qp.post_send(wr::fetch_add(6, a.mr.sge(0..8), &b.mr.remote(), 8000, 2))
+    a.qp.post_send(wr::fetch_add(6, a.mr.sge(0..8).unwrap(), &b.mr.remote(), 8000, 2).unwrap())
         .unwrap();
     let wc = a.cq.wait(T).unwrap();
     assert_eq!(
@@ -122,14 +122,9 @@ fn rc_every_opcode() {
     );
     assert_eq!(a.mr.read_u64(0).unwrap(), 40);
     assert_eq!(b.mr.read_u64(8000).unwrap(), 42);
-    a.qp.post_send(wr::compare_swap(
-        7,
-        a.mr.sge(8..16),
-        &b.mr.remote(),
-        8000,
-        42,
-        99,
-    ))
+    a.qp.post_send(
+        wr::compare_swap(7, a.mr.sge(8..16).unwrap(), &b.mr.remote(), 8000, 42, 99).unwrap(),
+    )
     .unwrap();
     let wc = a.cq.wait(T).unwrap();
     assert_eq!(
@@ -160,17 +155,21 @@ fn completion_channel_fd_works_with_poll() {
     let pd_b = dev_b.alloc_pd().unwrap();
     let ch = dev_b.create_channel().unwrap();
     let cq_b = dev_b.create_cq(16, Some(&ch)).unwrap();
-    let qp_b = pd_b.create_qp(&QpInit::new(QpType::Rc, &cq_b)).unwrap();
+    let qp_b = pd_b
+        .create_qp(&QpInit::new(QpType::Rc, &cq_b).depth(8, 8))
+        .unwrap();
     let mr_b = pd_b.register(4096, ALL).unwrap();
     a.qp.connect(&qp_b.local(5), 9, ALL).unwrap();
     qp_b.connect(&a.qp.local(9), 5, ALL).unwrap();
-    qp_b.post_recv(wr::recv(1, [mr_b.sge(0..64)])).unwrap();
+    qp_b.post_recv(wr::recv(1, [mr_b.sge(0..64).unwrap()]))
+        .unwrap();
     cq_b.req_notify(false).unwrap();
     let fd = ch.as_raw_fd();
     assert!(!readable(fd, 0), "no event yet");
     assert_eq!(ch.try_get().unwrap(), None);
     a.mr.write(0, b"wake up").unwrap();
-    a.qp.post_send(wr::send(1, [a.mr.sge(0..7)])).unwrap();
+    a.qp.post_send(wr::send(1, [a.mr.sge(0..7).unwrap()]))
+        .unwrap();
     // Bounded wait: poll(2) on the channel fd until the event arrives.
     let mut seen = false;
     for _ in 0..100 {
@@ -190,8 +189,10 @@ fn completion_channel_fd_works_with_poll() {
     assert_eq!((wc.wr_id, wc.byte_len), (1, 7));
     // Blocking wait through the channel, re-armed.
     cq_b.req_notify(false).unwrap();
-    qp_b.post_recv(wr::recv(2, [mr_b.sge(0..64)])).unwrap();
-    a.qp.post_send(wr::send(2, [a.mr.sge(0..7)])).unwrap();
+    qp_b.post_recv(wr::recv(2, [mr_b.sge(0..64).unwrap()]))
+        .unwrap();
+    a.qp.post_send(wr::send(2, [a.mr.sge(0..7).unwrap()]))
+        .unwrap();
     assert_eq!(ch.wait(Some(T)).unwrap(), cq_b.id());
     // Dropping the CQ with an unacknowledged event must not fail or leak the channel.
     drop(qp_b);
@@ -218,8 +219,12 @@ fn pcap_trace_is_readable_by_tshark() {
             da.create_cq(16, None).unwrap(),
             db.create_cq(16, None).unwrap(),
         );
-        let qa = pda.create_qp(&QpInit::new(QpType::Rc, &cqa)).unwrap();
-        let qb = pdb.create_qp(&QpInit::new(QpType::Rc, &cqb)).unwrap();
+        let qa = pda
+            .create_qp(&QpInit::new(QpType::Rc, &cqa).depth(8, 8))
+            .unwrap();
+        let qb = pdb
+            .create_qp(&QpInit::new(QpType::Rc, &cqb).depth(8, 8))
+            .unwrap();
         let (ma, mb) = (
             pda.register(4096, ALL).unwrap(),
             pdb.register(4096, ALL).unwrap(),
@@ -230,11 +235,11 @@ fn pcap_trace_is_readable_by_tshark() {
         };
         qa.connect_with(&qb.local(1), 1, ALL, &o).unwrap();
         qb.connect_with(&qa.local(1), 1, ALL, &o).unwrap();
-        qb.post_recv(wr::recv(1, [mb.sge(0..64)])).unwrap();
-        qa.post_send(wr::send(1, [ma.sge(0..16)])).unwrap();
+        qb.post_recv(wr::recv(1, [mb.sge(0..64).unwrap()])).unwrap();
+        qa.post_send(wr::send(1, [ma.sge(0..16).unwrap()])).unwrap();
         assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
         assert_eq!(cqb.wait(T).unwrap().status, WcStatus::Success);
-        qa.post_send(wr::write(2, [ma.sge(0..2000)], &mb.remote(), 0))
+        qa.post_send(wr::write(2, [ma.sge(0..2000).unwrap()], &mb.remote(), 0).unwrap())
             .unwrap();
         assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
     } // devices dropped: traces flushed

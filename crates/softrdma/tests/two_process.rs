@@ -58,7 +58,8 @@ fn side(addr: Option<SocketAddr>) -> Side {
     };
     let dev = Device::open_with(&DeviceConfig::new("test", a)).expect("open device");
     let pd = dev.alloc_pd().unwrap();
-    let cq = dev.create_cq(1024, None).unwrap();
+    // Room for the 512 + 512 WRs of each of the three QPs.
+    let cq = dev.create_cq(3 * 1024, None).unwrap();
     let mut init = QpInit::new(QpType::Rc, &cq);
     init.cap.max_send_wr = 512;
     init.cap.max_recv_wr = 512;
@@ -165,18 +166,18 @@ fn peer_process() {
         let o = (i as usize % 32) * SLOT;
         s.rc.post_recv(wr::recv(
             1000 + i,
-            [s.mr.sge(RC_RECV + o..RC_RECV + o + SLOT)],
+            [s.mr.sge(RC_RECV + o..RC_RECV + o + SLOT).unwrap()],
         ))
         .unwrap();
         if i < 32 {
             s.uc.post_recv(wr::recv(
                 2000 + i,
-                [s.mr.sge(UC_RECV + o..UC_RECV + o + SLOT)],
+                [s.mr.sge(UC_RECV + o..UC_RECV + o + SLOT).unwrap()],
             ))
             .unwrap();
             s.ud.post_recv(wr::recv(
                 3000 + i,
-                [s.mr.sge(UD_RECV + o..UD_RECV + o + SLOT)],
+                [s.mr.sge(UD_RECV + o..UD_RECV + o + SLOT).unwrap()],
             ))
             .unwrap();
         }
@@ -236,7 +237,7 @@ fn peer_process() {
                 let o = (i as usize % 32) * SLOT;
                 let _ = s.rc.post_recv(wr::recv(
                     1000 + i,
-                    [s.mr.sge(RC_RECV + o..RC_RECV + o + SLOT)],
+                    [s.mr.sge(RC_RECV + o..RC_RECV + o + SLOT).unwrap()],
                 ));
             }
         }
@@ -429,14 +430,16 @@ fn every_opcode_and_qp_type() {
 
     // RC SEND
     mr.write(0, b"rc send").unwrap();
-    me.rc.post_send(wr::send(1, [mr.sge(0..7)])).unwrap();
+    me.rc
+        .post_send(wr::send(1, [mr.sge(0..7).unwrap()]))
+        .unwrap();
     ok(&me.cq, 1, WcOpcode::Send);
     let w = p.wc();
     assert_eq!((w.1, w.2, w.3), (0, WcOpcode::Recv as u32, 7));
     assert_eq!(w.6, b"rc send");
     // RC SEND_WITH_IMM
     me.rc
-        .post_send(wr::send_with_imm(2, [mr.sge(0..2)], 0xBEEF))
+        .post_send(wr::send_with_imm(2, [mr.sge(0..2).unwrap()], 0xBEEF))
         .unwrap();
     ok(&me.cq, 2, WcOpcode::Send);
     let w = p.wc();
@@ -444,7 +447,7 @@ fn every_opcode_and_qp_type() {
     assert!(WcFlags::from_bits_truncate(w.5).contains(WcFlags::WITH_IMM));
     // RC SEND_WITH_INV: invalidates the peer's memory window
     me.rc
-        .post_send(wr::send_with_inv(3, [mr.sge(0..3)], p.mw_rkey))
+        .post_send(wr::send_with_inv(3, [mr.sge(0..3).unwrap()], p.mw_rkey))
         .unwrap();
     ok(&me.cq, 3, WcOpcode::Send);
     let w = p.wc();
@@ -454,20 +457,20 @@ fn every_opcode_and_qp_type() {
     let data: Vec<u8> = (0..5000u32).map(|i| (i * 13 + 7) as u8).collect();
     mr.write(1000, &data).unwrap();
     me.rc
-        .post_send(wr::write(4, [mr.sge(1000..6000)], &p.mem, 100))
+        .post_send(wr::write(4, [mr.sge(1000..6000).unwrap()], &p.mem, 100).unwrap())
         .unwrap();
     ok(&me.cq, 4, WcOpcode::RdmaWrite);
     assert_eq!(p.dump(100, 5000), data);
     // RC READ back
     me.rc
-        .post_send(wr::read(5, [mr.sge(8000..13000)], &p.mem, 100))
+        .post_send(wr::read(5, [mr.sge(8000..13000).unwrap()], &p.mem, 100).unwrap())
         .unwrap();
     ok(&me.cq, 5, WcOpcode::RdmaRead);
     assert_eq!(mr.to_vec(8000, 5000).unwrap(), data);
     // RC WRITE_WITH_IMM
     mr.write(0, b"imm").unwrap();
     me.rc
-        .post_send(wr::write_with_imm(6, [mr.sge(0..3)], &p.mem, 6000, 42))
+        .post_send(wr::write_with_imm(6, [mr.sge(0..3).unwrap()], &p.mem, 6000, 42).unwrap())
         .unwrap();
     ok(&me.cq, 6, WcOpcode::RdmaWrite);
     let w = p.wc();
@@ -476,12 +479,12 @@ fn every_opcode_and_qp_type() {
     // RC FETCH_AND_ADD and COMPARE_AND_SWAP at an 8-aligned address
     let off = 8192u64;
     me.rc
-        .post_send(wr::fetch_add(7, mr.sge(16..24), &p.mem, off, 5))
+        .post_send(wr::fetch_add(7, mr.sge(16..24).unwrap(), &p.mem, off, 5).unwrap())
         .unwrap();
     ok(&me.cq, 7, WcOpcode::FetchAdd);
     assert_eq!(mr.read_u64(16).unwrap(), 0);
     me.rc
-        .post_send(wr::compare_swap(8, mr.sge(24..32), &p.mem, off, 5, 77))
+        .post_send(wr::compare_swap(8, mr.sge(24..32).unwrap(), &p.mem, off, 5, 77).unwrap())
         .unwrap();
     ok(&me.cq, 8, WcOpcode::CompSwap);
     assert_eq!(mr.read_u64(24).unwrap(), 5);
@@ -489,12 +492,14 @@ fn every_opcode_and_qp_type() {
 
     // UC SEND and WRITE
     mr.write(0, b"uc send").unwrap();
-    me.uc.post_send(wr::send(10, [mr.sge(0..7)])).unwrap();
+    me.uc
+        .post_send(wr::send(10, [mr.sge(0..7).unwrap()]))
+        .unwrap();
     ok(&me.cq, 10, WcOpcode::Send);
     let w = p.wc();
     assert_eq!((w.0 / 1000, w.1, w.6.as_slice()), (2, 0, &b"uc send"[..]));
     me.uc
-        .post_send(wr::write(11, [mr.sge(1000..3000)], &p.mem, 10000))
+        .post_send(wr::write(11, [mr.sge(1000..3000).unwrap()], &p.mem, 10000).unwrap())
         .unwrap();
     ok(&me.cq, 11, WcOpcode::RdmaWrite);
     // UC completes at the sender when sent: wait for the bytes to land.
@@ -510,7 +515,7 @@ fn every_opcode_and_qp_type() {
     me.ud
         .post_send(wr::ud_send(
             12,
-            [mr.sge(0..11)],
+            [mr.sge(0..11).unwrap()],
             ah.dest(p.ud, DEFAULT_QKEY),
         ))
         .unwrap();
@@ -654,7 +659,7 @@ fn rc_exactly_once_through_lossy_relay() {
             mr.write(off, msg.as_bytes()).unwrap();
             wr_id += 1;
             me.rc
-                .post_send(wr::send(wr_id, [mr.sge(off..off + msg.len())]))
+                .post_send(wr::send(wr_id, [mr.sge(off..off + msg.len()).unwrap()]))
                 .unwrap();
             sends_expected.push(msg.into_bytes());
             posted += 1;
@@ -667,24 +672,23 @@ fn rc_exactly_once_through_lossy_relay() {
             mr.write(src, &chunk).unwrap();
             wr_id += 1;
             me.rc
-                .post_send(wr::write(
-                    wr_id,
-                    [mr.sge(src..src + 3000)],
-                    &p.mem,
-                    k * 3000,
-                ))
+                .post_send(
+                    wr::write(wr_id, [mr.sge(src..src + 3000).unwrap()], &p.mem, k * 3000).unwrap(),
+                )
                 .unwrap();
             posted += 1;
         }
         wr_id += 1;
         me.rc
-            .post_send(wr::read(wr_id, [mr.sge(20000..32000)], &p.mem, 0))
+            .post_send(wr::read(wr_id, [mr.sge(20000..32000).unwrap()], &p.mem, 0).unwrap())
             .unwrap();
         posted += 1;
         for _ in 0..4 {
             wr_id += 1;
             me.rc
-                .post_send(wr::fetch_add(wr_id, mr.sge(40000..40008), &p.mem, 40000, 1))
+                .post_send(
+                    wr::fetch_add(wr_id, mr.sge(40000..40008).unwrap(), &p.mem, 40000, 1).unwrap(),
+                )
                 .unwrap();
             posted += 1;
         }

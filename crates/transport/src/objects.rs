@@ -5,7 +5,8 @@
 
 use crate::verbs::{
     self, Access, AhAttr, AhId, Arm, AsyncEvent, ChannelId, CqId, DeviceAttr, DmId, Gid, MemSpan,
-    MrInfo, Mtu, MwId, PdId, PortAttr, QpInitAttr, Qpn, Sge, SrqId, WcError,
+    MrInfo, Mtu, MwId, PdId, PortAttr, QpInitAttr, Qpn, RecvWr, SendOp, SendWr, Sge, SrqId,
+    WcError,
 };
 use crate::Rnic;
 
@@ -132,6 +133,42 @@ impl Rnic {
     ) -> verbs::Result<MrInfo> {
         // SAFETY: forwarded to the caller.
         unsafe { self.env.ctx.reg_mr(pd, ptr, len, iova, access) }
+    }
+
+    /// Refuse a send WR whose SGEs do not name memory of the QP's PD, with the access the
+    /// operation needs and inside its region ([`verbs::Context::check_sg_list`]), before
+    /// anything is queued. [`Rnic::post_send`] does not call this: as on a NIC, it fails such
+    /// a WR in its completion (the C face's behaviour); a face that refuses at the call runs
+    /// this first, under the same lock. A WR carrying its inline data names no memory.
+    pub fn check_send_sges(&self, qpn: Qpn, wr: &SendWr) -> verbs::Result<()> {
+        if wr.inline_data.is_some() {
+            return Ok(());
+        }
+        let pd = self.qp_init_attr(qpn)?.pd;
+        // The device writes the result of a READ or an atomic into the local SGEs.
+        let need = match wr.op {
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
+                Access::LOCAL_WRITE
+            }
+            _ => Access::empty(),
+        };
+        self.env.ctx.check_sg_list(pd, &wr.sg_list, need)
+    }
+
+    /// [`Rnic::check_send_sges`] for a receive WR of QP `qpn` (the device writes it).
+    pub fn check_recv_sges(&self, qpn: Qpn, wr: &RecvWr) -> verbs::Result<()> {
+        let pd = self.qp_init_attr(qpn)?.pd;
+        self.env
+            .ctx
+            .check_sg_list(pd, &wr.sg_list, Access::LOCAL_WRITE)
+    }
+
+    /// [`Rnic::check_recv_sges`] for a receive WR of SRQ `srq`, against the SRQ's PD.
+    pub fn check_srq_recv_sges(&self, srq: SrqId, wr: &RecvWr) -> verbs::Result<()> {
+        let pd = self.env.ctx.srq_pd(srq)?;
+        self.env
+            .ctx
+            .check_sg_list(pd, &wr.sg_list, Access::LOCAL_WRITE)
     }
 
     /// How a QP was created, with the actual queue sizes (at least what was asked for).

@@ -567,6 +567,44 @@ fn reg_mr_checks() {
     assert!(c.dereg_mr(mr.lkey).is_err());
 }
 
+#[test]
+fn check_sg_list_refuses_what_local_span_would_fail() {
+    let mut buf = [0u8; 64];
+    let mut other = [0u8; 64];
+    let mut c = ctx();
+    let (pd, pd2) = (c.alloc_pd().unwrap(), c.alloc_pd().unwrap());
+    let mr = reg(&mut c, pd, &mut buf, 0x1000, Access::LOCAL_WRITE);
+    let mr2 = reg(&mut c, pd2, &mut other, 0x2000, ALL);
+    let sge = |addr, length, lkey| Sge { addr, length, lkey };
+    let kind = |r: Result<()>| r.unwrap_err().kind;
+    let good = sge(0x1000, 64, mr.lkey);
+    c.check_sg_list(pd, &[good], Access::LOCAL_WRITE).unwrap();
+    // Every SGE is checked, not only the first; empty ones name no memory.
+    let list = [good, sge(0, 0, 0xdead), sge(0x1020, 33, mr.lkey)];
+    assert_eq!(
+        kind(c.check_sg_list(pd, &list, Access::empty())),
+        ErrorKind::OutOfBounds
+    );
+    let foreign = [sge(0x2000, 8, mr2.lkey)];
+    assert_eq!(
+        kind(c.check_sg_list(pd, &foreign, Access::empty())),
+        ErrorKind::ForeignObject
+    );
+    let unknown = [sge(0x1000, 8, mr.lkey ^ 1)];
+    assert_eq!(
+        kind(c.check_sg_list(pd, &unknown, Access::empty())),
+        ErrorKind::NotFound
+    );
+    c.dereg_mr(mr2.lkey).unwrap();
+    let r = c.check_sg_list(pd2, &foreign, Access::empty());
+    assert_eq!(kind(r), ErrorKind::NotFound, "deregistered");
+    let mr3 = reg(&mut c, pd2, &mut other, 0x2000, Access::empty());
+    let ro = [sge(0x2000, 8, mr3.lkey)];
+    c.check_sg_list(pd2, &ro, Access::empty()).unwrap();
+    let r = c.check_sg_list(pd2, &ro, Access::LOCAL_WRITE);
+    assert_eq!(kind(r), ErrorKind::PermissionDenied);
+}
+
 // ------------------------------------------------------------------ remote_span
 
 #[test]

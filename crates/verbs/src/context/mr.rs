@@ -7,7 +7,7 @@ use super::fault;
 use super::mem::{DmaPtr, MemSpan};
 use super::table::IdMap;
 use super::{ebusy, einval, enomem, missing, Context};
-use crate::error::{Errno, Error, Result};
+use crate::error::{Errno, Error, ErrorKind, Result};
 use crate::types::{Access, DmId, PdId, Qpn, Sge, WcDetail, WcError, WcStatus};
 
 /// What registering a memory region returns.
@@ -252,6 +252,39 @@ impl Context {
             return Err(prot(WcDetail::SgeOutOfBounds));
         }
         Ok(MemSpan::new(mr.host(sge.addr), sge.length as usize))
+    }
+    /// Check a scatter/gather list against the registered regions of `pd` before anything
+    /// is queued, as slice indexing checks a range: every SGE of non-zero length names a
+    /// live region of `pd` (NotFound for an unknown or deregistered lkey, ForeignObject for
+    /// a region of another PD), which grants `need` (PermissionDenied), and lies inside it
+    /// (OutOfBounds).
+    ///
+    /// A NIC makes these checks only when it executes the WR and completes it with
+    /// LOC_PROT_ERR (see [`Context::local_span`]), which the C face keeps; this is for a
+    /// face that refuses such a WR at the call instead, so that the QP does not go to ERROR.
+    /// Zero-length SGEs name no memory and pass, as the device lets them.
+    pub fn check_sg_list(&self, pd: PdId, sg_list: &[Sge], need: Access) -> Result<()> {
+        for sge in sg_list.iter().filter(|s| s.length != 0) {
+            let mr = self
+                .mrs
+                .by_key(sge.lkey)
+                .ok_or(missing("lkey of no registered memory region"))?;
+            if mr.pd != pd {
+                return Err(einval("memory region of another protection domain")
+                    .with_kind(ErrorKind::ForeignObject));
+            }
+            if !mr.access.contains(need) {
+                return Err(Error::new(
+                    Errno::EACCES,
+                    "memory region lacks the local access the work request needs",
+                ));
+            }
+            if !mr.contains(sge.addr, sge.length as u64) {
+                return Err(Error::new(Errno::EFAULT, "SGE outside its memory region")
+                    .with_kind(ErrorKind::OutOfBounds));
+            }
+        }
+        Ok(())
     }
     /// Walk `len` bytes starting at message `offset` over `sg_list`, calling `f` with each
     /// piece's span and the position of the piece in the caller's buffer.

@@ -83,6 +83,13 @@ impl Context {
             .map(|s| (s.max_wr, s.max_sge, s.limit))
             .ok_or(missing("no such SRQ"))
     }
+    /// The PD an SRQ was created in, whose regions its receive SGEs must name.
+    pub fn srq_pd(&self, srq: SrqId) -> Result<PdId> {
+        self.srqs
+            .get(srq)
+            .map(|s| s.pd)
+            .ok_or(missing("no such SRQ"))
+    }
     /// Destroy an SRQ; EBUSY while QPs use it.
     pub fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
         if !self.srqs.contains(srq) {

@@ -251,8 +251,9 @@ fn server(a: &Args) -> Res<()> {
     let rbuf = pd
         .register(recvs * max_len, Access::LOCAL_WRITE)
         .map_err(e("register the receive buffers"))?;
+    // The server only receives: one send WR, and every receive the CQ has room for.
     let qp = pd
-        .create_qp(&QpInit::new(QpType::Rc, &cq))
+        .create_qp(&QpInit::new(QpType::Rc, &cq).depth(1, recvs as u32))
         .map_err(e("create qp"))?;
     let psn = std::process::id() & 0xFF_FFFF;
     let mut msg = qp.local(psn).to_bytes().to_vec();
@@ -262,11 +263,11 @@ fn server(a: &Args) -> Res<()> {
     qp.connect_with(&h.qp, psn, remote | Access::REMOTE_ATOMIC, &path(a)?)
         .map_err(e("connect"))?;
     for i in 0..recvs {
-        qp.post_recv(wr::recv(
-            i as u64,
-            [rbuf.sge(i * max_len..(i + 1) * max_len)],
-        ))
-        .map_err(e("post recv"))?;
+        let sge = rbuf
+            .sge(i * max_len..(i + 1) * max_len)
+            .map_err(e("a receive buffer"))?;
+        qp.post_recv(wr::recv(i as u64, [sge]))
+            .map_err(e("post recv"))?;
     }
     s.write_all(b"r").map_err(e("ready"))?;
     println!(
@@ -390,11 +391,11 @@ fn serve(
             if let Some(m) = pattern::mismatch(seed, op, &data[..len], len) {
                 return Err(format!("receive {k} (SEND op {op}): {m}"));
             }
-            qp.post_recv(wr::recv(
-                slot as u64,
-                [rbuf.sge(slot * max_len..(slot + 1) * max_len)],
-            ))
-            .map_err(e("post recv"))?;
+            let sge = rbuf
+                .sge(slot * max_len..(slot + 1) * max_len)
+                .map_err(e("a receive buffer"))?;
+            qp.post_recv(wr::recv(slot as u64, [sge]))
+                .map_err(e("post recv"))?;
             k += 1;
         }
     }
@@ -484,11 +485,23 @@ impl Client<'_> {
                 self.counts[1] += 1;
                 vec![
                     (
-                        wr::write(op, [self.data.sge(src..src + len)], &self.target, at),
+                        wr::write(
+                            op,
+                            [self.data.sge(src..src + len).map_err(e("a buffer range"))?],
+                            &self.target,
+                            at,
+                        )
+                        .map_err(e("a target range"))?,
                         Want::Write,
                     ),
                     (
-                        wr::read(op + 1, [self.data.sge(dst..dst + len)], &self.target, at),
+                        wr::read(
+                            op + 1,
+                            [self.data.sge(dst..dst + len).map_err(e("a buffer range"))?],
+                            &self.target,
+                            at,
+                        )
+                        .map_err(e("a target range"))?,
                         Want::Read {
                             of: op,
                             len,
@@ -502,7 +515,7 @@ impl Client<'_> {
                 self.data
                     .write(src, &pattern::pattern(self.seed, op, len))
                     .map_err(e("fill a buffer"))?;
-                let sg = [self.data.sge(src..src + len)];
+                let sg = [self.data.sge(src..src + len).map_err(e("a buffer range"))?];
                 self.counts[2] += 1;
                 let w = if imm {
                     wr::send_with_imm(op, sg, op as u32)
@@ -520,7 +533,14 @@ impl Client<'_> {
                 self.adds += 1;
                 self.counts[3] += 1;
                 vec![(
-                    wr::fetch_add(op, self.res.sge(at..at + 8), &self.counters, 0, 1),
+                    wr::fetch_add(
+                        op,
+                        self.res.sge(at..at + 8).map_err(e("a result range"))?,
+                        &self.counters,
+                        0,
+                        1,
+                    )
+                    .map_err(e("a counter"))?,
                     Want::FetchAdd { old, at },
                 )]
             }
@@ -535,12 +555,13 @@ impl Client<'_> {
                 vec![(
                     wr::compare_swap(
                         op,
-                        self.res.sge(at..at + 8),
+                        self.res.sge(at..at + 8).map_err(e("a result range"))?,
                         &self.counters,
                         8,
                         old,
                         old + 1,
-                    ),
+                    )
+                    .map_err(e("a counter"))?,
                     Want::CompareSwap { old, at },
                 )]
             }
@@ -632,8 +653,9 @@ fn client(a: &Args, host: &str) -> Res<()> {
     let res = pd
         .register(depth * 8, Access::LOCAL_WRITE)
         .map_err(e("register results"))?;
+    // The client only sends, up to `depth` WRs in flight.
     let qp = pd
-        .create_qp(&QpInit::new(QpType::Rc, &cq))
+        .create_qp(&QpInit::new(QpType::Rc, &cq).depth(depth as u32, 1))
         .map_err(e("create qp"))?;
     let psn = (std::process::id().wrapping_mul(7)) & 0xFF_FFFF;
     let hello = Hello {
