@@ -151,7 +151,9 @@ pub(crate) fn send(qp: &mut QpCtx, env: &mut Nic) {
 
 /// Responder: packet `p` was just held. A SACK goes out when one of the
 /// [`DUP_THRESH`] packets before it is missing: the first shows a new hole, the last
-/// makes the requester resend it (so a hole costs at most that many SACKs).
+/// makes the requester resend it (so a hole costs at most that many SACKs). One goes out
+/// too when `p` fills a hole below held packets: a resend arrived, and the requester
+/// learns from it whether a resend it made earlier was lost (see [`on_sack`]).
 pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32) {
     if !qp.resp.sack_peer {
         return;
@@ -161,14 +163,16 @@ pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32) {
         let q = psn::sub(p, k);
         !psn::lt(q, e) && !qp.resp.held.contains(q)
     });
-    if hole_near {
+    if hole_near || qp.resp.held.contains(psn::add(p, 1)) {
         send(qp, env);
     }
 }
 
 /// Requester: a SACK from the peer saying it expects `e` and holds `bits` past it.
 /// Resends every packet it shows missing below the highest held one (see
-/// [`DUP_THRESH`]), each at most once per round trip.
+/// [`DUP_THRESH`]), each at most once per round trip, unless a resend made after it
+/// has arrived: the path keeps order, so that one was lost again (RACK's rule), and it
+/// is resent at once instead of after the round-trip timer.
 pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: SackBitmap) {
     if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
         return;
@@ -215,6 +219,18 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
     }
     // Nothing sent after the highest held packet: no later packet will show its holes.
     let tail = psn::add(e, top + 1) == high;
+    // When the newest resend that the peer now holds was made.
+    let newest_arrived = qp
+        .req
+        .sack
+        .resent
+        .iter()
+        .filter(|&(&q, _)| {
+            let d = psn::diff(q, e);
+            d > 0 && bits.get(d as u32)
+        })
+        .map(|(_, &t)| t)
+        .max();
     let mut resent = 0;
     let mut first = None;
     for d in 0..top {
@@ -228,7 +244,11 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
             break;
         }
         let q = psn::add(e, d);
-        if recently_resent(qp, q, now) {
+        let overtaken = match (qp.req.sack.resent.get(&q), newest_arrived) {
+            (Some(&t), Some(n)) => t < n,
+            _ => false,
+        };
+        if !overtaken && recently_resent(qp, q, now) {
             continue;
         }
         if !requester::resend_one(qp, env, now, q) {
