@@ -363,6 +363,7 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
         "selective repeat"
     );
     qp.req.sr_hole = Some(k);
+    qp.req.sr_from_nak = cut;
     qp.req.sack.resent.insert(k, now);
     if cut {
         qp.req.cc.on_loss_of(k, high);
@@ -397,14 +398,15 @@ fn sr_answered(qp: &mut QpCtx, now: u64, p: u32, nak: bool) -> bool {
         qp.req.cc.on_rtt(now.saturating_sub(qp.req.sr_sent_at));
     }
     let next = psn::add(k, 1);
+    let learn = qp.req.sr_from_nak;
     if !nak && p == k && psn::lt(next, qp.req.high_psn) {
-        if qp.req.peer_holds != Some(true) {
+        if learn && qp.req.peer_holds != Some(true) {
             qp.req.peer_holds = Some(false);
             qp.req.sr_probe_in = crate::qp::SR_RETRY_AFTER;
         }
         return true;
     }
-    if !nak || p != next {
+    if learn && (!nak || p != next) {
         qp.req.peer_holds = Some(true);
     }
     false
@@ -801,8 +803,10 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             let oldest = qp.oldest_unacked();
             // A peer that holds packets past a gap most likely lost only the oldest one
             // (or its answer): resend that alone. The answer says whether more is
-            // missing (see `sr_answered`).
-            let holds = qp.req.peer_holds == Some(true) && !qp.req.retrying;
+            // missing (see `sr_answered`). So does it from a peer not known yet: the
+            // expiry may be spurious (a round trip stretched by scheduling), and a
+            // go-back-N would resend a whole window the peer has.
+            let holds = qp.req.peer_holds != Some(false) && !qp.req.retrying;
             if let Some(k) = oldest.filter(|_| holds) {
                 // The timer's expiry is the evidence that the last resend was lost too.
                 qp.req.sr_hole = None;

@@ -160,6 +160,10 @@ pub(crate) struct ReqState {
     pub sr_hole: Option<u32>,
     /// When the hole was resent.
     pub sr_sent_at: u64,
+    /// The hole was named by a sequence NAK, so the answer to its resend tells whether
+    /// the peer holds what follows a gap. A resend by the round-trip timer teaches
+    /// nothing: the packets after it may simply have arrived in order.
+    pub sr_from_nak: bool,
     /// Whether the peer holds packets past a gap: unknown until a selective resend is
     /// answered, then `Some(false)` (an IBTA responder, rxe: go back N at once) or
     /// `Some(true)` (a softrdma responder).

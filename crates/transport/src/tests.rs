@@ -1785,3 +1785,118 @@ fn the_round_trip_timer_still_fires_between_local_ack_timeouts() {
     assert_eq!(s.timeouts, 1, "one local ACK timeout, the only retry");
     assert!(s.rtt_timeouts >= 3);
 }
+
+/// RACK's rule on SACKs: a hole resent, then a later hole resent, and a SACK showing the
+/// later resend arrived but not the earlier: the earlier resend was lost, and the hole is
+/// resent again at once, though a round trip has not passed since its first resend.
+#[test]
+fn a_resend_overtaken_by_a_later_one_is_resent_again() {
+    use wire::ext::{Ext, SackBitmap, SACK};
+    let cfg = Cfg::default();
+    let (mut a, b) = pair(QpType::Rc, &cfg);
+    let data = pattern(8 * 1024, 5);
+    a.write(0, &data);
+    let op = SendOp::Write {
+        remote_addr: b.base,
+        rkey: b.rkey,
+    };
+    a.send(0, 1, op, vec![a.sge(0, data.len())]).unwrap();
+    while a.nic.poll_transmit(0).is_some() {}
+    let b_port = wire::udp_src_port(b.qpn);
+    a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(b_port);
+    let (a_qpn, b_ip, a_addr) = (a.qpn, b.nic.addr().ip(), a.nic.addr());
+    let p = cfg.psn_a;
+    let mut sack = |a: &mut Node, now: u64, held: &[u32]| -> Vec<u32> {
+        let mut bits = SackBitmap::default();
+        for &d in held {
+            bits.set(d);
+        }
+        let m = Ext::Sack(wire::Bth::new(SACK, a_qpn, p), bits);
+        let mut buf = vec![0; m.len()];
+        m.emit(&mut buf).unwrap();
+        let src = SocketAddr::new(b_ip, b_port);
+        wire::icrc::seal(&wire::Addrs::new(src, a_addr), &mut buf);
+        a.nic.handle_datagram(now, src, a_addr, &buf);
+        let mut resent = Vec::new();
+        while let Some(t) = a.nic.poll_transmit(now) {
+            resent.push(wire::Headers::parse(&t.data).unwrap().0.bth.psn);
+        }
+        resent
+    };
+    // The first packet is missing, three after it held: resend it.
+    assert_eq!(sack(&mut a, 0, &[1, 2, 3]), vec![p]);
+    // A second hole at p + 4: resent; the first, resent 10 µs ago, is not.
+    assert_eq!(
+        sack(&mut a, 10_000, &[1, 2, 3, 5, 6, 7]),
+        vec![wire::psn::add(p, 4)]
+    );
+    // The second resend arrived, the first did not: resent again.
+    assert_eq!(sack(&mut a, 20_000, &[1, 2, 3, 4, 5, 6, 7]), vec![p]);
+    // The same SACK again: nothing newer arrived since, the guard holds.
+    assert_eq!(
+        sack(&mut a, 30_000, &[1, 2, 3, 4, 5, 6, 7]),
+        Vec::<u32>::new()
+    );
+    assert_eq!(a.nic.stats().sack_resends, 3);
+    assert!(a.wcs().is_empty(), "a SACK completes nothing");
+}
+
+/// The round-trip timer expiring while nothing was lost (the round trip stretched, as a
+/// descheduled peer makes it) toward a peer not known to hold: only the oldest packet is
+/// resent, not the whole window, and nothing is learnt about the peer.
+#[test]
+fn a_spurious_round_trip_timeout_resends_only_the_oldest() {
+    use std::collections::HashMap;
+    let cfg = Cfg::default();
+    let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    let mut now = 0;
+    let (b_base, b_rkey) = (b.base, b.rkey);
+    let op = move || SendOp::Write {
+        remote_addr: b_base,
+        rkey: b_rkey,
+    };
+    // A first WRITE over a fast link measures the round trip (tens of µs).
+    a.write(0, &pattern(4096, 1));
+    a.send(now, 1, op(), vec![a.sge(0, 4096)]).unwrap();
+    let fast = Faults {
+        delay_ns: 10_000,
+        ..Faults::default()
+    };
+    run(&mut a, &mut b, &mut now, Network::new(0, fast), |_, _| {
+        false
+    });
+    assert_eq!(a.wcs().len(), 1);
+    // The second crosses a link a hundred times slower: the timer fires, more than once.
+    let data = pattern(32 * 1024, 2);
+    a.write(0, &data);
+    a.send(now, 2, op(), vec![a.sge(0, data.len())]).unwrap();
+    let slow = Faults {
+        delay_ns: 1_000_000,
+        ..Faults::default()
+    };
+    let mut sent: HashMap<u32, u32> = HashMap::new();
+    run(
+        &mut a,
+        &mut b,
+        &mut now,
+        Network::new(0, slow),
+        |from_a, t| {
+            if from_a {
+                if let Ok((h, _)) = wire::Headers::parse(&t.data) {
+                    *sent.entry(h.bth.psn).or_default() += 1;
+                }
+            }
+            false
+        },
+    );
+    assert_eq!(b.read(0, data.len()), data);
+    let w = a.wcs();
+    assert_eq!((w.len(), w[0].status), (1, WcStatus::Success));
+    let s = a.nic.stats();
+    assert!(s.rtt_timeouts >= 2, "{s:?}");
+    let first = wire::psn::add(cfg.psn_a, 4);
+    let resent: Vec<(u32, u32)> = sent.into_iter().filter(|&(_, n)| n > 1).collect();
+    assert_eq!(resent.len(), 1, "only one PSN resent: {resent:?}");
+    assert_eq!(resent[0].0, first);
+    assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, None, "nothing learnt");
+}
