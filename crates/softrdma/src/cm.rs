@@ -55,7 +55,7 @@ use crate::error::Rejection;
 use crate::{Device, Error, ErrorKind, ProtectionDomain, QpInit, QueuePair, Result};
 
 pub use softrdma_cm::cma::{
-    ConnParam, EventType, IdOption, IdState, Timeouts, UdParam, MAX_ACCEPT_PRIVATE,
+    CmaError, ConnParam, EventType, IdOption, IdState, Timeouts, UdParam, MAX_ACCEPT_PRIVATE,
     MAX_CONNECT_PRIVATE, MAX_REJECT_PRIVATE, MAX_UD_ACCEPT_PRIVATE, MAX_UD_CONNECT_PRIVATE,
     UDP_QKEY,
 };

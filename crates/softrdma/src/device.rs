@@ -15,7 +15,9 @@ use crate::mr::{DeviceMemory, DmInner};
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::{Error, Result};
 
-pub use dev::{DeviceAddr, DeviceConfig, DeviceStats, DriverStats, LinkStats};
+pub use dev::{
+    DeviceAddr, DeviceConfig, DeviceEntry, DeviceStats, DriverStats, EngineStats, LinkStats,
+};
 
 /// A configured device, as listed by [`devices`] without opening it.
 #[derive(Debug, Clone, PartialEq, Eq)]

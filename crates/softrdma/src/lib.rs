@@ -51,16 +51,18 @@ pub mod wr;
 pub use ah::{ah_attr, AddressHandle};
 pub use cq::{CompletionChannel, CompletionQueue, PollIter};
 pub use device::{
-    devices, Device, DeviceAddr, DeviceConfig, DeviceInfo, DeviceStats, DriverStats, LinkStats,
+    devices, Device, DeviceAddr, DeviceConfig, DeviceEntry, DeviceInfo, DeviceStats, DriverStats,
+    EngineStats, LinkStats,
 };
-pub use error::{Error, ErrorKind, Rejection, Result};
+pub use error::{ConfigError, Error, ErrorKind, Rejection, Result};
 pub use mr::{DeviceMemory, MemoryRegion, MemoryWindow, MrBuffer, RemoteMemory};
 pub use pd::ProtectionDomain;
 pub use qp::{PathOptions, QpInit, QueuePair, RemoteQp, SharedReceiveQueue, DEFAULT_QKEY};
 pub use softrdma_device::statsfile;
 pub use softrdma_transport::verbs;
 pub use softrdma_transport::verbs::{
-    Access, AhAttr, AsyncEvent, CqId, DeviceAttr, Gid, GlobalRoute, Mtu, MwBind, PortAttr, QpAttr,
-    QpAttrMask, QpCap, QpState, QpType, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
-    WcDetail, WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    Access, AhAttr, AhId, AsyncEvent, ChannelId, CqId, DeviceAttr, Gid, GlobalRoute, Mtu, MwBind,
+    MwId, PdId, PortAttr, QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn, RecvWr, SendFlags,
+    SendOp, SendWr, Sge, SrqId, UdDest, WcDetail, WcError, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion,
 };
