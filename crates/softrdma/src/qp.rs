@@ -569,6 +569,46 @@ impl Drop for SrqInner {
 }
 
 /// A shared receive queue. Cheap to clone (shared); QPs using it keep it alive.
+///
+/// QPs created with it ([`QpInit::srq`]) take their receives from it, in the order
+/// posted, instead of from queues of their own (their own [`QueuePair::post_recv`] is
+/// refused), so a server with many connections keeps one pool of receive buffers.
+///
+/// ```
+/// use std::time::Duration;
+/// use softrdma::{wr, Access, Device, QpInit, QpType};
+/// # fn main() -> softrdma::Result<()> {
+/// let dev = Device::open_default()?;
+/// let pd = dev.alloc_pd()?;
+/// let srq = pd.create_srq(16, 1)?;
+/// // The server's CQ holds the SRQ's 16 receives (counted once) and 1 send per QP.
+/// let server_cq = dev.create_cq(18, None)?;
+/// let server_init = QpInit {
+///     srq: Some(&srq),
+///     ..QpInit::new(QpType::Rc, &server_cq).depth(1, 1)
+/// };
+/// let client_cq = dev.create_cq(16, None)?;
+/// let client_init = QpInit::new(QpType::Rc, &client_cq).depth(4, 1);
+/// let mem = pd.register(4096, Access::LOCAL_WRITE)?;
+/// for i in 0..2u64 {
+///     let at = 64 * i as usize;
+///     srq.post_recv(wr::recv(i, [mem.sge(at..at + 64)?]))?;
+/// }
+/// let mut pairs = Vec::new();
+/// for _ in 0..2 {
+///     let (s, c) = (pd.create_qp(&server_init)?, pd.create_qp(&client_init)?);
+///     s.connect(&c.local(0), 0, Access::empty())?;
+///     c.connect(&s.local(0), 0, Access::empty())?;
+///     pairs.push((s, c));
+/// }
+/// for (_, c) in &pairs {
+///     c.post_send(wr::send(9, [mem.sge(1024..1032)?]))?;
+/// }
+/// let wcs = server_cq.wait_n(2, Duration::from_secs(5))?;
+/// assert_ne!(wcs[0].qp_num, wcs[1].qp_num); // one receive from the pool each
+/// assert!(srq.is_empty()?);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct SharedReceiveQueue {
     inner: Arc<SrqInner>,
