@@ -245,7 +245,9 @@ impl Device {
     }
 
     /// Create a completion queue of at least `cqe` entries, optionally reporting events
-    /// to `channel`.
+    /// to `channel`. Size it for the work queues that will report into it: QPs that
+    /// could overflow it are refused ([`ProtectionDomain::create_qp`]), and what an
+    /// overflow does is on [`CompletionQueue`].
     pub fn create_cq(
         &self,
         cqe: u32,

@@ -341,7 +341,11 @@ impl QueuePair {
     pub fn cap(&self) -> QpCap {
         self.cap
     }
-    /// What the peer needs to connect to this QP, given the PSN we will send with.
+    /// What the peer needs to connect to this QP, given the PSN we will send with: the
+    /// same `psn` this side then passes to [`QueuePair::connect`] (or
+    /// [`QueuePair::to_rts`]) as its own. A mismatch is not detected at either call: the
+    /// peer takes none of our packets, and our requests end in RETRY_EXC_ERR once the
+    /// retries run out.
     pub fn local(&self, psn: u32) -> RemoteQp {
         RemoteQp {
             gid: self.pd.dev.gid(),
@@ -351,6 +355,10 @@ impl QueuePair {
     }
 
     /// Post a send work request. The requester runs now, in this thread.
+    ///
+    /// The QP must be in RTS (or SQD/SQE, where the request waits): before, it is
+    /// [`ErrorKind::QpState`]; in ERR the request is accepted and completes at once with
+    /// WR_FLUSH_ERR (see the table on [`QueuePair`]).
     ///
     /// Before anything is queued, every SGE must lie inside a live region of this QP's
     /// PD that grants the access the operation needs (LOCAL_WRITE where the device writes
@@ -388,6 +396,11 @@ impl QueuePair {
     }
     /// Post a receive work request, its SGEs checked as [`QueuePair::post_send`] checks
     /// them (the device writes them: LOCAL_WRITE).
+    ///
+    /// Accepted in every state but RESET ([`ErrorKind::QpState`]): from INIT on, so that
+    /// receives are in place before the peer sends; in ERR it completes at once with
+    /// WR_FLUSH_ERR. A QP created with an SRQ takes its receives from there instead,
+    /// and posting here is refused.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let qpn = self.qpn;
         self.pd.dev.call(|r, now| {
