@@ -221,13 +221,13 @@ pub struct DeviceConfig {
     pub spin: Duration,
     /// Write every datagram sent and received to this pcap file.
     pub pcap: Option<PathBuf>,
-    /// Seed of the key generator ([`softrdma_wire::KeyRng`]) for reproducible runs; None:
-    /// 256 bits from the OS ([`crate::os_seed`]), as production wants.
+    /// Seed of the key generator (`KeyRng` of softrdma-wire) for reproducible runs; None:
+    /// 256 bits from the OS (`os_seed`), as production wants.
     pub seed: Option<u64>,
     /// Publish the device's counters for `softrdma stats` to a file in this directory
     /// while it is open ([`statsfile`]); None: don't.
     pub stats_dir: Option<PathBuf>,
-    /// Also serve the interface's address of the other IP version ([`crate::netdev::other_version`]:
+    /// Also serve the interface's address of the other IP version (`netdev::other_version`:
     /// `::1` beside 127.0.0.x), as GID index 1, when that address and port are free;
     /// `SOFTRDMA_DUAL_STACK=0` turns it off.
     pub dual_stack: bool,
@@ -253,7 +253,8 @@ impl DeviceConfig {
             dual_stack: dual_stack_wanted(),
         }
     }
-    /// The configuration of a configured device (see [`devices`]).
+    /// The configuration of a configured device: an entry of the device list that
+    /// `SOFTRDMA_ADDR`, `SOFTRDMA_CONFIG` or `/etc/softrdma.conf` gives.
     pub fn from_entry(e: &DeviceEntry) -> DeviceConfig {
         DeviceConfig::new(&e.name, e.addr)
     }

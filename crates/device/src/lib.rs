@@ -475,7 +475,7 @@ impl Device {
     /// `ibv_attach_mcast`: attach UD QP `qpn` to the multicast group `mgid` (the rules
     /// and errors are [`Rnic::attach_mcast`]'s; `mlid` is ignored on RoCE). When the group
     /// is new on this device, the device joins it on its interface before returning (see
-    /// [`mcast`](crate::mcast) for how, and why that needs no setup on one host); if the
+    /// the crate's `mcast` module for how, and why that needs no setup on one host); if the
     /// kernel refuses (an IPv6 group on an IPv4 device, say), the attachment is undone
     /// and the error returned (EINVAL, or ENOMEM when out of memberships).
     pub fn attach_mcast(&self, qpn: verbs::Qpn, mgid: Gid, mlid: u16) -> verbs::Result<()> {

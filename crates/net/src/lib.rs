@@ -7,6 +7,7 @@
 // `deny` rather than `forbid` so that the one module that must call the socket API
 // can opt out below; everything else stays free of `unsafe`.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod sim;
 #[cfg(target_os = "linux")]

@@ -105,7 +105,7 @@ pub struct InDatagram<'a> {
     pub data: &'a [u8],
 }
 
-/// Counters of what a [`Driver`] did.
+/// Counters of what a UDP driver (a device's socket, `Driver`) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Datagrams the kernel accepted (a GSO buffer counts each segment).
@@ -114,7 +114,7 @@ pub struct Stats {
     pub sent_batches: u64,
     /// Messages sent as one UDP GSO buffer of two or more datagrams.
     pub gso_batches: u64,
-    /// Datagrams handed out by [`Driver::recv_batch`] (after splitting GRO buffers).
+    /// Datagrams handed out by the driver's `recv_batch` (after splitting GRO buffers).
     pub recv_datagrams: u64,
     /// `recvmmsg` calls that returned at least one message.
     pub recv_batches: u64,

@@ -15,26 +15,50 @@
 //! - [`EventChannel`], [`CmId`] and [`Event`]: the rdma_cm calls and events one by one,
 //!   for programs that drive their own state machine (and poll the channel's fd).
 //!
-//! ```no_run
+//! A server and a client, here two devices and two threads of one process (usually two
+//! processes, or two hosts):
+//!
+//! ```
+//! use std::time::Duration;
 //! use softrdma::cm::{self, AcceptOptions, ConnectOptions, Listener};
-//! use softrdma::{Device, QpInit, QpType};
+//! use softrdma::{wr, Access, Device, QpInit, QpType};
 //! # fn main() -> softrdma::Result<()> {
-//! // Server: port 0 picks a free port.
+//! let t = Duration::from_secs(10);
+//! // Server: port 0 picks a free port; the wildcard address is found at 127.0.0.1.
+//! let dev = Device::open_default()?;
+//! let listener = Listener::bind(&dev, "0.0.0.0:0".parse().unwrap())?;
+//! let port = listener.local_addr().port();
+//! let server = std::thread::spawn(move || -> softrdma::Result<Vec<u8>> {
+//!     let pd = dev.alloc_pd()?;
+//!     let cq = dev.create_cq(128, None)?; // room for the QP's 64 + 64 WRs
+//!     let mem = pd.register(4096, Access::LOCAL_WRITE)?;
+//!     let init = QpInit::new(QpType::Rc, &cq);
+//!     // The `_with` variant runs the closure on the QP in INIT, before the client can
+//!     // send: the place to post receives.
+//!     let conn = listener.accept_with(&pd, &init, &AcceptOptions::new(b"welcome"), |qp| {
+//!         qp.post_recv(wr::recv(1, [mem.sge(0..64)?]))
+//!     })?;
+//!     assert_eq!(&conn.private_data()[..5], b"hello"); // the client's REQ
+//!     let wc = cq.wait(t)?;
+//!     wc.result()?;
+//!     conn.wait_disconnected(Some(t))?; // the client ends it
+//!     mem.to_vec(0, wc.byte_len as usize)
+//! });
+//!
+//! // Client: a connected RC QP in one call.
 //! let dev = Device::open_default()?;
 //! let pd = dev.alloc_pd()?;
-//! let cq = dev.create_cq(256, None)?; // room for two QPs of 64 + 64 WRs
-//! let listener = Listener::bind(&dev, "0.0.0.0:0".parse().unwrap())?;
-//! println!("listening on port {}", listener.local_addr().port());
-//! let conn = listener.accept(&pd, &QpInit::new(QpType::Rc, &cq), &AcceptOptions::new(b"welcome"))?;
-//! println!("client said {:?}", &conn.private_data()[..5]);
-//!
-//! // Client (another process): a connected RC QP.
-//! # let port = listener.local_addr().port();
-//! let opts = ConnectOptions::new(b"hello");
+//! let cq = dev.create_cq(128, None)?;
+//! let mem = pd.register(4096, Access::LOCAL_WRITE)?;
 //! let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+//! let opts = ConnectOptions::new(b"hello");
 //! let conn = cm::connect(&pd, &QpInit::new(QpType::Rc, &cq), addr, &opts)?;
-//! conn.qp(); // post work requests on it
+//! assert_eq!(&conn.private_data()[..7], b"welcome"); // the server's REP
+//! mem.write(0, b"over the CM")?;
+//! conn.qp().post_send(wr::send(2, [mem.sge(0..11)?]))?;
+//! cq.wait(t)?.result()?;
 //! conn.disconnect()?; // both sides see the connection close
+//! assert_eq!(server.join().unwrap()?, b"over the CM");
 //! # Ok(()) }
 //! ```
 
@@ -55,7 +79,7 @@ use crate::error::Rejection;
 use crate::{Device, Error, ErrorKind, ProtectionDomain, QpInit, QueuePair, Result};
 
 pub use softrdma_cm::cma::{
-    ConnParam, EventType, IdOption, IdState, Timeouts, UdParam, MAX_ACCEPT_PRIVATE,
+    CmaError, ConnParam, EventType, IdOption, IdState, Timeouts, UdParam, MAX_ACCEPT_PRIVATE,
     MAX_CONNECT_PRIVATE, MAX_REJECT_PRIVATE, MAX_UD_ACCEPT_PRIVATE, MAX_UD_CONNECT_PRIVATE,
     UDP_QKEY,
 };

@@ -28,6 +28,45 @@ impl Drop for ChanInner {
 
 /// A completion channel (`ibv_comp_channel`): its fd is readable while CQ events are
 /// pending, so it works with poll/epoll/async runtimes.
+///
+/// A CQ created with a channel ([`Device::create_cq`]) and armed with
+/// [`CompletionQueue::req_notify`] puts one event on the channel when its next
+/// completion arrives, then is disarmed. The usual loop: arm, wait for the event
+/// ([`CompletionChannel::wait`], or the fd becoming readable and
+/// [`CompletionChannel::try_get`]), acknowledge it, arm again, then poll the CQ empty
+/// (arming before polling, so that a completion arriving in between is not missed).
+/// Events not acknowledged are acknowledged when the CQ is dropped.
+///
+/// ```
+/// use std::time::Duration;
+/// use softrdma::{wr, Access, Device, QpInit, QpType};
+/// # fn main() -> softrdma::Result<()> {
+/// let t = Some(Duration::from_secs(5));
+/// let dev = Device::open_default()?;
+/// let pd = dev.alloc_pd()?;
+/// let ch = dev.create_channel()?;
+/// let cq = dev.create_cq(128, Some(&ch))?; // b's completions, with events
+/// let a_cq = dev.create_cq(128, None)?;
+/// let a = pd.create_qp(&QpInit::new(QpType::Rc, &a_cq))?;
+/// let b = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
+/// a.connect(&b.local(0), 0, Access::empty())?;
+/// b.connect(&a.local(0), 0, Access::empty())?;
+/// let mem = pd.register(4096, Access::LOCAL_WRITE)?;
+///
+/// cq.req_notify(false)?; // the next completion makes an event
+/// b.post_recv(wr::recv(1, [mem.sge(0..64)?]))?;
+/// a.post_send(wr::send(2, [mem.sge(100..110)?]))?;
+///
+/// // Block until the event (poll(2), epoll or an async runtime can watch
+/// // `ch.as_fd()` instead, then take the event with `try_get`).
+/// let which = ch.wait(t)?;
+/// assert_eq!(which, cq.id());
+/// ch.ack(&cq, 1)?;
+/// cq.req_notify(false)?; // arm again before polling
+/// let wc = cq.poll_one()?.expect("the event said a completion is there");
+/// assert_eq!((wc.wr_id, wc.byte_len), (1, 10));
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct CompletionChannel {
     pub(crate) inner: Arc<ChanInner>,
@@ -215,6 +254,53 @@ impl Drop for CqInner {
 }
 
 /// A completion queue. Cheap to clone (shared).
+///
+/// Every receive ends in one [`WorkCompletion`] here, and so does every send posted
+/// SIGNALED (all those [`crate::wr`] builds are) or on a QP created with `sq_sig_all`;
+/// an unsignaled send completes only if it fails. [`WorkCompletion::result`] turns a
+/// failed completion into an error with its status and detail. Take them oldest first, without
+/// waiting ([`CompletionQueue::poll`], [`CompletionQueue::poll_one`],
+/// [`CompletionQueue::poll_iter`]) or waiting ([`CompletionQueue::wait`],
+/// [`CompletionQueue::wait_n`]); to sleep on a file descriptor instead, give the CQ a
+/// [`CompletionChannel`].
+///
+/// # Overflow
+///
+/// A CQ holds [`CompletionQueue::capacity`] completions. One more arriving before the
+/// program polls overflows it, as on a NIC: that completion is lost, the CQ is in error
+/// for good (every later poll and wait, and the last item of
+/// [`CompletionQueue::poll_iter`], is an error of kind [`ErrorKind::CqOverflow`]) and the
+/// device queues an [`AsyncEvent::CqErr`](crate::AsyncEvent::CqErr). Size a CQ for the
+/// queues reporting into it: [`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp)
+/// refuses a QP whose queues it could not hold.
+///
+/// ```
+/// use std::time::Duration;
+/// use softrdma::{wr, Access, Device, QpInit, QpType, WcStatus};
+/// # fn main() -> softrdma::Result<()> {
+/// let dev = Device::open_default()?;
+/// let pd = dev.alloc_pd()?;
+/// let cq = dev.create_cq(16, None)?;
+/// let mem = pd.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+/// // Two QPs connected to each other, both reporting here (4 + 4 WRs each).
+/// let init = QpInit::new(QpType::Rc, &cq).depth(4, 4);
+/// let (a, b) = (pd.create_qp(&init)?, pd.create_qp(&init)?);
+/// a.connect(&b.local(1), 1, Access::REMOTE_WRITE)?;
+/// b.connect(&a.local(1), 1, Access::REMOTE_WRITE)?;
+///
+/// for i in 0..4 {
+///     a.post_send(wr::write(i, [mem.sge(0..64)?], &mem.remote(), 1024 + 64 * i)?)?;
+/// }
+/// // Wait for all four, or poll in a loop of the program's own.
+/// let wcs = cq.wait_n(4, Duration::from_secs(5))?;
+/// assert!(wcs.iter().all(|wc| wc.status == WcStatus::Success && wc.qp_num == a.qpn()));
+/// // Nothing more: poll and poll_iter return at once.
+/// assert!(cq.poll_one()?.is_none());
+/// for wc in cq.poll_iter() {
+///     wc?.result()?; // an Err item means the CQ overflowed
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,

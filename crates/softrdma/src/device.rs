@@ -15,7 +15,9 @@ use crate::mr::{DeviceMemory, DmInner};
 use crate::pd::{PdInner, ProtectionDomain};
 use crate::{Error, Result};
 
-pub use dev::{DeviceAddr, DeviceConfig, DeviceStats, DriverStats, LinkStats};
+pub use dev::{
+    DeviceAddr, DeviceConfig, DeviceEntry, DeviceStats, DriverStats, EngineStats, LinkStats,
+};
 
 /// A configured device, as listed by [`devices`] without opening it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +61,31 @@ pub(crate) struct DevInner {
 
 /// An open RDMA device: one UDP endpoint with its own protocol engine and progress thread.
 /// Cheap to clone (shared); every object made from it keeps it open.
+///
+/// [`Device::open_default`] opens the first configured device ([`devices`]); with no
+/// configuration that is `softrdma0` at the first free 127.0.0.x, UDP port 4791, so that
+/// the processes of one host each get an address of their own. Every open is a new device
+/// with its own address, so one process may open several, for example both ends of a
+/// connection in a test. Everything else is made from a device: protection domains
+/// ([`Device::alloc_pd`]), completion queues and channels, device memory.
+///
+/// ```
+/// use softrdma::{Device, DeviceAddr, DeviceConfig, Mtu};
+/// # fn main() -> softrdma::Result<()> {
+/// let dev = Device::open_default()?;
+/// println!("{} at {}, GID {:?}", dev.name(), dev.addr(), dev.gid().to_ip());
+/// let port = dev.query_port(1)?;
+/// assert_eq!(port.max_mtu, Mtu::Mtu4096);
+///
+/// // A second device in the same process, at another loopback address.
+/// let other = Device::open_with(&DeviceConfig::new("peer", DeviceAddr::AutoLoopback(4791)))?;
+/// assert_ne!(other.addr(), dev.addr());
+///
+/// // Async events (a CQ overflow, a QP's fatal error, ...) queue up on the device: take
+/// // them here, or watch `dev.as_fd()` in an event loop.
+/// assert!(dev.next_async_event().is_none());
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Device {
     pub(crate) inner: Arc<DevInner>,
@@ -218,7 +245,9 @@ impl Device {
     }
 
     /// Create a completion queue of at least `cqe` entries, optionally reporting events
-    /// to `channel`.
+    /// to `channel`. Size it for the work queues that will report into it: QPs that
+    /// could overflow it are refused ([`ProtectionDomain::create_qp`]), and what an
+    /// overflow does is on [`CompletionQueue`].
     pub fn create_cq(
         &self,
         cqe: u32,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use softrdma_transport::verbs;
 
+pub use softrdma_device::config::ConfigError;
 pub use softrdma_transport::verbs::ErrorKind;
 
 /// An error from a softrdma call: what kind of failure it is ([`Error::kind`]), the errno a

@@ -1,23 +1,67 @@
 //! softrdma: RDMA verbs over RoCEv2 in user space — the Rust API.
 //!
 //! Every process is its own NIC: a [`Device`] is one UDP endpoint (port 4791) with its own
-//! protocol engine and progress thread. The objects follow the verbs model:
+//! protocol engine and progress thread, so nothing here needs an RDMA NIC, a kernel module
+//! or root. The objects follow the verbs model of libibverbs, and a softrdma device speaks
+//! RoCEv2 on the wire, so its peer may be another softrdma process, a C verbs program on
+//! softrdma's drop-in `libibverbs.so.1`, or Linux Soft-RoCE.
 //!
-//! ```no_run
-//! use softrdma::{wr, Access, Device, QpInit, QpType};
+//! The whole flow on one device, two RC queue pairs connected to each other (between two
+//! processes, each side does its half and they exchange [`RemoteQp`] and [`RemoteMemory`]
+//! over a socket of their own, or connect through the connection manager, [`cm`]):
+//!
+//! ```
+//! use std::time::Duration;
+//! use softrdma::{wr, Access, Device, QpInit, QpType, WcOpcode};
 //! # fn main() -> softrdma::Result<()> {
+//! let t = Duration::from_secs(5);
+//! // With no configuration, the default device takes the first free 127.0.0.x:4791.
 //! let dev = Device::open_default()?;
 //! let pd = dev.alloc_pd()?;
-//! let cq = dev.create_cq(128, None)?; // room for the QP's 64 send and 64 receive WRs
-//! let mr = pd.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
-//! let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
-//! // exchange qp.local(psn) and mr.remote() with the peer, then:
-//! # let peer = qp.local(0);
-//! qp.connect(&peer, 0, Access::REMOTE_WRITE)?;
-//! qp.post_send(wr::send(1, [mr.sge(0..64)?]))?;
-//! let wc = cq.wait(std::time::Duration::from_secs(5))?;
+//! let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+//!
+//! // Each side: a CQ with room for its QP's 64 send and 64 receive WRs, a QP, memory.
+//! let (a_cq, b_cq) = (dev.create_cq(128, None)?, dev.create_cq(128, None)?);
+//! let a = pd.create_qp(&QpInit::new(QpType::Rc, &a_cq))?;
+//! let b = pd.create_qp(&QpInit::new(QpType::Rc, &b_cq))?;
+//! let a_mem = pd.register(4096, access)?;
+//! let b_mem = pd.register(4096, access)?;
+//!
+//! // Connect: each QP is told the other's GID, QP number and first PSN.
+//! let (a_psn, b_psn) = (100, 2000);
+//! a.connect(&b.local(b_psn), a_psn, access)?;
+//! b.connect(&a.local(a_psn), b_psn, access)?;
+//!
+//! // SEND / RECV: the receiver posts a buffer first.
+//! b.post_recv(wr::recv(1, [b_mem.sge(0..64)?]))?;
+//! a_mem.write(0, b"hello")?;
+//! a.post_send(wr::send(2, [a_mem.sge(0..5)?]))?;
+//! let wc = a_cq.wait(t)?;
+//! wc.result()?; // a failed work request as an Error (status and detail)
+//! assert_eq!(wc.opcode, WcOpcode::Send);
+//! let wc = b_cq.wait(t)?;
+//! wc.result()?;
+//! assert_eq!((wc.wr_id, wc.byte_len), (1, 5));
+//! assert_eq!(b_mem.to_vec(0, 5)?, b"hello");
+//!
+//! // RDMA WRITE into b's memory and READ it back: one-sided, b posts nothing.
+//! a_mem.write(100, b"written")?;
+//! a.post_send(wr::write(3, [a_mem.sge(100..107)?], &b_mem.remote(), 1000)?)?;
+//! a_cq.wait(t)?.result()?;
+//! assert_eq!(b_mem.to_vec(1000, 7)?, b"written");
+//! a.post_send(wr::read(4, [a_mem.sge(200..207)?], &b_mem.remote(), 1000)?)?;
+//! let wc = a_cq.wait(t)?;
+//! assert_eq!((wc.wr_id, wc.opcode), (4, WcOpcode::RdmaRead));
+//! wc.result()?;
+//! assert_eq!(a_mem.to_vec(200, 7)?, b"written");
 //! # Ok(()) }
 //! ```
+//!
+//! Where to read on: [`Device`] (opening, attributes, async events), [`MemoryRegion`]
+//! (registration and what the device may do with the memory), [`QueuePair`] (states,
+//! connection, posting), [`wr`] (work requests, atomics), [`CompletionQueue`] (polling,
+//! waiting, overflow) and [`CompletionChannel`] (waiting for events on a file
+//! descriptor).
 //!
 //! Instead of exchanging `qp.local(psn)` over a side channel of its own, a program can
 //! connect through the connection manager as librdmacm programs do: see [`cm`].
@@ -51,16 +95,18 @@ pub mod wr;
 pub use ah::{ah_attr, AddressHandle};
 pub use cq::{CompletionChannel, CompletionQueue, PollIter};
 pub use device::{
-    devices, Device, DeviceAddr, DeviceConfig, DeviceInfo, DeviceStats, DriverStats, LinkStats,
+    devices, Device, DeviceAddr, DeviceConfig, DeviceEntry, DeviceInfo, DeviceStats, DriverStats,
+    EngineStats, LinkStats,
 };
-pub use error::{Error, ErrorKind, Rejection, Result};
+pub use error::{ConfigError, Error, ErrorKind, Rejection, Result};
 pub use mr::{DeviceMemory, MemoryRegion, MemoryWindow, MrBuffer, RemoteMemory};
 pub use pd::ProtectionDomain;
 pub use qp::{PathOptions, QpInit, QueuePair, RemoteQp, SharedReceiveQueue, DEFAULT_QKEY};
 pub use softrdma_device::statsfile;
 pub use softrdma_transport::verbs;
 pub use softrdma_transport::verbs::{
-    Access, AhAttr, AsyncEvent, CqId, DeviceAttr, Gid, GlobalRoute, Mtu, MwBind, PortAttr, QpAttr,
-    QpAttrMask, QpCap, QpState, QpType, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
-    WcDetail, WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    Access, AhAttr, AhId, AsyncEvent, ChannelId, CqId, DeviceAttr, Gid, GlobalRoute, Mtu, MwBind,
+    MwId, PdId, PortAttr, QpAttr, QpAttrMask, QpCap, QpState, QpType, Qpn, RecvWr, SendFlags,
+    SendOp, SendWr, Sge, SrqId, UdDest, WcDetail, WcError, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion,
 };

@@ -153,6 +153,48 @@ enum Backing {
 /// A registered memory region. The device reads and writes it asynchronously (as a NIC
 /// does by DMA); the API reaches its contents only by copying under the device's engine
 /// lock, so no Rust reference ever aliases a device write.
+///
+/// Work requests name it by scatter/gather elements ([`MemoryRegion::sge`], with its
+/// lkey); a peer names it by [`MemoryRegion::remote`] (address, rkey and length), which
+/// the program sends it. What a peer may do is what the region was registered with
+/// ([`Access`]) and what the QP grants.
+///
+/// ```
+/// use softrdma::{Access, Device, ErrorKind, RemoteMemory};
+/// # fn main() -> softrdma::Result<()> {
+/// let dev = Device::open_default()?;
+/// let pd = dev.alloc_pd()?;
+/// let mr = pd.register(4096, Access::LOCAL_WRITE | Access::REMOTE_READ)?;
+/// mr.write(0, b"hello")?; // copies in; `read`, `to_vec` copy out
+/// assert_eq!(mr.to_vec(0, 5)?, b"hello");
+///
+/// // For a local work request: an SGE over bytes 0..5 of the region.
+/// let sge = mr.sge(0..5)?;
+/// assert_eq!((sge.addr, sge.length, sge.lkey), (mr.addr(), 5, mr.lkey()));
+/// // Ranges are checked as slice indexing checks them, at the call.
+/// assert_eq!(mr.sge(4000..5000).unwrap_err().kind(), ErrorKind::OutOfBounds);
+///
+/// // For the peer: 20 bytes to send it over a socket of the program's own.
+/// let wire = mr.remote().to_bytes();
+/// assert_eq!(RemoteMemory::from_bytes(&wire), mr.remote());
+///
+/// // A registered Vec comes back when the region is deregistered.
+/// let owned = pd.register(vec![7u8; 16], Access::LOCAL_WRITE)?;
+/// assert_eq!(owned.into_vec()?, vec![7u8; 16]);
+/// # Ok(()) }
+/// ```
+///
+/// # Dropping
+///
+/// Dropping the region deregisters it at once, whatever is still outstanding, and only
+/// then frees an owned buffer, so the device never touches freed memory. Work that still
+/// needs the region fails instead: a work request of this side that names its lkey fails
+/// when the device next reads or writes it (LOC_PROT_ERR, detail
+/// [`WcDetail::UnknownLkey`](crate::WcDetail::UnknownLkey)) and moves this side's QP to
+/// ERROR; a peer's WRITE, READ or atomic on its rkey is refused with a NAK, which moves
+/// both QPs to ERROR (REM_ACCESS_ERR at the peer). Keep a region until the work requests that use it have completed and the peer
+/// is done with it. A region with a memory window bound to it cannot be deregistered:
+/// dropping it then leaks its buffer rather than free memory the device may still write.
 pub struct MemoryRegion {
     pd: Arc<PdInner>,
     info: MrInfo,
@@ -291,8 +333,10 @@ impl MemoryRegion {
     /// A range longer than 4 GiB, the most one SGE carries, is
     /// [`ErrorKind::InvalidArgument`].
     ///
-    /// ```no_run
-    /// # fn f(mr: &softrdma::MemoryRegion) -> softrdma::Result<()> {
+    /// ```
+    /// # fn main() -> softrdma::Result<()> {
+    /// # let dev = softrdma::Device::open_default()?;
+    /// # let mr = dev.alloc_pd()?.register(4096, softrdma::Access::LOCAL_WRITE)?;
     /// let head = mr.sge(..64)?;
     /// assert_eq!(head.length, 64);
     /// assert!(mr.sge(..mr.len() + 1).is_err());
@@ -371,7 +415,9 @@ impl MemoryRegion {
         self.read(offset, &mut v)?;
         Ok(v)
     }
-    /// Atomically read the native-endian u64 at `offset` (8-byte aligned address).
+    /// Atomically read the native-endian u64 at `offset` (8-byte aligned address): the
+    /// word a peer's atomic works on, or the old value an atomic of this side wrote here
+    /// (both in host byte order). [`ErrorKind::Misaligned`] for an unaligned address.
     pub fn read_u64(&self, offset: usize) -> Result<u64> {
         self.span(offset, 8, |s| s.fetch_add(0, 0), misaligned_or_gone)
     }

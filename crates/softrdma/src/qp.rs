@@ -147,6 +147,22 @@ impl ProtectionDomain {
     /// accepts it, and the overflow later loses completions and breaks the CQ. The rule
     /// bounds what completes between polls of a program that polls before reposting; one
     /// that keeps posting without polling can still overflow a CQ.
+    ///
+    /// ```
+    /// use softrdma::{Device, ErrorKind, QpInit, QpType};
+    /// # fn main() -> softrdma::Result<()> {
+    /// let dev = Device::open_default()?;
+    /// let pd = dev.alloc_pd()?;
+    /// let cq = dev.create_cq(32, None)?;
+    /// // 64 send and 64 receive WRs by default: more than the CQ holds.
+    /// # assert!(cq.capacity() < 128);
+    /// let e = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap_err();
+    /// assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    /// // Queues of 8 and 8 fit, twice.
+    /// let qp1 = pd.create_qp(&QpInit::new(QpType::Rc, &cq).depth(8, 8))?;
+    /// let qp2 = pd.create_qp(&QpInit::new(QpType::Rc, &cq).depth(8, 8))?;
+    /// # Ok(()) }
+    /// ```
     pub fn create_qp(&self, init: &QpInit<'_>) -> Result<QueuePair> {
         QueuePair::create(self, init)
     }
@@ -158,6 +174,63 @@ impl ProtectionDomain {
 }
 
 /// A queue pair. Dropping it destroys it; posted WRs vanish without completions.
+///
+/// A QP is created in RESET and connected by moving it INIT → RTR → RTS, in one call
+/// ([`QueuePair::connect`]) or step by step ([`QueuePair::to_init`],
+/// [`QueuePair::to_rtr`], [`QueuePair::to_rts`]). What it accepts in each state:
+///
+/// | state | [`post_recv`](QueuePair::post_recv) | [`post_send`](QueuePair::post_send) |
+/// |---|---|---|
+/// | RESET | refused, [`ErrorKind::QpState`] | refused, [`ErrorKind::QpState`] |
+/// | INIT, RTR | queued (messages arrive from RTR on) | refused, [`ErrorKind::QpState`] |
+/// | RTS | queued | queued and started at once |
+/// | SQD, SQE | queued | queued, started back in RTS |
+/// | ERR | accepted, completes at once with WR_FLUSH_ERR | the same |
+///
+/// A full queue is [`ErrorKind::QueueFull`] in every state. Receives can be posted from
+/// INIT on, so a program can have them in place before the peer sends; one posted after
+/// [`QueuePair::connect`] works too, since a SEND that finds no receive is retried
+/// (RNR, forever with the default [`PathOptions`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use softrdma::{wr, Access, Device, ErrorKind, QpInit, QpState, QpType};
+/// # fn main() -> softrdma::Result<()> {
+/// let t = Duration::from_secs(5);
+/// let dev = Device::open_default()?;
+/// let pd = dev.alloc_pd()?;
+/// let (a_cq, b_cq) = (dev.create_cq(128, None)?, dev.create_cq(128, None)?);
+/// let a = pd.create_qp(&QpInit::new(QpType::Rc, &a_cq))?;
+/// let b = pd.create_qp(&QpInit::new(QpType::Rc, &b_cq))?;
+/// let mem = pd.register(4096, Access::LOCAL_WRITE)?;
+/// assert_eq!(b.state()?, QpState::Reset);
+/// let refused = b.post_recv(wr::recv(1, [mem.sge(0..64)?])).unwrap_err();
+/// assert_eq!(refused.kind(), ErrorKind::QpState);
+///
+/// // b step by step, with a receive posted in INIT; a in one call.
+/// b.to_init(Access::empty())?;
+/// b.post_recv(wr::recv(1, [mem.sge(0..64)?]))?;
+/// b.to_rtr(&a.local(7))?; // a sends from PSN 7
+/// b.to_rts(9)?; // b sends from PSN 9
+/// a.connect(&b.local(9), 7, Access::empty())?;
+///
+/// mem.write(100, b"ping")?;
+/// a.post_send(wr::send(2, [mem.sge(100..104)?]))?;
+/// a_cq.wait(t)?.result()?;
+/// assert_eq!(b_cq.wait(t)?.byte_len, 4);
+///
+/// // A QP in ERROR (or any state) is reset and connected again, both sides, new PSNs.
+/// a.to_error()?;
+/// a.reset()?;
+/// b.reset()?;
+/// a.connect(&b.local(500), 300, Access::empty())?;
+/// b.connect(&a.local(300), 500, Access::empty())?;
+/// b.post_recv(wr::recv(3, [mem.sge(0..64)?]))?;
+/// a.post_send(wr::send(4, [mem.sge(100..104)?]))?;
+/// a_cq.wait(t)?.result()?;
+/// assert_eq!(b_cq.wait(t)?.wr_id, 3);
+/// # Ok(()) }
+/// ```
 pub struct QueuePair {
     pd: Arc<PdInner>,
     _send_cq: Arc<CqInner>,
@@ -268,7 +341,11 @@ impl QueuePair {
     pub fn cap(&self) -> QpCap {
         self.cap
     }
-    /// What the peer needs to connect to this QP, given the PSN we will send with.
+    /// What the peer needs to connect to this QP, given the PSN we will send with: the
+    /// same `psn` this side then passes to [`QueuePair::connect`] (or
+    /// [`QueuePair::to_rts`]) as its own. A mismatch is not detected at either call: the
+    /// peer takes none of our packets, and our requests end in RETRY_EXC_ERR once the
+    /// retries run out.
     pub fn local(&self, psn: u32) -> RemoteQp {
         RemoteQp {
             gid: self.pd.dev.gid(),
@@ -278,6 +355,10 @@ impl QueuePair {
     }
 
     /// Post a send work request. The requester runs now, in this thread.
+    ///
+    /// The QP must be in RTS (or SQD/SQE, where the request waits): before, it is
+    /// [`ErrorKind::QpState`]; in ERR the request is accepted and completes at once with
+    /// WR_FLUSH_ERR (see the table on [`QueuePair`]).
     ///
     /// Before anything is queued, every SGE must lie inside a live region of this QP's
     /// PD that grants the access the operation needs (LOCAL_WRITE where the device writes
@@ -315,6 +396,11 @@ impl QueuePair {
     }
     /// Post a receive work request, its SGEs checked as [`QueuePair::post_send`] checks
     /// them (the device writes them: LOCAL_WRITE).
+    ///
+    /// Accepted in every state but RESET ([`ErrorKind::QpState`]): from INIT on, so that
+    /// receives are in place before the peer sends; in ERR it completes at once with
+    /// WR_FLUSH_ERR. A QP created with an SRQ takes its receives from there instead,
+    /// and posting here is refused.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let qpn = self.qpn;
         self.pd.dev.call(|r, now| {
@@ -496,6 +582,46 @@ impl Drop for SrqInner {
 }
 
 /// A shared receive queue. Cheap to clone (shared); QPs using it keep it alive.
+///
+/// QPs created with it ([`QpInit::srq`]) take their receives from it, in the order
+/// posted, instead of from queues of their own (their own [`QueuePair::post_recv`] is
+/// refused), so a server with many connections keeps one pool of receive buffers.
+///
+/// ```
+/// use std::time::Duration;
+/// use softrdma::{wr, Access, Device, QpInit, QpType};
+/// # fn main() -> softrdma::Result<()> {
+/// let dev = Device::open_default()?;
+/// let pd = dev.alloc_pd()?;
+/// let srq = pd.create_srq(16, 1)?;
+/// // The server's CQ holds the SRQ's 16 receives (counted once) and 1 send per QP.
+/// let server_cq = dev.create_cq(18, None)?;
+/// let server_init = QpInit {
+///     srq: Some(&srq),
+///     ..QpInit::new(QpType::Rc, &server_cq).depth(1, 1)
+/// };
+/// let client_cq = dev.create_cq(16, None)?;
+/// let client_init = QpInit::new(QpType::Rc, &client_cq).depth(4, 1);
+/// let mem = pd.register(4096, Access::LOCAL_WRITE)?;
+/// for i in 0..2u64 {
+///     let at = 64 * i as usize;
+///     srq.post_recv(wr::recv(i, [mem.sge(at..at + 64)?]))?;
+/// }
+/// let mut pairs = Vec::new();
+/// for _ in 0..2 {
+///     let (s, c) = (pd.create_qp(&server_init)?, pd.create_qp(&client_init)?);
+///     s.connect(&c.local(0), 0, Access::empty())?;
+///     c.connect(&s.local(0), 0, Access::empty())?;
+///     pairs.push((s, c));
+/// }
+/// for (_, c) in &pairs {
+///     c.post_send(wr::send(9, [mem.sge(1024..1032)?]))?;
+/// }
+/// let wcs = server_cq.wait_n(2, Duration::from_secs(5))?;
+/// assert_ne!(wcs[0].qp_num, wcs[1].qp_num); // one receive from the pool each
+/// assert!(srq.is_empty()?);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct SharedReceiveQueue {
     inner: Arc<SrqInner>,

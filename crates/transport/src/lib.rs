@@ -104,7 +104,7 @@ pub struct Stats {
     /// Of those, RC requests held until the gap before them filled (`qp::Held`).
     pub held: u64,
     /// SACKs sent: a responder told a softrdma requester which packets past a gap it
-    /// holds ([`wire::ext`]).
+    /// holds (softrdma's extension message, `softrdma_wire::ext`).
     pub sacks_sent: u64,
     /// SACKs received and acted on.
     pub sacks_rcvd: u64,

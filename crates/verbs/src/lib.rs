@@ -5,6 +5,8 @@
 //! state machine and receive queues), address handles and device memory. The transport
 //! layer drives it; the faces (Rust API, C ABI) call it through the device.
 
+#![warn(missing_docs)]
+
 mod context;
 mod error;
 mod qp_table;
