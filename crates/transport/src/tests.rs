@@ -1806,7 +1806,7 @@ fn a_resend_overtaken_by_a_later_one_is_resent_again() {
     a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(b_port);
     let (a_qpn, b_ip, a_addr) = (a.qpn, b.nic.addr().ip(), a.nic.addr());
     let p = cfg.psn_a;
-    let mut sack = |a: &mut Node, now: u64, held: &[u32]| -> Vec<u32> {
+    let sack = |a: &mut Node, now: u64, held: &[u32]| -> Vec<u32> {
         let mut bits = SackBitmap::default();
         for &d in held {
             bits.set(d);
