@@ -18,8 +18,10 @@
 //!   and connection setup awaited.
 //!
 //! The methods are inherent rather than implementations of `futures::Stream`, which
-//! would add a dependency for one trait; each `poll_*` method has the signature of
-//! `Stream::poll_next`, so wrapping one in a stream is one line of the program's.
+//! would add a dependency for one trait. [`AsyncCompletionQueue::poll_next`] has the
+//! signature of `Stream::poll_next` (its stream ends after a CQ failure), so wrapping it
+//! in a stream is one line of the program's; the device's and the CM's events never end,
+//! so their `poll_next_event` and `next_event` give a `Result` without the `Option`.
 //!
 //! The types need a runtime with I/O enabled (`enable_io`, or `#[tokio::main]`) when
 //! they are made; outside one they are an error of kind
