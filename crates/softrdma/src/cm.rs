@@ -78,6 +78,11 @@ use softrdma_wire::cm::{port_space, rej_reason};
 use crate::error::Rejection;
 use crate::{Device, Error, ErrorKind, ProtectionDomain, QpInit, QueuePair, Result};
 
+#[cfg(feature = "tokio")]
+mod async_cm;
+#[cfg(feature = "tokio")]
+pub use async_cm::{connect_async, connect_with_async, AsyncEventChannel, AsyncListener};
+
 pub use softrdma_cm::cma::{
     CmaError, ConnParam, EventType, IdOption, IdState, Timeouts, UdParam, MAX_ACCEPT_PRIVATE,
     MAX_CONNECT_PRIVATE, MAX_REJECT_PRIVATE, MAX_UD_ACCEPT_PRIVATE, MAX_UD_CONNECT_PRIVATE,

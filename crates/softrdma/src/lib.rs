@@ -90,8 +90,12 @@ mod error;
 mod mr;
 mod pd;
 mod qp;
+#[cfg(feature = "tokio")]
+pub mod tokio_support;
 pub mod wr;
 
+#[cfg(feature = "tokio")]
+pub use crate::tokio_support::{AsyncCompletionQueue, AsyncDeviceEvents};
 pub use ah::{ah_attr, AddressHandle};
 pub use cq::{CompletionChannel, CompletionQueue, PollIter};
 pub use device::{
