@@ -11,16 +11,19 @@
 //! let cq = dev.create_cq(128, None)?; // room for the QP's 64 send and 64 receive WRs
 //! let mr = pd.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
 //! let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
-//! // exchange qp.local(psn) and mr.remote() with the peer, then:
-//! # let peer = qp.local(0);
-//! qp.connect(&peer, 0, Access::REMOTE_WRITE)?;
+//! // send qp.endpoint().with_memory(mr.remote()) to the peer, receive its endpoint, then:
+//! # let peer = qp.endpoint();
+//! qp.connect_to(&peer, Access::REMOTE_WRITE)?;
 //! qp.post_send(wr::send(1, [mr.sge(0..64)?]))?;
 //! let wc = cq.wait(std::time::Duration::from_secs(5))?;
 //! # Ok(()) }
 //! ```
 //!
-//! Instead of exchanging `qp.local(psn)` over a side channel of its own, a program can
-//! connect through the connection manager as librdmacm programs do: see [`cm`].
+//! An [`Endpoint`] carries what the peer needs (GID, QP number, the PSN the QP chose, the
+//! memory it may access) in one value that serializes (serde, a versioned byte form, the
+//! text of `ibv_rc_pingpong`); [`tcp::connect`] and [`tcp::accept`] exchange endpoints and
+//! connect in one call, and a program can instead connect through the connection manager
+//! as librdmacm programs do: see [`cm`].
 //!
 //! Misuse the API can see is refused at the call with an [`ErrorKind`] to match on, and
 //! leaves the QP as it was, where a NIC would fail the work request in its completion and
@@ -42,10 +45,12 @@ mod ah;
 pub mod cm;
 mod cq;
 mod device;
+mod endpoint;
 mod error;
 mod mr;
 mod pd;
 mod qp;
+pub mod tcp;
 pub mod wr;
 
 pub use ah::{ah_attr, AddressHandle};
@@ -53,6 +58,7 @@ pub use cq::{CompletionChannel, CompletionQueue, PollIter};
 pub use device::{
     devices, Device, DeviceAddr, DeviceConfig, DeviceInfo, DeviceStats, DriverStats, LinkStats,
 };
+pub use endpoint::{Endpoint, ENDPOINT_VERSION, PINGPONG_MSG_LEN};
 pub use error::{Error, ErrorKind, Rejection, Result};
 pub use mr::{DeviceMemory, MemoryRegion, MemoryWindow, MrBuffer, RemoteMemory};
 pub use pd::ProtectionDomain;
