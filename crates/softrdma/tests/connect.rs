@@ -1,7 +1,8 @@
 //! Connection setup in one call: the `Endpoint` type (serde, byte and pingpong forms, bad
 //! input refused with an error and no panic), `tcp::connect`/`accept` between two devices
 //! of one process over loopback in both wire formats with the bytes checked in memory,
-//! and the connection manager offering memory in private data.
+//! the connection manager offering memory in private data, and devices opened twice
+//! having distinct names.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::Once;
@@ -385,4 +386,33 @@ fn cm_offers_memory_in_private_data() {
         },
     );
     write_then_send(&cv, &peer, &sv, 5);
+}
+
+#[test]
+fn devices_opened_twice_have_distinct_names() {
+    let a = device("twice");
+    let b = device("twice");
+    assert_eq!(a.name(), "twice");
+    assert_ne!(a.name(), b.name());
+    assert_eq!(b.name(), "twice0", "the next free name of the stem");
+    assert_ne!(a.addr(), b.addr(), "each is a NIC of its own");
+    drop(b);
+    // The name is free again once its device is gone.
+    assert_eq!(device("twice").name(), "twice0");
+}
+
+#[test]
+fn two_default_devices_have_distinct_names() {
+    let list = devices().unwrap();
+    if !list.first().is_some_and(|d| d.auto) {
+        eprintln!(
+            "skipped: the default device has a fixed address here (SOFTRDMA_ADDR or a config)"
+        );
+        return;
+    }
+    let a = Device::open_default().unwrap();
+    let b = Device::open_default().unwrap();
+    assert_ne!(a.name(), b.name());
+    let stem = list[0].name.trim_end_matches(|c: char| c.is_ascii_digit());
+    assert!(b.name().starts_with(stem), "{} {}", a.name(), b.name());
 }
