@@ -241,7 +241,11 @@ impl Side {
     }
     fn local(&self) -> Peer {
         Peer {
-            qp: self.qp.local(self.psn),
+            // The CLI's exchange carries its own PSN, drawn as ibv_rc_pingpong does.
+            qp: RemoteQp {
+                psn: self.psn,
+                ..self.qp.endpoint().remote_qp()
+            },
             mem: RemoteMemory {
                 addr: self.mr.addr(),
                 rkey: self.mr.rkey(),

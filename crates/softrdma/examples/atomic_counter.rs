@@ -11,7 +11,8 @@
 //! checked on loopback (server + 2 client processes × 2 threads):
 //!          cargo run --example atomic_counter -- --self-test
 //! ```
-//! TCP port 18518.
+//! TCP port 18518: each connection is one `softrdma::tcp` call on each side, the server
+//! offering the counter's memory in its endpoint.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -19,20 +20,12 @@ mod common;
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use softrdma::{wr, Access, Device, QpInit, QpType, RemoteMemory, RemoteQp, WcStatus};
+use softrdma::{tcp, wr, Access, Device, QpInit, QpType, WcStatus};
 
 const PORT: u16 = 18518;
 /// FETCH_AND_ADDs a client thread keeps in flight.
 const DEPTH: u64 = 8;
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-fn split(peer: &[u8]) -> (RemoteQp, RemoteMemory) {
-    let mut q = [0u8; 24];
-    q.copy_from_slice(&peer[..24]);
-    let mut m = [0u8; 20];
-    m.copy_from_slice(&peer[24..44]);
-    (RemoteQp::from_bytes(&q), RemoteMemory::from_bytes(&m))
-}
 
 fn server(port: u16, expect: u64, adds: u64) -> Res<()> {
     let dev = Device::open_default()?;
@@ -53,16 +46,17 @@ fn server(port: u16, expect: u64, adds: u64) -> Res<()> {
     );
     let l = common::listen(port)?;
     let mut conns = Vec::new();
+    let opts = tcp::Options::new(access).with_memory(counter.remote());
     for _ in 0..expect {
-        let (mut s, from) = l.accept()?;
-        s.set_read_timeout(Some(Duration::from_secs(60)))?;
         let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq).depth(1, 1))?;
-        let mut msg = qp.local(0).to_bytes().to_vec();
-        msg.extend_from_slice(&counter.remote().to_bytes());
-        let (rqp, _) = split(&common::exchange(&mut s, &msg)?);
-        qp.connect(&rqp, 0, access)?;
-        common::sync(&mut s)?;
-        println!("client {from} connected (QPN {:#x})", rqp.qpn);
+        let link = tcp::accept(&l, &qp, &opts)?;
+        let s = link.stream;
+        s.set_read_timeout(Some(Duration::from_secs(60)))?;
+        println!(
+            "client {} connected (QPN {:#x})",
+            s.peer_addr()?,
+            link.peer.qpn
+        );
         conns.push((s, qp));
     }
     for (s, _) in conns.iter_mut() {
@@ -81,16 +75,13 @@ fn server(port: u16, expect: u64, adds: u64) -> Res<()> {
 }
 
 fn client_thread(host: &str, port: u16, adds: u64, dev: &Device) -> Res<()> {
-    let mut s = common::connect(host, port)?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(128, None)?; // room for the QP's 64 + 64 WRs
     let res = pd.register(8 * DEPTH as usize, Access::LOCAL_WRITE)?;
     let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
-    let mut msg = qp.local(0).to_bytes().to_vec();
-    msg.extend_from_slice(&RemoteMemory::default().to_bytes());
-    let (rqp, counter) = split(&common::exchange(&mut s, &msg)?);
-    qp.connect(&rqp, 0, Access::empty())?;
-    common::sync(&mut s)?;
+    let link = tcp::connect((host, port), &qp, &tcp::Options::new(Access::empty()))?;
+    let counter = link.peer.memory.ok_or("the server offered no counter")?;
+    let mut s = link.stream;
     let (mut posted, mut done) = (0u64, 0u64);
     while done < adds {
         while posted < adds && posted - done < DEPTH {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use softrdma::cm::{self, AcceptOptions, ConnectOptions, Listener};
 use softrdma::{
     wr, Access, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpInit, QpType, QueuePair,
-    RemoteMemory, SendFlags, WcOpcode, WcStatus,
+    SendFlags, WcOpcode, WcStatus,
 };
 
 const PORT: u16 = 18515;
@@ -112,8 +112,9 @@ fn server(port: u16) -> Res<()> {
     // The answer tells the client where it may write.
     let opts = AcceptOptions {
         timeout: Some(TIMEOUT),
-        ..AcceptOptions::new(&side.mr.remote().to_bytes())
-    };
+        ..AcceptOptions::default()
+    }
+    .with_memory(side.mr.remote());
     let conn = req.accept_with(&side.pd, &side.init(), &opts, |qp| side.post_recv(qp))?;
     let qp = conn.qp();
     let mut sends = 0;
@@ -162,14 +163,11 @@ fn client(host: &str, port: u16, iters: u64, size: usize) -> Res<()> {
             _ => e.to_string(),
         })?;
     let qp = conn.qp();
-    let mut mem = [0u8; 20];
-    mem.copy_from_slice(&conn.private_data()[..20]);
-    let server_mem = RemoteMemory::from_bytes(&mem);
+    let server_mem = conn.peer_memory().ok_or("the server offered no memory")?;
     println!(
-        "connected to {addr}: QPN {:#x}, the server's buffer at {:#x} (rkey {:#x})",
+        "connected to {addr}: QPN {:#x} to the server's {}",
         qp.qpn(),
-        server_mem.addr,
-        server_mem.rkey
+        conn.peer_endpoint()?
     );
     let start = Instant::now();
     let mut sends = 0;

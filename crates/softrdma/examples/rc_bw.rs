@@ -7,47 +7,46 @@
 //! ```
 //! The client keeps `--depth` WRITEs of `--size` bytes in flight (path MTU 4096) and
 //! prints the goodput; the server only has to be there (one-sided operations complete
-//! with no action by the target). QP number, GID, PSN and the target buffer's address
-//! and rkey are exchanged over TCP port 18517.
+//! with no action by the target). The endpoints (QP number, GID, PSN, MTU and the target
+//! buffer's address and rkey) are exchanged over TCP port 18517 by `softrdma::tcp`.
 
 #[path = "common/mod.rs"]
 mod common;
 
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use common::Role;
 use softrdma::{
-    wr, Access, Device, Mtu, PathOptions, QpInit, QpType, RemoteMemory, RemoteQp, WcStatus,
-    WorkCompletion,
+    tcp, wr, Access, Device, Mtu, PathOptions, QpInit, QpType, WcStatus, WorkCompletion,
 };
 
 const PORT: u16 = 18517;
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize, depth: u64) -> Res<()> {
+fn run(role: Role, iters: u64, size: usize, depth: u64) -> Res<()> {
+    let server = role.is_server();
     let dev = Device::open_default()?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(256, None)?;
     let mr = pd.register(size.max(1), Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
     let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
-    let psn = std::process::id() & 0xFF_FFFF;
-    let mut msg = qp.local(psn).to_bytes().to_vec();
-    msg.extend_from_slice(&mr.remote().to_bytes());
-    let peer = common::exchange(tcp, &msg)?;
-    let mut q = [0u8; 24];
-    q.copy_from_slice(&peer[..24]);
-    let mut m = [0u8; 20];
-    m.copy_from_slice(&peer[24..44]);
-    let (remote, rmem) = (RemoteQp::from_bytes(&q), RemoteMemory::from_bytes(&m));
+    // Both sides offer path MTU 4096; the connection takes the lower of the two.
     let path = PathOptions {
         mtu: Mtu::Mtu4096,
         ..PathOptions::default()
     };
-    qp.connect_with(&remote, psn, Access::REMOTE_WRITE, &path)?;
-    common::sync(tcp)?;
+    let opts = tcp::Options::new(Access::REMOTE_WRITE)
+        .with_memory(mr.remote())
+        .with_path(path);
+    let mut link = match role {
+        Role::Server(l) => tcp::accept(&l, &qp, &opts)?,
+        Role::Client(addr) => tcp::connect(addr, &qp, &opts)?,
+    };
+    let rmem = link.peer.memory.ok_or("the server offered no memory")?;
     if server {
-        // Wait for the client to finish.
-        common::sync(tcp)?;
+        // Wait for the client to finish, however long it takes.
+        link.stream.set_read_timeout(None)?;
+        link.barrier()?;
         let s = dev.stats();
         println!(
             "server link: rx {} datagrams in {} batches, {} errors; engine: {} out of sequence, {} duplicates, {} seq NAKs sent",
@@ -105,7 +104,7 @@ fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize, depth: u64) -
         s.engine.timeouts,
         s.engine.naks_rcvd_seq
     );
-    common::sync(tcp)?;
+    link.barrier()?;
     Ok(())
 }
 
@@ -135,18 +134,8 @@ fn main() {
     let iters = get("--iters", 2000);
     let size = get("--size", 1 << 20) as usize;
     let depth = get("--depth", 4);
-    let r = match common::positional(&args, &["--port", "--iters", "--size", "--depth"]) {
-        None => common::listen(port)
-            .and_then(|l| l.accept())
-            .map_err(|e| e.into())
-            .and_then(|(mut s, _)| {
-                s.set_read_timeout(None)?;
-                run(true, &mut s, iters, size, depth)
-            }),
-        Some(host) => common::connect(&host, port)
-            .map_err(|e| e.into())
-            .and_then(|mut s| run(false, &mut s, iters, size, depth)),
-    };
+    let r = common::role(&args, &["--port", "--iters", "--size", "--depth"], port)
+        .and_then(|role| run(role, iters, size, depth));
     if let Err(e) = r {
         eprintln!("rc_bw: {e}");
         std::process::exit(1);

@@ -5,38 +5,37 @@
 //! client:  cargo run --release --example rc_pingpong -- SERVER_IP [--iters N] [--size BYTES]
 //! both on loopback, checked:  cargo run --example rc_pingpong -- --self-test
 //! ```
-//! The QP number, GID and PSN are exchanged over TCP port 18515. For the lowest latency
+//! The endpoints (QP number, GID, PSN) are exchanged over TCP port 18515 by
+//! `softrdma::tcp`, in one call on each side. For the lowest latency
 //! set `SOFTRDMA_BUSY_POLL=1` (the progress thread then never sleeps).
 
 #[path = "common/mod.rs"]
 mod common;
 
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use softrdma::{wr, Access, Device, QpInit, QpType, RemoteQp, WcOpcode, WcStatus};
+use common::Role;
+use softrdma::{tcp, wr, Access, Device, QpInit, QpType, WcOpcode, WcStatus};
 
 const PORT: u16 = 18515;
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize) -> Res<()> {
+fn run(role: Role, iters: u64, size: usize) -> Res<()> {
+    let server = role.is_server();
     let dev = Device::open_default()?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(128, None)?; // room for the QP's 64 + 64 WRs
     let mr = pd.register(2 * size.max(1), Access::LOCAL_WRITE)?;
     let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
-    let psn = std::process::id() & 0xFF_FFFF;
-    let peer = common::exchange(tcp, &qp.local(psn).to_bytes())?;
-    let mut b = [0u8; 24];
-    b.copy_from_slice(&peer);
-    let remote = RemoteQp::from_bytes(&b);
-    qp.to_init(Access::empty())?;
     // Receive into the second half, send from the first.
     let recv = || qp.post_recv(wr::recv(2, [mr.sge(size..2 * size)?]));
-    recv()?;
-    qp.to_rtr(&remote)?;
-    qp.to_rts(psn)?;
-    common::sync(tcp)?;
+    // One call: endpoints each way, INIT (where the first receive is posted), RTR, RTS.
+    let opts = tcp::Options::new(Access::empty());
+    let mut link = match role {
+        Role::Server(l) => tcp::accept_with(&l, &qp, &opts, |_| recv())?,
+        Role::Client(addr) => tcp::connect_with(addr, &qp, &opts, |_| recv())?,
+    };
+    let remote = link.peer;
     println!(
         "{} at {}: QPN {:#x} <-> peer QPN {:#x} at {}",
         dev.name(),
@@ -91,7 +90,7 @@ fn run(server: bool, tcp: &mut TcpStream, iters: u64, size: usize) -> Res<()> {
             rtt * 0.5e6
         );
     }
-    common::sync(tcp)?;
+    link.barrier()?;
     Ok(())
 }
 
@@ -124,18 +123,8 @@ fn main() {
     let port = get("--port", PORT as u64) as u16;
     let iters = get("--iters", 1000);
     let size = get("--size", 64) as usize;
-    let r = match common::positional(&args, &["--port", "--iters", "--size"]) {
-        None => common::listen(port)
-            .and_then(|l| l.accept())
-            .map_err(|e| e.into())
-            .and_then(|(mut s, _)| {
-                s.set_read_timeout(Some(Duration::from_secs(30)))?;
-                run(true, &mut s, iters, size)
-            }),
-        Some(host) => common::connect(&host, port)
-            .map_err(|e| e.into())
-            .and_then(|mut s| run(false, &mut s, iters, size)),
-    };
+    let r = common::role(&args, &["--port", "--iters", "--size"], port)
+        .and_then(|role| run(role, iters, size));
     if let Err(e) = r {
         eprintln!("rc_pingpong: {e}");
         std::process::exit(1);

@@ -1,7 +1,7 @@
 //! The flow every RDMA tutorial teaches, over softrdma.
 //!
-//! Two processes exchange their QP number, GID, first PSN and a memory region's address and
-//! rkey over a TCP socket (port 18516), connect an RC queue pair, then:
+//! Two processes exchange their endpoints — QP number, GID, first PSN and a memory region's
+//! address and rkey — over a TCP socket (port 18516), connect an RC queue pair, then:
 //! SEND/RECV a greeting, RDMA WRITE into the peer, RDMA READ it back, WRITE_WITH_IMM to
 //! notify the peer, a DONE message, and an orderly teardown.
 //!
@@ -16,12 +16,11 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use std::net::TcpStream;
 use std::time::Duration;
 
+use common::Role;
 use softrdma::{
-    wr, Access, CompletionQueue, Device, QpInit, QpType, RemoteMemory, RemoteQp, WcOpcode,
-    WcStatus, WorkCompletion,
+    tcp, wr, Access, CompletionQueue, Device, QpInit, QpType, WcOpcode, WcStatus, WorkCompletion,
 };
 
 const PORT: u16 = 18516;
@@ -45,7 +44,8 @@ fn wait_ok(cq: &CompletionQueue, what: &str) -> Res<WorkCompletion> {
     Ok(wc)
 }
 
-fn run(server: bool, tcp: &mut TcpStream) -> Res<()> {
+fn run(role: Role) -> Res<()> {
+    let server = role.is_server();
     // 1. Device, protection domain, completion queue, memory region, queue pair.
     let dev = Device::open_default()?;
     println!(
@@ -60,39 +60,31 @@ fn run(server: bool, tcp: &mut TcpStream) -> Res<()> {
     let mr = pd.register(4096, access)?;
     // The CQ must have room for every WR its queues can complete: 8 + 8 of 16.
     let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq).depth(8, 8))?;
-    // A random-looking first PSN, as real programs use.
-    let psn = (std::process::id().wrapping_mul(2654435761)) & 0xFF_FFFF;
+    // 2. Our endpoint: QP number, GID, the first PSN the QP chose, and the memory the
+    //    peer may write and read.
+    let me = qp.endpoint().with_memory(mr.remote());
+    println!("us:   {me}");
 
-    // 2. Exchange QP number, GID, PSN, MR address and rkey over TCP.
-    let mut msg = qp.local(psn).to_bytes().to_vec();
-    msg.extend_from_slice(&mr.remote().to_bytes());
-    let peer = common::exchange(tcp, &msg)?;
-    let mut q = [0u8; 24];
-    q.copy_from_slice(&peer[..24]);
-    let mut m = [0u8; 20];
-    m.copy_from_slice(&peer[24..44]);
-    let (rqp, rmem) = (RemoteQp::from_bytes(&q), RemoteMemory::from_bytes(&m));
-    println!(
-        "peer: QPN {:#x}, PSN {:#x}, GID {:?}, memory at {:#x} rkey {:#x}",
-        rqp.qpn,
-        rqp.psn,
-        rqp.gid.to_ip(),
-        rmem.addr,
-        rmem.rkey
-    );
-
-    // 3. RESET -> INIT -> RTR -> RTS. Receives are posted (in INIT or later) before the
-    //    peer can send: a greeting (server) or DONE (client), and for the server one more
-    //    for the WRITE_WITH_IMM notification.
-    qp.to_init(access)?;
-    qp.post_recv(wr::recv(100, [mr.sge(0..256)?]))?;
-    if server {
-        qp.post_recv(wr::recv(101, [mr.sge(256..512)?]))?;
-    }
-    qp.to_rtr(&rqp)?;
-    qp.to_rts(psn)?;
+    // 3. Exchange endpoints over TCP and go RESET -> INIT -> RTR -> RTS, in one call.
+    //    Receives are posted in INIT, before the peer can send: a greeting (server) or
+    //    DONE (client), and for the server one more for the WRITE_WITH_IMM notification.
+    //    (By hand: qp.to_init, post, qp.to_rtr(&peer.remote_qp()), qp.to_rts.)
+    let opts = tcp::Options::new(access).with_memory(mr.remote());
+    let post_recvs = |qp: &softrdma::QueuePair| {
+        qp.post_recv(wr::recv(100, [mr.sge(0..256)?]))?;
+        if server {
+            qp.post_recv(wr::recv(101, [mr.sge(256..512)?]))?;
+        }
+        Ok(())
+    };
+    let mut link = match role {
+        Role::Server(l) => tcp::accept_with(&l, &qp, &opts, post_recvs)?,
+        Role::Client(addr) => tcp::connect_with(addr, &qp, &opts, post_recvs)?,
+    };
+    let peer = link.peer;
+    println!("peer: {peer}");
+    let rmem = peer.memory.ok_or("the peer offered no memory")?;
     println!("QP {:#x} connected", qp.qpn());
-    common::sync(tcp)?;
 
     if server {
         // 4. Receive the greeting.
@@ -159,7 +151,7 @@ fn run(server: bool, tcp: &mut TcpStream) -> Res<()> {
     }
 
     // 7. Orderly teardown: both sides are finished before anyone destroys its QP.
-    common::sync(tcp)?;
+    link.barrier()?;
     let s = dev.stats();
     println!(
         "packets sent {}, received {}, retransmitted {}",
@@ -188,18 +180,7 @@ fn main() {
     let port = common::arg_value(&args, "--port")
         .and_then(|p| p.parse().ok())
         .unwrap_or(PORT);
-    let r = match common::positional(&args, &["--port"]) {
-        None => common::listen(port)
-            .and_then(|l| l.accept())
-            .map_err(|e| e.into())
-            .and_then(|(mut s, _)| {
-                s.set_read_timeout(Some(Duration::from_secs(30)))?;
-                run(true, &mut s)
-            }),
-        Some(host) => common::connect(&host, port)
-            .map_err(|e| e.into())
-            .and_then(|mut s| run(false, &mut s)),
-    };
+    let r = common::role(&args, &["--port"], port).and_then(run);
     if let Err(e) = r {
         eprintln!("tutorial: {e}");
         std::process::exit(1);

@@ -8,15 +8,18 @@
 //! client:  cargo run --example ud -- SERVER_IP [--count N]
 //! both on loopback, checked:  cargo run --example ud -- --self-test
 //! ```
-//! QP numbers and GIDs are exchanged over TCP port 18517.
+//! QP numbers and GIDs are exchanged over TCP port 18517 by `softrdma::tcp`, which also
+//! brings the UD QP to RTS (a UD QP needs no peer for that; the peer's endpoint names the
+//! destination of the address handle).
 
 #[path = "common/mod.rs"]
 mod common;
 
-use std::net::{Ipv4Addr, TcpStream};
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use softrdma::{wr, Access, Device, QpInit, QpType, RemoteQp, WcFlags, WcStatus, DEFAULT_QKEY};
+use common::Role;
+use softrdma::{tcp, wr, Access, Device, QpInit, QpType, WcFlags, WcStatus, DEFAULT_QKEY};
 
 const PORT: u16 = 18517;
 /// Every UD receive buffer starts with 40 bytes of GRH.
@@ -24,24 +27,27 @@ const GRH: usize = 40;
 const SLOT: usize = 256;
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-fn run(server: bool, tcp: &mut TcpStream, count: u64) -> Res<()> {
+fn run(role: Role, count: u64) -> Res<()> {
+    let server = role.is_server();
     let dev = Device::open_default()?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(256, None)?;
     let mr = pd.register(SLOT * 64, Access::LOCAL_WRITE)?;
     let qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq))?;
-    // A UD QP goes to RTS with no peer: destinations come per send, from address handles.
-    qp.to_init(Access::empty())?;
-    for i in 0..32u64 {
-        let o = 32 * SLOT + i as usize * SLOT;
-        qp.post_recv(wr::recv(100 + i, [mr.sge(o..o + SLOT)?]))?;
-    }
-    qp.to_rtr(&RemoteQp::default())?;
-    qp.to_rts(0)?;
-    let peer = common::exchange(tcp, &qp.local(0).to_bytes())?;
-    let mut b = [0u8; 24];
-    b.copy_from_slice(&peer);
-    let remote = RemoteQp::from_bytes(&b);
+    // Receives go in while the QP is in INIT, before the peer knows where we are.
+    let post_recvs = |qp: &softrdma::QueuePair| -> softrdma::Result<()> {
+        for i in 0..32u64 {
+            let o = 32 * SLOT + i as usize * SLOT;
+            qp.post_recv(wr::recv(100 + i, [mr.sge(o..o + SLOT)?]))?;
+        }
+        Ok(())
+    };
+    let opts = tcp::Options::new(Access::empty());
+    let mut link = match role {
+        Role::Server(l) => tcp::accept_with(&l, &qp, &opts, post_recvs)?,
+        Role::Client(addr) => tcp::connect_with(addr, &qp, &opts, post_recvs)?,
+    };
+    let remote = link.peer;
     let ah = pd.create_ah_to(remote.gid)?;
     println!(
         "{} at {}: UD QPN {:#x}; peer QPN {:#x} at {}",
@@ -51,7 +57,6 @@ fn run(server: bool, tcp: &mut TcpStream, count: u64) -> Res<()> {
         remote.qpn,
         remote.gid.to_ip()
     );
-    common::sync(tcp)?;
     let t = Duration::from_secs(10);
     if server {
         for n in 0..count {
@@ -96,7 +101,7 @@ fn run(server: bool, tcp: &mut TcpStream, count: u64) -> Res<()> {
         let buf = mr.to_vec(o, wc.byte_len as usize)?;
         println!("server replied: {:?}", String::from_utf8_lossy(&buf[GRH..]));
     }
-    common::sync(tcp)?;
+    link.barrier()?;
     Ok(())
 }
 
@@ -124,18 +129,7 @@ fn main() {
     // On loopback with the receives posted first no datagram is lost; across hosts UD may
     // drop, and the server then waits out its timeout.
     let count = get("--count", 8).min(30);
-    let r = match common::positional(&args, &["--port", "--count"]) {
-        None => common::listen(port)
-            .and_then(|l| l.accept())
-            .map_err(|e| e.into())
-            .and_then(|(mut s, _)| {
-                s.set_read_timeout(Some(Duration::from_secs(30)))?;
-                run(true, &mut s, count)
-            }),
-        Some(host) => common::connect(&host, port)
-            .map_err(|e| e.into())
-            .and_then(|mut s| run(false, &mut s, count)),
-    };
+    let r = common::role(&args, &["--port", "--count"], port).and_then(|role| run(role, count));
     if let Err(e) = r {
         eprintln!("ud: {e}");
         std::process::exit(1);

@@ -57,6 +57,55 @@ pub(crate) struct DevInner {
     pub(crate) dev: Arc<dev::Device>,
     /// The device's rdma_cm, started by the first CM object made on the device.
     pub(crate) cm: Mutex<Option<Arc<softrdma_cm::agent::Agent>>>,
+    /// Its name in [`OPEN_NAMES`] until it closes.
+    _name: NameGuard,
+}
+
+/// The names of the devices open in this process. Opening a device a second time (two
+/// [`Device::open_default`] calls) opens a second NIC with its own address; it gets a
+/// name of its own, as `ibv_get_device_list` lists distinct names, so that messages,
+/// `softrdma stats` and the stats files tell the two apart.
+static OPEN_NAMES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn open_names() -> std::sync::MutexGuard<'static, Vec<String>> {
+    OPEN_NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A name held in [`OPEN_NAMES`], given back on drop.
+struct NameGuard(String);
+
+impl NameGuard {
+    /// Hold `wanted`, or when a device of this process holds it already, the first free
+    /// name of the same stem (`softrdma0` → `softrdma1`, …) that is neither open nor
+    /// configured for another device.
+    fn take(wanted: &str) -> NameGuard {
+        let mut open = open_names();
+        if !open.iter().any(|n| n == wanted) {
+            open.push(wanted.to_string());
+            return NameGuard(wanted.to_string());
+        }
+        let configured: Vec<String> = dev::devices()
+            .map(|l| l.into_iter().map(|e| e.name).collect())
+            .unwrap_or_default();
+        let stem = wanted.trim_end_matches(|c: char| c.is_ascii_digit());
+        let name = (0u32..)
+            .map(|i| format!("{stem}{i}"))
+            .find(|n| !open.contains(n) && !configured.contains(n))
+            .unwrap_or_else(|| wanted.to_string());
+        open.push(name.clone());
+        NameGuard(name)
+    }
+}
+
+impl Drop for NameGuard {
+    fn drop(&mut self) {
+        let mut open = open_names();
+        if let Some(i) = open.iter().position(|n| *n == self.0) {
+            open.swap_remove(i);
+        }
+    }
 }
 
 /// An open RDMA device: one UDP endpoint with its own protocol engine and progress thread.
@@ -121,8 +170,24 @@ impl Device {
     }
 
     /// Open a device from an explicit configuration.
+    ///
+    /// Each open is a NIC of its own (with an automatic address, the next free
+    /// 127.0.0.x). Devices open at once in one process have distinct names: a device
+    /// whose name another one holds is named after it with the next free number
+    /// (`softrdma0`, `softrdma1`, …), as a host with two NICs lists them.
     pub fn open_with(cfg: &DeviceConfig) -> Result<Device> {
         dev::log::init_from_env();
+        let name = NameGuard::take(&cfg.name);
+        let renamed;
+        let cfg = if name.0 == cfg.name {
+            cfg
+        } else {
+            renamed = DeviceConfig {
+                name: name.0.clone(),
+                ..cfg.clone()
+            };
+            &renamed
+        };
         let d = dev::Device::open(cfg).map_err(|e| {
             // The address says which socket failed; an OS error's text is added by
             // `Error`'s Display, so only a message of the error's own is kept here.
@@ -144,6 +209,7 @@ impl Device {
             inner: Arc::new(DevInner {
                 dev: Arc::new(d),
                 cm: Mutex::new(None),
+                _name: name,
             }),
         })
     }

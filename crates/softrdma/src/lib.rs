@@ -7,7 +7,7 @@
 //! softrdma's drop-in `libibverbs.so.1`, or Linux Soft-RoCE.
 //!
 //! The whole flow on one device, two RC queue pairs connected to each other (between two
-//! processes, each side does its half and they exchange [`RemoteQp`] and [`RemoteMemory`]
+//! processes, each side does its half and they exchange their [`Endpoint`]s
 //! over a socket of their own, or connect through the connection manager, [`cm`]):
 //!
 //! ```
@@ -27,10 +27,9 @@
 //! let a_mem = pd.register(4096, access)?;
 //! let b_mem = pd.register(4096, access)?;
 //!
-//! // Connect: each QP is told the other's GID, QP number and first PSN.
-//! let (a_psn, b_psn) = (100, 2000);
-//! a.connect(&b.local(b_psn), a_psn, access)?;
-//! b.connect(&a.local(a_psn), b_psn, access)?;
+//! // Connect: each QP is given the other's endpoint (GID, QP number, the PSN it chose).
+//! a.connect_to(&b.endpoint(), access)?;
+//! b.connect_to(&a.endpoint(), access)?;
 //!
 //! // SEND / RECV: the receiver posts a buffer first.
 //! b.post_recv(wr::recv(1, [b_mem.sge(0..64)?]))?;
@@ -63,8 +62,11 @@
 //! waiting, overflow) and [`CompletionChannel`] (waiting for events on a file
 //! descriptor).
 //!
-//! Instead of exchanging `qp.local(psn)` over a side channel of its own, a program can
-//! connect through the connection manager as librdmacm programs do: see [`cm`].
+//! An [`Endpoint`] carries what the peer needs (GID, QP number, the PSN the QP chose, the
+//! memory it may access) in one value that serializes (serde, a versioned byte form, the
+//! text of `ibv_rc_pingpong`); [`tcp::connect`] and [`tcp::accept`] exchange endpoints and
+//! connect in one call, and a program can instead connect through the connection manager
+//! as librdmacm programs do: see [`cm`].
 //!
 //! Misuse the API can see is refused at the call with an [`ErrorKind`] to match on, and
 //! leaves the QP as it was, where a NIC would fail the work request in its completion and
@@ -86,10 +88,12 @@ mod ah;
 pub mod cm;
 mod cq;
 mod device;
+mod endpoint;
 mod error;
 mod mr;
 mod pd;
 mod qp;
+pub mod tcp;
 #[cfg(feature = "tokio")]
 pub mod tokio_support;
 pub mod wr;
@@ -102,6 +106,7 @@ pub use device::{
     devices, Device, DeviceAddr, DeviceConfig, DeviceEntry, DeviceInfo, DeviceStats, DriverStats,
     EngineStats, LinkStats,
 };
+pub use endpoint::{Endpoint, ENDPOINT_VERSION, PINGPONG_MSG_LEN};
 pub use error::{ConfigError, Error, ErrorKind, Rejection, Result};
 pub use mr::{DeviceMemory, MemoryRegion, MemoryWindow, MrBuffer, RemoteMemory};
 pub use pd::ProtectionDomain;

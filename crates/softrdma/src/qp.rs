@@ -1,5 +1,6 @@
 //! Queue pairs, their connection helpers, and shared receive queues.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use softrdma_transport::verbs::{
@@ -241,6 +242,16 @@ pub struct QueuePair {
     qpn: Qpn,
     qp_type: QpType,
     cap: QpCap,
+    /// The first PSN this QP sends with, chosen with the QP (and again on reset) so that
+    /// [`QueuePair::endpoint`] and [`QueuePair::connect_to`] cannot disagree.
+    psn: AtomicU32,
+}
+
+/// A random 24-bit first PSN from the kernel's generator: with the QPN (random too) it
+/// is what an off-path sender would have to guess to inject into a connection.
+fn random_psn() -> u32 {
+    let s = softrdma_device::os_seed();
+    u32::from_le_bytes([s.0[0], s.0[1], s.0[2], 0])
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -299,6 +310,7 @@ impl QueuePair {
             qpn,
             qp_type: init.qp_type,
             cap,
+            psn: AtomicU32::new(random_psn()),
         })
     }
 
@@ -341,11 +353,23 @@ impl QueuePair {
     pub fn cap(&self) -> QpCap {
         self.cap
     }
+    /// The first PSN this QP sends with (see [`QueuePair::endpoint`]).
+    pub(crate) fn psn(&self) -> u32 {
+        self.psn.load(Ordering::Relaxed)
+    }
+    /// The device of the QP.
+    pub(crate) fn device(&self) -> &crate::Device {
+        &self.pd.dev
+    }
     /// What the peer needs to connect to this QP, given the PSN we will send with: the
     /// same `psn` this side then passes to [`QueuePair::connect`] (or
     /// [`QueuePair::to_rts`]) as its own. A mismatch is not detected at either call: the
     /// peer takes none of our packets, and our requests end in RETRY_EXC_ERR once the
-    /// retries run out.
+    /// retries run out, which is why [`QueuePair::endpoint`] and
+    /// [`QueuePair::connect_to`] carry the PSN the QP chose instead.
+    #[deprecated(
+        note = "use QueuePair::endpoint, which carries the PSN the QP chose, and connect_to"
+    )]
     pub fn local(&self, psn: u32) -> RemoteQp {
         RemoteQp {
             gid: self.pd.dev.gid(),
@@ -500,6 +524,10 @@ impl QueuePair {
     }
     /// RESET → INIT → RTR → RTS to `remote`, sending from `local_psn`, granting `access`.
     /// A QP that was connected before (or went to ERROR) is [`QueuePair::reset`] first.
+    /// For a peer that sent its own PSN in a format of its own; with [`Endpoint`]s,
+    /// [`QueuePair::connect_to`] sends from the PSN the QP gave the peer.
+    ///
+    /// [`Endpoint`]: crate::Endpoint
     pub fn connect(&self, remote: &RemoteQp, local_psn: u32, access: Access) -> Result<()> {
         self.connect_with(remote, local_psn, access, &PathOptions::default())
     }
@@ -539,7 +567,11 @@ impl QueuePair {
             qp_state: QpState::Reset,
             ..Default::default()
         };
-        self.modify(&a, QpAttrMask::STATE)
+        self.modify(&a, QpAttrMask::STATE)?;
+        // A new connection, a new first PSN: packets of the old one still in flight
+        // must not fall in the new one's window.
+        self.psn.store(random_psn(), Ordering::Relaxed);
+        Ok(())
     }
 }
 

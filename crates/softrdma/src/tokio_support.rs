@@ -39,8 +39,8 @@
 //! let cq = dev.create_cq(128, Some(&channel))?;
 //! let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
 //! let mr = pd.register(4096, Access::LOCAL_WRITE)?;
-//! # let (peer, remote) = (qp.local(0), mr.remote());
-//! qp.connect(&peer, 0, Access::empty())?;
+//! # let (peer, remote) = (qp.endpoint(), mr.remote());
+//! qp.connect_to(&peer, Access::empty())?;
 //! let mut completions = cq.into_async()?;
 //! qp.post_send(wr::write(1, [mr.sge(0..64)?], &remote, 0)?)?;
 //! let wc = completions.completion().await?; // the runtime runs other tasks meanwhile

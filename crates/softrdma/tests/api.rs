@@ -58,8 +58,8 @@ fn post_when_room(qp: &QueuePair, wr: SendWr) {
 }
 
 fn connect(a: &Side, b: &Side) {
-    a.qp.connect(&b.qp.local(2000), 100, ALL).unwrap();
-    b.qp.connect(&a.qp.local(100), 2000, ALL).unwrap();
+    a.qp.connect_to(&b.qp.endpoint(), ALL).unwrap();
+    b.qp.connect_to(&a.qp.endpoint(), ALL).unwrap();
 }
 
 #[test]
@@ -176,8 +176,8 @@ fn fds_are_borrowed_from_their_owners() {
         .create_qp(&QpInit::new(QpType::Rc, &cq_b).depth(8, 8))
         .unwrap();
     let mr_b = pd_b.register(4096, ALL).unwrap();
-    a.qp.connect(&qp_b.local(5), 9, ALL).unwrap();
-    qp_b.connect(&a.qp.local(9), 5, ALL).unwrap();
+    a.qp.connect_to(&qp_b.endpoint(), ALL).unwrap();
+    qp_b.connect_to(&a.qp.endpoint(), ALL).unwrap();
     assert_eq!(ch.as_fd().as_raw_fd(), ch.as_raw_fd());
     // An owned duplicate of the channel's fd sees the same eventfd.
     let dup = ch.as_fd().try_clone_to_owned().unwrap();

@@ -41,9 +41,9 @@ fn side(t: QpType) -> Side {
 fn pair(t: QpType) -> (Side, Side) {
     let a = side(t);
     let b = side(t);
-    let (pa, pb) = (a.qp.local(100), b.qp.local(2000));
-    a.qp.connect(&pb, 100, ALL).unwrap();
-    b.qp.connect(&pa, 2000, ALL).unwrap();
+    let (pa, pb) = (a.qp.endpoint(), b.qp.endpoint());
+    a.qp.connect_to(&pb, ALL).unwrap();
+    b.qp.connect_to(&pa, ALL).unwrap();
     (a, b)
 }
 
@@ -159,8 +159,8 @@ fn completion_channel_fd_works_with_poll() {
         .create_qp(&QpInit::new(QpType::Rc, &cq_b).depth(8, 8))
         .unwrap();
     let mr_b = pd_b.register(4096, ALL).unwrap();
-    a.qp.connect(&qp_b.local(5), 9, ALL).unwrap();
-    qp_b.connect(&a.qp.local(9), 5, ALL).unwrap();
+    a.qp.connect_to(&qp_b.endpoint(), ALL).unwrap();
+    qp_b.connect_to(&a.qp.endpoint(), ALL).unwrap();
     qp_b.post_recv(wr::recv(1, [mr_b.sge(0..64).unwrap()]))
         .unwrap();
     cq_b.req_notify(false).unwrap();
@@ -233,8 +233,8 @@ fn pcap_trace_is_readable_by_tshark() {
             traffic_class: 0x68, // DSCP 26 (AF31), ECN 0
             ..Default::default()
         };
-        qa.connect_with(&qb.local(1), 1, ALL, &o).unwrap();
-        qb.connect_with(&qa.local(1), 1, ALL, &o).unwrap();
+        qa.connect_to_with(&qb.endpoint(), ALL, &o).unwrap();
+        qb.connect_to_with(&qa.endpoint(), ALL, &o).unwrap();
         qb.post_recv(wr::recv(1, [mb.sge(0..64).unwrap()])).unwrap();
         qa.post_send(wr::send(1, [ma.sge(0..16).unwrap()])).unwrap();
         assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);

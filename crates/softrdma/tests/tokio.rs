@@ -63,10 +63,9 @@ fn side(name: &str, mr_len: usize) -> Side {
 fn pair(mr_len: usize) -> (Side, Side) {
     let a = side("tokio-a", mr_len);
     let b = side("tokio-b", mr_len);
-    // Each side's PSN (100 for A, 2000 for B) given to both its own connect and the
-    // peer's: a mismatch would end in RETRY_EXC_ERR.
-    a.qp.connect(&b.qp.local(2000), 100, ALL).unwrap();
-    b.qp.connect(&a.qp.local(100), 2000, ALL).unwrap();
+    // Each QP chose its PSN; its endpoint carries it to the peer.
+    a.qp.connect_to(&b.qp.endpoint(), ALL).unwrap();
+    b.qp.connect_to(&a.qp.endpoint(), ALL).unwrap();
     (a, b)
 }
 
@@ -272,8 +271,8 @@ fn device_async_event_is_awaited() {
             }
         };
         let b = side("tokio-f", 8192);
-        a.qp.connect(&b.qp.local(2000), 100, ALL).unwrap();
-        b.qp.connect(&a.qp.local(100), 2000, ALL).unwrap();
+        a.qp.connect_to(&b.qp.endpoint(), ALL).unwrap();
+        b.qp.connect_to(&a.qp.endpoint(), ALL).unwrap();
         let events = a.dev.async_events().unwrap();
         // Nothing polls A's CQ while more WRITEs complete than it holds.
         let waiter = async {

@@ -1,23 +1,41 @@
-//! Helpers shared by the examples: the TCP side channel and the self-test launcher.
+//! Helpers shared by the examples: command-line parsing and the self-test launcher. The
+//! connection setup is `softrdma::tcp`'s, not here.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Send `data` and receive as many bytes from the peer (both sides send first, which is
-/// fine: the messages are far smaller than the socket buffers).
-pub fn exchange(s: &mut TcpStream, data: &[u8]) -> std::io::Result<Vec<u8>> {
-    s.write_all(data)?;
-    let mut buf = vec![0u8; data.len()];
-    s.read_exact(&mut buf)?;
-    Ok(buf)
+/// Which side this process is: a server with its TCP listener (already bound, its port
+/// printed), or a client with the server's host and port. The connection itself is one
+/// call of `softrdma::tcp` (`accept_with` / `connect_with`) in each example.
+pub enum Role {
+    /// Listening for one client.
+    Server(TcpListener),
+    /// Connecting to (host, port).
+    Client((String, u16)),
 }
 
-/// One-byte barrier over the side channel.
-pub fn sync(s: &mut TcpStream) -> std::io::Result<()> {
-    exchange(s, b"s").map(|_| ())
+impl Role {
+    /// Whether this is the server.
+    pub fn is_server(&self) -> bool {
+        matches!(self, Role::Server(_))
+    }
+}
+
+/// The role the command line asks for: a client when it names a host (the first
+/// positional argument), else a server listening on `port` (0: any), which prints
+/// `listening on PORT` so that a launcher can find it.
+pub fn role(
+    args: &[String],
+    valued: &[&str],
+    port: u16,
+) -> Result<Role, Box<dyn std::error::Error>> {
+    Ok(match positional(args, valued) {
+        Some(host) => Role::Client((host, port)),
+        None => Role::Server(listen(port)?),
+    })
 }
 
 /// Listen on `port` (0: any) on all addresses, print `listening on PORT` so a launcher can
@@ -27,21 +45,6 @@ pub fn listen(port: u16) -> std::io::Result<TcpListener> {
     println!("listening on {}", l.local_addr()?.port());
     std::io::stdout().flush()?;
     Ok(l)
-}
-
-/// Connect to `host:port`, retrying for a few seconds while the server starts.
-pub fn connect(host: &str, port: u16) -> std::io::Result<TcpStream> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match TcpStream::connect((host, port)) {
-            Ok(s) => {
-                s.set_read_timeout(Some(Duration::from_secs(30)))?;
-                return Ok(s);
-            }
-            Err(e) if Instant::now() > deadline => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
 }
 
 /// The value after `--name` in the arguments.

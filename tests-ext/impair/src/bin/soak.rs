@@ -255,8 +255,10 @@ fn server(a: &Args) -> Res<()> {
     let qp = pd
         .create_qp(&QpInit::new(QpType::Rc, &cq).depth(1, recvs as u32))
         .map_err(e("create qp"))?;
-    let psn = std::process::id() & 0xFF_FFFF;
-    let mut msg = qp.local(psn).to_bytes().to_vec();
+    // The PSN the QP chose, sent in the hello and sent from by connect_with.
+    let me = qp.endpoint();
+    let psn = me.psn;
+    let mut msg = me.remote_qp().to_bytes().to_vec();
     msg.extend_from_slice(&target.remote().to_bytes());
     msg.extend_from_slice(&counters.remote().to_bytes());
     s.write_all(&msg).map_err(e("send the server's hello"))?;
@@ -657,9 +659,10 @@ fn client(a: &Args, host: &str) -> Res<()> {
     let qp = pd
         .create_qp(&QpInit::new(QpType::Rc, &cq).depth(depth as u32, 1))
         .map_err(e("create qp"))?;
-    let psn = (std::process::id().wrapping_mul(7)) & 0xFF_FFFF;
+    let me = qp.endpoint();
+    let psn = me.psn;
     let hello = Hello {
-        qp: qp.local(psn),
+        qp: me.remote_qp(),
         ops: a.ops,
         seed: a.seed,
         depth: a.depth,
