@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use softrdma_device::CqPoller;
 use softrdma_transport::verbs::{Arm, ChannelId, CqId, SrqId, WorkCompletion};
 
+use crate::pins::CqQueues;
 use crate::{Device, Error, ErrorKind, Result};
 
 pub(crate) struct ChanInner {
@@ -136,6 +137,8 @@ pub(crate) struct CqInner {
     pub(crate) poller: CqPoller,
     /// The completions the queues reporting here may hold at once.
     pub(crate) load: Mutex<CqLoad>,
+    /// The queues reporting here, whose requests' pins a polled completion releases.
+    pub(crate) queues: CqQueues,
 }
 
 /// What the work queues reporting into a CQ may have outstanding: each one can complete
@@ -322,12 +325,20 @@ impl CompletionQueue {
     /// progress once (receives and handles what arrived, fires due timers) and looks
     /// again: a thread polling in a loop is the one that makes progress, and the device's
     /// progress thread stays out of its way.
+    ///
+    /// Polling a completion releases the memory regions its work request (and, for a
+    /// send, the unsignaled ones before it) kept registered: see
+    /// [`MemoryRegion`](crate::MemoryRegion#dropping).
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        Ok(self.inner.poller.poll(self.inner.dev.rt(), out)?)
+        let n = self.inner.poller.poll(self.inner.dev.rt(), out)?;
+        self.inner.queues.retire(&out[..n.min(out.len())]);
+        Ok(n)
     }
     /// Poll without driving progress; skips the engine lock while the CQ is known empty.
     fn poll_quick(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        Ok(self.inner.poller.take(self.inner.dev.rt(), out)?)
+        let n = self.inner.poller.take(self.inner.dev.rt(), out)?;
+        self.inner.queues.retire(&out[..n.min(out.len())]);
+        Ok(n)
     }
     /// One completion, if any.
     pub fn poll_one(&self) -> Result<Option<WorkCompletion>> {

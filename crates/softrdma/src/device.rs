@@ -59,6 +59,8 @@ pub(crate) struct DevInner {
     pub(crate) cm: Mutex<Option<Arc<softrdma_cm::agent::Agent>>>,
     /// Its name in [`OPEN_NAMES`] until it closes.
     _name: NameGuard,
+    /// The memory regions registered through this face, by lkey, for posts to pin.
+    pub(crate) mrs: crate::pins::Registry,
 }
 
 /// The names of the devices open in this process. Opening a device a second time (two
@@ -210,6 +212,7 @@ impl Device {
                 dev: Arc::new(d),
                 cm: Mutex::new(None),
                 _name: name,
+                mrs: Default::default(),
             }),
         })
     }
@@ -329,6 +332,7 @@ impl Device {
                 _chan: channel.map(|c| Arc::clone(&c.inner)),
                 poller: CqPoller::new(id),
                 load: Default::default(),
+                queues: Default::default(),
             }),
         })
     }

@@ -80,7 +80,9 @@
 //! registration ([`ProtectionDomain::register`]) owns its buffer and exposes it only by
 //! copying and atomics; [`ProtectionDomain::register_raw`] is `unsafe` with a written
 //! contract. Objects keep their parents alive (a QP its PD and CQs, an MR its PD, …) and
-//! free their verbs object on drop.
+//! free their verbs object on drop. A posted work request keeps the memory regions it
+//! names registered until its completion is polled, so dropping a region's handle while
+//! a request uses it is harmless (see [`MemoryRegion`'s dropping](MemoryRegion#sharing-and-dropping)).
 
 #![warn(missing_docs)]
 
@@ -92,6 +94,7 @@ mod endpoint;
 mod error;
 mod mr;
 mod pd;
+mod pins;
 mod qp;
 pub mod tcp;
 #[cfg(feature = "tokio")]

@@ -59,12 +59,12 @@ impl ProtectionDomain {
             .dev
             .call(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) });
         match r {
-            Ok(info) => Ok(MemoryRegion {
+            Ok(info) => Ok(MemoryRegion::new(MrReg {
                 pd: Arc::clone(&self.inner),
                 info,
                 access,
                 backing: Backing::Owned(raw),
-            }),
+            })),
             Err(e) => {
                 // SAFETY: registration failed, so the device never saw `raw`; it came from
                 // `Box::into_raw` above and is released exactly once, here.
@@ -77,8 +77,12 @@ impl ProtectionDomain {
     /// Register memory the caller owns (`ibv_reg_mr`), addressed by its host address.
     ///
     /// # Safety
-    /// `ptr..ptr+len` must stay valid for reads and writes until the returned region is
-    /// dropped. The device reads and writes that memory at any time while it is registered,
+    /// `ptr..ptr+len` must stay valid for reads and writes until the registration ends:
+    /// until the returned region and all its clones are dropped *and* every work request
+    /// that names it has had its completion polled (or its QP or SRQ was dropped), since
+    /// posted requests keep the registration alive (see
+    /// [`MemoryRegion`#sharing-and-dropping](MemoryRegion#sharing-and-dropping)); once
+    /// those completions are polled with no handle left, it is deregistered. The device reads and writes that memory at any time while it is registered,
     /// from another thread: the caller must not hold Rust references (`&`/`&mut`) to any
     /// part of it that a peer or a posted operation may write meanwhile, and must accept
     /// that its own plain accesses race with the device's (as with DMA on a real NIC).
@@ -100,12 +104,12 @@ impl ProtectionDomain {
             .inner
             .dev
             .call(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) })?;
-        Ok(MemoryRegion {
+        Ok(MemoryRegion::new(MrReg {
             pd: Arc::clone(&self.inner),
             info,
             access,
             backing: Backing::Raw,
-        })
+        }))
     }
 
     /// Register `len` bytes of device memory at `offset` (`ibv_reg_dm_mr`; zero-based).
@@ -121,12 +125,12 @@ impl ProtectionDomain {
             .inner
             .dev
             .call(|rn, _| rn.reg_dm_mr(pd, id, offset, len, access))?;
-        Ok(MemoryRegion {
+        Ok(MemoryRegion::new(MrReg {
             pd: Arc::clone(&self.inner),
             info,
             access,
             backing: Backing::Dm(Arc::clone(&dm.inner)),
-        })
+        }))
     }
 
     /// Allocate a memory window of type 1 or 2.
@@ -184,18 +188,64 @@ enum Backing {
 /// # Ok(()) }
 /// ```
 ///
-/// # Dropping
+/// # Sharing and dropping
 ///
-/// Dropping the region deregisters it at once, whatever is still outstanding, and only
-/// then frees an owned buffer, so the device never touches freed memory. Work that still
-/// needs the region fails instead: a work request of this side that names its lkey fails
-/// when the device next reads or writes it (LOC_PROT_ERR, detail
-/// [`WcDetail::UnknownLkey`](crate::WcDetail::UnknownLkey)) and moves this side's QP to
-/// ERROR; a peer's WRITE, READ or atomic on its rkey is refused with a NAK, which moves
-/// both QPs to ERROR (REM_ACCESS_ERR at the peer). Keep a region until the work requests that use it have completed and the peer
-/// is done with it. A region with a memory window bound to it cannot be deregistered:
-/// dropping it then leaks its buffer rather than free memory the device may still write.
+/// A `MemoryRegion` is a handle of its registration, cheap to clone; the registration
+/// lives while a handle or a work request holds it. Every post
+/// ([`QueuePair::post_send`](crate::QueuePair::post_send),
+/// [`QueuePair::post_recv`](crate::QueuePair::post_recv),
+/// [`SharedReceiveQueue::post_recv`](crate::SharedReceiveQueue::post_recv) and their
+/// `_unvalidated` forms) takes a share of each region its SGEs name, and keeps it until
+/// the completion that retires the request is polled from its CQ: its own completion,
+/// or for an unsignaled send the completion of a later send of its QP (a send queue
+/// completes in order), or the flush completion when the QP goes to ERROR; dropping the
+/// QP (or the SRQ) releases what its requests still hold. So dropping the last handle
+/// while a request is outstanding does not break the request: it completes as it would
+/// have, and the region is deregistered once that completion is polled.
+///
+/// Deregistering happens before an owned buffer is freed, so the device never touches
+/// freed memory. Once it is deregistered, an SGE copied from it is refused at the post
+/// ([`ErrorKind::NotFound`]). Not covered by the shares: a peer's WRITE, READ or atomic
+/// on the rkey of a region whose handles and requests are all gone is refused with a
+/// NAK, which moves both QPs to ERROR (REM_ACCESS_ERR at the peer), so keep a handle
+/// while the peer may use it. A region with a memory window bound to it cannot be
+/// deregistered: dropping it then leaks its buffer rather than free memory the device
+/// may still write.
+///
+/// ```
+/// use std::time::Duration;
+/// use softrdma::{wr, Access, Device, ErrorKind, QpInit, QpType};
+/// # fn main() -> softrdma::Result<()> {
+/// let dev = Device::open_default()?;
+/// let pd = dev.alloc_pd()?;
+/// let cq = dev.create_cq(128, None)?;
+/// let (a, b) = (
+///     pd.create_qp(&QpInit::new(QpType::Rc, &cq).depth(32, 32))?,
+///     pd.create_qp(&QpInit::new(QpType::Rc, &cq).depth(32, 32))?,
+/// );
+/// a.connect_to(&b.endpoint(), Access::REMOTE_READ)?;
+/// b.connect_to(&a.endpoint(), Access::REMOTE_READ)?;
+/// let source = pd.register(&b"read me"[..], Access::REMOTE_READ)?;
+/// let target = pd.register(64, Access::LOCAL_WRITE)?;
+/// let view = target.clone(); // a second handle of the same registration
+/// let stale = target.sge(0..7)?;
+/// a.post_send(wr::read(1, [stale], &source.remote(), 0)?)?;
+/// drop(target); // the READ holds the registration until its completion is polled
+/// cq.wait(Duration::from_secs(5))?.result()?;
+/// assert_eq!(view.to_vec(0, 7)?, b"read me");
+/// drop(view); // the last share: deregistered now
+/// let e = a.post_send(wr::send(2, [stale])).unwrap_err();
+/// assert_eq!(e.kind(), ErrorKind::NotFound);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
 pub struct MemoryRegion {
+    reg: Arc<MrReg>,
+}
+
+/// One registration: what [`MemoryRegion`] handles share and posted work requests pin
+/// (see `crate::pins`). Dropping the last `Arc` deregisters it and frees its buffer.
+pub(crate) struct MrReg {
     pd: Arc<PdInner>,
     info: MrInfo,
     access: Access,
@@ -204,19 +254,19 @@ pub struct MemoryRegion {
 
 // SAFETY: the raw pointers in `Backing` are owned (Owned) or promised valid by the caller
 // of `register_raw` for any thread (its contract); every access to the memory through this
-// type happens under the device's engine mutex, so moving the handle between threads or
-// sharing it cannot create unsynchronized access.
-unsafe impl Send for MemoryRegion {}
-// SAFETY: as for Send: `&MemoryRegion` only permits copies and atomics under the engine lock.
-unsafe impl Sync for MemoryRegion {}
+// type happens under the device's engine mutex, so moving the registration between threads
+// or sharing it cannot create unsynchronized access.
+unsafe impl Send for MrReg {}
+// SAFETY: as for Send: `&MrReg` only permits copies and atomics under the engine lock.
+unsafe impl Sync for MrReg {}
 
 impl std::fmt::Debug for MemoryRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryRegion")
-            .field("addr", &format_args!("{:#x}", self.info.addr))
-            .field("len", &self.info.length)
-            .field("lkey", &format_args!("{:#x}", self.info.lkey))
-            .field("rkey", &format_args!("{:#x}", self.info.rkey))
+            .field("addr", &format_args!("{:#x}", self.reg.info.addr))
+            .field("len", &self.reg.info.length)
+            .field("lkey", &format_args!("{:#x}", self.reg.info.lkey))
+            .field("rkey", &format_args!("{:#x}", self.reg.info.rkey))
             .finish()
     }
 }
@@ -299,31 +349,31 @@ fn range_of(r: impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)> {
 impl MemoryRegion {
     /// First address of the region (its host address; 0 for device memory).
     pub fn addr(&self) -> u64 {
-        self.info.addr
+        self.reg.info.addr
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.info.length as usize
+        self.reg.info.length as usize
     }
     /// Whether the region is empty.
     pub fn is_empty(&self) -> bool {
-        self.info.length == 0
+        self.reg.info.length == 0
     }
     /// Local key.
     pub fn lkey(&self) -> u32 {
-        self.info.lkey
+        self.reg.info.lkey
     }
     /// Remote key.
     pub fn rkey(&self) -> u32 {
-        self.info.rkey
+        self.reg.info.rkey
     }
     /// Access rights it was registered with.
     pub fn access(&self) -> Access {
-        self.access
+        self.reg.access
     }
     /// The PD it belongs to.
     pub fn pd_id(&self) -> PdId {
-        self.pd.id
+        self.reg.pd.id
     }
     /// A scatter/gather element over `range` (byte offsets into the region), checked as
     /// slice indexing checks a range: a range reaching past the region's end or ending
@@ -348,18 +398,18 @@ impl MemoryRegion {
                 .with_kind(ErrorKind::OutOfBounds)
         })?;
         Ok(Sge {
-            addr: self.info.addr.wrapping_add(start as u64),
+            addr: self.reg.info.addr.wrapping_add(start as u64),
             length: u32::try_from(n)
                 .map_err(|_| Error::invalid("an SGE carries at most 4 GiB - 1 bytes"))?,
-            lkey: self.info.lkey,
+            lkey: self.reg.info.lkey,
         })
     }
     /// What a peer needs to access the region remotely.
     pub fn remote(&self) -> RemoteMemory {
         RemoteMemory {
-            addr: self.info.addr,
-            rkey: self.info.rkey,
-            len: self.info.length,
+            addr: self.reg.info.addr,
+            rkey: self.reg.info.rkey,
+            len: self.reg.info.length,
         }
     }
 
@@ -379,19 +429,20 @@ impl MemoryRegion {
                     .with_kind(ErrorKind::OutOfBounds))
             }
         }
-        let pd = self.pd.id;
+        let pd = self.reg.pd.id;
         let sge = Sge {
-            addr: self.info.addr.wrapping_add(offset as u64),
+            addr: self.reg.info.addr.wrapping_add(offset as u64),
             length: u32::try_from(n).map_err(|_| {
                 Error::invalid("access longer than 4 GiB").with_kind(ErrorKind::OutOfBounds)
             })?,
-            lkey: self.info.lkey,
+            lkey: self.reg.info.lkey,
         };
         // Under the engine lock, which orders these copies with the device's own accesses
         // to the region, but without an engine step: touching local memory adds no
         // completion, so CQ pollers are not sent to look again (a loop watching a byte
         // would otherwise make every poll of every CQ take the lock).
-        self.pd
+        self.reg
+            .pd
             .dev
             .inner
             .dev
@@ -454,8 +505,32 @@ impl MemoryRegion {
         )
     }
 
-    /// Deregister and return the buffer (a copy of it for raw and device memory).
+    /// Deregister and return the buffer, if this is the last handle and no work request
+    /// holds the region; otherwise (other clones, work requests not yet completed, raw
+    /// and device memory) a copy of its contents, leaving the registration to the others.
     pub fn into_vec(self) -> Result<Vec<u8>> {
+        match Arc::try_unwrap(self.reg) {
+            Ok(reg) => reg.into_vec(),
+            Err(reg) => MemoryRegion { reg }.to_vec_all(),
+        }
+    }
+
+    fn to_vec_all(&self) -> Result<Vec<u8>> {
+        self.to_vec(0, self.len())
+    }
+
+    /// A new handle of `reg`, entered in its device's registry so that posted work
+    /// requests naming its lkey can find and pin it.
+    fn new(reg: MrReg) -> MemoryRegion {
+        let reg = Arc::new(reg);
+        crate::pins::enter(&reg.pd.dev, reg.info.lkey, &reg);
+        MemoryRegion { reg }
+    }
+}
+
+impl MrReg {
+    /// Deregister and return the buffer (a copy of it for raw and device memory).
+    fn into_vec(self) -> Result<Vec<u8>> {
         if let Backing::Owned(_) = self.backing {
             let mut me = std::mem::ManuallyDrop::new(self);
             match me.deregister() {
@@ -480,17 +555,27 @@ impl MemoryRegion {
                 }
             }
         } else {
-            self.to_vec(0, self.len())
+            MemoryRegion {
+                reg: Arc::new(self),
+            }
+            .to_vec_all()
         }
     }
 
+    /// Deregister, and leave the device's registry once deregistered. A registration that
+    /// could not be deregistered (a window bound to it) stays there, dead, so that a post
+    /// naming its lkey is refused rather than run unpinned.
     fn deregister(&mut self) -> Result<()> {
         let lkey = self.info.lkey;
-        self.pd.dev.call(|r, _| r.dereg_mr(lkey))
+        let r = self.pd.dev.call(|r, _| r.dereg_mr(lkey));
+        if r.is_ok() {
+            crate::pins::leave(&self.pd.dev, lkey);
+        }
+        r
     }
 }
 
-impl Drop for MemoryRegion {
+impl Drop for MrReg {
     fn drop(&mut self) {
         let ok = self.deregister().is_ok();
         if let Backing::Owned(raw) = self.backing {

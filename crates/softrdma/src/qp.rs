@@ -11,6 +11,7 @@ use softrdma_transport::verbs::{
 use crate::ah::ah_attr;
 use crate::cq::{CompletionQueue, CqCharge, CqInner};
 use crate::pd::{PdInner, ProtectionDomain};
+use crate::pins::{self, WorkQueuePins};
 use crate::{Error, ErrorKind, Result};
 
 /// The default Q_Key of the UD helpers.
@@ -245,6 +246,11 @@ pub struct QueuePair {
     /// The first PSN this QP sends with, chosen with the QP (and again on reset) so that
     /// [`QueuePair::endpoint`] and [`QueuePair::connect_to`] cannot disagree.
     psn: AtomicU32,
+    /// The memory regions its outstanding send requests name, kept registered until
+    /// their completions are polled (see `crate::pins`).
+    sq_pins: Arc<WorkQueuePins>,
+    /// The same for its own receive queue (unused with an SRQ, which has its own).
+    rq_pins: Arc<WorkQueuePins>,
 }
 
 /// A random 24-bit first PSN from the kernel's generator: with the QPN (random too) it
@@ -301,7 +307,14 @@ impl QueuePair {
                 return Err(e);
             }
         };
+        let sq_pins = WorkQueuePins::new(true);
+        let rq_pins = WorkQueuePins::new(true);
+        init.send_cq.inner.queues.link(qpn, false, &sq_pins);
+        let recv_pins = init.srq.map_or(&rq_pins, |s| &s.inner.pins);
+        init.recv_cq.inner.queues.link(qpn, true, recv_pins);
         Ok(QueuePair {
+            sq_pins,
+            rq_pins,
             pd: Arc::clone(&pd.inner),
             _send_cq: Arc::clone(&init.send_cq.inner),
             _recv_cq: Arc::clone(&init.recv_cq.inner),
@@ -395,21 +408,34 @@ impl QueuePair {
     ///
     /// With `SendFlags::INLINE`, the payload is copied at once from the SGEs, or taken from
     /// `wr.inline_data`.
+    ///
+    /// The request keeps every memory region its SGEs name registered until the
+    /// completion that retires it is polled, so dropping the regions' handles meanwhile
+    /// does not break it (see [`MemoryRegion`](crate::MemoryRegion#sharing-and-dropping)).
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
         let qpn = self.qpn;
-        self.pd.dev.post(|r, now| {
-            r.check_send_sges(qpn, &wr)?;
-            r.post_send(now, qpn, wr)
+        let pins = pins::pin(&self.pd.dev, &wr.sg_list, true)?;
+        self.sq_pins.post(wr.wr_id, pins, || {
+            self.pd.dev.post(|r, now| {
+                r.check_send_sges(qpn, &wr)?;
+                r.post_send(now, qpn, wr)
+            })
         })
     }
     /// Post a send work request that only the device checks, when it executes it, as a NIC
     /// does: a bad SGE then completes with LOC_PROT_ERR (its [`WcDetail`](crate::WcDetail)
     /// says which check failed) and moves the QP to ERROR. For programs and tests that
     /// want the verbs behaviour; [`QueuePair::post_send`] refuses such a WR at the call.
-    /// Memory stays safe either way: the device reaches only registered memory.
+    /// Memory stays safe either way: the device reaches only registered memory. The
+    /// regions of this face its SGEs name are kept registered until its completion, as
+    /// by [`QueuePair::post_send`]; an lkey of no such region (one dropped already, or
+    /// made up) is the caller's to answer for, and fails in the completion.
     pub fn post_send_unvalidated(&self, wr: SendWr) -> Result<()> {
         let qpn = self.qpn;
-        self.pd.dev.post(|r, now| r.post_send(now, qpn, wr))
+        let pins = pins::pin(&self.pd.dev, &wr.sg_list, false)?;
+        self.sq_pins.post(wr.wr_id, pins, || {
+            self.pd.dev.post(|r, now| r.post_send(now, qpn, wr))
+        })
     }
     /// Post several send work requests in order; stops at the first error.
     pub fn post_send_all(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<()> {
@@ -419,7 +445,8 @@ impl QueuePair {
         Ok(())
     }
     /// Post a receive work request, its SGEs checked as [`QueuePair::post_send`] checks
-    /// them (the device writes them: LOCAL_WRITE).
+    /// them (the device writes them: LOCAL_WRITE), and the regions they name kept
+    /// registered until its completion is polled, as there.
     ///
     /// Accepted in every state but RESET ([`ErrorKind::QpState`]): from INIT on, so that
     /// receives are in place before the peer sends; in ERR it completes at once with
@@ -427,16 +454,22 @@ impl QueuePair {
     /// and posting here is refused.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let qpn = self.qpn;
-        self.pd.dev.call(|r, now| {
-            r.check_recv_sges(qpn, &wr)?;
-            r.post_recv(now, qpn, wr)
+        let pins = pins::pin(&self.pd.dev, &wr.sg_list, true)?;
+        self.rq_pins.post(wr.wr_id, pins, || {
+            self.pd.dev.call(|r, now| {
+                r.check_recv_sges(qpn, &wr)?;
+                r.post_recv(now, qpn, wr)
+            })
         })
     }
     /// Post a receive work request that only the device checks, when a message arrives
     /// for it (see [`QueuePair::post_send_unvalidated`]).
     pub fn post_recv_unvalidated(&self, wr: RecvWr) -> Result<()> {
         let qpn = self.qpn;
-        self.pd.dev.call(|r, now| r.post_recv(now, qpn, wr))
+        let pins = pins::pin(&self.pd.dev, &wr.sg_list, false)?;
+        self.rq_pins.post(wr.wr_id, pins, || {
+            self.pd.dev.call(|r, now| r.post_recv(now, qpn, wr))
+        })
     }
     /// Modify attributes (`ibv_modify_qp`).
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
@@ -578,9 +611,15 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let qpn = self.qpn;
+        // Completions of this QP still in its CQs release nothing once it is gone; its
+        // pins go with it, below.
+        self._send_cq.queues.unlink(qpn, &self.sq_pins);
+        self._recv_cq.queues.unlink(qpn, &self.sq_pins);
         let _ = self.pd.dev.call(|r, _| r.destroy_qp(qpn));
         // Only now can the queues no longer complete anything into the CQs.
         self.charges.clear();
+        // The device no longer reaches what the QP's requests named: their pins are
+        // released as the fields drop, after this and outside any lock.
     }
 }
 
@@ -590,6 +629,8 @@ pub(crate) struct SrqInner {
     /// The CQs its QPs report receives into, to check them when `max_wr` grows. Weak:
     /// a CQ no QP of the SRQ uses any more must stay free to go.
     cqs: Mutex<Vec<Weak<CqInner>>>,
+    /// The memory regions its posted receives name, until their completions are polled.
+    pins: Arc<WorkQueuePins>,
 }
 
 impl SrqInner {
@@ -673,6 +714,7 @@ impl SharedReceiveQueue {
                 pd: Arc::clone(&pd.inner),
                 id,
                 cqs: Mutex::new(Vec::new()),
+                pins: WorkQueuePins::new(false),
             }),
             pd: Arc::clone(&pd.inner),
             id,
@@ -686,19 +728,26 @@ impl SharedReceiveQueue {
         self.id
     }
     /// Post a receive work request, its SGEs checked against the SRQ's PD as
-    /// [`QueuePair::post_recv`] checks them.
+    /// [`QueuePair::post_recv`] checks them, and the regions they name kept registered
+    /// until the completion of the receive is polled (or the SRQ is dropped).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let id = self.id;
-        self.pd.dev.call(|r, now| {
-            r.check_srq_recv_sges(id, &wr)?;
-            r.post_srq_recv(now, id, wr)
+        let pins = pins::pin(&self.pd.dev, &wr.sg_list, true)?;
+        self.inner.pins.post(wr.wr_id, pins, || {
+            self.pd.dev.call(|r, now| {
+                r.check_srq_recv_sges(id, &wr)?;
+                r.post_srq_recv(now, id, wr)
+            })
         })
     }
     /// Post a receive work request that only the device checks, when a message arrives
     /// for it (see [`QueuePair::post_send_unvalidated`]).
     pub fn post_recv_unvalidated(&self, wr: RecvWr) -> Result<()> {
         let id = self.id;
-        self.pd.dev.call(|r, now| r.post_srq_recv(now, id, wr))
+        let pins = pins::pin(&self.pd.dev, &wr.sg_list, false)?;
+        self.inner.pins.post(wr.wr_id, pins, || {
+            self.pd.dev.call(|r, now| r.post_srq_recv(now, id, wr))
+        })
     }
     /// Grow `max_wr` and/or arm the limit event (`ibv_modify_srq`). A larger `max_wr`
     /// must still fit the CQs its QPs report receives into (see
