@@ -30,22 +30,36 @@
 //! same channel, or a second [`AsyncDeviceEvents`] of the same device, is an error of kind
 //! [`Busy`](ErrorKind::Busy) while the first lives.
 //!
-//! ```no_run
+//! Two queue pairs of one device connected to each other, a WRITE awaited on a
+//! current-thread runtime:
+//!
+//! ```
 //! use softrdma::{wr, Access, Device, QpInit, QpType};
-//! # async fn run() -> softrdma::Result<()> {
-//! let dev = Device::open_default()?;
-//! let pd = dev.alloc_pd()?;
-//! let channel = dev.create_channel()?;
-//! let cq = dev.create_cq(128, Some(&channel))?;
-//! let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
-//! let mr = pd.register(4096, Access::LOCAL_WRITE)?;
-//! # let (peer, remote) = (qp.endpoint(), mr.remote());
-//! qp.connect_to(&peer, Access::empty())?;
-//! let mut completions = cq.into_async()?;
-//! qp.post_send(wr::write(1, [mr.sge(0..64)?], &remote, 0)?)?;
-//! let wc = completions.completion().await?; // the runtime runs other tasks meanwhile
-//! wc.result()?;
-//! # Ok(()) }
+//! # fn main() -> softrdma::Result<()> {
+//! let rt = tokio::runtime::Builder::new_current_thread()
+//!     .enable_all()
+//!     .build()?;
+//! rt.block_on(async {
+//!     let dev = Device::open_default()?;
+//!     let pd = dev.alloc_pd()?;
+//!     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+//!     // The awaited CQ needs a completion channel: its fd is what the runtime watches.
+//!     let channel = dev.create_channel()?;
+//!     let (a_cq, b_cq) = (dev.create_cq(128, Some(&channel))?, dev.create_cq(128, None)?);
+//!     let a = pd.create_qp(&QpInit::new(QpType::Rc, &a_cq))?;
+//!     let b = pd.create_qp(&QpInit::new(QpType::Rc, &b_cq))?;
+//!     let (a_mem, b_mem) = (pd.register(4096, access)?, pd.register(4096, access)?);
+//!     a.connect_to(&b.endpoint(), access)?;
+//!     b.connect_to(&a.endpoint(), access)?;
+//!     let mut completions = a_cq.into_async()?;
+//!     a_mem.write(0, b"awaited")?;
+//!     a.post_send(wr::write(1, [a_mem.sge(0..7)?], &b_mem.remote(), 0)?)?;
+//!     let wc = completions.completion().await?; // the runtime runs other tasks meanwhile
+//!     wc.result()?;
+//!     assert_eq!(b_mem.to_vec(0, 7)?, b"awaited");
+//!     Ok(())
+//! })
+//! # }
 //! ```
 
 use std::os::fd::AsRawFd;
