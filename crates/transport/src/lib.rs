@@ -273,8 +273,20 @@ impl Nic {
             return Err(e);
         }
         data[at + plen..].fill(0); // pad and ICRC
-        let sport = wire::udp_src_port(src_qpn);
-        let src = SocketAddr::new(self.src_ip(dst.ip()), sport);
+        self.seal_and_queue(src_qpn, dst, tos, TransmitKind::of(h), data);
+        Ok(())
+    }
+
+    /// Seal a built packet for QP `src_qpn`'s source port and `dst`, count it and queue it.
+    fn seal_and_queue(
+        &mut self,
+        src_qpn: u32,
+        dst: SocketAddr,
+        tos: u8,
+        kind: TransmitKind,
+        mut data: Vec<u8>,
+    ) {
+        let src = SocketAddr::new(self.src_ip(dst.ip()), wire::udp_src_port(src_qpn));
         wire::icrc::seal(&Addrs::new(src, dst), &mut data);
         self.stats.tx_packets += 1;
         self.stats.tx_bytes += data.len() as u64;
@@ -282,10 +294,9 @@ impl Nic {
             src,
             dst,
             tos,
-            kind: TransmitKind::of(h),
+            kind,
             data,
         });
-        Ok(())
     }
 
     /// Build, seal and queue one of softrdma's extension messages ([`wire::ext`]) from QP
@@ -298,17 +309,7 @@ impl Nic {
             self.recycle(data);
             return;
         }
-        let src = SocketAddr::new(self.src_ip(dst.ip()), wire::udp_src_port(src_qpn));
-        wire::icrc::seal(&Addrs::new(src, dst), &mut data);
-        self.stats.tx_packets += 1;
-        self.stats.tx_bytes += data.len() as u64;
-        self.out.push_back(Transmit {
-            src,
-            dst,
-            tos,
-            kind: TransmitKind::Nak,
-            data,
-        });
+        self.seal_and_queue(src_qpn, dst, tos, TransmitKind::Nak, data);
     }
 
     /// A buffer of exactly `len` bytes (contents unspecified), from the pool when it can.
@@ -743,18 +744,7 @@ impl Rnic {
         }
         let (h, payload) = match Headers::parse(data) {
             Ok(parsed) => parsed,
-            Err(e) => {
-                tracing::debug!(
-                    peer = %src,
-                    len = data.len(),
-                    opcode = %wire::Opcode(data[0]),
-                    counter = "malformed",
-                    reason = %e,
-                    "packet dropped"
-                );
-                env.stats.malformed += 1;
-                return;
-            }
+            Err(e) => return unparsed(env, src, data, e),
         };
         let Some(info) = h.bth.opcode.info() else {
             tracing::debug!(
@@ -822,18 +812,7 @@ impl Rnic {
         let env = &mut self.env;
         let m = match Ext::parse(data) {
             Ok(m) => m,
-            Err(e) => {
-                tracing::debug!(
-                    peer = %src,
-                    len = data.len(),
-                    opcode = %wire::Opcode(data[0]),
-                    counter = "malformed",
-                    reason = %e,
-                    "packet dropped"
-                );
-                env.stats.malformed += 1;
-                return;
-            }
+            Err(e) => return unparsed(env, src, data, e),
         };
         let (Ext::SackPermit(bth) | Ext::Sack(bth, _)) = m;
         let qp = self.qps.get_mut(&bth.dest_qp);
@@ -1129,6 +1108,19 @@ fn admit(
         env.ctx.push_event(verbs::AsyncEvent::CommEst(qp.qpn));
     }
     true
+}
+
+/// A datagram with a good ICRC that does not parse: logged with why, and counted.
+fn unparsed(env: &mut Nic, src: SocketAddr, data: &[u8], e: wire::Error) {
+    tracing::debug!(
+        peer = %src,
+        len = data.len(),
+        opcode = %wire::Opcode(data[0]),
+        counter = "malformed",
+        reason = %e,
+        "packet dropped"
+    );
+    env.stats.malformed += 1;
 }
 
 /// IP equality treating IPv4 and its IPv4-mapped IPv6 form as the same address.

@@ -1536,67 +1536,42 @@ fn no_sack_permit_to_a_peer_that_does_not_hold() {
 /// nothing: no completion, no resend, no error.
 #[test]
 fn forged_or_stale_sacks_change_nothing() {
-    use wire::ext::{Ext, SackBitmap, SACK};
     let cfg = Cfg::default();
     let (mut a, mut b) = pair(QpType::Rc, &cfg);
-    let data = pattern(8 * 1024, 3);
-    a.write(0, &data);
-    let mut now = 0;
-    let op = SendOp::Write {
-        remote_addr: b.base,
-        rkey: b.rkey,
-    };
-    a.send(now, 1, op, vec![a.sge(0, data.len())]).unwrap();
-    // Send the 8 packets, deliver none, and learn b's port from a's view: a real b
-    // packet (an ACK of an earlier exchange) is not needed, the QP learns it from the
-    // first genuine response; here we set it as that would.
-    let mut out = Vec::new();
-    while let Some(t) = a.nic.poll_transmit(now) {
-        out.push(t);
-    }
-    assert_eq!(out.len(), 8);
-    let b_addr = b.nic.addr();
+    let (out, data) = write_sent_undelivered(&mut a, &b, 3);
     let b_port = wire::udp_src_port(b.qpn);
-    a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(b_port);
     let high = wire::psn::add(cfg.psn_a, 8);
-    let a_qpn = a.qpn;
-    let sack = |e: u32, held: &[u32]| {
-        let mut bits = SackBitmap::default();
-        for &d in held {
-            bits.set(d);
-        }
-        let m = Ext::Sack(wire::Bth::new(SACK, a_qpn, e), bits);
-        let mut buf = vec![0; m.len()];
-        m.emit(&mut buf).unwrap();
-        buf
-    };
-    let inject = |a: &mut Node, port: u16, mut buf: Vec<u8>| {
-        let src = SocketAddr::new(b_addr.ip(), port);
-        wire::icrc::seal(&wire::Addrs::new(src, a.nic.addr()), &mut buf);
-        a.nic.handle_datagram(now, src, a.nic.addr(), &buf);
-    };
+    let mut now = 0;
     let before = a.nic.stats().clone();
+    let none: Vec<u32> = Vec::new();
     // Expected PSN past everything sent (a forged "all received").
-    inject(&mut a, b_port, sack(high, &[]));
+    assert_eq!(inject_sack(&mut a, &b, b_port, now, high, &[]), none);
     // Before the oldest outstanding PSN.
-    inject(
-        &mut a,
-        b_port,
-        sack(wire::psn::sub(cfg.psn_a, 1), &[2, 3, 4, 5]),
+    let stale = wire::psn::sub(cfg.psn_a, 1);
+    assert_eq!(
+        inject_sack(&mut a, &b, b_port, now, stale, &[2, 3, 4, 5]),
+        none
     );
     // Holding packets never sent.
-    inject(&mut a, b_port, sack(cfg.psn_a, &[7, 8, 9, 10]));
+    assert_eq!(
+        inject_sack(&mut a, &b, b_port, now, cfg.psn_a, &[7, 8, 9, 10]),
+        none
+    );
     // A valid-looking SACK from another port.
-    inject(&mut a, b_port ^ 1, sack(cfg.psn_a, &[1, 2, 3, 4, 5, 6, 7]));
+    let all = [1, 2, 3, 4, 5, 6, 7];
+    assert_eq!(
+        inject_sack(&mut a, &b, b_port ^ 1, now, cfg.psn_a, &all),
+        none
+    );
     let s = a.nic.stats();
     assert_eq!(s.sacks_rcvd, before.sacks_rcvd);
     assert_eq!(s.retransmits, before.retransmits);
     assert_eq!(s.dropped, before.dropped + 1, "the wrong port is counted");
-    assert!(a.nic.poll_transmit(now).is_none(), "nothing resent");
     assert!(a.wcs().is_empty(), "nothing completed");
     // A genuine-looking one inside the window only resends the hole: still nothing
     // completes until b really acknowledges.
-    inject(&mut a, b_port, sack(cfg.psn_a, &[1, 2, 3, 4, 5, 6, 7]));
+    let resent = inject_sack(&mut a, &b, b_port, now, cfg.psn_a, &all);
+    assert_eq!(resent, vec![cfg.psn_a]);
     assert_eq!(a.nic.stats().sack_resends, before.sack_resends + 1);
     assert!(a.wcs().is_empty());
     // Deliver everything for real: the WRITE completes once.
@@ -1791,52 +1766,23 @@ fn the_round_trip_timer_still_fires_between_local_ack_timeouts() {
 /// resent again at once, though a round trip has not passed since its first resend.
 #[test]
 fn a_resend_overtaken_by_a_later_one_is_resent_again() {
-    use wire::ext::{Ext, SackBitmap, SACK};
     let cfg = Cfg::default();
     let (mut a, b) = pair(QpType::Rc, &cfg);
-    let data = pattern(8 * 1024, 5);
-    a.write(0, &data);
-    let op = SendOp::Write {
-        remote_addr: b.base,
-        rkey: b.rkey,
-    };
-    a.send(0, 1, op, vec![a.sge(0, data.len())]).unwrap();
-    while a.nic.poll_transmit(0).is_some() {}
+    write_sent_undelivered(&mut a, &b, 5);
     let b_port = wire::udp_src_port(b.qpn);
-    a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(b_port);
-    let (a_qpn, b_ip, a_addr) = (a.qpn, b.nic.addr().ip(), a.nic.addr());
     let p = cfg.psn_a;
-    let sack = |a: &mut Node, now: u64, held: &[u32]| -> Vec<u32> {
-        let mut bits = SackBitmap::default();
-        for &d in held {
-            bits.set(d);
-        }
-        let m = Ext::Sack(wire::Bth::new(SACK, a_qpn, p), bits);
-        let mut buf = vec![0; m.len()];
-        m.emit(&mut buf).unwrap();
-        let src = SocketAddr::new(b_ip, b_port);
-        wire::icrc::seal(&wire::Addrs::new(src, a_addr), &mut buf);
-        a.nic.handle_datagram(now, src, a_addr, &buf);
-        let mut resent = Vec::new();
-        while let Some(t) = a.nic.poll_transmit(now) {
-            resent.push(wire::Headers::parse(&t.data).unwrap().0.bth.psn);
-        }
-        resent
-    };
+    let mut sack = |now: u64, held: &[u32]| inject_sack(&mut a, &b, b_port, now, p, held);
     // The first packet is missing, three after it held: resend it.
-    assert_eq!(sack(&mut a, 0, &[1, 2, 3]), vec![p]);
+    assert_eq!(sack(0, &[1, 2, 3]), vec![p]);
     // A second hole at p + 4: resent; the first, resent 10 µs ago, is not.
     assert_eq!(
-        sack(&mut a, 10_000, &[1, 2, 3, 5, 6, 7]),
+        sack(10_000, &[1, 2, 3, 5, 6, 7]),
         vec![wire::psn::add(p, 4)]
     );
     // The second resend arrived, the first did not: resent again.
-    assert_eq!(sack(&mut a, 20_000, &[1, 2, 3, 4, 5, 6, 7]), vec![p]);
+    assert_eq!(sack(20_000, &[1, 2, 3, 4, 5, 6, 7]), vec![p]);
     // The same SACK again: nothing newer arrived since, the guard holds.
-    assert_eq!(
-        sack(&mut a, 30_000, &[1, 2, 3, 4, 5, 6, 7]),
-        Vec::<u32>::new()
-    );
+    assert_eq!(sack(30_000, &[1, 2, 3, 4, 5, 6, 7]), Vec::<u32>::new());
     assert_eq!(a.nic.stats().sack_resends, 3);
     assert!(a.wcs().is_empty(), "a SACK completes nothing");
 }
@@ -1899,4 +1845,47 @@ fn a_spurious_round_trip_timeout_resends_only_the_oldest() {
     assert_eq!(resent.len(), 1, "only one PSN resent: {resent:?}");
     assert_eq!(resent[0].0, first);
     assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, None, "nothing learnt");
+}
+
+/// a sends an 8 KiB WRITE (8 packets at MTU 1024) to b, none delivered, and its QP knows
+/// b's UDP port as it would from b's first genuine packet. Returns the datagrams and the
+/// data.
+fn write_sent_undelivered(a: &mut Node, b: &Node, seed: u8) -> (Vec<Transmit>, Vec<u8>) {
+    let data = pattern(8 * 1024, seed);
+    a.write(0, &data);
+    let op = SendOp::Write {
+        remote_addr: b.base,
+        rkey: b.rkey,
+    };
+    a.send(0, 1, op, vec![a.sge(0, data.len())]).unwrap();
+    let mut out = Vec::new();
+    while let Some(t) = a.nic.poll_transmit(0) {
+        out.push(t);
+    }
+    assert_eq!(out.len(), 8);
+    let port = wire::udp_src_port(b.qpn);
+    a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(port);
+    (out, data)
+}
+
+/// Hand a, at `now`, a SACK from b's IP and UDP `port` saying b expects `e` and holds the
+/// packets `held` past it; returns the PSNs a sends in answer.
+fn inject_sack(a: &mut Node, b: &Node, port: u16, now: u64, e: u32, held: &[u32]) -> Vec<u32> {
+    use wire::ext::{Ext, SackBitmap, SACK};
+    let mut bits = SackBitmap::default();
+    for &d in held {
+        bits.set(d);
+    }
+    let m = Ext::Sack(wire::Bth::new(SACK, a.qpn, e), bits);
+    let mut buf = vec![0; m.len()];
+    m.emit(&mut buf).unwrap();
+    let src = SocketAddr::new(b.nic.addr().ip(), port);
+    let dst = a.nic.addr();
+    wire::icrc::seal(&wire::Addrs::new(src, dst), &mut buf);
+    a.nic.handle_datagram(now, src, dst, &buf);
+    let mut sent = Vec::new();
+    while let Some(t) = a.nic.poll_transmit(now) {
+        sent.push(wire::Headers::parse(&t.data).unwrap().0.bth.psn);
+    }
+    sent
 }
