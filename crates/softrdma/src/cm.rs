@@ -810,9 +810,26 @@ pub fn connect_with(
     if ev.kind != EventType::RouteResolved {
         return Err(event_error(&ev, "resolving the route", addr));
     }
+    let qp = send_connect(&id, pd, init, opts, prepare)?;
+    let ev = next_of(&ch, h, deadline, CONNECTING)?;
+    connected(id, qp, &ev, ps, opts, addr)
+}
+
+/// What the wait for the server's answer is called in errors.
+pub(crate) const CONNECTING: &str = "connecting";
+
+/// The client's steps once the route is resolved: the QP made and prepared, the request
+/// sent (shared by [`connect_with`] and its async form).
+pub(crate) fn send_connect(
+    id: &CmId,
+    pd: &ProtectionDomain,
+    init: &QpInit<'_>,
+    opts: &ConnectOptions,
+    prepare: impl FnOnce(&QueuePair) -> Result<()>,
+) -> Result<QueuePair> {
     let qp = id.create_qp(pd, init)?;
     prepare(&qp)?;
-    let (max_rr, max_id) = rd_atomic_limits(dev, init.qp_type);
+    let (max_rr, max_id) = rd_atomic_limits(pd.device(), init.qp_type);
     let mut p = conn_param(
         &qp,
         &opts.private_data,
@@ -823,8 +840,19 @@ pub fn connect_with(
     p.rnr_retry_count = opts.rnr_retry_count.min(7);
     p.srq = u8::from(init.srq.is_some());
     id.connect(&p)?;
-    let what = "connecting";
-    let ev = next_of(&ch, h, deadline, what)?;
+    Ok(qp)
+}
+
+/// The client's last step, given the server's answer `ev`: a UD id is ESTABLISHED; a
+/// connected one gets a CONNECT_RESPONSE, readies its QP and sends the RTU.
+pub(crate) fn connected(
+    id: CmId,
+    qp: QueuePair,
+    ev: &Event,
+    ps: PortSpace,
+    opts: &ConnectOptions,
+    addr: SocketAddr,
+) -> Result<Connection> {
     match (ev.kind, ps.qp_type()) {
         (EventType::Established, QpType::Ud) => {
             let ud = ev.ud_param().cloned();
@@ -840,7 +868,75 @@ pub fn connect_with(
                 })?;
             Ok(Connection::new(id, qp, ev.private_data().to_vec(), None))
         }
-        _ => Err(event_error(&ev, what, addr)),
+        _ => Err(event_error(ev, CONNECTING, addr)),
+    }
+}
+
+/// What the server's wait for the RTU is called in errors.
+pub(crate) const AWAITING_RTU: &str = "waiting for the client's RTU";
+
+/// Where a server's answer to a request leaves the connection.
+pub(crate) enum Answered {
+    /// A UD id: connected once the answer went.
+    Done(Connection),
+    /// A connected id: the client's RTU is still to come.
+    AwaitRtu(Connection),
+}
+
+impl ConnectRequest {
+    /// The server's steps after the id moved to its own channel: the QP made and
+    /// prepared, readied with the depths both sides allow, and the answer sent (shared
+    /// by [`ConnectRequest::accept_with`] and its async form).
+    pub(crate) fn answer(
+        self,
+        pd: &ProtectionDomain,
+        init: &QpInit<'_>,
+        opts: &AcceptOptions,
+        prepare: impl FnOnce(&QueuePair) -> Result<()>,
+    ) -> Result<Answered> {
+        let id = self.id;
+        let qp = id.create_qp(pd, init)?;
+        prepare(&qp)?;
+        let client = match self.param {
+            EventParam::Conn(p) => p,
+            EventParam::Ud(u) => {
+                let p = conn_param(&qp, &opts.private_data, 0, 0);
+                id.accept(&p)?;
+                let conn = Connection::new(id, qp, u.private_data.clone(), Some(u));
+                return Ok(Answered::Done(conn));
+            }
+            EventParam::None => return Err(Error::invalid("not a connection request")),
+        };
+        let (max_rr, max_id) = rd_atomic_limits(pd.device(), init.qp_type);
+        let rr = opts
+            .responder_resources
+            .min(client.responder_resources)
+            .min(max_rr);
+        let depth = opts.initiator_depth.min(client.initiator_depth).min(max_id);
+        id.ready_qp(&qp, Some(rr), Some(depth), opts.min_rnr_timer)?;
+        let mut p = conn_param(&qp, &opts.private_data, rr, depth);
+        p.rnr_retry_count = opts.rnr_retry_count.min(7);
+        p.srq = u8::from(init.srq.is_some());
+        id.accept(&p)?;
+        Ok(Answered::AwaitRtu(Connection::new(
+            id,
+            qp,
+            client.private_data,
+            None,
+        )))
+    }
+}
+
+/// The server's last step, given the event after its answer: ESTABLISHED, or
+/// DISCONNECTED at once (the RTU was lost, the DREQ was not), which still connected.
+pub(crate) fn rtu(conn: Connection, ev: &Event, peer: SocketAddr) -> Result<Connection> {
+    match ev.kind {
+        EventType::Established => Ok(conn),
+        EventType::Disconnected => {
+            conn.peer_gone.store(true, Ordering::SeqCst);
+            Ok(conn)
+        }
+        _ => Err(event_error(ev, AWAITING_RTU, peer)),
     }
 }
 
@@ -1003,41 +1099,12 @@ impl ConnectRequest {
         let peer = self
             .peer_addr()
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let id = self.id;
-        let qp = id.create_qp(pd, init)?;
-        prepare(&qp)?;
-        let client = match self.param {
-            EventParam::Conn(p) => p,
-            EventParam::Ud(u) => {
-                let p = conn_param(&qp, &opts.private_data, 0, 0);
-                id.accept(&p)?;
-                return Ok(Connection::new(id, qp, u.private_data.clone(), Some(u)));
-            }
-            EventParam::None => return Err(Error::invalid("not a connection request")),
+        let conn = match self.answer(pd, init, opts, prepare)? {
+            Answered::Done(conn) => return Ok(conn),
+            Answered::AwaitRtu(conn) => conn,
         };
-        let (max_rr, max_id) = rd_atomic_limits(pd.device(), init.qp_type);
-        let rr = opts
-            .responder_resources
-            .min(client.responder_resources)
-            .min(max_rr);
-        let depth = opts.initiator_depth.min(client.initiator_depth).min(max_id);
-        id.ready_qp(&qp, Some(rr), Some(depth), opts.min_rnr_timer)?;
-        let mut p = conn_param(&qp, &opts.private_data, rr, depth);
-        p.rnr_retry_count = opts.rnr_retry_count.min(7);
-        p.srq = u8::from(init.srq.is_some());
-        id.accept(&p)?;
-        let conn = Connection::new(id, qp, client.private_data, None);
-        let what = "waiting for the client's RTU";
-        let ev = next_of(&ch, conn.id.handle, deadline_of(opts.timeout), what)?;
-        match ev.kind {
-            EventType::Established => Ok(conn),
-            EventType::Disconnected => {
-                // Connected and at once disconnected (the RTU was lost, the DREQ was not).
-                conn.peer_gone.store(true, Ordering::SeqCst);
-                Ok(conn)
-            }
-            _ => Err(event_error(&ev, what, peer)),
-        }
+        let ev = next_of(&ch, conn.id.handle, deadline_of(opts.timeout), AWAITING_RTU)?;
+        rtu(conn, &ev, peer)
     }
 
     /// Refuse the request (`rdma_reject`) with up to [`MAX_REJECT_PRIVATE`] bytes of

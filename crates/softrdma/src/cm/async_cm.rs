@@ -17,11 +17,11 @@ use std::task::{ready, Context, Poll};
 use ::tokio::io::unix::AsyncFd;
 
 use super::{
-    conn_param, event_error, rd_atomic_limits, AcceptOptions, CmId, ConnectOptions, ConnectRequest,
-    Connection, Event, EventChannel, EventParam, EventType, Listener, PortSpace,
+    connected, event_error, rtu, send_connect, AcceptOptions, Answered, CmId, ConnectOptions,
+    ConnectRequest, Connection, Event, EventChannel, EventParam, EventType, Listener, PortSpace,
 };
 use crate::tokio_support::register;
-use crate::{Error, ProtectionDomain, QpInit, QpType, QueuePair, Result};
+use crate::{Error, ProtectionDomain, QpInit, QueuePair, Result};
 
 /// A CM [`EventChannel`] whose events are awaited on tokio: made by
 /// [`EventChannel::into_async`].
@@ -215,39 +215,12 @@ impl ConnectRequest {
         let peer = self
             .peer_addr()
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let id = self.id;
-        let qp = id.create_qp(pd, init)?;
-        prepare(&qp)?;
-        let client = match self.param {
-            EventParam::Conn(p) => p,
-            EventParam::Ud(u) => {
-                let p = conn_param(&qp, &opts.private_data, 0, 0);
-                id.accept(&p)?;
-                return Ok(Connection::new(id, qp, u.private_data.clone(), Some(u)));
-            }
-            EventParam::None => return Err(Error::invalid("not a connection request")),
+        let conn = match self.answer(pd, init, opts, prepare)? {
+            Answered::Done(conn) => return Ok(conn),
+            Answered::AwaitRtu(conn) => conn,
         };
-        let (max_rr, max_id) = rd_atomic_limits(pd.device(), init.qp_type);
-        let rr = opts
-            .responder_resources
-            .min(client.responder_resources)
-            .min(max_rr);
-        let depth = opts.initiator_depth.min(client.initiator_depth).min(max_id);
-        id.ready_qp(&qp, Some(rr), Some(depth), opts.min_rnr_timer)?;
-        let mut p = conn_param(&qp, &opts.private_data, rr, depth);
-        p.rnr_retry_count = opts.rnr_retry_count.min(7);
-        p.srq = u8::from(init.srq.is_some());
-        id.accept(&p)?;
-        let conn = Connection::new(id, qp, client.private_data, None);
         let ev = ach.next_of(conn.id.handle).await?;
-        match ev.kind {
-            EventType::Established => Ok(conn),
-            EventType::Disconnected => {
-                conn.peer_gone.store(true, Ordering::SeqCst);
-                Ok(conn)
-            }
-            _ => Err(event_error(&ev, "waiting for the client's RTU", peer)),
-        }
+        rtu(conn, &ev, peer)
     }
 }
 
@@ -291,37 +264,9 @@ pub async fn connect_with_async(
     if ev.kind != EventType::RouteResolved {
         return Err(event_error(&ev, "resolving the route", addr));
     }
-    let qp = id.create_qp(pd, init)?;
-    prepare(&qp)?;
-    let (max_rr, max_id) = rd_atomic_limits(dev, init.qp_type);
-    let mut p = conn_param(
-        &qp,
-        &opts.private_data,
-        opts.responder_resources.min(max_rr),
-        opts.initiator_depth.min(max_id),
-    );
-    p.retry_count = opts.retry_count.min(7);
-    p.rnr_retry_count = opts.rnr_retry_count.min(7);
-    p.srq = u8::from(init.srq.is_some());
-    id.connect(&p)?;
-    let what = "connecting";
+    let qp = send_connect(&id, pd, init, opts, prepare)?;
     let ev = ach.next_of(h).await?;
-    match (ev.kind, ps.qp_type()) {
-        (EventType::Established, QpType::Ud) => {
-            let ud = ev.ud_param().cloned();
-            Ok(Connection::new(id, qp, ev.private_data().to_vec(), ud))
-        }
-        (EventType::ConnectResponse, t) if t != QpType::Ud => {
-            id.ready_qp(&qp, None, None, opts.min_rnr_timer)
-                .and_then(|()| id.accept(&super::ConnParam::default()))
-                .map_err(|e| {
-                    let msg = format!("completing the connection to {addr}: {}", e.message());
-                    e.with_message(msg)
-                })?;
-            Ok(Connection::new(id, qp, ev.private_data().to_vec(), None))
-        }
-        _ => Err(event_error(&ev, what, addr)),
-    }
+    connected(id, qp, &ev, ps, opts, addr)
 }
 
 impl Connection {
