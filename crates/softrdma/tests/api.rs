@@ -5,29 +5,15 @@ use std::time::Duration;
 
 use softrdma::*;
 
-const T: Duration = Duration::from_secs(10);
-const ALL: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC);
+mod support;
+use support::{Side, ALL};
 
-fn open() -> Device {
-    let cfg = DeviceConfig::new("api", DeviceAddr::AutoLoopback(4791));
-    Device::open_with(&cfg).expect("open device")
-}
+const T: Duration = Duration::from_secs(10);
 
 /// A QP on its own device with a CQ of `cq_depth` (at least 2) split between its send and
 /// receive queues, and an MR of its PD.
-struct Side {
-    dev: Device,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-}
-
 fn side(t: QpType, cq_depth: u32) -> Side {
-    let dev = open();
+    let dev = support::open("api");
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(cq_depth, None).unwrap();
     let send = cq_depth / 2;
@@ -108,8 +94,8 @@ fn the_einval_family_has_distinct_kinds() {
 
 #[test]
 fn foreign_objects_and_config_errors_have_their_kinds() {
-    let a = open();
-    let b = open();
+    let a = support::open("api");
+    let b = support::open("api");
     let cq_b = b.create_cq(4, None).unwrap();
     let pd_a = a.alloc_pd().unwrap();
     let Err(e) = pd_a.create_qp(&QpInit::new(QpType::Rc, &cq_b)) else {
@@ -168,7 +154,7 @@ fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: u64) -> bool {
 fn fds_are_borrowed_from_their_owners() {
     use std::os::fd::{AsFd, AsRawFd};
     let a = side(QpType::Rc, 16);
-    let dev_b = open();
+    let dev_b = support::open("api");
     let pd_b = dev_b.alloc_pd().unwrap();
     let ch = dev_b.create_channel().unwrap();
     let cq_b = dev_b.create_cq(16, Some(&ch)).unwrap();

@@ -4,27 +4,13 @@ use std::time::Duration;
 
 use softrdma::*;
 
+mod support;
+use support::{Side, ALL};
+
 const T: Duration = Duration::from_secs(10);
-const ALL: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC);
-
-fn open() -> Device {
-    let cfg = DeviceConfig::new("test", DeviceAddr::AutoLoopback(4791));
-    Device::open_with(&cfg).expect("open device")
-}
-
-struct Side {
-    dev: Device,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-}
 
 fn side(t: QpType) -> Side {
-    let dev = open();
+    let dev = support::open("test");
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(256, None).unwrap();
     let qp = pd.create_qp(&QpInit::new(t, &cq)).unwrap();
@@ -151,7 +137,7 @@ fn readable(fd: std::os::fd::RawFd, ms: u64) -> bool {
 fn completion_channel_fd_works_with_poll() {
     use std::os::fd::AsRawFd;
     let a = side(QpType::Rc);
-    let dev_b = open();
+    let dev_b = support::open("test");
     let pd_b = dev_b.alloc_pd().unwrap();
     let ch = dev_b.create_channel().unwrap();
     let cq_b = dev_b.create_cq(16, Some(&ch)).unwrap();

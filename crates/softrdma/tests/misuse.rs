@@ -6,29 +6,14 @@ use std::time::Duration;
 
 use softrdma::*;
 
+mod support;
+use support::{Side, ALL};
+
 const T: Duration = Duration::from_secs(10);
-const ALL: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC);
 const LEN: usize = 8192;
 
-fn open() -> Device {
-    let cfg = DeviceConfig::new("misuse", DeviceAddr::AutoLoopback(4791));
-    Device::open_with(&cfg).expect("open device")
-}
-
-/// A QP on its own device, its CQ, and an MR of its PD.
-struct Side {
-    dev: Device,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-}
-
 fn side() -> Side {
-    let dev = open();
+    let dev = support::open("misuse");
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(128, None).unwrap();
     let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
@@ -235,7 +220,7 @@ fn every_post_checks_its_sges() {
 
 #[test]
 fn srq_receives_are_checked_against_its_pd() {
-    let dev = open();
+    let dev = support::open("misuse");
     let pd = dev.alloc_pd().unwrap();
     let srq = pd.create_srq(8, 1).unwrap();
     let mine = pd.register(64, ALL).unwrap();
@@ -252,7 +237,7 @@ fn srq_receives_are_checked_against_its_pd() {
 
 #[test]
 fn cq_depth_is_checked_against_the_queues_reporting_into_it() {
-    let dev = open();
+    let dev = support::open("misuse");
     let pd = dev.alloc_pd().unwrap();
     // One CQ for both queues: 64 + 64 fill 128 entries.
     let cq = dev.create_cq(128, None).unwrap();

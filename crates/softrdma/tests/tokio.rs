@@ -12,12 +12,11 @@ use std::time::Duration;
 use softrdma::cm::{self, AcceptOptions, AsyncListener, ConnectOptions, EventType};
 use softrdma::*;
 
+mod support;
+use support::{Side, ALL};
+
 /// Upper bound of every wait: a test that hangs fails instead.
 const T: Duration = Duration::from_secs(30);
-const ALL: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC);
 /// The CM test's devices use a UDP port of their own, away from tests/cm.rs's.
 const CM_DEV_PORT: u16 = 25_891;
 
@@ -33,15 +32,6 @@ fn open(name: &str, port: u16) -> Device {
     cfg.stats_dir = None;
     cfg.pcap = None;
     Device::open_with(&cfg).expect("open device")
-}
-
-/// One side: a CQ with a completion channel, so that it can be awaited.
-struct Side {
-    dev: Device,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
 }
 
 fn side(name: &str, mr_len: usize) -> Side {

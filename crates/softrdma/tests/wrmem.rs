@@ -7,25 +7,11 @@ use std::time::Duration;
 
 use softrdma::*;
 
+mod support;
+use support::{Side, ALL};
+
 const T: Duration = Duration::from_secs(10);
-const ALL: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC);
 const LEN: usize = 4096;
-
-fn open() -> Device {
-    let cfg = DeviceConfig::new("wrmem", DeviceAddr::AutoLoopback(4791));
-    Device::open_with(&cfg).expect("open device")
-}
-
-struct Side {
-    _dev: Device,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-}
 
 fn side_with(srq: Option<&SharedReceiveQueue>, dev: Device, pd: ProtectionDomain) -> Side {
     let cq = dev.create_cq(256, None).unwrap();
@@ -36,7 +22,7 @@ fn side_with(srq: Option<&SharedReceiveQueue>, dev: Device, pd: ProtectionDomain
     let qp = pd.create_qp(&init).unwrap();
     let mr = pd.register(LEN, ALL).unwrap();
     Side {
-        _dev: dev,
+        dev,
         pd,
         cq,
         qp,
@@ -45,7 +31,7 @@ fn side_with(srq: Option<&SharedReceiveQueue>, dev: Device, pd: ProtectionDomain
 }
 
 fn side() -> Side {
-    let dev = open();
+    let dev = support::open("wrmem");
     let pd = dev.alloc_pd().unwrap();
     side_with(None, dev, pd)
 }
@@ -128,7 +114,7 @@ fn a_recv_into_a_dropped_region_receives() {
 
 #[test]
 fn an_srq_receive_into_a_dropped_region_receives() {
-    let dev = open();
+    let dev = support::open("wrmem");
     let pd = dev.alloc_pd().unwrap();
     let srq = pd.create_srq(16, 1).unwrap();
     let b = side_with(Some(&srq), dev, pd);
