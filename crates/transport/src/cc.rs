@@ -174,6 +174,17 @@ impl Cc {
         self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
     }
 
+    /// A loss that shows an overflowing queue (a run of lost packets, see
+    /// `sack::on_sack`): the window is cut whatever the round trip, once per window of
+    /// packets as in [`Cc::on_loss_of`].
+    pub fn on_congestion_loss(&mut self, p: u32, high: u32) {
+        if self.recover.is_some_and(|r| psn::lt(p, r)) {
+            return;
+        }
+        self.on_loss();
+        self.recover = Some(high);
+    }
+
     /// Whether the latest round trip shows packets queueing on the path: past twice the
     /// smallest seen plus [`QUEUE_SLACK_NS`], or no sample yet (assume the worst).
     fn queueing(&self) -> bool {

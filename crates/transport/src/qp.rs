@@ -13,12 +13,23 @@ use crate::verbs::{QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, WcDetail, Wc
 /// RXE_MAX_PKT_PER_ACK), so that long messages get acknowledged as they go.
 pub(crate) const MAX_PKT_PER_ACK: u32 = 64;
 
-/// Request PSNs in flight at most (unacknowledged), so a huge message is paced by the
-/// ACKs rather than queued whole, and PSN comparisons stay far inside the 2^23 window.
-/// 512 full-MTU packets are about what a 4 MiB socket receive buffer holds (each 4 KiB
-/// datagram costs 6-8 KiB of it): with more in flight the receiver's buffer overflows,
-/// and every drop costs a sequence NAK and a go-back-N resend of the rest of the window.
+/// Request packets in flight at most (sent, and neither acknowledged nor shown held by a
+/// SACK), so a huge message is paced by the ACKs rather than queued whole. 512 full-MTU
+/// packets are about what a 4 MiB socket receive buffer holds (each 4 KiB datagram costs
+/// 6-8 KiB of it): with more in flight the receiver's buffer overflows, and every drop
+/// costs a sequence NAK and a resend.
 pub(crate) const MAX_INFLIGHT_PSNS: i32 = 512;
+
+/// PSNs past the oldest unacknowledged one a requester may have sent, and past the
+/// expected one a responder holds (see [`Held`]); far inside the 2^23 PSN window.
+///
+/// Why more than [`MAX_INFLIGHT_PSNS`]: a lost packet holds the oldest PSN for the round
+/// trip its repair takes, while the packets after it leave the socket buffers for the
+/// responder's hold. With the send bounded by the in-flight limit from the oldest PSN, a
+/// sender on a lossy path stopped at every loss for that round trip, its pipe empty
+/// (at 1% loss it spent most of its time there). Packets a SACK shows held are not in
+/// flight, so the send goes on until this span.
+pub(crate) const HOLD_SPAN: i32 = softrdma_wire::ext::SACK_SPAN as i32;
 
 /// Datagrams the outbox holds before requesters stop producing more until it drains
 /// (they continue from `poll_transmit`), so that a long message is built a batch at a

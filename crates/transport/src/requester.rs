@@ -5,7 +5,7 @@
 use softrdma_wire::{psn, AtomicEth, Bth, Deth, Headers, Opcode, Reth};
 
 use crate::completer;
-use crate::qp::{QpCtx, SendWqe, MAX_INFLIGHT_PSNS, MAX_PKT_PER_ACK, OUTBOX_MAX};
+use crate::qp::{QpCtx, SendWqe, HOLD_SPAN, MAX_PKT_PER_ACK, OUTBOX_MAX};
 use crate::verbs::{PdId, QpState, QpType, SendFlags, SendOp, WcDetail, WcError, WcStatus};
 use crate::Nic;
 
@@ -108,7 +108,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 // window, what is in flight (packets a SACK showed held are not).
                 let out = psn::diff(next, base);
                 let in_flight = out - sacked;
-                if out >= MAX_INFLIGHT_PSNS || in_flight >= qp.req.cc.cwnd as i32 {
+                if out >= HOLD_SPAN || in_flight >= qp.req.cc.cwnd as i32 {
                     break;
                 }
             }

@@ -9,7 +9,7 @@ use softrdma_wire::{
 
 use crate::completer;
 use crate::qp::{
-    HeldPkt, InMsg, Pending, QpCtx, ReplayBudget, Resource, ATOMIC_REPLAY_MIN, MAX_INFLIGHT_PSNS,
+    HeldPkt, InMsg, Pending, QpCtx, ReplayBudget, Resource, ATOMIC_REPLAY_MIN, HOLD_SPAN,
     OUTBOX_MAX,
 };
 use crate::verbs::{
@@ -530,7 +530,7 @@ fn rc_request_one(
         let epsn = qp.resp.epsn;
         // Held only from the port the peer was learnt on: holding takes a packet for
         // genuine later, as the in-order path does.
-        let held = d < MAX_INFLIGHT_PSNS
+        let held = d < HOLD_SPAN
             && qp.peer_port == Some(src_port)
             && qp.resp.held.insert(
                 p,
@@ -543,7 +543,7 @@ fn rc_request_one(
             );
         if held {
             env.stats.held += 1;
-            crate::sack::on_held(qp, env, p);
+            crate::sack::on_held(qp, env, p, h.bth.ack_req);
         }
         if qp.resp.nak_sent {
             let why = "PSN ahead of the expected one (NAK already sent)";

@@ -21,7 +21,7 @@ use softrdma_wire::ext::{Ext, SackBitmap, SACK, SACK_PERMIT, SACK_SPAN};
 use softrdma_wire::{psn, Bth};
 use tracing::{debug, trace};
 
-use crate::qp::{QpCtx, MAX_INFLIGHT_PSNS};
+use crate::qp::{QpCtx, HOLD_SPAN};
 use crate::requester;
 use crate::verbs::{QpState, QpType};
 use crate::Nic;
@@ -48,7 +48,8 @@ pub(crate) struct ReqSack {
     permits: u8,
     permit_at: u64,
     /// The latest SACK: the responder's expected PSN and the packets it holds past it.
-    pub board: Option<(u32, SackBitmap)>,
+    /// Boxed: it is half a KiB, and most QPs never see a SACK.
+    pub board: Option<Box<(u32, SackBitmap)>>,
     /// Holes resent (by a SACK or a selective repeat) and when: not again within a
     /// round trip, when the SACK that shows them still missing may predate their arrival.
     pub resent: BTreeMap<u32, u64>,
@@ -66,7 +67,7 @@ impl ReqSack {
 /// Packets at or after `base` that the last SACK showed held: in flight no more, so the
 /// congestion window does not count them.
 pub(crate) fn sacked_from(qp: &QpCtx, base: u32) -> u32 {
-    let Some((e, bits)) = &qp.req.sack.board else {
+    let Some((e, bits)) = qp.req.sack.board.as_deref() else {
         return 0;
     };
     let from = psn::diff(base, *e);
@@ -153,8 +154,11 @@ pub(crate) fn send(qp: &mut QpCtx, env: &mut Nic) {
 /// [`DUP_THRESH`] packets before it is missing: the first shows a new hole, the last
 /// makes the requester resend it (so a hole costs at most that many SACKs). One goes out
 /// too when `p` fills a hole below held packets: a resend arrived, and the requester
-/// learns from it whether a resend it made earlier was lost (see [`on_sack`]).
-pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32) {
+/// learns from it whether a resend it made earlier was lost (see [`on_sack`]). And one
+/// goes out in place of the ACK a held packet asks for: without it the requester learns
+/// of the packets held after a hole only at the next hole, and counts them in flight
+/// meanwhile, which stops its send while the path is empty.
+pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32, ack_req: bool) {
     if !qp.resp.sack_peer {
         return;
     }
@@ -163,7 +167,7 @@ pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32) {
         let q = psn::sub(p, k);
         !psn::lt(q, e) && !qp.resp.held.contains(q)
     });
-    if hole_near || qp.resp.held.contains(psn::add(p, 1)) {
+    if hole_near || ack_req || qp.resp.held.contains(psn::add(p, 1)) {
         send(qp, env);
     }
 }
@@ -173,6 +177,13 @@ pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32) {
 /// [`DUP_THRESH`]), each at most once per round trip, unless a resend made after it
 /// has arrived: the path keeps order, so that one was lost again (RACK's rule), and it
 /// is resent at once instead of after the round-trip timer.
+///
+/// The window is cut only when a new hole is a run of two or more lost packets: an
+/// overflowing queue (a switch's, a socket buffer) drops what arrives while it is full,
+/// a run of the burst, while isolated holes are random loss, which a cut would not
+/// prevent and which costs only the resent packets here. The round trip cannot tell
+/// them apart on a host whose own scheduling queues a window's worth: it grows with the
+/// window whether or not anything overflows (see `Cc::on_loss_of`).
 pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: SackBitmap) {
     if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
         return;
@@ -187,7 +198,7 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
     // outstanding window (an ACK may have moved `oldest` past it since: then the SACK
     // is older than that ACK), and what it holds was sent.
     let span = psn::diff(high, e);
-    if psn::lt(e, oldest) || span <= 0 || span > MAX_INFLIGHT_PSNS {
+    if psn::lt(e, oldest) || span <= 0 || span > HOLD_SPAN {
         trace!(
             qpn = format_args!("{:#x}", qp.qpn),
             psn = e,
@@ -207,7 +218,10 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
         return;
     }
     env.stats.sacks_rcvd += 1;
-    qp.req.sack.board = Some((e, bits));
+    match &mut qp.req.sack.board {
+        Some(b) => **b = (e, bits),
+        none => *none = Some(Box::new((e, bits))),
+    }
     qp.req
         .sack
         .resent
@@ -233,14 +247,18 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
         .max();
     let mut resent = 0;
     let mut first = None;
+    let mut burst = false;
+    // Held packets past `d`, counted down as the walk passes them.
+    let mut above = bits.count_from(1);
     for d in 0..top {
         if resent >= RESENDS_PER_SACK {
             break;
         }
         if d > 0 && bits.get(d) {
+            above -= 1;
             continue;
         }
-        if !tail && bits.count_from(d + 1) < DUP_THRESH {
+        if !tail && above < DUP_THRESH {
             break;
         }
         let q = psn::add(e, d);
@@ -258,6 +276,8 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
         if qp.state == QpState::Err {
             return;
         }
+        // A fresh hole with the next packet missing too: a run of losses.
+        burst |= !qp.req.sack.resent.contains_key(&q) && d + 1 < top && !bits.get(d + 1);
         qp.req.sack.resent.insert(q, now);
         env.stats.sack_resends += 1;
         first.get_or_insert(q);
@@ -270,9 +290,12 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
             resent,
             cwnd = qp.req.cc.cwnd,
             outstanding = psn::diff(high, oldest),
+            burst,
             "holes resent from a SACK"
         );
-        qp.req.cc.on_loss_of(q, high);
+        if burst {
+            qp.req.cc.on_congestion_loss(q, high);
+        }
         // The round-trip timer now waits for the answer to these resends.
         qp.req.rto_fast = None;
         qp.arm_timers(now);

@@ -1889,3 +1889,104 @@ fn inject_sack(a: &mut Node, b: &Node, port: u16, now: u64, e: u32, held: &[u32]
     }
     sent
 }
+
+/// A run of lost packets in a SACK cuts the window (once per window of packets);
+/// isolated holes, random loss, leave it: they cost only their resends.
+#[test]
+fn a_run_of_losses_cuts_the_window_and_isolated_ones_do_not() {
+    let cfg = Cfg::default();
+    for (held, cut) in [
+        (&[1, 3, 4, 5, 6, 7][..], false),
+        (&[2, 3, 4, 5, 6, 7][..], true),
+    ] {
+        let (mut a, mut b) = pair(QpType::Rc, &cfg);
+        let (out, data) = write_sent_undelivered(&mut a, &b, 5);
+        let b_port = wire::udp_src_port(b.qpn);
+        let mut now = 0;
+        let cwnd = a.nic.qps[&a.qpn].req.cc.cwnd;
+        let resent = inject_sack(&mut a, &b, b_port, now, cfg.psn_a, held);
+        let holes: Vec<u32> = (0..8u32)
+            .filter(|d| *d == 0 || !held.contains(d))
+            .map(|d| wire::psn::add(cfg.psn_a, d))
+            .collect();
+        assert_eq!(resent, holes, "every hole resent at once");
+        let after = a.nic.qps[&a.qpn].req.cc.cwnd;
+        if cut {
+            assert!(after < cwnd, "a run of two lost packets: {cwnd} -> {after}");
+        } else {
+            assert_eq!(after, cwnd, "isolated holes leave the window");
+        }
+        for t in out {
+            b.nic.handle_datagram(now, t.src, t.dst, &t.data);
+        }
+        pump(&mut a, &mut b, &mut now, |_, _| false);
+        assert_eq!(b.read(0, data.len()), data);
+        assert_eq!(a.wcs()[0].status, WcStatus::Success);
+    }
+}
+
+/// A hole at the oldest PSN does not stop the send at `MAX_INFLIGHT_PSNS` past it: the
+/// packets after it are held by the peer, which says so in the SACKs it sends in place
+/// of the ACKs they ask for, and the requester goes on sending new ones meanwhile. Here
+/// every copy of the hole is lost until the requester has sent well past that limit
+/// (before `HOLD_SPAN` it never did, and the hole was lost until the retries ran out);
+/// then every WRITE completes, once, with its data.
+#[test]
+fn a_hole_at_the_oldest_psn_does_not_stop_the_send() {
+    // A pair whose requester knows its peer holds and sends SACKs.
+    let (mut a, mut b, _, _) = write_twice_losing(&[3]);
+    let data = pattern(BUF, 9);
+    a.write(0, &data);
+    let writes = 24u64;
+    let (base, rkey) = (b.base, b.rkey);
+    for id in 0..writes {
+        let op = SendOp::Write {
+            remote_addr: base,
+            rkey,
+        };
+        a.send(0, 100 + id, op, vec![a.sge(0, BUF)]).unwrap();
+    }
+    let hole = wire::psn::add(a.nic.qps[&a.qpn].req.next_psn, 10);
+    let far = qp::MAX_INFLIGHT_PSNS + 64;
+    let mut now = 1_000_000_000;
+    let link = Faults {
+        delay_ns: 20_000,
+        ..Faults::default()
+    };
+    let (mut lost, mut newest, mut delivered) = (0, hole, false);
+    run(
+        &mut a,
+        &mut b,
+        &mut now,
+        Network::new(0, link),
+        |from_a, t| {
+            let Ok((h, _)) = wire::Headers::parse(&t.data) else {
+                return false;
+            };
+            if !from_a || h.bth.opcode.info().is_none() {
+                return false;
+            }
+            let p = h.bth.psn;
+            if wire::psn::gt(p, newest) {
+                newest = p;
+            }
+            if p == hole && !delivered {
+                delivered = wire::psn::diff(newest, hole) > far;
+                lost += u32::from(!delivered);
+                return !delivered;
+            }
+            false
+        },
+    );
+    assert!(
+        delivered,
+        "the hole was lost until the end ({lost} copies): the send stopped {} PSNs past it",
+        wire::psn::diff(newest, hole)
+    );
+    assert!(lost >= 2, "the hole was lost {lost} times");
+    let w = a.wcs();
+    assert_eq!(w.len(), writes as usize, "{w:?}");
+    assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
+    assert_eq!(b.read(0, BUF), data);
+    assert_eq!(b.nic.env.held_bytes, 0, "nothing stays held");
+}

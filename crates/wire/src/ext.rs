@@ -18,9 +18,14 @@
 //! - `SACK_PERMIT` (requester → responder): BTH (PSN: the requester's oldest
 //!   unacknowledged PSN, for traces), then [`TAG`].
 //! - `SACK` (responder → requester): BTH (PSN: the responder's expected PSN, the first
-//!   missing one), then [`TAG`], then a [`SACK_BITMAP_LEN`]-byte bitmap: bit `i` (byte
-//!   `i / 8`, least significant bit first) set when the request packet with PSN
-//!   `expected + 1 + i` is held.
+//!   missing one), then [`TAG`], then a bitmap of 0 to [`SACK_BITMAP_LEN`] bytes, a
+//!   multiple of 8: bit `i` (byte `i / 8`, least significant bit first) set when the
+//!   request packet with PSN `expected + 1 + i` is held. The sender stops after the last
+//!   8-byte group with a bit set; bits past the end are clear.
+//!
+//! Version 2 (the tag's third byte) made the bitmap's length variable and its span
+//! [`SACK_SPAN`] PSNs (version 1: exactly 64 bytes). A peer of the other version finds
+//! the tag wrong and drops the message, so two such peers never negotiate SACKs.
 
 use crate::{psn, Bth, Error, Opcode, Result, BTH_LEN, ICRC_LEN};
 
@@ -28,17 +33,19 @@ use crate::{psn, Bth, Error, Opcode, Result, BTH_LEN, ICRC_LEN};
 pub const SACK_PERMIT: Opcode = Opcode(0xC0);
 /// Opcode of the responder's selective acknowledgement.
 pub const SACK: Opcode = Opcode(0xC1);
-/// The body's first four bytes: "SR", version 1, zero. Another vendor's use of the same
+/// The body's first four bytes: "SR", version 2, zero. Another vendor's use of the same
 /// opcodes does not carry it.
-pub const TAG: [u8; 4] = [b'S', b'R', 1, 0];
+pub const TAG: [u8; 4] = [b'S', b'R', 2, 0];
 /// PSNs past the expected one a SACK describes (the responder's hold window).
-pub const SACK_SPAN: u32 = 512;
-/// Bytes of the SACK bitmap.
+pub const SACK_SPAN: u32 = 4096;
+/// Bytes of the SACK bitmap, at most.
 pub const SACK_BITMAP_LEN: usize = SACK_SPAN as usize / 8;
 /// UDP payload length of a SACK_PERMIT.
 pub const SACK_PERMIT_LEN: usize = BTH_LEN + TAG.len() + ICRC_LEN;
-/// UDP payload length of a SACK.
-pub const SACK_LEN: usize = BTH_LEN + TAG.len() + SACK_BITMAP_LEN + ICRC_LEN;
+/// UDP payload length of a SACK holding nothing (its bitmap empty).
+pub const SACK_MIN_LEN: usize = BTH_LEN + TAG.len() + ICRC_LEN;
+/// UDP payload length of a SACK with its whole bitmap.
+pub const SACK_MAX_LEN: usize = SACK_MIN_LEN + SACK_BITMAP_LEN;
 
 /// Whether an opcode is in the manufacturer-specific range, where these live.
 pub fn is_vendor(op: Opcode) -> bool {
@@ -71,10 +78,19 @@ impl SackBitmap {
             .is_some_and(|i| self.0[i as usize / 8] & (1 << (i % 8)) != 0)
     }
 
+    /// The bitmap as 64-bit words, bit `i` of word `w` for `d = 64·w + i + 1`.
+    fn words(&self) -> impl DoubleEndedIterator<Item = u64> + ExactSizeIterator + '_ {
+        self.0.chunks_exact(8).map(|c| {
+            let mut w = [0; 8];
+            w.copy_from_slice(c);
+            u64::from_le_bytes(w)
+        })
+    }
+
     /// The largest `d` marked held, if any.
     pub fn highest(&self) -> Option<u32> {
-        let (byte, v) = self.0.iter().enumerate().rev().find(|(_, v)| **v != 0)?;
-        Some(byte as u32 * 8 + (7 - v.leading_zeros()) + 1)
+        let (w, v) = self.words().enumerate().rev().find(|(_, v)| *v != 0)?;
+        Some(w as u32 * 64 + (63 - v.leading_zeros()) + 1)
     }
 
     /// How many are marked held at `d >= from`.
@@ -83,13 +99,28 @@ impl SackBitmap {
         if i >= SACK_SPAN {
             return 0;
         }
-        let byte = i as usize / 8;
-        let rest: u32 = self.0[byte + 1..].iter().map(|b| b.count_ones()).sum();
-        (self.0[byte] >> (i % 8)).count_ones() + rest
+        let first = i as usize / 64;
+        self.words()
+            .enumerate()
+            .skip(first)
+            .map(|(w, v)| {
+                let v = if w == first { v >> (i % 64) } else { v };
+                v.count_ones()
+            })
+            .sum()
+    }
+
+    /// The bytes a SACK carries: the bitmap up to its last 8-byte group with a bit set.
+    pub fn wire_bytes(&self) -> &[u8] {
+        let n = self.highest().map_or(0, |d| (d as usize - 1) / 64 + 1);
+        &self.0[..n * 8]
     }
 }
 
 /// A parsed extension message.
+// A value on the stack, parsed and consumed at once: boxing the 512-byte bitmap would
+// allocate for every SACK.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ext {
     /// The requester asks for SACKs.
@@ -105,17 +136,16 @@ impl Ext {
         if bth.tver != 0 {
             return Err(Error::BadVersion(bth.tver));
         }
-        let want = match bth.opcode {
-            SACK_PERMIT => SACK_PERMIT_LEN,
-            SACK => SACK_LEN,
+        let n = udp_payload.len();
+        match bth.opcode {
+            SACK_PERMIT if n < SACK_PERMIT_LEN => return Err(Error::Truncated),
+            SACK_PERMIT if n > SACK_PERMIT_LEN => return Err(Error::BadLength),
+            SACK if n < SACK_MIN_LEN => return Err(Error::Truncated),
+            SACK if n > SACK_MAX_LEN || (n - SACK_MIN_LEN) % 8 != 0 => {
+                return Err(Error::BadLength)
+            }
+            SACK_PERMIT | SACK => {}
             op => return Err(Error::UnknownOpcode(op.0)),
-        };
-        if udp_payload.len() != want {
-            return Err(if udp_payload.len() < want {
-                Error::Truncated
-            } else {
-                Error::BadLength
-            });
         }
         if bth.pad != 0 {
             return Err(Error::BadPad);
@@ -127,9 +157,9 @@ impl Ext {
             return Ok(Ext::SackPermit(bth));
         }
         let at = BTH_LEN + TAG.len();
+        let body = &udp_payload[at..n - ICRC_LEN];
         let mut bits = SackBitmap::default();
-        bits.0
-            .copy_from_slice(&udp_payload[at..at + SACK_BITMAP_LEN]);
+        bits.0[..body.len()].copy_from_slice(body);
         Ok(Ext::Sack(bth, bits))
     }
 
@@ -137,7 +167,7 @@ impl Ext {
     pub fn len(&self) -> usize {
         match self {
             Ext::SackPermit(_) => SACK_PERMIT_LEN,
-            Ext::Sack(..) => SACK_LEN,
+            Ext::Sack(_, bits) => SACK_MIN_LEN + bits.wire_bytes().len(),
         }
     }
 
@@ -166,7 +196,8 @@ impl Ext {
         buf[BTH_LEN..BTH_LEN + TAG.len()].copy_from_slice(&TAG);
         if let Some(bits) = bits {
             let at = BTH_LEN + TAG.len();
-            buf[at..at + SACK_BITMAP_LEN].copy_from_slice(&bits.0);
+            let b = bits.wire_bytes();
+            buf[at..at + b.len()].copy_from_slice(b);
         }
         buf[n - ICRC_LEN..n].fill(0);
         Ok(n)
@@ -193,8 +224,22 @@ mod tests {
         assert_eq!(b.count_from(0), 5);
         assert_eq!(b.count_from(3), 3);
         assert_eq!(b.count_from(SACK_SPAN + 1), 0);
+        assert_eq!(b.count_from(101), 1);
+        assert_eq!(b.count_from(65), 2);
         assert_eq!(b.0[0], 0b0000_0011, "PSN expected+1 is bit 0 of byte 0");
         assert_eq!(b.0[1], 0b0000_0001);
+        assert_eq!(
+            b.wire_bytes().len(),
+            SACK_BITMAP_LEN,
+            "up to the last group set"
+        );
+        let mut short = SackBitmap::default();
+        assert!(short.wire_bytes().is_empty());
+        short.set(64);
+        assert_eq!(short.wire_bytes().len(), 8);
+        short.set(65);
+        assert_eq!(short.wire_bytes().len(), 16);
+        assert_eq!(short.highest(), Some(65));
     }
 
     #[test]
@@ -206,10 +251,21 @@ mod tests {
         let mut bits = SackBitmap::default();
         bits.set(2);
         bits.set(40);
+        let mut far = bits;
+        far.set(SACK_SPAN - 1);
         let mut sack = Bth::new(SACK, 0x12345, 0xFF_FFFF);
         sack.ack_req = true;
         let permit = Bth::new(SACK_PERMIT, 0x12345, 7);
-        for m in [Ext::Sack(sack, bits), Ext::SackPermit(permit)] {
+        let msgs = [
+            Ext::Sack(sack, bits),
+            Ext::Sack(sack, far),
+            Ext::Sack(sack, SackBitmap::default()),
+            Ext::SackPermit(permit),
+        ];
+        assert_eq!(msgs[0].len(), SACK_MIN_LEN + 8);
+        assert_eq!(msgs[1].len(), SACK_MAX_LEN);
+        assert_eq!(msgs[2].len(), SACK_MIN_LEN);
+        for m in msgs {
             let mut buf = vec![0xAA; m.len()];
             assert_eq!(m.emit(&mut buf).unwrap(), m.len());
             icrc::seal(&addrs, &mut buf);
@@ -220,15 +276,26 @@ mod tests {
 
     #[test]
     fn malformed_is_refused() {
-        let mut buf = vec![0; SACK_LEN];
-        Ext::Sack(Bth::new(SACK, 1, 1), SackBitmap::default())
-            .emit(&mut buf)
-            .unwrap();
-        assert!(Ext::parse(&buf).is_ok());
-        assert_eq!(Ext::parse(&buf[..SACK_LEN - 1]), Err(Error::Truncated));
-        let mut long = buf.clone();
-        long.extend_from_slice(&[0; 4]);
-        assert_eq!(Ext::parse(&long), Err(Error::BadLength));
+        let mut bits = SackBitmap::default();
+        bits.set(1);
+        let m = Ext::Sack(Bth::new(SACK, 1, 1), bits);
+        let mut buf = vec![0; m.len()];
+        m.emit(&mut buf).unwrap();
+        assert_eq!(Ext::parse(&buf), Ok(m));
+        assert_eq!(Ext::parse(&buf[..SACK_MIN_LEN - 1]), Err(Error::Truncated));
+        let mut odd = buf.clone();
+        odd.extend_from_slice(&[0; 4]);
+        assert_eq!(
+            Ext::parse(&odd),
+            Err(Error::BadLength),
+            "not a multiple of 8"
+        );
+        let mut long = vec![0; SACK_MAX_LEN + 8];
+        long[..buf.len()].copy_from_slice(&buf);
+        assert_eq!(Ext::parse(&long), Err(Error::BadLength), "past the span");
+        let mut v1 = buf.clone();
+        v1[BTH_LEN + 2] = 1;
+        assert!(Ext::parse(&v1).is_err(), "version 1's tag");
         let mut bad_tag = buf.clone();
         bad_tag[BTH_LEN] = b'X';
         assert!(Ext::parse(&bad_tag).is_err(), "another vendor's 0xC1");
