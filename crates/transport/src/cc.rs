@@ -9,8 +9,9 @@
 //! loss a go-back-N costs about what is really in flight, and the RTT timer resends a
 //! lost tail after about a round trip. Against a peer that holds what follows a gap
 //! (`qp::Held`), the completer resends the lost packet alone; such a loss cuts the window
-//! only when the round trip shows a queue, and once per window of packets
-//! ([`Cc::on_loss_of`]).
+//! once per window of packets, and only when it shows congestion: from a peer that sends
+//! SACKs, a run of lost packets ([`Cc::on_congestion_loss`]); from one that does not, a
+//! round trip grown past twice its minimum ([`Cc::on_loss_of`]).
 //!
 //! The QP's timeout attribute keeps its IBTA meaning: the RTT timer resends early but
 //! spends no retry; `retry_cnt` retries are counted only against the local ACK timeout,

@@ -365,7 +365,9 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
     qp.req.sr_hole = Some(k);
     qp.req.sr_from_nak = cut;
     qp.req.sack.resent.insert(k, now);
-    if cut {
+    // A peer that sends SACKs shows with them whether the loss was a run (see
+    // `sack::on_sack`); the round trip judges only for one that does not.
+    if cut && !qp.req.sack.peer_sacks {
         qp.req.cc.on_loss_of(k, high);
     }
     qp.req.sr_sent_at = now;

@@ -1990,3 +1990,40 @@ fn a_hole_at_the_oldest_psn_does_not_stop_the_send() {
     assert_eq!(b.read(0, BUF), data);
     assert_eq!(b.nic.env.held_bytes, 0, "nothing stays held");
 }
+
+/// A sequence NAK resends the hole it names either way, but cuts the window only for a
+/// peer that sends no SACKs (and then by the round trip, here unmeasured: assume the
+/// worst). A peer that sends them shows with them whether the loss was a run.
+#[test]
+fn a_sequence_nak_from_a_sack_peer_leaves_the_window_to_the_sacks() {
+    let cfg = Cfg::default();
+    for sacks in [false, true] {
+        let (mut a, mut b) = pair(QpType::Rc, &cfg);
+        let (out, data) = write_sent_undelivered(&mut a, &b, 6);
+        // b holds what follows the gap (it knows a's port) and, with `sacks`, was asked
+        // for SACKs.
+        let q = b.nic.qps.get_mut(&b.qpn).unwrap();
+        q.peer_port = Some(out[0].src.port());
+        q.resp.sack_peer = sacks;
+        a.nic.qps.get_mut(&a.qpn).unwrap().req.sack.peer_sacks = sacks;
+        let cwnd = a.nic.qps[&a.qpn].req.cc.cwnd;
+        let mut now = 0;
+        for t in &out[1..] {
+            b.nic.handle_datagram(now, t.src, t.dst, &t.data);
+        }
+        pump(&mut a, &mut b, &mut now, |_, _| false);
+        assert_eq!(b.read(0, data.len()), data);
+        let w = a.wcs();
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].status, WcStatus::Success);
+        let s = a.nic.stats();
+        assert_eq!((s.naks_rcvd_seq, s.retransmits), (1, 1), "{s:?}");
+        assert!(!sacks || b.nic.stats().sacks_sent > 0);
+        let after = a.nic.qps[&a.qpn].req.cc.cwnd;
+        if sacks {
+            assert_eq!(after, cwnd, "one isolated loss from a SACK peer");
+        } else {
+            assert!(after < cwnd, "no SACKs: the NAK cuts ({cwnd} -> {after})");
+        }
+    }
+}
