@@ -90,29 +90,32 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         };
         let max_rd = u32::from(qp.attr.max_rd_atomic.max(1));
         let rd_atomic = qp.req.rd_atomic;
-        let base = qp.oldest_unacked();
-        let sacked = base.map_or(0, |b| crate::sack::sacked_from(qp, b) as i32);
+        // RC pacing: stop while the PSN about to go out is too far past the oldest
+        // unacknowledged one; ACK progress runs the requester again.
+        let paced = qp
+            .sq
+            .get(cur)
+            .filter(|w| qp.qp_type == QpType::Rc && !w.done && !w.is_local());
+        if let (Some(w), Some(base)) = (paced, qp.oldest_unacked()) {
+            let next = if w.started {
+                psn::add(w.first_psn, (qp.req.offset / mtu.max(1)) as u32)
+            } else {
+                qp.req.next_psn
+            };
+            // The peer's hold window bounds what may be outstanding; the congestion
+            // window, what is in flight (packets a SACK showed held are not; counted
+            // only when it matters, as this runs for every packet).
+            let out = psn::diff(next, base);
+            let cwnd = qp.req.cc.cwnd as i32;
+            if out >= HOLD_SPAN
+                || (out >= cwnd && out - crate::sack::sacked_from(qp, base) as i32 >= cwnd)
+            {
+                break;
+            }
+        }
         let Some(w) = qp.sq.get_mut(cur) else {
             break;
         };
-        // RC pacing: stop while the PSN about to go out is too far past the oldest
-        // unacknowledged one; ACK progress runs the requester again.
-        if qp.qp_type == QpType::Rc && !w.done && !w.is_local() {
-            if let Some(base) = base {
-                let next = if w.started {
-                    psn::add(w.first_psn, (qp.req.offset / mtu.max(1)) as u32)
-                } else {
-                    qp.req.next_psn
-                };
-                // The peer's hold window bounds what may be outstanding; the congestion
-                // window, what is in flight (packets a SACK showed held are not).
-                let out = psn::diff(next, base);
-                let in_flight = out - sacked;
-                if out >= HOLD_SPAN || in_flight >= qp.req.cc.cwnd as i32 {
-                    break;
-                }
-            }
-        }
         if w.done {
             // A local op executed, or a WQE acknowledged, before a rewind: skip it.
             qp.req.cur += 1;

@@ -266,6 +266,9 @@ fn send_aeth(qp: &mut QpCtx, env: &mut Nic, now: u64, psn: u32, syndrome: Syndro
 /// Send the coalesced ACK now, if one waits (before any other response, to keep the
 /// response stream in PSN order); behind the waiting responses if there are some.
 pub(crate) fn flush_ack(qp: &mut QpCtx, env: &mut Nic) {
+    if qp.resp.sack_due {
+        crate::sack::send(qp, env);
+    }
     if let Some((p, msn)) = qp.resp.ack.take() {
         let syndrome = Syndrome::Ack {
             credits: AETH_CREDITS_INVALID,
@@ -471,12 +474,14 @@ fn drain_held(qp: &mut QpCtx, env: &mut Nic, now: u64) {
     while let Some(pkt) = qp.resp.held.take(qp.resp.epsn, &mut env.held_bytes) {
         let before = qp.resp.epsn;
         rc_request_one(qp, env, now, pkt.src_port, &pkt.h, &pkt.payload);
+        let (psn, kind) = (pkt.h.bth.psn, pkt.h.bth.opcode.info().map(|i| i.kind));
+        env.recycle(pkt.payload);
         if qp.resp.epsn == before || qp.resp.fatal || qp.state == crate::verbs::QpState::Err {
             // Not executed (no receive WQE, an error): the requester resends from there.
             qp.resp.held.clear(&mut env.held_bytes);
             return;
         }
-        last = Some((pkt.h.bth.psn, pkt.h.bth.opcode.info().map(|i| i.kind)));
+        last = Some((psn, kind));
     }
     let epsn = qp.resp.epsn;
     qp.resp.held.purge_before(epsn, &mut env.held_bytes);
@@ -530,17 +535,18 @@ fn rc_request_one(
         let epsn = qp.resp.epsn;
         // Held only from the port the peer was learnt on: holding takes a packet for
         // genuine later, as the in-order path does.
-        let held = d < HOLD_SPAN
-            && qp.peer_port == Some(src_port)
-            && qp.resp.held.insert(
-                p,
-                HeldPkt {
-                    h: *h,
-                    payload: payload.to_vec(),
-                    src_port,
-                },
-                &mut env.held_bytes,
-            );
+        let held = d < HOLD_SPAN && qp.peer_port == Some(src_port) && {
+            // A buffer from the transmit pool, which the drain gives back: on a lossy
+            // path most packets pass through here.
+            let mut copy = env.take_buf(payload.len());
+            copy.copy_from_slice(payload);
+            let pkt = HeldPkt {
+                h: *h,
+                payload: copy,
+                src_port,
+            };
+            qp.resp.held.insert(p, pkt, &mut env.held_bytes)
+        };
         if held {
             env.stats.held += 1;
             crate::sack::on_held(qp, env, p, h.bth.ack_req);

@@ -132,6 +132,7 @@ pub(crate) fn on_permit(qp: &mut QpCtx, env: &mut Nic) {
 /// Responder: send a SACK (expected PSN, the packets held past it) to a requester that
 /// asked for them.
 pub(crate) fn send(qp: &mut QpCtx, env: &mut Nic) {
+    qp.resp.sack_due = false;
     if !qp.resp.sack_peer {
         return;
     }
@@ -167,8 +168,12 @@ pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32, ack_req: bool) {
         let q = psn::sub(p, k);
         !psn::lt(q, e) && !qp.resp.held.contains(q)
     });
-    if hole_near || ack_req || qp.resp.held.contains(psn::add(p, 1)) {
-        send(qp, env);
+    if (hole_near || ack_req || qp.resp.held.contains(psn::add(p, 1))) && !qp.resp.sack_due {
+        // Sent with the coalesced ACK, once the datagrams at hand are handled: the
+        // events of one receive batch (often a hole's three) make one SACK, which
+        // describes the hold as of the last of them.
+        qp.resp.sack_due = true;
+        env.ack_queue.push_back(qp.qpn);
     }
 }
 
