@@ -38,8 +38,18 @@ fn send_wc(qp: &QpCtx, w: &SendWqe, status: WcStatus) -> WorkCompletion {
     }
 }
 
-fn mark_done(req: &mut ReqState, w: &mut SendWqe) {
+/// The WQE has finished. A READ or atomic keeps its place in the outstanding READ/atomic
+/// window until it completes (see [`release_rd`]).
+fn mark_done(w: &mut SendWqe) {
     w.done = true;
+}
+
+/// A completed WQE leaves the READ/atomic window. Not when it finishes: a READ after one
+/// still missing responses can finish first (its responses are placed as they come),
+/// and the responder remembers only the last `max_dest_rd_atomic` READs and atomics, so
+/// the requester may not start another until the oldest has its responses, or the
+/// responder would forget the one the requester still asks for again.
+fn release_rd(req: &mut ReqState, w: &mut SendWqe) {
     if w.in_rd_window {
         w.in_rd_window = false;
         req.rd_atomic = req.rd_atomic.saturating_sub(1);
@@ -67,7 +77,8 @@ pub(crate) fn complete_front(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         } else {
             qp.req.cur -= 1;
         }
-        mark_done(&mut qp.req, &mut w);
+        mark_done(&mut w);
+        release_rd(&mut qp.req, &mut w);
         let status = w.status.unwrap_or(WcStatus::Success);
         if status != WcStatus::Success {
             // Errors are completed by `fail`, which also flushes; reaching here means a
@@ -193,7 +204,6 @@ pub(crate) fn rewind(qp: &mut QpCtx) {
     let mtu = qp.mtu();
     qp.req.cur = 0;
     qp.req.offset = 0;
-    qp.req.rd_atomic = 0;
     qp.req.noack_pkts = 0;
     qp.req.rto = None;
     qp.req.rto_fast = None;
@@ -201,12 +211,15 @@ pub(crate) fn rewind(qp: &mut QpCtx) {
     qp.req.sack.forget();
     // Karn: the resent packets' acknowledgements may answer the first copies.
     qp.req.cc.on_resend();
+    // Finished READs and atomics waiting behind an unfinished one keep their places
+    // in the window (see `release_rd`); the others are counted again as they are resent.
     for w in qp.sq.iter_mut() {
-        w.in_rd_window = false;
         if !w.done {
+            w.in_rd_window = false;
             w.sent_all = false;
         }
     }
+    qp.req.rd_atomic = qp.sq.iter().filter(|w| w.in_rd_window).count() as u32;
     if let Some(w) = qp.sq.front() {
         if w.started && !w.done && !w.is_rd_atomic() && !w.is_local() {
             qp.req.offset = (w.acked_pkts as usize).saturating_mul(mtu).min(w.len);
@@ -248,13 +261,21 @@ fn ack_upto(qp: &mut QpCtx, p: u32, inclusive: bool) -> Acked {
             psn::lt(w.last_psn, p)
         };
         if w.is_rd_atomic() {
+            let some = w.acked_pkts > 0 || !w.read_ooo.is_empty();
+            if covered && some && matches!(w.wr.op, crate::verbs::SendOp::Read { .. }) {
+                // A READ the responder executed, some of whose responses are missing:
+                // those were lost, and are asked for alone (after the response at hand).
+                w.read_whole_sent = true;
+                req.read_repair_due = true;
+                continue;
+            }
             if covered {
                 return Acked::LostResponse(progress);
             }
             break;
         }
         if covered {
-            mark_done(req, w);
+            mark_done(w);
             progress = true;
             continue;
         }
@@ -624,13 +645,6 @@ pub(crate) fn handle_response(
                 Acked::Ok(pr) => progress = pr,
                 Acked::LostResponse(pr) => return on_lost_response(qp, env, now, pr),
             }
-            if !qp.req.retrying && read_response_past_a_gap(qp, p) {
-                // A response of the READ under way arrived past one that did not: that one
-                // was lost (the path keeps a READ's responses in order). Ask again from it
-                // now, which also stops the rest of the old stream at the responder,
-                // instead of dropping every response until a timer fires.
-                return on_lost_response(qp, env, now, progress);
-            }
             progress |= read_response(qp, env, now, h, info.position, payload);
             if qp.state == QpState::Err {
                 return;
@@ -648,7 +662,7 @@ pub(crate) fn handle_response(
                     if w.started && w.is_atomic() && w.first_psn == p {
                         match env.ctx.scatter(pd, &w.wr.sg_list, 0, &orig.to_ne_bytes()) {
                             Ok(()) => {
-                                mark_done(&mut qp.req, w);
+                                mark_done(w);
                                 progress = true;
                             }
                             Err(s) => {
@@ -675,8 +689,24 @@ pub(crate) fn handle_response(
     after(qp, env, now, progress);
 }
 
-/// After a response: complete what finished, re-arm the timer, keep sending.
+/// After a response: ask for what READs are missing, complete what finished, re-arm
+/// the timer, keep sending.
 fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
+    if std::mem::take(&mut qp.req.read_repair_due) {
+        let whole: Vec<u32> = qp
+            .sq
+            .iter()
+            .take_while(|w| w.started)
+            .filter(|w| !w.done && w.read_whole_sent)
+            .map(|w| w.first_psn)
+            .collect();
+        for first in whole {
+            ask_read_holes(qp, env, now, first);
+            if qp.state == QpState::Err {
+                return;
+            }
+        }
+    }
     complete_front(qp, env, now);
     if qp.state == QpState::Err {
         return;
@@ -699,18 +729,70 @@ fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
     requester::run(qp, env, now);
 }
 
-/// Whether `p` is a response of the oldest unfinished WQE, a READ, past the one it
-/// expects next.
-fn read_response_past_a_gap(qp: &QpCtx, p: u32) -> bool {
-    qp.sq.iter().find(|w| !w.done).is_some_and(|w| {
-        w.started
-            && matches!(w.wr.op, crate::verbs::SendOp::Read { .. })
-            && psn::lt(psn::add(w.first_psn, w.acked_pkts), p)
-            && psn::le(p, w.last_psn)
-    })
+/// Runs of a READ's response packets asked for again at once, at most.
+const READ_HOLES_PER_ASK: usize = 8;
+
+/// Ask for the response packets the READ starting at `first` is missing before the last
+/// one that arrived (and after it, when every response was sent: `read_whole_sent`),
+/// each run of them in one request for exactly those packets, at most once per round
+/// trip (see `sack::recently_resent`). Instead of a go-back-N from the first missing
+/// one: the responses that arrived past it are in place already. A responder that drops
+/// the rest of its stream on such a request (one that answers every duplicate with the
+/// rest) is caught up by the round-trip timer, which goes back N.
+fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
+    let Some(w) = qp
+        .sq
+        .iter()
+        .find(|w| w.started && !w.done && w.first_psn == first)
+    else {
+        return;
+    };
+    let mut runs = Vec::new();
+    let mut k = w.acked_pkts;
+    for &r in &w.read_ooo {
+        if runs.len() >= READ_HOLES_PER_ASK {
+            break;
+        }
+        if r > k {
+            runs.push((k, r - k));
+        }
+        k = k.max(r + 1);
+    }
+    if w.read_whole_sent && k < w.npkts && runs.len() < READ_HOLES_PER_ASK {
+        runs.push((k, w.npkts - k));
+    }
+    let mut asked = false;
+    for (k, n) in runs {
+        let q = psn::add(first, k);
+        if crate::sack::recently_resent(qp, q, now) {
+            continue;
+        }
+        if !requester::resend_read_part(qp, env, now, first, k, n) {
+            return;
+        }
+        debug!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = q,
+            packets = n,
+            "READ responses asked for again"
+        );
+        qp.req.sack.resent.insert(q, now);
+        asked = true;
+    }
+    if asked {
+        if let Some(oldest) = qp.oldest_unacked() {
+            qp.req.sack.resent.retain(|&q, _| !psn::lt(q, oldest));
+        }
+        qp.req.cc.on_resend();
+        // The round-trip timer now waits for the answer to these requests.
+        qp.req.rto_fast = None;
+        qp.arm_timers(now);
+    }
 }
 
-/// One READ response packet: must be the next one the oldest READ expects. Returns progress.
+/// One READ response packet, for the started READ whose PSNs it falls in: placed where
+/// it goes in local memory even past a missing one (noted in `read_ooo`), whose packets
+/// are then asked for alone (see [`ask_read_holes`]). Returns progress.
 fn read_response(
     qp: &mut QpCtx,
     env: &mut Nic,
@@ -722,31 +804,31 @@ fn read_response(
     let mtu = qp.mtu();
     let pd = qp.pd;
     let p = h.bth.psn;
-    let Some(w) = qp.sq.iter_mut().find(|w| !w.done) else {
+    let Some(w) = qp.sq.iter_mut().take_while(|w| w.started).find(|w| {
+        !w.done
+            && matches!(w.wr.op, crate::verbs::SendOp::Read { .. })
+            && psn::le(w.first_psn, p)
+            && psn::le(p, w.last_psn)
+    }) else {
+        dropped!(
+            trace,
+            env,
+            qp,
+            h,
+            duplicates,
+            "READ response of no READ under way"
+        );
         return false;
     };
-    if !w.started || !matches!(w.wr.op, crate::verbs::SendOp::Read { .. }) {
+    let k = psn::diff(p, w.first_psn) as u32;
+    if k < w.acked_pkts || w.read_ooo.contains(&k) {
+        let expected = psn::add(w.first_psn, w.acked_pkts);
+        dropped!(trace, env, qp, h, duplicates, "READ response already in place"; expected);
         return false;
     }
-    let k = w.acked_pkts;
-    if k >= w.npkts || p != psn::add(w.first_psn, k) {
-        // Not the next response expected: a duplicate, or one after a loss (the timer
-        // or the next response past the gap recovers).
-        let expected = psn::add(w.first_psn, k);
-        dropped!(trace, env, qp, h, duplicates, "READ response not the next one expected"; expected);
-        return false;
-    }
-    // Responses to the original request count positions from its first packet; those to
-    // a request resent after a partial response count from where that request started.
-    let pos_in = |i: u32, n: u32| match (n, i) {
-        (0 | 1, _) => Position::Only,
-        (_, 0) => Position::First,
-        (n, i) if i + 1 >= n => Position::Last,
-        _ => Position::Middle,
-    };
-    let r = w.read_req_k.min(k);
-    let end = w.read_req_end.clamp(k + 1, w.npkts);
-    let pos_ok = position == pos_in(k, w.npkts) || position == pos_in(k - r, end - r);
+    // Positions count from whichever request the responder answers (the original, or
+    // one asking again for some packets), so only the last packet's is certain.
+    let pos_ok = k + 1 < w.npkts || matches!(position, Position::Last | Position::Only);
     let offset = (k as usize).saturating_mul(mtu);
     let want_len = w.len.saturating_sub(offset).min(mtu);
     if !pos_ok || payload.len() != want_len {
@@ -767,11 +849,20 @@ fn read_response(
             return false;
         }
     }
-    w.acked_pkts = k + 1;
-    let part_done = w.acked_pkts == w.read_req_end;
+    if k == w.acked_pkts {
+        w.acked_pkts = k + 1;
+        while w.read_ooo.remove(&w.acked_pkts) {
+            w.acked_pkts += 1;
+        }
+    } else {
+        w.read_ooo.insert(k);
+    }
+    let first = w.first_psn;
     if w.acked_pkts >= w.npkts {
-        mark_done(&mut qp.req, w);
-    } else if part_done {
+        mark_done(w);
+    } else if !w.read_ooo.is_empty() {
+        ask_read_holes(qp, env, now, first);
+    } else if w.acked_pkts >= w.read_req_end {
         // The part a resent request asked for has come: ask for the next part (from
         // the front, as a go-back-N does; no loss, so no retry is spent and the window
         // stays).

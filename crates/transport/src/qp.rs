@@ -89,6 +89,11 @@ pub(crate) struct SendWqe {
     pub read_req_end: u32,
     /// Counted in the requester's outstanding READ/atomic window.
     pub in_rd_window: bool,
+    /// READ: response packets past `acked_pkts` that arrived (and are in place) while an
+    /// earlier one is missing; the missing ones are asked for alone.
+    pub read_ooo: std::collections::BTreeSet<u32>,
+    /// READ: an answer past its last PSN came, so every response was sent.
+    pub read_whole_sent: bool,
     pub ud: Option<UdTarget>,
 }
 
@@ -110,6 +115,8 @@ impl SendWqe {
             status: None,
             detail: WcDetail::Unspecified,
             in_rd_window: false,
+            read_ooo: Default::default(),
+            read_whole_sent: false,
             ud,
         }
     }
@@ -171,6 +178,9 @@ pub(crate) struct ReqState {
     pub sr_hole: Option<u32>,
     /// When the hole was resent.
     pub sr_sent_at: u64,
+    /// An answer past a READ that is missing some of its responses showed that all of
+    /// them were sent: ask for the missing ones (see `completer::ask_read_holes`).
+    pub read_repair_due: bool,
     /// The hole was named by a sequence NAK, so the answer to its resend tells whether
     /// the peer holds what follows a gap. A resend by the round-trip timer teaches
     /// nothing: the packets after it may simply have arrived in order.
@@ -226,11 +236,16 @@ pub(crate) enum Resource {
 pub(crate) const READ_REPLAY_FACTOR: u32 = 64;
 /// Response packets every READ's re-executions may send beyond the multiple.
 pub(crate) const READ_REPLAY_SLACK: u32 = 1024;
+/// Parts of one READ waiting to be sent again at once (see `responder::enqueue`): a
+/// requester asks for its holes a few at a time; more are refused, so a flood of exact
+/// duplicates does not grow the queue.
+pub(crate) const READ_STREAMS_MAX: usize = 16;
 
 /// What re-executions of one READ resource have cost so far (see [`READ_REPLAY_FACTOR`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReplayBudget {
-    /// PSN the latest re-execution started at; the next may not start before it.
+    /// PSN the latest re-execution for the rest started at; the next such may not start
+    /// before it.
     pub from: u32,
     /// Response packets re-executions have sent.
     pub packets: u32,
@@ -245,10 +260,13 @@ impl ReplayBudget {
         }
     }
 
-    /// A duplicate asks to re-execute a READ of `npkts` packets from `p`: Ok (and `p`
-    /// noted) if that is allowed, else why not.
-    pub fn take(&mut self, p: u32, npkts: u32) -> Result<(), &'static str> {
-        if softrdma_wire::psn::lt(p, self.from) {
+    /// A duplicate asks to re-execute a READ of `npkts` packets from `p`, for exactly
+    /// the packets it names (`exact`) or for the rest: Ok (and `p` noted) if that is
+    /// allowed, else why not. Only one for the rest may not start before an earlier one:
+    /// each such re-execution sends everything from there, while one for exactly some
+    /// packets (a requester repairing holes, in any order) costs what it names.
+    pub fn take(&mut self, p: u32, npkts: u32, exact: bool) -> Result<(), &'static str> {
+        if !exact && softrdma_wire::psn::lt(p, self.from) {
             return Err("duplicate READ from before where an earlier one asked");
         }
         let cap = npkts
@@ -257,7 +275,9 @@ impl ReplayBudget {
         if self.packets >= cap {
             return Err("re-executions of this READ sent their budget of responses");
         }
-        self.from = p;
+        if !exact {
+            self.from = p;
+        }
         Ok(())
     }
 }
@@ -280,6 +300,9 @@ pub(crate) enum Pending {
         /// A re-execution for a duplicate request (its packets count against the
         /// resource's [`ReplayBudget`]).
         replay: bool,
+        /// The duplicate named exactly the packets sent (see `responder::replay_end`):
+        /// sent beside the READ's other streams rather than replacing them.
+        exact: bool,
     },
     /// An atomic ACK.
     AtomicAck { psn: u32, orig: u64, msn: u32 },

@@ -197,6 +197,13 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 } else {
                     w.npkts
                 };
+                // Nor past responses that arrived already (see `completer::read_response`):
+                // a request for exactly the missing ones is answered with just them.
+                let end = w
+                    .read_ooo
+                    .range(k..)
+                    .next()
+                    .map_or(end, |&r| end.min(r.max(k + 1)));
                 w.read_req_end = end;
                 end_psn = w.last_psn;
                 let dma_len = ((end - k) as usize).saturating_mul(mtu).min(w.len - skip);
@@ -432,6 +439,55 @@ pub(crate) fn resend_one(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32) -> boo
         completer::fail(qp, env, now, None, "send data not read from local memory");
         return true;
     }
+    env.stats.retransmits += 1;
+    qp.arm_timers(now);
+    true
+}
+
+/// Ask again for response packets `k..k + n` of the started READ whose first PSN is
+/// `first`: a READ request at the PSN of packet `k` whose RETH names exactly those bytes,
+/// which a responder answers with just them (see `responder::replay_end`; rxe checks a
+/// duplicate against the original the same way). False when there is no such READ.
+pub(crate) fn resend_read_part(
+    qp: &mut QpCtx,
+    env: &mut Nic,
+    now: u64,
+    first: u32,
+    k: u32,
+    n: u32,
+) -> bool {
+    let mtu = qp.mtu();
+    let Some((dst, tos, dqpn)) = qp
+        .peer
+        .map(|p| (p, qp.attr.ah_attr.grh.traffic_class, qp.attr.dest_qp_num))
+    else {
+        return false;
+    };
+    let Some(w) = qp
+        .sq
+        .iter()
+        .find(|w| w.started && !w.done && w.first_psn == first)
+    else {
+        return false;
+    };
+    let SendOp::Read { remote_addr, rkey } = w.wr.op else {
+        return false;
+    };
+    let skip = (k as usize).saturating_mul(mtu);
+    if n == 0 || k.saturating_add(n) > w.npkts || skip >= w.len.max(1) {
+        return false;
+    }
+    let dma_len = (n as usize).saturating_mul(mtu).min(w.len - skip);
+    let p = psn::add(first, k);
+    let mut bth = Bth::new(Opcode::RC_RDMA_READ_REQUEST, dqpn, p);
+    bth.ack_req = true;
+    let mut h = Headers::new(bth);
+    h.reth = Some(Reth {
+        va: remote_addr.wrapping_add(skip as u64),
+        rkey,
+        dma_len: dma_len as u32,
+    });
+    env.send(qp.qpn, dst, tos, &h, &[]);
     env.stats.retransmits += 1;
     qp.arm_timers(now);
     true

@@ -10,7 +10,7 @@ use softrdma_wire::{
 use crate::completer;
 use crate::qp::{
     HeldPkt, InMsg, Pending, QpCtx, ReplayBudget, Resource, ATOMIC_REPLAY_MIN, HOLD_SPAN,
-    OUTBOX_MAX,
+    OUTBOX_MAX, READ_STREAMS_MAX,
 };
 use crate::verbs::{
     Access, QpType, RecvWr, RemoteKeyError, WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
@@ -87,6 +87,21 @@ fn enqueue(qp: &mut QpCtx, e: Pending) {
     match e {
         Pending::Aeth { fatal: false, .. } => {
             pend.retain(|x| !matches!(x, Pending::Aeth { fatal: false, .. }));
+        }
+        // A READ asked again for exactly some of its packets (the missing ones) is sent
+        // beside what is still being sent of it: the rest of the stream is not lost. Asked
+        // again otherwise (for the rest, as an IBTA requester's go-back-N does), it
+        // replaces every stream of that READ, so floods do not grow the queue.
+        Pending::Read {
+            first_psn: f,
+            exact: true,
+            start: s,
+            ..
+        } => {
+            pend.retain(|x| {
+                !matches!(*x, Pending::Read { first_psn, exact: true, start, .. }
+                    if first_psn == f && start == s)
+            });
         }
         Pending::Read { first_psn: f, .. } => {
             pend.retain(|x| !matches!(*x, Pending::Read { first_psn, .. } if first_psn == f));
@@ -166,6 +181,7 @@ pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 next,
                 msn,
                 replay,
+                ..
             } => {
                 let mtu = qp.mtu();
                 let n = psn::diff(last_psn, start) as u32 + 1;
@@ -911,12 +927,13 @@ fn rc_write(
     true
 }
 
-/// The last PSN a duplicate READ from `p` is answered up to. A requester resending after
-/// a loss may ask for only part of the rest (softrdma asks for a congestion window's
-/// worth): its RETH is honoured when it names exactly the original's bytes from `p` on
-/// (same rkey, the address of packet `p`, a length that ends on a packet boundary or at
-/// the original's end, as rxe checks it against the original). Any other RETH is
-/// answered with the rest of the original READ, never from the duplicate's own fields.
+/// The last PSN a duplicate READ from `p` is answered up to, and whether its RETH named
+/// exactly that part. A requester resending after a loss may ask for only part of the
+/// rest (softrdma asks for the missing packets, or a congestion window's worth): its RETH
+/// is honoured when it names exactly the original's bytes from `p` on (same rkey, the
+/// address of packet `p`, a length that ends on a packet boundary or at the original's
+/// end, as rxe checks it against the original). Any other RETH is answered with the rest
+/// of the original READ, never from the duplicate's own fields.
 #[allow(clippy::too_many_arguments)]
 fn replay_end(
     h: &Headers,
@@ -927,9 +944,9 @@ fn replay_end(
     rkey: u32,
     len: u32,
     mtu: usize,
-) -> u32 {
+) -> (u32, bool) {
     let Some(r) = h.reth else {
-        return last_psn;
+        return (last_psn, false);
     };
     let mtu = mtu.max(1) as u64;
     let off = (psn::diff(p, first_psn) as u64).saturating_mul(mtu);
@@ -937,10 +954,10 @@ fn replay_end(
     let fits = off.checked_add(want).is_some_and(|end| end <= len);
     let boundary = want % mtu == 0 || off + want == len;
     if r.rkey != rkey || r.va != va.wrapping_add(off) || want == 0 || !fits || !boundary {
-        return last_psn;
+        return (last_psn, false);
     }
     let n = want.div_ceil(mtu) as u32;
-    psn::add(p, n - 1)
+    (psn::add(p, n - 1), true)
 }
 
 /// One more response packet sent by a re-execution of the READ starting at `first_psn`.
@@ -1071,6 +1088,7 @@ fn rc_read(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
             next: p,
             msn,
             replay: false,
+            exact: false,
         },
     );
 }
@@ -1193,12 +1211,18 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
                     replays,
                 } if psn::le(*first_psn, p) && psn::le(p, *last_psn) => {
                     let npkts = (*len as usize).div_ceil(mtu).max(1) as u32;
-                    let taken = replays.take(p, npkts);
-                    Some((*first_psn, *last_psn, *va, *rkey, *len, taken))
+                    let (end, exact) =
+                        replay_end(h, p, *first_psn, *last_psn, *va, *rkey, *len, mtu);
+                    // Only a part that stops short of the READ's end is sent beside its
+                    // other streams: asked for up to the end, it is a go-back-N (an IBTA
+                    // requester's), which replaces them as before.
+                    let exact = exact && end != *last_psn;
+                    let taken = replays.take(p, npkts, exact);
+                    Some((*first_psn, *va, *rkey, *len, end, exact, taken))
                 }
                 _ => None,
             });
-            let Some((first_psn, last_psn, va, rkey, len, taken)) = found else {
+            let Some((first_psn, va, rkey, len, end_psn, exact, taken)) = found else {
                 dropped!(
                     debug,
                     env,
@@ -1210,11 +1234,21 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
                 return;
             };
             if let Err(why) = taken {
-                dropped!(debug, env, qp, h, read_replays_refused, why; first_psn, last_psn);
+                dropped!(debug, env, qp, h, read_replays_refused, why; first_psn, end_psn);
+                return;
+            }
+            let streams = qp
+                .resp
+                .pending
+                .iter()
+                .filter(|x| matches!(**x, Pending::Read { first_psn: f, .. } if f == first_psn))
+                .count();
+            if exact && streams >= READ_STREAMS_MAX {
+                let why = "too many parts of this READ waiting to be sent again";
+                dropped!(debug, env, qp, h, read_replays_refused, why; first_psn);
                 return;
             }
             env.stats.read_replays += 1;
-            let end_psn = replay_end(h, p, first_psn, last_psn, va, rkey, len, mtu);
             let msn = qp.resp.msn;
             respond(
                 qp,
@@ -1230,6 +1264,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
                     next: p,
                     msn,
                     replay: true,
+                    exact,
                 },
             );
         }
