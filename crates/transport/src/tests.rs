@@ -2036,3 +2036,71 @@ fn a_sequence_nak_from_a_sack_peer_leaves_the_window_to_the_sacks() {
         }
     }
 }
+
+/// A READ that finishes while an earlier one still misses a response keeps its place in
+/// the READ/atomic window until it completes, in order: the responder remembers only the
+/// last `max_dest_rd_atomic` (4) READs, and a fifth one started meanwhile would make it
+/// forget the one whose response is asked for again. Every READ completes with its bytes.
+#[test]
+fn reads_finished_behind_a_missing_response_hold_the_read_window() {
+    use wire::{Headers, Opcode};
+    let cfg = Cfg {
+        mtu: Mtu::Mtu256,
+        ..Default::default()
+    };
+    let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    let data = pattern(4096, 5);
+    b.write(0, &data);
+    let now = 0;
+    // READ 0 of 4 packets, then seven of one packet each.
+    let mut spans = vec![(0usize, 1024usize)];
+    spans.extend((0..7).map(|i| (1024 + 256 * i, 256)));
+    for (id, &(off, len)) in spans.iter().enumerate() {
+        let op = SendOp::Read {
+            remote_addr: b.base + off as u64,
+            rkey: b.rkey,
+        };
+        a.send(now, id as u64, op, vec![a.sge(off, len)]).unwrap();
+    }
+    let first = cfg.psn_a;
+    let (mut lost, mut started_before_repair, mut repaired) = (false, 0, false);
+    let link = Faults {
+        delay_ns: 20_000,
+        ..Faults::default()
+    };
+    let mut now = now;
+    run(
+        &mut a,
+        &mut b,
+        &mut now,
+        Network::new(0, link),
+        |from_a, t| {
+            let (h, _) = Headers::parse(&t.data).unwrap();
+            let k = wire::psn::diff(h.bth.psn, first);
+            if from_a && h.bth.opcode == Opcode::RC_RDMA_READ_REQUEST && k >= 4 && !repaired {
+                // A first request of a later READ, sent while READ 0 misses its response.
+                started_before_repair = started_before_repair.max(k - 3);
+            }
+            if !from_a && k == 2 {
+                if !lost {
+                    lost = true;
+                    return true;
+                }
+                repaired = true;
+            }
+            false
+        },
+    );
+    assert!(lost && repaired);
+    assert!(
+        started_before_repair <= 3,
+        "{started_before_repair} READs started after READ 0 before its response came"
+    );
+    let w = a.wcs();
+    assert_eq!(w.len(), spans.len(), "{w:?}");
+    assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
+    let end = 1024 + 256 * 7;
+    assert!(a.read(0, end) == data[..end], "READ bytes");
+    let s = b.nic.stats();
+    assert_eq!((s.dropped, s.read_replays_refused), (0, 0), "{s:?}");
+}
