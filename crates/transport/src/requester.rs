@@ -397,6 +397,12 @@ fn send_data(
     })
 }
 
+/// Where an RC QP's packets go: the peer's address, the traffic class, the peer's QPN.
+fn rc_dest(qp: &QpCtx) -> Option<(std::net::SocketAddr, u8, u32)> {
+    qp.peer
+        .map(|p| (p, qp.attr.ah_attr.grh.traffic_class, qp.attr.dest_qp_num))
+}
+
 /// Resend the one request packet with PSN `k` (a SEND or WRITE packet the peer reported
 /// missing), asking for an ACK, without moving the requester from where it is: the
 /// selective repeat of [`crate::completer`]. False, with nothing sent, when `k` is not a
@@ -404,10 +410,7 @@ fn send_data(
 /// then goes back N.
 pub(crate) fn resend_one(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32) -> bool {
     let mtu = qp.mtu();
-    let Some((dst, tos, dqpn)) = qp
-        .peer
-        .map(|p| (p, qp.attr.ah_attr.grh.traffic_class, qp.attr.dest_qp_num))
-    else {
+    let Some((dst, tos, dqpn)) = rc_dest(qp) else {
         return false;
     };
     let Some(w) = qp
@@ -457,10 +460,7 @@ pub(crate) fn resend_read_part(
     n: u32,
 ) -> bool {
     let mtu = qp.mtu();
-    let Some((dst, tos, dqpn)) = qp
-        .peer
-        .map(|p| (p, qp.attr.ah_attr.grh.traffic_class, qp.attr.dest_qp_num))
-    else {
+    let Some((dst, tos, dqpn)) = rc_dest(qp) else {
         return false;
     };
     let Some(w) = qp
