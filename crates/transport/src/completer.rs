@@ -385,7 +385,7 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
     );
     qp.req.sr_hole = Some(k);
     qp.req.sr_from_nak = cut;
-    qp.req.sack.resent.insert(k, now);
+    qp.req.sack.note(k, now);
     // A peer that sends SACKs shows with them whether the loss was a run (see
     // `sack::on_sack`); the round trip judges only for one that does not.
     if cut && !qp.req.sack.peer_sacks {
@@ -761,10 +761,31 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
     if w.read_whole_sent && k < w.npkts && runs.len() < READ_HOLES_PER_ASK {
         runs.push((k, w.npkts - k));
     }
+    // The newest part asked again whose first response has arrived: a part asked before
+    // it and still missing was lost again (the responder answers the requests in the
+    // order they came), and is asked for at once rather than after a round trip (RACK's
+    // rule, as `sack::on_sack` applies it to resent packets).
+    let (acked, last) = (w.acked_pkts, w.last_psn);
+    let arrived = |q: u32| {
+        let i = psn::diff(q, first);
+        i >= 0 && ((i as u32) < acked || w.read_ooo.contains(&(i as u32)))
+    };
+    let newest_arrived = qp
+        .req
+        .sack
+        .resent
+        .range(..)
+        .filter(|&(&q, _)| psn::le(first, q) && psn::le(q, last) && arrived(q))
+        .map(|(_, r)| r.seq)
+        .max();
     let mut asked = false;
     for (k, n) in runs {
         let q = psn::add(first, k);
-        if crate::sack::recently_resent(qp, q, now) {
+        let overtaken = match (qp.req.sack.resent.get(&q), newest_arrived) {
+            (Some(r), Some(n)) => r.seq < n,
+            _ => false,
+        };
+        if !overtaken && crate::sack::recently_resent(qp, q, now) {
             continue;
         }
         if !requester::resend_read_part(qp, env, now, first, k, n) {
@@ -776,7 +797,7 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
             packets = n,
             "READ responses asked for again"
         );
-        qp.req.sack.resent.insert(q, now);
+        qp.req.sack.note(q, now);
         asked = true;
     }
     if asked {

@@ -50,12 +50,34 @@ pub(crate) struct ReqSack {
     /// The latest SACK: the responder's expected PSN and the packets it holds past it.
     /// Boxed: it is half a KiB, and most QPs never see a SACK.
     pub board: Option<Box<(u32, SackBitmap)>>,
-    /// Holes resent (by a SACK or a selective repeat) and when: not again within a
-    /// round trip, when the SACK that shows them still missing may predate their arrival.
-    pub resent: BTreeMap<u32, u64>,
+    /// Holes resent (by a SACK or a selective repeat, and the first PSNs of READ parts
+    /// asked for again) and when: not again within a round trip, when the SACK that shows
+    /// them still missing may predate their arrival.
+    pub resent: BTreeMap<u32, Resent>,
+    /// Resends noted so far: orders resends made at the same instant.
+    seq: u64,
+}
+
+/// When a packet was resent, and in which order among resends (see [`ReqSack::note`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Resent {
+    pub at: u64,
+    pub seq: u64,
 }
 
 impl ReqSack {
+    /// Packet `q` was resent (or asked for again) at `now`.
+    pub fn note(&mut self, q: u32, now: u64) {
+        self.seq += 1;
+        self.resent.insert(
+            q,
+            Resent {
+                at: now,
+                seq: self.seq,
+            },
+        );
+    }
+
     /// A go-back-N resends everything: what the last SACK said no longer describes what
     /// is in flight.
     pub fn forget(&mut self) {
@@ -116,7 +138,7 @@ pub(crate) fn recently_resent(qp: &QpCtx, q: u32, now: u64) -> bool {
         .sack
         .resent
         .get(&q)
-        .is_some_and(|&t| now.saturating_sub(t) < guard)
+        .is_some_and(|r| now.saturating_sub(r.at) < guard)
 }
 
 /// Responder: the requester asked for SACKs. Answer with one at once, which also tells
@@ -248,7 +270,7 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
             let d = psn::diff(q, e);
             d > 0 && bits.get(d as u32)
         })
-        .map(|(_, &t)| t)
+        .map(|(_, r)| r.seq)
         .max();
     let mut resent = 0;
     let mut first = None;
@@ -268,7 +290,7 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
         }
         let q = psn::add(e, d);
         let overtaken = match (qp.req.sack.resent.get(&q), newest_arrived) {
-            (Some(&t), Some(n)) => t < n,
+            (Some(r), Some(n)) => r.seq < n,
             _ => false,
         };
         if !overtaken && recently_resent(qp, q, now) {
@@ -283,7 +305,7 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
         }
         // A fresh hole with the next packet missing too: a run of losses.
         burst |= !qp.req.sack.resent.contains_key(&q) && d + 1 < top && !bits.get(d + 1);
-        qp.req.sack.resent.insert(q, now);
+        qp.req.sack.note(q, now);
         env.stats.sack_resends += 1;
         first.get_or_insert(q);
         resent += 1;

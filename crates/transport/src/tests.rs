@@ -2104,3 +2104,70 @@ fn reads_finished_behind_a_missing_response_hold_the_read_window() {
     let s = b.nic.stats();
     assert_eq!((s.dropped, s.read_replays_refused), (0, 0), "{s:?}");
 }
+
+/// A READ response asked for again and lost again is asked for a third time as soon as
+/// the response to a part asked after it arrives (the responder answers in the order it
+/// was asked), not after a round-trip timer.
+#[test]
+fn a_read_part_lost_again_is_asked_again_when_a_later_part_arrives() {
+    use wire::{Headers, Opcode};
+    let cfg = Cfg {
+        mtu: Mtu::Mtu256,
+        ..Default::default()
+    };
+    let (mut a, mut b) = pair(QpType::Rc, &cfg);
+    let data = pattern(BUF, 4);
+    b.write(0, &data);
+    let mut now = 0;
+    let read = SendOp::Read {
+        remote_addr: b.base,
+        rkey: b.rkey,
+    };
+    a.send(now, 1, read, vec![a.sge(0, BUF)]).unwrap();
+    let first = cfg.psn_a;
+    let mut copies = [0u32; 2];
+    let mut requests: Vec<(u32, u32)> = Vec::new();
+    let link = Faults {
+        delay_ns: 20_000,
+        ..Faults::default()
+    };
+    run(
+        &mut a,
+        &mut b,
+        &mut now,
+        Network::new(0, link),
+        |from_a, t| {
+            let (h, _) = Headers::parse(&t.data).unwrap();
+            let k = wire::psn::diff(h.bth.psn, first) as u32;
+            if from_a {
+                if h.bth.opcode == Opcode::RC_RDMA_READ_REQUEST {
+                    requests.push((k, h.reth.unwrap().dma_len));
+                }
+                return false;
+            }
+            // Response 10 lost twice, response 200 once.
+            match k {
+                10 => {
+                    copies[0] += 1;
+                    copies[0] <= 2
+                }
+                200 => {
+                    copies[1] += 1;
+                    copies[1] == 1
+                }
+                _ => false,
+            }
+        },
+    );
+    assert_eq!(copies, [3, 2]);
+    let w = a.wcs();
+    assert_eq!((w.len(), w[0].status), (1, WcStatus::Success));
+    assert!(a.read(0, BUF) == data, "READ bytes");
+    assert_eq!(
+        requests,
+        vec![(0, BUF as u32), (10, 256), (200, 256), (10, 256)],
+        "(first response asked, bytes asked) of each READ request"
+    );
+    let s = a.nic.stats();
+    assert_eq!((s.timeouts, s.rtt_timeouts), (0, 0), "{s:?}");
+}
