@@ -205,6 +205,11 @@ impl Cc {
         (bdp.min(u128::from(MAX_CWND)) as u32).saturating_mul(BDP_GAIN)
     }
 
+    /// The smoothed round trip, its smallest sample and the timer's backoff, for logs.
+    pub fn estimate(&self) -> (u64, u64, u8) {
+        (self.srtt, self.min_rtt, self.backoff)
+    }
+
     /// Whether the round trip has been measured.
     pub fn has_sample(&self) -> bool {
         self.srtt != 0

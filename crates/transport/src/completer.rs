@@ -905,10 +905,14 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         qp.req.rto_fast = None;
         if matches!(qp.state, QpState::Rts | QpState::Sqd) && outstanding(qp) {
             env.stats.rtt_timeouts += 1;
+            let (srtt, min_rtt, backoff) = qp.req.cc.estimate();
             debug!(
                 qpn = format_args!("{:#x}", qp.qpn),
                 psn = qp.oldest_unacked(),
                 cwnd = qp.req.cc.cwnd,
+                srtt_us = srtt / 1000,
+                min_rtt_us = min_rtt / 1000,
+                backoff,
                 "retransmission timer (round trip) expired; resending"
             );
             qp.req.cc.on_rtt_timeout();

@@ -35,6 +35,10 @@ const RESENDS_PER_SACK: usize = 128;
 /// SACK_PERMITs one QP sends at most while no SACK answers (a softrdma peer without this
 /// extension drops them).
 const PERMITS_MAX: u8 = 8;
+/// Fresh holes of which [`RUNS_FOR_CONGESTION`] or more being runs of two or more lost
+/// packets makes a run a sign of congestion (see [`on_sack`]).
+const HOLE_HISTORY: u32 = 16;
+const RUNS_FOR_CONGESTION: u32 = 4;
 /// A hole resent less than this long ago is not resent again (before a round trip has
 /// been measured).
 const RESEND_GUARD_NS: u64 = 1_000_000;
@@ -56,6 +60,9 @@ pub(crate) struct ReqSack {
     pub resent: BTreeMap<u32, Resent>,
     /// Resends noted so far: orders resends made at the same instant.
     seq: u64,
+    /// The last [`HOLE_HISTORY`] fresh holes a SACK showed, newest in bit 0: set when
+    /// the packet after the hole was missing too.
+    hole_runs: u16,
 }
 
 /// When a packet was resent, and in which order among resends (see [`ReqSack::note`]).
@@ -205,12 +212,16 @@ pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32, ack_req: bool) {
 /// has arrived: the path keeps order, so that one was lost again (RACK's rule), and it
 /// is resent at once instead of after the round-trip timer.
 ///
-/// The window is cut only when a new hole is a run of two or more lost packets: an
-/// overflowing queue (a switch's, a socket buffer) drops what arrives while it is full,
-/// a run of the burst, while isolated holes are random loss, which a cut would not
-/// prevent and which costs only the resent packets here. The round trip cannot tell
-/// them apart on a host whose own scheduling queues a window's worth: it grows with the
-/// window whether or not anything overflows (see `Cc::on_loss_of`).
+/// The window is cut only when a new hole is a run of two or more lost packets and at
+/// least [`RUNS_FOR_CONGESTION`] of the last [`HOLE_HISTORY`] holes were: an overflowing
+/// queue (a switch's, a socket buffer) drops what arrives while it is full, runs of the
+/// bursts, while random loss leaves mostly isolated holes (at 5% random loss one hole in
+/// twenty is a run by chance, and sixteen holes hold four runs with probability 0.7%),
+/// which a cut would not prevent and which cost only the resent packets here. The round
+/// trip cannot tell them apart on a host whose own scheduling queues a window's worth:
+/// it grows with the window whether or not anything overflows (see `Cc::on_loss_of`).
+/// Cutting at every chance run let the window sink to its floor at 5% loss whenever the
+/// floor was low (a small round trip measured early), and stay there.
 pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: SackBitmap) {
     if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
         return;
@@ -303,8 +314,13 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
         if qp.state == QpState::Err {
             return;
         }
-        // A fresh hole with the next packet missing too: a run of losses.
-        burst |= !qp.req.sack.resent.contains_key(&q) && d + 1 < top && !bits.get(d + 1);
+        if !qp.req.sack.resent.contains_key(&q) {
+            // A fresh hole with the next packet missing too: a run of losses.
+            let run = d + 1 < top && !bits.get(d + 1);
+            let h = &mut qp.req.sack.hole_runs;
+            *h = (*h << 1) | u16::from(run);
+            burst |= run;
+        }
         qp.req.sack.note(q, now);
         env.stats.sack_resends += 1;
         first.get_or_insert(q);
@@ -320,7 +336,8 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
             burst,
             "holes resent from a SACK"
         );
-        if burst {
+        let mask = u16::MAX >> (16 - HOLE_HISTORY);
+        if burst && (qp.req.sack.hole_runs & mask).count_ones() >= RUNS_FOR_CONGESTION {
             qp.req.cc.on_congestion_loss(q, high);
         }
         // The round-trip timer now waits for the answer to these resends.
