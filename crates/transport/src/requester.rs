@@ -207,14 +207,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 w.read_req_end = end;
                 end_psn = w.last_psn;
                 let dma_len = ((end - k) as usize).saturating_mul(mtu).min(w.len - skip);
-                let mut bth = Bth::new(Opcode::RC_RDMA_READ_REQUEST, dqpn, pkt_psn);
-                bth.ack_req = true;
-                let mut h = Headers::new(bth);
-                h.reth = Some(Reth {
-                    va: remote_addr.wrapping_add(skip as u64),
-                    rkey,
-                    dma_len: dma_len as u32,
-                });
+                let h = read_request(dqpn, pkt_psn, remote_addr, rkey, skip, dma_len);
                 env.send(qp.qpn, dst, tos, &h, &[]);
                 w.sent_all = true;
                 w.in_rd_window = true;
@@ -397,6 +390,28 @@ fn send_data(
     })
 }
 
+/// A READ request at PSN `p` (asking for an ACK, as every READ does) for `dma_len`
+/// bytes of the READ's remote buffer at `remote_addr`, from byte `skip` on: the first
+/// request, one resent by a go-back-N, and one asking again for some responses alike.
+fn read_request(
+    dqpn: u32,
+    p: u32,
+    remote_addr: u64,
+    rkey: u32,
+    skip: usize,
+    dma_len: usize,
+) -> Headers {
+    let mut bth = Bth::new(Opcode::RC_RDMA_READ_REQUEST, dqpn, p);
+    bth.ack_req = true;
+    let mut h = Headers::new(bth);
+    h.reth = Some(Reth {
+        va: remote_addr.wrapping_add(skip as u64),
+        rkey,
+        dma_len: dma_len as u32,
+    });
+    h
+}
+
 /// Where an RC QP's packets go: the peer's address, the traffic class, the peer's QPN.
 fn rc_dest(qp: &QpCtx) -> Option<(std::net::SocketAddr, u8, u32)> {
     qp.peer
@@ -478,15 +493,7 @@ pub(crate) fn resend_read_part(
         return false;
     }
     let dma_len = (n as usize).saturating_mul(mtu).min(w.len - skip);
-    let p = psn::add(first, k);
-    let mut bth = Bth::new(Opcode::RC_RDMA_READ_REQUEST, dqpn, p);
-    bth.ack_req = true;
-    let mut h = Headers::new(bth);
-    h.reth = Some(Reth {
-        va: remote_addr.wrapping_add(skip as u64),
-        rkey,
-        dma_len: dma_len as u32,
-    });
+    let h = read_request(dqpn, psn::add(first, k), remote_addr, rkey, skip, dma_len);
     env.send(qp.qpn, dst, tos, &h, &[]);
     env.stats.retransmits += 1;
     qp.arm_timers(now);
