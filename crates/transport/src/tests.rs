@@ -1193,13 +1193,55 @@ fn sgid_and_dgid_of_different_ip_versions_are_refused() {
 /// sends each response once more at most, and the bytes are right.
 #[test]
 fn a_read_asks_again_for_exactly_its_lost_responses() {
+    let mut lost = Vec::new();
+    let r = read_losing(3, |k| {
+        let hit = [10, 20, 30].contains(&k) && !lost.contains(&k);
+        if hit {
+            lost.push(k);
+        }
+        hit
+    });
+    assert_eq!(lost, [10, 20, 30]);
+    let (mut a, b) = (r.a, r.b);
+    let wcs = a.wcs();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert!(a.read(0, BUF) == r.data, "READ bytes");
+    assert_eq!(
+        r.requests,
+        vec![(0, BUF as u32), (10, 256), (20, 256), (30, 256)],
+        "(first response asked, bytes asked) of each READ request"
+    );
+    assert_eq!(
+        r.responses,
+        256 + 3,
+        "each lost response sent once more, nothing else"
+    );
+    let s = a.nic.stats();
+    assert_eq!((s.timeouts, s.rtt_timeouts, s.retransmits), (0, 0, 3));
+    assert_eq!(b.nic.stats().read_replays, 3);
+}
+
+/// What [`read_losing`] left: the pair, the bytes the READ had to bring, (first response
+/// asked, bytes asked) of every READ request, and how many responses were sent.
+struct ReadRun {
+    a: Node,
+    b: Node,
+    data: Vec<u8>,
+    requests: Vec<(u32, u32)>,
+    responses: u32,
+}
+
+/// One READ of `BUF` bytes at path MTU 256 over a link of 20 µs, each response lost when
+/// `lose` says so of its index in the READ.
+fn read_losing(seed: u8, mut lose: impl FnMut(u32) -> bool) -> ReadRun {
     use wire::{Headers, Opcode};
     let cfg = Cfg {
         mtu: Mtu::Mtu256,
         ..Default::default()
     };
     let (mut a, mut b) = pair(QpType::Rc, &cfg);
-    let data = pattern(BUF, 3);
+    let data = pattern(BUF, seed);
     b.write(0, &data);
     let mut now = 0;
     let read = SendOp::Read {
@@ -1208,9 +1250,7 @@ fn a_read_asks_again_for_exactly_its_lost_responses() {
     };
     a.send(now, 1, read, vec![a.sge(0, BUF)]).unwrap();
     let first = cfg.psn_a;
-    let mut lost = Vec::new();
-    let mut requests: Vec<(u32, u32)> = Vec::new();
-    let mut responses = 0;
+    let (mut requests, mut responses) = (Vec::new(), 0);
     let link = Faults {
         delay_ns: 20_000,
         ..Faults::default()
@@ -1230,31 +1270,16 @@ fn a_read_asks_again_for_exactly_its_lost_responses() {
                 return false;
             }
             responses += 1;
-            if [10, 20, 30].contains(&k) && !lost.contains(&k) {
-                lost.push(k);
-                return true;
-            }
-            false
+            lose(k)
         },
     );
-    assert_eq!(lost, [10, 20, 30]);
-    let wcs = a.wcs();
-    assert_eq!(wcs.len(), 1);
-    assert_eq!(wcs[0].status, WcStatus::Success);
-    assert!(a.read(0, BUF) == data, "READ bytes");
-    assert_eq!(
+    ReadRun {
+        a,
+        b,
+        data,
         requests,
-        vec![(0, BUF as u32), (10, 256), (20, 256), (30, 256)],
-        "(first response asked, bytes asked) of each READ request"
-    );
-    assert_eq!(
         responses,
-        256 + 3,
-        "each lost response sent once more, nothing else"
-    );
-    let s = a.nic.stats();
-    assert_eq!((s.timeouts, s.rtt_timeouts, s.retransmits), (0, 0, 3));
-    assert_eq!(b.nic.stats().read_replays, 3);
+    }
 }
 
 /// Many QPs on one engine, with every first transmission lost: their retransmission
@@ -2129,61 +2154,26 @@ fn reads_finished_behind_a_missing_response_hold_the_read_window() {
 /// was asked), not after a round-trip timer.
 #[test]
 fn a_read_part_lost_again_is_asked_again_when_a_later_part_arrives() {
-    use wire::{Headers, Opcode};
-    let cfg = Cfg {
-        mtu: Mtu::Mtu256,
-        ..Default::default()
-    };
-    let (mut a, mut b) = pair(QpType::Rc, &cfg);
-    let data = pattern(BUF, 4);
-    b.write(0, &data);
-    let mut now = 0;
-    let read = SendOp::Read {
-        remote_addr: b.base,
-        rkey: b.rkey,
-    };
-    a.send(now, 1, read, vec![a.sge(0, BUF)]).unwrap();
-    let first = cfg.psn_a;
+    // Response 10 lost twice, response 200 once.
     let mut copies = [0u32; 2];
-    let mut requests: Vec<(u32, u32)> = Vec::new();
-    let link = Faults {
-        delay_ns: 20_000,
-        ..Faults::default()
-    };
-    run(
-        &mut a,
-        &mut b,
-        &mut now,
-        Network::new(0, link),
-        |from_a, t| {
-            let (h, _) = Headers::parse(&t.data).unwrap();
-            let k = wire::psn::diff(h.bth.psn, first) as u32;
-            if from_a {
-                if h.bth.opcode == Opcode::RC_RDMA_READ_REQUEST {
-                    requests.push((k, h.reth.unwrap().dma_len));
-                }
-                return false;
-            }
-            // Response 10 lost twice, response 200 once.
-            match k {
-                10 => {
-                    copies[0] += 1;
-                    copies[0] <= 2
-                }
-                200 => {
-                    copies[1] += 1;
-                    copies[1] == 1
-                }
-                _ => false,
-            }
-        },
-    );
+    let r = read_losing(4, |k| match k {
+        10 => {
+            copies[0] += 1;
+            copies[0] <= 2
+        }
+        200 => {
+            copies[1] += 1;
+            copies[1] == 1
+        }
+        _ => false,
+    });
     assert_eq!(copies, [3, 2]);
+    let mut a = r.a;
     let w = a.wcs();
     assert_eq!((w.len(), w[0].status), (1, WcStatus::Success));
-    assert!(a.read(0, BUF) == data, "READ bytes");
+    assert!(a.read(0, BUF) == r.data, "READ bytes");
     assert_eq!(
-        requests,
+        r.requests,
         vec![(0, BUF as u32), (10, 256), (200, 256), (10, 256)],
         "(first response asked, bytes asked) of each READ request"
     );
