@@ -764,7 +764,7 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
     // The newest part asked again whose first response has arrived: a part asked before
     // it and still missing was lost again (the responder answers the requests in the
     // order they came), and is asked for at once rather than after a round trip (RACK's
-    // rule, as `sack::on_sack` applies it to resent packets).
+    // rule, `sack::resend_due`, as `sack::on_sack` applies it to resent packets).
     let (acked, last) = (w.acked_pkts, w.last_psn);
     let arrived = |q: u32| {
         let i = psn::diff(q, first);
@@ -773,19 +773,11 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
     let newest_arrived = qp
         .req
         .sack
-        .resent
-        .range(..)
-        .filter(|&(&q, _)| psn::le(first, q) && psn::le(q, last) && arrived(q))
-        .map(|(_, r)| r.seq)
-        .max();
+        .newest_arrived(|q| psn::le(first, q) && psn::le(q, last) && arrived(q));
     let mut asked = false;
     for (k, n) in runs {
         let q = psn::add(first, k);
-        let overtaken = match (qp.req.sack.resent.get(&q), newest_arrived) {
-            (Some(r), Some(n)) => r.seq < n,
-            _ => false,
-        };
-        if !overtaken && crate::sack::recently_resent(qp, q, now) {
+        if !crate::sack::resend_due(qp, q, now, newest_arrived) {
             continue;
         }
         if !requester::resend_read_part(qp, env, now, first, k, n) {

@@ -73,6 +73,15 @@ pub(crate) struct Resent {
 }
 
 impl ReqSack {
+    /// The order of the newest resend whose packet has `arrived` (see [`resend_due`]).
+    pub fn newest_arrived(&self, arrived: impl Fn(u32) -> bool) -> Option<u64> {
+        self.resent
+            .iter()
+            .filter(|&(&q, _)| arrived(q))
+            .map(|(_, r)| r.seq)
+            .max()
+    }
+
     /// Packet `q` was resent (or asked for again) at `now`.
     pub fn note(&mut self, q: u32, now: u64) {
         self.seq += 1;
@@ -146,6 +155,18 @@ pub(crate) fn recently_resent(qp: &QpCtx, q: u32, now: u64) -> bool {
         .resent
         .get(&q)
         .is_some_and(|r| now.saturating_sub(r.at) < guard)
+}
+
+/// Whether packet `q`, shown missing, may be resent at `now`: not when it was resent
+/// within a round trip (the evidence may predate the resend's arrival), unless a resend
+/// made after it has arrived (`newest`, from [`ReqSack::newest_arrived`]): the path keeps
+/// order, so this one was lost again (RACK's rule).
+pub(crate) fn resend_due(qp: &QpCtx, q: u32, now: u64, newest: Option<u64>) -> bool {
+    let overtaken = match (qp.req.sack.resent.get(&q), newest) {
+        (Some(r), Some(n)) => r.seq < n,
+        _ => false,
+    };
+    overtaken || !recently_resent(qp, q, now)
 }
 
 /// Responder: the requester asked for SACKs. Answer with one at once, which also tells
@@ -271,18 +292,11 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
     }
     // Nothing sent after the highest held packet: no later packet will show its holes.
     let tail = psn::add(e, top + 1) == high;
-    // When the newest resend that the peer now holds was made.
-    let newest_arrived = qp
-        .req
-        .sack
-        .resent
-        .iter()
-        .filter(|&(&q, _)| {
-            let d = psn::diff(q, e);
-            d > 0 && bits.get(d as u32)
-        })
-        .map(|(_, r)| r.seq)
-        .max();
+    // The newest resend that the peer now holds.
+    let newest_arrived = qp.req.sack.newest_arrived(|q| {
+        let d = psn::diff(q, e);
+        d > 0 && bits.get(d as u32)
+    });
     let mut resent = 0;
     let mut first = None;
     let mut burst = false;
@@ -300,11 +314,7 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
             break;
         }
         let q = psn::add(e, d);
-        let overtaken = match (qp.req.sack.resent.get(&q), newest_arrived) {
-            (Some(r), Some(n)) => r.seq < n,
-            _ => false,
-        };
-        if !overtaken && recently_resent(qp, q, now) {
+        if !resend_due(qp, q, now, newest_arrived) {
             continue;
         }
         if !requester::resend_one(qp, env, now, q) {
