@@ -1572,7 +1572,7 @@ fn no_sack_permit_to_a_peer_that_does_not_hold() {
 fn forged_or_stale_sacks_change_nothing() {
     let cfg = Cfg::default();
     let (mut a, mut b) = pair(QpType::Rc, &cfg);
-    let (out, data) = write_sent_undelivered(&mut a, &b, 3);
+    let (out, data) = write_sent_undelivered(&mut a, &b, 3, 8);
     let b_port = wire::udp_src_port(b.qpn);
     let high = wire::psn::add(cfg.psn_a, 8);
     let mut now = 0;
@@ -1802,7 +1802,7 @@ fn the_round_trip_timer_still_fires_between_local_ack_timeouts() {
 fn a_resend_overtaken_by_a_later_one_is_resent_again() {
     let cfg = Cfg::default();
     let (mut a, b) = pair(QpType::Rc, &cfg);
-    write_sent_undelivered(&mut a, &b, 5);
+    write_sent_undelivered(&mut a, &b, 5, 8);
     let b_port = wire::udp_src_port(b.qpn);
     let p = cfg.psn_a;
     let mut sack = |now: u64, held: &[u32]| inject_sack(&mut a, &b, b_port, now, p, held);
@@ -1881,11 +1881,16 @@ fn a_spurious_round_trip_timeout_resends_only_the_oldest() {
     assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, None, "nothing learnt");
 }
 
-/// a sends an 8 KiB WRITE (8 packets at MTU 1024) to b, none delivered, and its QP knows
-/// b's UDP port as it would from b's first genuine packet. Returns the datagrams and the
-/// data.
-fn write_sent_undelivered(a: &mut Node, b: &Node, seed: u8) -> (Vec<Transmit>, Vec<u8>) {
-    let data = pattern(8 * 1024, seed);
+/// a sends a WRITE of `packets` KiB (as many packets at MTU 1024) to b, none delivered,
+/// and its QP knows b's UDP port as it would from b's first genuine packet. Returns the
+/// datagrams and the data.
+fn write_sent_undelivered(
+    a: &mut Node,
+    b: &Node,
+    seed: u8,
+    packets: usize,
+) -> (Vec<Transmit>, Vec<u8>) {
+    let data = pattern(packets * 1024, seed);
     a.write(0, &data);
     let op = SendOp::Write {
         remote_addr: b.base,
@@ -1896,7 +1901,7 @@ fn write_sent_undelivered(a: &mut Node, b: &Node, seed: u8) -> (Vec<Transmit>, V
     while let Some(t) = a.nic.poll_transmit(0) {
         out.push(t);
     }
-    assert_eq!(out.len(), 8);
+    assert_eq!(out.len(), packets);
     let port = wire::udp_src_port(b.qpn);
     a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(port);
     (out, data)
@@ -1937,20 +1942,8 @@ fn runs_of_losses_cut_the_window_and_isolated_ones_do_not() {
         (runs, true),
     ] {
         let (mut a, mut b) = pair(QpType::Rc, &cfg);
-        let data = pattern(32 * 1024, 5);
-        a.write(0, &data);
-        let op = SendOp::Write {
-            remote_addr: b.base,
-            rkey: b.rkey,
-        };
-        a.send(0, 1, op, vec![a.sge(0, data.len())]).unwrap();
-        let mut out = Vec::new();
-        while let Some(t) = a.nic.poll_transmit(0) {
-            out.push(t);
-        }
-        assert_eq!(out.len(), 32);
+        let (out, data) = write_sent_undelivered(&mut a, &b, 5, 32);
         let b_port = wire::udp_src_port(b.qpn);
-        a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(b_port);
         let mut now = 0;
         let cwnd = a.nic.qps[&a.qpn].req.cc.cwnd;
         let held: Vec<u32> = (1..32).filter(|d| !holes.contains(d)).collect();
@@ -2052,7 +2045,7 @@ fn a_sequence_nak_from_a_sack_peer_leaves_the_window_to_the_sacks() {
     let cfg = Cfg::default();
     for sacks in [false, true] {
         let (mut a, mut b) = pair(QpType::Rc, &cfg);
-        let (out, data) = write_sent_undelivered(&mut a, &b, 6);
+        let (out, data) = write_sent_undelivered(&mut a, &b, 6, 8);
         // b holds what follows the gap (it knows a's port) and, with `sacks`, was asked
         // for SACKs.
         let q = b.nic.qps.get_mut(&b.qpn).unwrap();
