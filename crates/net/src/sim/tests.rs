@@ -399,6 +399,10 @@ struct TestEp {
     echo: bool,
     /// Echo even with no hop budget left (a deliberate livelock).
     forever: bool,
+    /// Echoes this endpoint may still send. The hop cap alone does not bound a run:
+    /// corruption can raise a budget back to the cap, and with heavy duplication
+    /// that makes the echo tree grow without end (a property run found it).
+    echoes_left: u32,
     outbox: VecDeque<Packet>,
     inbox: Vec<(u64, Packet)>,
     timers: Vec<u64>,
@@ -413,6 +417,7 @@ impl TestEp {
             addr: sa(last),
             echo: false,
             forever: false,
+            echoes_left: MAX_ECHOES,
             outbox: VecDeque::new(),
             inbox: Vec::new(),
             timers: Vec::new(),
@@ -436,7 +441,8 @@ impl Endpoint for TestEp {
         );
         self.log.borrow_mut().push((now, self.addr, "rx"));
         let budget = pkt.data.first().is_some_and(|&h| h > 0);
-        if self.echo && (budget || self.forever) {
+        if self.echo && (budget || self.forever) && self.echoes_left > 0 {
+            self.echoes_left -= 1;
             let mut data = pkt.data.clone();
             // Capped, because corruption can raise the budget and duplication
             // multiplies copies at every hop.
@@ -473,6 +479,10 @@ impl Endpoint for TestEp {
 
 /// Largest hop budget the test endpoint honours.
 const MAX_HOPS: u8 = 8;
+
+/// Echoes one test endpoint sends at most; far above what any test needs when
+/// corruption leaves the hop budgets alone.
+const MAX_ECHOES: u32 = 5_000;
 
 fn hop_pkt(src: u8, dst: u8, hops: u8, seq: u32) -> Packet {
     let mut p = pkt(src, dst, seq);
@@ -791,5 +801,35 @@ proptest! {
         prop_assert_eq!(sim.net.in_flight(), 0);
         prop_assert_eq!(s.delivered + s.dropped(), s.sent + s.duplicated);
         prop_assert_eq!(log.borrow().len() as u64, s.delivered);
+    }
+}
+
+/// The worst corner of the property above, pinned: without loss, with heavy
+/// duplication and corruption that keeps raising hop budgets, every seed once grew
+/// an echo tree without end and ran the test out of memory.
+#[test]
+fn sim_conserves_packets_when_corruption_keeps_echoes_alive() {
+    let faults = Faults {
+        duplicate: 0.49,
+        corrupt: 0.49,
+        delay_ns: 1_000,
+        ..Faults::default()
+    };
+    for seed in 0..8u64 {
+        let log = Log::default();
+        let mut sim = Sim::new(Network::new(seed, faults.clone()));
+        for i in 1..=3u8 {
+            let mut e = TestEp::new(i, &log);
+            e.echo = true;
+            for k in 0..10u32 {
+                e.outbox.push_back(hop_pkt(i, (i + k as u8) % 4 + 1, 7, k));
+            }
+            sim.add(e);
+        }
+        assert!(sim.run_to_idle(u64::MAX), "seed {seed}");
+        let s = sim.net.stats();
+        assert!(s.corrupted > 0 && s.duplicated > 0);
+        assert_eq!(s.delivered + s.dropped(), s.sent + s.duplicated);
+        assert_eq!(log.borrow().len() as u64, s.delivered);
     }
 }
