@@ -423,8 +423,10 @@ impl Context {
 /// Whether a QPN may name a new QP. Below [`limits::MIN_QPN`] are the special QPs, which
 /// the engine serves itself (0, the SMI, does not exist on RoCE; 1 is the GSI, where the
 /// connection manager's MADs arrive): a verbs QP numbered so would never see its packets.
+/// Nor may 0xFFFFFF, the QPN a datagram names to reach every QP attached to a multicast
+/// group.
 fn qpn_usable(q: u32) -> bool {
-    (limits::MIN_QPN..=limits::MASK24).contains(&q)
+    (limits::MIN_QPN..softrdma_wire::MULTICAST_QPN).contains(&q)
 }
 
 #[cfg(test)]
@@ -437,7 +439,8 @@ mod tests {
         assert!(!qpn_usable(1), "GSI");
         assert!((0..limits::MIN_QPN).all(|q| !qpn_usable(q)));
         assert!(qpn_usable(limits::MIN_QPN));
-        assert!(qpn_usable(limits::MASK24));
+        assert!(qpn_usable(limits::MASK24 - 1));
+        assert!(!qpn_usable(limits::MASK24), "the multicast QPN");
         assert!(!qpn_usable(limits::MASK24 + 1));
     }
 }
