@@ -512,8 +512,9 @@ fn drain_held(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             kind = ?NakCode::PsnSequenceError,
             "NAK sent (packets past the gap held)"
         );
+        // No SACK beside it: the SACKs that showed the holes still describe what is
+        // held past this one, and the NAK says how far the hold drained.
         send_aeth(qp, env, now, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
-        crate::sack::send(qp, env);
     } else if let Some((p, Some(OpKind::Send | OpKind::Write))) = last {
         // Held packets asked for no ACK of their own: acknowledge the last, so that the
         // requester sees at once how far the filled gap took it.

@@ -201,27 +201,31 @@ pub(crate) fn send(qp: &mut QpCtx, env: &mut Nic) {
     env.send_ext(qp.qpn, dst, qp.attr.ah_attr.grh.traffic_class, &m);
 }
 
-/// Responder: packet `p` was just held. A SACK goes out when one of the
-/// [`DUP_THRESH`] packets before it is missing: the first shows a new hole, the last
-/// makes the requester resend it (so a hole costs at most that many SACKs). One goes out
-/// too when `p` fills a hole below held packets: a resend arrived, and the requester
-/// learns from it whether a resend it made earlier was lost (see [`on_sack`]). And one
-/// goes out in place of the ACK a held packet asks for: without it the requester learns
-/// of the packets held after a hole only at the next hole, and counts them in flight
-/// meanwhile, which stops its send while the path is empty.
+/// Responder: packet `p` was just held. A SACK goes out when `p` is the
+/// [`DUP_THRESH`]th held packet past a hole (the one [`DUP_THRESH`] before it is missing,
+/// those between are held): what makes the requester resend it, so a hole costs one
+/// SACK. One goes out too when `p` fills a hole below held packets: a resend arrived,
+/// and the requester learns from it whether a resend it made earlier was lost (see
+/// [`on_sack`]). And one goes out in place of the ACK a held packet asks for: without it
+/// the requester learns of the packets held after a hole only at the next hole, and
+/// counts them in flight meanwhile, which stops its send while the path is empty.
+///
+/// Each of these costs a datagram on the return path and, on a host, a wake-up of
+/// whatever forwards it; a SACK for each of the packets after a hole, sent before, told
+/// the requester nothing it acts on (it waits for [`DUP_THRESH`] of them).
 pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32, ack_req: bool) {
     if !qp.resp.sack_peer {
         return;
     }
     let e = qp.resp.epsn;
-    let hole_near = (1..=DUP_THRESH).any(|k| {
-        let q = psn::sub(p, k);
-        !psn::lt(q, e) && !qp.resp.held.contains(q)
-    });
-    if (hole_near || ack_req || qp.resp.held.contains(psn::add(p, 1))) && !qp.resp.sack_due {
+    let hole = psn::sub(p, DUP_THRESH);
+    let threshold = !psn::lt(hole, e)
+        && !qp.resp.held.contains(hole)
+        && (1..DUP_THRESH).all(|k| qp.resp.held.contains(psn::sub(p, k)));
+    if (threshold || ack_req || qp.resp.held.contains(psn::add(p, 1))) && !qp.resp.sack_due {
         // Sent with the coalesced ACK, once the datagrams at hand are handled: the
-        // events of one receive batch (often a hole's three) make one SACK, which
-        // describes the hold as of the last of them.
+        // events of one receive batch make one SACK, which describes the hold as of the
+        // last of them.
         qp.resp.sack_due = true;
         env.ack_queue.push_back(qp.qpn);
     }
