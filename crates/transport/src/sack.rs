@@ -4,8 +4,8 @@
 //! sequence NAK can name only the first missing packet, so without more a requester
 //! repairs one hole per round trip. Once a requester knows its peer holds packets (see
 //! `completer::sr_answered`), it sends a SACK_PERMIT; from then on the responder sends a
-//! SACK whenever a held packet shows a new hole, and the requester resends every packet
-//! the SACK shows missing at once.
+//! SACK once a new hole has [`DUP_THRESH`] held packets past it, and the requester
+//! resends every packet the SACK shows missing at once.
 //!
 //! A SACK acknowledges nothing and completes nothing: it is advice on what to resend
 //! early, and the ACKs and NAKs keep their IBTA meaning. So a forged or stale SACK can
@@ -46,7 +46,7 @@ const RESEND_GUARD_NS: u64 = 1_000_000;
 /// The requester's side: whether the peer sends SACKs, and what the last one said.
 #[derive(Debug, Default)]
 pub(crate) struct ReqSack {
-    /// A SACK came from the peer: it sends one whenever a held packet shows a hole.
+    /// A SACK came from the peer: it sends one for every hole it holds packets past.
     pub peer_sacks: bool,
     /// SACK_PERMITs sent, and when the last one went.
     permits: u8,
