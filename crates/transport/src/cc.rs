@@ -82,6 +82,9 @@ pub(crate) struct Cc {
     /// trip; the largest is the path's rate (BBR's windowed maximum).
     rates: [u64; RATE_SAMPLES],
     rates_at: usize,
+    /// When the latest answer from the peer arrived (any response inside the window), ns;
+    /// None before the first.
+    answered_at: Option<u64>,
 }
 
 impl Default for Cc {
@@ -104,6 +107,7 @@ impl Default for Cc {
             rate_from: None,
             rates: [0; RATE_SAMPLES],
             rates_at: 0,
+            answered_at: None,
         }
     }
 }
@@ -158,11 +162,26 @@ impl Cc {
         self.recover = Some(high);
     }
 
-    /// The round-trip timer expired: a loss like any other (the tail of a window, or a
-    /// resent packet, was lost; nothing says the path stopped), and the timer backs off.
-    pub fn on_rtt_timeout(&mut self) {
+    /// The round-trip timer expired at `now`. Returns whether that cut the window.
+    ///
+    /// When an answer from the peer arrived within the timer's interval (before any
+    /// backoff), the path is carrying the rest: the expiry is one lost packet (a resent
+    /// one, the tail of what was sent, a READ's request for some of its responses, or
+    /// their answer), which the caller resends, and nothing says the path is congested
+    /// (runs of losses do: see `sack::on_sack` and `completer::ask_read_holes`), so
+    /// neither the window nor the timer changes. Otherwise the path has gone quiet: a
+    /// loss, and the timer backs off.
+    pub fn on_rtt_timeout(&mut self, now: u64) -> bool {
+        let interval = self.rto_base().unwrap_or(RTO_MIN_NS);
+        if self
+            .answered_at
+            .is_some_and(|t| now.saturating_sub(t) < interval)
+        {
+            return false;
+        }
         self.on_loss();
         self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
+        true
     }
 
     /// Nothing came back for a whole local ACK timeout: start again from the smallest
@@ -244,15 +263,19 @@ impl Cc {
     /// backs off past the ACK timeout after a single expiry, and a READ whose request or
     /// response is lost seven more times in a row ends in RETRY_EXC_ERR.
     pub fn rto(&self, limit: Option<u64>) -> Option<u64> {
-        if self.srtt == 0 {
-            return None;
-        }
-        let base = self
-            .srtt
-            .saturating_add(self.rttvar.saturating_mul(4))
-            .max(RTO_MIN_NS);
+        let base = self.rto_base()?;
         let t = base.saturating_mul(1 << self.backoff);
         Some(limit.map_or(t, |l| t.min((l / 2).max(base)).min(l)))
+    }
+
+    /// The round-trip timer's interval before any backoff: SRTT + 4·RTTVAR, at least
+    /// [`RTO_MIN_NS`]. None before the first sample.
+    fn rto_base(&self) -> Option<u64> {
+        (self.srtt != 0).then(|| {
+            self.srtt
+                .saturating_add(self.rttvar.saturating_mul(4))
+                .max(RTO_MIN_NS)
+        })
     }
 
     /// Packets are about to be sent again (a go-back-N, a selective repeat): an answer
@@ -276,6 +299,7 @@ impl Cc {
     /// the oldest unacknowledged PSN moves past it: a READ or atomic whose response was
     /// lost holds that PSN, and the ACKs past it still answer the packets they cover.
     pub fn on_answer(&mut self, p: u32, inclusive: bool, now: u64) {
+        self.answered_at = Some(now);
         if let Some((q, t)) = self.probe {
             if psn::lt(q, p) || (inclusive && q == p) {
                 self.probe = None;
@@ -347,9 +371,9 @@ mod tests {
         assert_eq!(c.cwnd, 2 * MIN_CWND);
         c.on_acked(10_000);
         assert_eq!(c.cwnd, c.ssthresh);
-        // A round-trip timer expiry is a loss, not a collapse.
+        // A round-trip timer expiry on a path gone quiet is a loss, not a collapse.
         let before = c.cwnd;
-        c.on_rtt_timeout();
+        assert!(c.on_rtt_timeout(1_000_000));
         assert_eq!(c.cwnd, (before * BETA_PERCENT / 100).max(MIN_CWND));
         for _ in 0..40 {
             c.on_loss();
@@ -442,7 +466,7 @@ mod tests {
             Some(5_000_000),
             "capped by the QP timeout"
         );
-        c.on_rtt_timeout();
+        assert!(c.on_rtt_timeout(20_000_000));
         assert_eq!(c.rto(None), Some(18_000_000), "backed off");
         assert_eq!(
             c.rto(Some(20_000_000)),
@@ -495,5 +519,28 @@ mod tests {
         c.maybe_probe(40, 800_000, false);
         c.on_timeout();
         assert_eq!(c.probe, None, "an ACK timeout always ends the timing");
+    }
+
+    /// An expiry while answers keep arriving is one lost packet on a path carrying the
+    /// rest: neither the window nor the timer changes. One after a quiet interval cuts
+    /// and backs off.
+    #[test]
+    fn an_expiry_cuts_only_a_path_gone_quiet() {
+        let mut c = Cc::default();
+        c.on_rtt(1_000_000);
+        // SRTT 1 ms, RTTVAR 0.5 ms: the timer's interval is 3 ms.
+        assert_eq!(c.rto(None), Some(3_000_000));
+        c.on_answer(0, true, 10_000_000);
+        assert!(
+            !c.on_rtt_timeout(12_999_999),
+            "answered 3 ms ago, less a nanosecond"
+        );
+        assert_eq!((c.cwnd, c.backoff), (MAX_CWND, 0));
+        assert!(c.on_rtt_timeout(13_000_000), "nothing for a whole interval");
+        assert_eq!(c.cwnd, MAX_CWND * BETA_PERCENT / 100);
+        assert_eq!(c.backoff, 1);
+        // The quiet interval is the one before any backoff: an answer stops the cuts.
+        c.on_answer(0, true, 20_000_000);
+        assert!(!c.on_rtt_timeout(22_000_000));
     }
 }

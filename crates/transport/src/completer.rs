@@ -337,7 +337,13 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static st
         why,
         "go back N"
     );
-    qp.req.cc.on_loss();
+    // Once per window of packets, and only while the round trip shows queueing, as for
+    // a selective repeat: a go-back-N answers one lost packet (a READ's request, a
+    // response) as often as a congested path, and a cut at each collapsed the window.
+    if let Some(oldest) = qp.oldest_unacked() {
+        let high = qp.req.high_psn;
+        qp.req.cc.on_loss_of(oldest, high);
+    }
     rewind(qp);
     qp.req.retrying = true;
     true
@@ -370,7 +376,9 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
         return true;
     }
     let high = qp.req.high_psn;
-    if !psn::lt(psn::add(k, 1), high) || !requester::resend_one(qp, env, now, k) {
+    if !psn::lt(psn::add(k, 1), high)
+        || !(requester::resend_one(qp, env, now, k) || resend_lost_read_request(qp, env, now, k))
+    {
         return false;
     }
     if qp.state == QpState::Err {
@@ -397,6 +405,34 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
     qp.req.rto_fast = None;
     qp.arm_timers(now);
     true
+}
+
+/// Resend the request of the READ whose first PSN is `k` and of which no response has
+/// arrived: its request was lost, and a peer that holds packets past a gap has the
+/// requests after it. False for anything else, and while the round trip is unmeasured
+/// and the peer not known to hold: the answer to this resend (its READ's responses)
+/// cannot show that the peer dropped the rest, as an ACK of a resent packet does (see
+/// [`sr_answered`]); only the round-trip timer does, when nothing follows them (see
+/// [`on_timers`]), and without a measure that would be the local ACK timeout.
+fn resend_lost_read_request(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32) -> bool {
+    if qp.req.peer_holds != Some(true) && !qp.req.cc.has_sample() {
+        return false;
+    }
+    let Some(w) = qp
+        .sq
+        .iter()
+        .find(|w| w.started && !w.done && w.first_psn == k)
+    else {
+        return false;
+    };
+    if !matches!(w.wr.op, crate::verbs::SendOp::Read { .. })
+        || w.acked_pkts > 0
+        || !w.read_ooo.is_empty()
+    {
+        return false;
+    }
+    let n = w.npkts;
+    requester::resend_read_part(qp, env, now, k, 0, n)
 }
 
 /// The peer's answer to the selective resend of the hole `k`, if this response (an ACK
@@ -775,13 +811,19 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
         .sack
         .newest_arrived(|q| psn::le(first, q) && psn::le(q, last) && arrived(q));
     let mut asked = false;
+    let mut congested = None;
     for (k, n) in runs {
         let q = psn::add(first, k);
         if !crate::sack::resend_due(qp, q, now, newest_arrived) {
             continue;
         }
+        let fresh = !qp.req.sack.resent.contains_key(&q);
         if !requester::resend_read_part(qp, env, now, first, k, n) {
             return;
+        }
+        // Lost responses tell congestion from random loss as a SACK's holes do.
+        if fresh && qp.req.sack.note_hole(n >= 2) {
+            congested.get_or_insert(q);
         }
         debug!(
             qpn = format_args!("{:#x}", qp.qpn),
@@ -795,6 +837,10 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
     if asked {
         if let Some(oldest) = qp.oldest_unacked() {
             qp.req.sack.resent.retain(|&q, _| !psn::lt(q, oldest));
+        }
+        if let Some(q) = congested {
+            let high = qp.req.high_psn;
+            qp.req.cc.on_congestion_loss(q, high);
         }
         qp.req.cc.on_resend();
         // The round-trip timer now waits for the answer to these requests.
@@ -881,7 +927,25 @@ fn read_response(
         // stays).
         rewind(qp);
     }
+    read_answers_resend(qp, first);
     true
+}
+
+/// A response of the READ starting at `first` arrived while the selective resend of
+/// `sr_hole` awaits its answer. Past the resent packet, it shows that the peer executed
+/// what followed the gap without a resend: it held it (an IBTA responder drops what
+/// follows a gap, and the PSNs sent after the resend do not follow in order what it
+/// expects). The READ analogue of [`sr_answered`], which reads ACKs and NAKs.
+fn read_answers_resend(qp: &mut QpCtx, first: u32) {
+    let Some(k) = qp.req.sr_hole else {
+        return;
+    };
+    if psn::lt(k, first) {
+        qp.req.sr_hole = None;
+        if qp.req.sr_from_nak {
+            qp.req.peer_holds = Some(true);
+        }
+    }
 }
 
 /// Fire due timers of one QP.
@@ -898,19 +962,31 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         if matches!(qp.state, QpState::Rts | QpState::Sqd) && outstanding(qp) {
             env.stats.rtt_timeouts += 1;
             let (srtt, min_rtt, backoff) = qp.req.cc.estimate();
+            let cwnd = qp.req.cc.cwnd;
+            // Cut and backed off only when the path has gone quiet.
+            let cut = qp.req.cc.on_rtt_timeout(now);
             debug!(
                 qpn = format_args!("{:#x}", qp.qpn),
                 psn = qp.oldest_unacked(),
-                cwnd = qp.req.cc.cwnd,
+                cwnd,
                 srtt_us = srtt / 1000,
                 min_rtt_us = min_rtt / 1000,
                 backoff,
+                cut,
                 "retransmission timer (round trip) expired; resending"
             );
-            qp.req.cc.on_rtt_timeout();
             // The local ACK timeout keeps running from the last progress.
             let rto = qp.req.rto;
             let oldest = qp.oldest_unacked();
+            if let (Some(k), Some(o)) = (qp.req.sr_hole, oldest) {
+                if psn::lt(k, o) && qp.req.sr_from_nak && qp.req.peer_holds != Some(true) {
+                    // The selective resend of `k` was answered (a READ's request: its
+                    // responses came), and nothing after it since: the peer dropped
+                    // what followed the gap. Go back N (and ask again now and then).
+                    qp.req.peer_holds = Some(false);
+                    qp.req.sr_probe_in = crate::qp::SR_RETRY_AFTER;
+                }
+            }
             // A peer that holds packets past a gap most likely lost only the oldest one
             // (or its answer): resend that alone. The answer says whether more is
             // missing (see `sr_answered`). So does it from a peer not known yet: the

@@ -580,6 +580,31 @@ impl QpCtx {
         w.started
             .then(|| softrdma_wire::psn::add(w.first_psn, w.acked_pkts))
     }
+    /// Packets at or after `base` (the oldest unacknowledged PSN) that READs have
+    /// answered: responses placed past a missing one, and every packet of a WQE finished
+    /// behind an unfinished READ. In flight no more, so the congestion window does not
+    /// count them, as it does not count request packets a SACK shows held: otherwise one
+    /// missing response at the front keeps the PSNs of every READ after it in the
+    /// window, and the send stops, the path empty, until that response is repaired.
+    pub fn read_arrived_from(&self, base: u32) -> u32 {
+        if self.req.rd_atomic == 0 {
+            return 0;
+        }
+        let mut n = 0u32;
+        for w in self.sq.iter().take_while(|w| w.started) {
+            if w.is_local() || psn::lt(w.last_psn, base) {
+                continue;
+            }
+            if w.done {
+                n = n.saturating_add(w.npkts);
+            } else if matches!(w.wr.op, SendOp::Read { .. }) {
+                let placed = w.read_ooo.len() as u32;
+                let front = psn::le(w.first_psn, base);
+                n = n.saturating_add(placed + if front { 0 } else { w.acked_pkts });
+            }
+        }
+        n
+    }
     /// Arm the local ACK timeout and the round-trip timer from `now`, each unless it is
     /// already running.
     pub fn arm_timers(&mut self, now: u64) {

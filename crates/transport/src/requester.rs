@@ -108,7 +108,11 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             let out = psn::diff(next, base);
             let cwnd = qp.req.cc.cwnd as i32;
             if out >= HOLD_SPAN
-                || (out >= cwnd && out - crate::sack::sacked_from(qp, base) as i32 >= cwnd)
+                || (out >= cwnd
+                    && out
+                        - crate::sack::sacked_from(qp, base) as i32
+                        - qp.read_arrived_from(base) as i32
+                        >= cwnd)
             {
                 break;
             }

@@ -73,6 +73,15 @@ pub(crate) struct Resent {
 }
 
 impl ReqSack {
+    /// A fresh hole was found, a run of two or more lost packets when `run`: whether
+    /// that is a sign of congestion, as [`on_sack`] tells (a run, and at least
+    /// [`RUNS_FOR_CONGESTION`] of the last [`HOLE_HISTORY`] fresh holes were runs).
+    pub fn note_hole(&mut self, run: bool) -> bool {
+        self.hole_runs = (self.hole_runs << 1) | u16::from(run);
+        let mask = u16::MAX >> (16 - HOLE_HISTORY);
+        run && (self.hole_runs & mask).count_ones() >= RUNS_FOR_CONGESTION
+    }
+
     /// The order of the newest resend whose packet has `arrived` (see [`resend_due`]).
     pub fn newest_arrived(&self, arrived: impl Fn(u32) -> bool) -> Option<u64> {
         self.resent
@@ -304,6 +313,7 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
     let mut resent = 0;
     let mut first = None;
     let mut burst = false;
+    let mut congested = false;
     // Held packets past `d`, counted down as the walk passes them.
     let mut above = bits.count_from(1);
     for d in 0..top {
@@ -331,8 +341,7 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
         if !qp.req.sack.resent.contains_key(&q) {
             // A fresh hole with the next packet missing too: a run of losses.
             let run = d + 1 < top && !bits.get(d + 1);
-            let h = &mut qp.req.sack.hole_runs;
-            *h = (*h << 1) | u16::from(run);
+            congested |= qp.req.sack.note_hole(run);
             burst |= run;
         }
         qp.req.sack.note(q, now);
@@ -350,8 +359,7 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
             burst,
             "holes resent from a SACK"
         );
-        let mask = u16::MAX >> (16 - HOLE_HISTORY);
-        if burst && (qp.req.sack.hole_runs & mask).count_ones() >= RUNS_FOR_CONGESTION {
+        if congested {
             qp.req.cc.on_congestion_loss(q, high);
         }
         // The round-trip timer now waits for the answer to these resends.

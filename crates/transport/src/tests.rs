@@ -2176,3 +2176,266 @@ fn a_read_part_lost_again_is_asked_again_when_a_later_part_arrives() {
     let s = a.nic.stats();
     assert_eq!((s.timeouts, s.rtt_timeouts), (0, 0), "{s:?}");
 }
+
+/// Four READs of 4 KiB a ← b over a 20 µs link after a first READ measured the round
+/// trip; the first of the four loses its request once. When `holds` is false, b forgets
+/// a's port first, so that it drops the requests that follow the gap as an IBTA
+/// responder does. Returns the pair, the PSN of every READ request a sent, in order, and
+/// the first PSN of the four.
+fn reads_losing_a_request(holds: bool) -> (Node, Node, Vec<u32>, u32) {
+    use wire::{Headers, Opcode};
+    let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
+    let data = pattern(BUF, 5);
+    b.write(0, &data);
+    let mut now = 0;
+    let link = Faults {
+        delay_ns: 20_000,
+        ..Faults::default()
+    };
+    let (base, rkey) = (b.base, b.rkey);
+    let read = |off: usize| SendOp::Read {
+        remote_addr: base + off as u64,
+        rkey,
+    };
+    a.send(now, 0, read(0), vec![a.sge(0, 1024)]).unwrap();
+    run(
+        &mut a,
+        &mut b,
+        &mut now,
+        Network::new(0, link.clone()),
+        |_, _| false,
+    );
+    assert!(a.nic.qps[&a.qpn].req.cc.has_sample());
+    if !holds {
+        b.nic.qps.get_mut(&b.qpn).unwrap().peer_port = None;
+    }
+    let first = a.nic.qps[&a.qpn].req.next_psn;
+    for i in 1..=4usize {
+        let sge = a.sge(i * 4096, 4096);
+        a.send(now, i as u64, read(i * 4096), vec![sge]).unwrap();
+    }
+    let mut requests = Vec::new();
+    run(
+        &mut a,
+        &mut b,
+        &mut now,
+        Network::new(0, link),
+        |from_a, t| {
+            let Ok((h, _)) = Headers::parse(&t.data) else {
+                return false;
+            };
+            if !(from_a && h.bth.opcode == Opcode::RC_RDMA_READ_REQUEST) {
+                return false;
+            }
+            requests.push(h.bth.psn);
+            requests.len() == 1
+        },
+    );
+    let wcs = a.wcs();
+    let mut ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 1, 2, 3, 4]);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    assert_eq!(a.read(4096, 4 * 4096), data[4096..5 * 4096]);
+    (a, b, requests, first)
+}
+
+/// A READ request lost before requests a peer holds past the gap: the sequence NAK
+/// makes the requester send that request again alone, instead of going back N over the
+/// READs after it, which the peer would then execute twice. The responses of those
+/// READs, which follow the resent one's, show that the peer held them.
+#[test]
+fn a_lost_read_request_is_sent_again_alone_to_a_peer_that_holds() {
+    let (a, b, requests, first) = reads_losing_a_request(true);
+    let psn = |i: u32| wire::psn::add(first, 4 * i);
+    assert_eq!(requests, [psn(0), psn(1), psn(2), psn(3), psn(0)]);
+    let (sa, sb) = (a.nic.stats(), b.nic.stats());
+    assert_eq!(sb.read_replays, 0, "no READ executed twice");
+    assert_eq!(sa.duplicates, 0);
+    assert_eq!((sa.naks_rcvd_seq, sa.timeouts, sa.rtt_timeouts), (1, 0, 0));
+    assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, Some(true));
+}
+
+/// The same to a peer that drops what follows a gap: the resent request's responses
+/// come and nothing after them, so the round-trip timer finds the peer dropped the
+/// rest; the requester goes back N over them and from then on goes back N at once.
+#[test]
+fn a_lost_read_request_to_a_peer_that_drops_then_goes_back_n() {
+    let (a, _b, requests, first) = reads_losing_a_request(false);
+    let psn = |i: u32| wire::psn::add(first, 4 * i);
+    assert_eq!(
+        requests,
+        [
+            psn(0),
+            psn(1),
+            psn(2),
+            psn(3),
+            psn(0),
+            psn(1),
+            psn(2),
+            psn(3)
+        ]
+    );
+    let sa = a.nic.stats();
+    assert_eq!((sa.naks_rcvd_seq, sa.timeouts, sa.rtt_timeouts), (1, 0, 1));
+    assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, Some(false));
+}
+
+/// Responses that arrived past a missing one are in flight no more: with a window of
+/// eight packets and two READs of four in flight, the first READ's first response lost,
+/// the requester sends the next two READs while the lost response is asked for again,
+/// instead of waiting, its path empty, until it comes.
+#[test]
+fn read_responses_past_a_missing_one_leave_the_window() {
+    use wire::{Headers, Opcode};
+    let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
+    let data = pattern(BUF, 6);
+    b.write(0, &data);
+    {
+        let cc = &mut a.nic.qps.get_mut(&a.qpn).unwrap().req.cc;
+        cc.cwnd = 8;
+        cc.ssthresh = 8;
+    }
+    let mut now = 0;
+    let first = a.nic.qps[&a.qpn].req.next_psn;
+    for i in 0..4usize {
+        let read = SendOp::Read {
+            remote_addr: b.base + (i * 4096) as u64,
+            rkey: b.rkey,
+        };
+        let sge = a.sge(i * 4096, 4096);
+        a.send(now, i as u64, read, vec![sge]).unwrap();
+    }
+    let link = Faults {
+        delay_ns: 20_000,
+        ..Faults::default()
+    };
+    // (from a, opcode, PSN) of every packet, in the order the link took them.
+    let mut log = Vec::new();
+    let mut lost = false;
+    run(
+        &mut a,
+        &mut b,
+        &mut now,
+        Network::new(0, link),
+        |from_a, t| {
+            let Ok((h, _)) = Headers::parse(&t.data) else {
+                return false;
+            };
+            log.push((from_a, h.bth.opcode, h.bth.psn));
+            let lose = !from_a && h.bth.psn == first && !lost;
+            lost |= lose;
+            lose
+        },
+    );
+    assert!(lost);
+    assert_eq!(a.wcs().len(), 4);
+    assert_eq!(a.read(0, 4 * 4096), data[..4 * 4096]);
+    let req = |i: u32| {
+        log.iter()
+            .position(|&(f, o, p)| {
+                f && o == Opcode::RC_RDMA_READ_REQUEST && p == wire::psn::add(first, 4 * i)
+            })
+            .expect("request sent")
+    };
+    let repaired = log
+        .iter()
+        .enumerate()
+        .filter(|&(_, &(f, _, p))| !f && p == first)
+        .nth(1)
+        .map(|(i, _)| i)
+        .expect("the lost response sent again");
+    assert!(req(2) < repaired && req(3) < repaired, "{log:?}");
+}
+
+/// A READ's lost responses tell congestion from random loss as a SACK's holes do:
+/// isolated ones leave the window alone, runs of two cut it once four of the last
+/// sixteen holes were runs.
+#[test]
+fn runs_of_lost_read_responses_cut_the_window_and_isolated_ones_do_not() {
+    let cwnd_after = |lost: &[u32]| {
+        let mut seen = Vec::new();
+        let r = read_losing(4, |k| {
+            let hit = lost.contains(&k) && !seen.contains(&k);
+            if hit {
+                seen.push(k);
+            }
+            hit
+        });
+        assert_eq!(r.a.read(0, BUF), r.data);
+        let q = &r.a.nic.qps[&r.a.qpn];
+        (q.req.cc.cwnd, r.a.nic.stats().rtt_timeouts)
+    };
+    let isolated: Vec<u32> = (1..=8).map(|i| i * 25).collect();
+    assert_eq!(cwnd_after(&isolated), (crate::cc::MAX_CWND, 0));
+    let runs: Vec<u32> = (1..=4).flat_map(|i| [i * 50, i * 50 + 1]).collect();
+    let (cwnd, rtt_timeouts) = cwnd_after(&runs);
+    assert_eq!(rtt_timeouts, 0);
+    assert!(cwnd < crate::cc::MAX_CWND, "{cwnd}");
+}
+
+/// A go-back-N answers a loss like any other: on a path whose round trip shows no
+/// queue (a constant 40 µs here) it leaves the window alone, as a selective repeat
+/// does. A peer that drops what follows a gap (b, made to forget a's port before each
+/// WRITE) costs a window's packets per loss, not a cut at every loss as well.
+#[test]
+fn a_go_back_n_on_a_path_without_a_queue_keeps_the_window() {
+    use wire::Headers;
+    let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
+    let link = Faults {
+        delay_ns: 20_000,
+        ..Faults::default()
+    };
+    let mut now = 0;
+    let data = pattern(32 * 1024, 8);
+    a.write(0, &data);
+    let op = SendOp::Write {
+        remote_addr: b.base,
+        rkey: b.rkey,
+    };
+    a.send(now, 1, op, vec![a.sge(0, 1024)]).unwrap();
+    run(
+        &mut a,
+        &mut b,
+        &mut now,
+        Network::new(0, link.clone()),
+        |_, _| false,
+    );
+    // The first loss teaches a that b drops (a selective resend, answered by an ACK of
+    // the hole alone); at the second a goes back N at once, on the sequence NAK.
+    for id in 2..4u64 {
+        b.nic.qps.get_mut(&b.qpn).unwrap().peer_port = None;
+        let first = a.nic.qps[&a.qpn].req.next_psn;
+        a.send(now, id, op, vec![a.sge(0, data.len())]).unwrap();
+        let mut lost = false;
+        run(
+            &mut a,
+            &mut b,
+            &mut now,
+            Network::new(0, link.clone()),
+            |from_a, t| {
+                let Ok((h, _)) = Headers::parse(&t.data) else {
+                    return false;
+                };
+                let lose = from_a && h.bth.psn == first && !lost;
+                lost |= lose;
+                lose
+            },
+        );
+        assert!(lost);
+        assert_eq!(b.read(0, data.len()), data);
+    }
+    assert_eq!(a.wcs().len(), 3);
+    let q = &a.nic.qps[&a.qpn];
+    assert_eq!(
+        q.req.peer_holds,
+        Some(false),
+        "b dropped what followed the gap"
+    );
+    assert_eq!(
+        a.nic.stats().retransmits,
+        64,
+        "each time the hole and the 31 after it"
+    );
+    assert_eq!(q.req.cc.cwnd, crate::cc::MAX_CWND);
+}
