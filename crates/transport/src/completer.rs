@@ -377,7 +377,8 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
     }
     let high = qp.req.high_psn;
     if !psn::lt(psn::add(k, 1), high)
-        || !(requester::resend_one(qp, env, now, k) || resend_lost_read_request(qp, env, now, k))
+        || !(requester::resend_one(qp, env, now, k)
+            || resend_lost_read_request(qp, env, now, k, cut))
     {
         return false;
     }
@@ -409,13 +410,21 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
 
 /// Resend the request of the READ whose first PSN is `k` and of which no response has
 /// arrived: its request was lost, and a peer that holds packets past a gap has the
-/// requests after it. False for anything else, and while the round trip is unmeasured
-/// and the peer not known to hold: the answer to this resend (its READ's responses)
-/// cannot show that the peer dropped the rest, as an ACK of a resent packet does (see
-/// [`sr_answered`]); only the round-trip timer does, when nothing follows them (see
-/// [`on_timers`]), and without a measure that would be the local ACK timeout.
-fn resend_lost_read_request(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32) -> bool {
-    if qp.req.peer_holds != Some(true) && !qp.req.cc.has_sample() {
+/// requests after it. False for anything else, and, with a peer not known to hold,
+/// unless a sequence NAK (`from_nak`) asks for it once the round trip is measured: the
+/// answer to this resend (its READ's responses) cannot show that the peer dropped the
+/// rest, as an ACK of a resent packet does (see [`sr_answered`]); only the round-trip
+/// timer does, when nothing follows them (see [`on_timers`]). Without a measure that
+/// would be the local ACK timeout, and a resend the timer made is not a question asked
+/// (`sr_from_nak`), so nothing would be learnt from it.
+fn resend_lost_read_request(
+    qp: &mut QpCtx,
+    env: &mut Nic,
+    now: u64,
+    k: u32,
+    from_nak: bool,
+) -> bool {
+    if qp.req.peer_holds != Some(true) && !(from_nak && qp.req.cc.has_sample()) {
         return false;
     }
     let Some(w) = qp

@@ -2180,9 +2180,10 @@ fn a_read_part_lost_again_is_asked_again_when_a_later_part_arrives() {
 /// Four READs of 4 KiB a ← b over a 20 µs link after a first READ measured the round
 /// trip; the first of the four loses its request once. When `holds` is false, b forgets
 /// a's port first, so that it drops the requests that follow the gap as an IBTA
-/// responder does. Returns the pair, the PSN of every READ request a sent, in order, and
-/// the first PSN of the four.
-fn reads_losing_a_request(holds: bool) -> (Node, Node, Vec<u32>, u32) {
+/// responder does; when `lose_nak`, the sequence NAK b sends for the gap is lost too.
+/// Returns the pair, the PSN of every READ request a sent, in order, and the first PSN
+/// of the four.
+fn reads_losing_a_request(holds: bool, lose_nak: bool) -> (Node, Node, Vec<u32>, u32) {
     use wire::{Headers, Opcode};
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
     let data = pattern(BUF, 5);
@@ -2215,6 +2216,8 @@ fn reads_losing_a_request(holds: bool) -> (Node, Node, Vec<u32>, u32) {
         a.send(now, i as u64, read(i * 4096), vec![sge]).unwrap();
     }
     let mut requests = Vec::new();
+    let mut naks = 0;
+    let nak = wire::Syndrome::Nak(wire::NakCode::PsnSequenceError);
     run(
         &mut a,
         &mut b,
@@ -2224,6 +2227,10 @@ fn reads_losing_a_request(holds: bool) -> (Node, Node, Vec<u32>, u32) {
             let Ok((h, _)) = Headers::parse(&t.data) else {
                 return false;
             };
+            if !from_a && h.aeth.is_some_and(|a| a.syndrome == nak) {
+                naks += 1;
+                return lose_nak && naks == 1;
+            }
             if !(from_a && h.bth.opcode == Opcode::RC_RDMA_READ_REQUEST) {
                 return false;
             }
@@ -2246,7 +2253,7 @@ fn reads_losing_a_request(holds: bool) -> (Node, Node, Vec<u32>, u32) {
 /// READs, which follow the resent one's, show that the peer held them.
 #[test]
 fn a_lost_read_request_is_sent_again_alone_to_a_peer_that_holds() {
-    let (a, b, requests, first) = reads_losing_a_request(true);
+    let (a, b, requests, first) = reads_losing_a_request(true, false);
     let psn = |i: u32| wire::psn::add(first, 4 * i);
     assert_eq!(requests, [psn(0), psn(1), psn(2), psn(3), psn(0)]);
     let (sa, sb) = (a.nic.stats(), b.nic.stats());
@@ -2261,7 +2268,7 @@ fn a_lost_read_request_is_sent_again_alone_to_a_peer_that_holds() {
 /// rest; the requester goes back N over them and from then on goes back N at once.
 #[test]
 fn a_lost_read_request_to_a_peer_that_drops_then_goes_back_n() {
-    let (a, _b, requests, first) = reads_losing_a_request(false);
+    let (a, _b, requests, first) = reads_losing_a_request(false, false);
     let psn = |i: u32| wire::psn::add(first, 4 * i);
     assert_eq!(
         requests,
@@ -2438,4 +2445,29 @@ fn a_go_back_n_on_a_path_without_a_queue_keeps_the_window() {
         "each time the hole and the 31 after it"
     );
     assert_eq!(q.req.cc.cwnd, crate::cc::MAX_CWND);
+}
+
+/// The same with the sequence NAK lost too, so that only the round-trip timer finds
+/// the loss: its resend is no question asked of the peer, so with a peer not known to
+/// hold it goes back N, as before, rather than send each READ's request again alone,
+/// an expiry each.
+#[test]
+fn a_lost_read_request_found_by_the_timer_goes_back_n_with_a_peer_not_known() {
+    let (a, _b, requests, first) = reads_losing_a_request(false, true);
+    let psn = |i: u32| wire::psn::add(first, 4 * i);
+    assert_eq!(
+        requests,
+        [
+            psn(0),
+            psn(1),
+            psn(2),
+            psn(3),
+            psn(0),
+            psn(1),
+            psn(2),
+            psn(3)
+        ]
+    );
+    let sa = a.nic.stats();
+    assert_eq!((sa.naks_rcvd_seq, sa.timeouts, sa.rtt_timeouts), (0, 0, 1));
 }
