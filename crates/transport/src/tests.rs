@@ -2247,6 +2247,11 @@ fn reads_losing_a_request(holds: bool, lose_nak: bool) -> (Node, Node, Vec<u32>,
     (a, b, requests, first)
 }
 
+/// The first PSNs of the four READs of [`reads_losing_a_request`] at `idx`, in order.
+fn psns(first: u32, idx: &[u32]) -> Vec<u32> {
+    idx.iter().map(|&i| wire::psn::add(first, 4 * i)).collect()
+}
+
 /// A READ request lost before requests a peer holds past the gap: the sequence NAK
 /// makes the requester send that request again alone, instead of going back N over the
 /// READs after it, which the peer would then execute twice. The responses of those
@@ -2254,8 +2259,7 @@ fn reads_losing_a_request(holds: bool, lose_nak: bool) -> (Node, Node, Vec<u32>,
 #[test]
 fn a_lost_read_request_is_sent_again_alone_to_a_peer_that_holds() {
     let (a, b, requests, first) = reads_losing_a_request(true, false);
-    let psn = |i: u32| wire::psn::add(first, 4 * i);
-    assert_eq!(requests, [psn(0), psn(1), psn(2), psn(3), psn(0)]);
+    assert_eq!(requests, psns(first, &[0, 1, 2, 3, 0]));
     let (sa, sb) = (a.nic.stats(), b.nic.stats());
     assert_eq!(sb.read_replays, 0, "no READ executed twice");
     assert_eq!(sa.duplicates, 0);
@@ -2269,23 +2273,22 @@ fn a_lost_read_request_is_sent_again_alone_to_a_peer_that_holds() {
 #[test]
 fn a_lost_read_request_to_a_peer_that_drops_then_goes_back_n() {
     let (a, _b, requests, first) = reads_losing_a_request(false, false);
-    let psn = |i: u32| wire::psn::add(first, 4 * i);
-    assert_eq!(
-        requests,
-        [
-            psn(0),
-            psn(1),
-            psn(2),
-            psn(3),
-            psn(0),
-            psn(1),
-            psn(2),
-            psn(3)
-        ]
-    );
+    assert_eq!(requests, psns(first, &[0, 1, 2, 3, 0, 1, 2, 3]));
     let sa = a.nic.stats();
     assert_eq!((sa.naks_rcvd_seq, sa.timeouts, sa.rtt_timeouts), (1, 0, 1));
     assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, Some(false));
+}
+
+/// The same with the sequence NAK lost too, so that only the round-trip timer finds
+/// the loss: its resend is no question asked of the peer, so with a peer not known to
+/// hold it goes back N, as before, rather than send each READ's request again alone,
+/// an expiry each.
+#[test]
+fn a_lost_read_request_found_by_the_timer_goes_back_n_with_a_peer_not_known() {
+    let (a, _b, requests, first) = reads_losing_a_request(false, true);
+    assert_eq!(requests, psns(first, &[0, 1, 2, 3, 0, 1, 2, 3]));
+    let sa = a.nic.stats();
+    assert_eq!((sa.naks_rcvd_seq, sa.timeouts, sa.rtt_timeouts), (0, 0, 1));
 }
 
 /// Responses that arrived past a missing one are in flight no more: with a window of
@@ -2445,29 +2448,4 @@ fn a_go_back_n_on_a_path_without_a_queue_keeps_the_window() {
         "each time the hole and the 31 after it"
     );
     assert_eq!(q.req.cc.cwnd, crate::cc::MAX_CWND);
-}
-
-/// The same with the sequence NAK lost too, so that only the round-trip timer finds
-/// the loss: its resend is no question asked of the peer, so with a peer not known to
-/// hold it goes back N, as before, rather than send each READ's request again alone,
-/// an expiry each.
-#[test]
-fn a_lost_read_request_found_by_the_timer_goes_back_n_with_a_peer_not_known() {
-    let (a, _b, requests, first) = reads_losing_a_request(false, true);
-    let psn = |i: u32| wire::psn::add(first, 4 * i);
-    assert_eq!(
-        requests,
-        [
-            psn(0),
-            psn(1),
-            psn(2),
-            psn(3),
-            psn(0),
-            psn(1),
-            psn(2),
-            psn(3)
-        ]
-    );
-    let sa = a.nic.stats();
-    assert_eq!((sa.naks_rcvd_seq, sa.timeouts, sa.rtt_timeouts), (0, 0, 1));
 }
