@@ -270,7 +270,7 @@ impl Cc {
 
     /// The round-trip timer's interval before any backoff: SRTT + 4·RTTVAR, at least
     /// [`RTO_MIN_NS`]. None before the first sample.
-    fn rto_base(&self) -> Option<u64> {
+    pub fn rto_base(&self) -> Option<u64> {
         (self.srtt != 0).then(|| {
             self.srtt
                 .saturating_add(self.rttvar.saturating_mul(4))

@@ -823,7 +823,7 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
     let mut congested = None;
     for (k, n) in runs {
         let q = psn::add(first, k);
-        if !crate::sack::resend_due(qp, q, now, newest_arrived) {
+        if !crate::sack::read_part_due(qp, q, now, newest_arrived) {
             continue;
         }
         let fresh = !qp.req.sack.resent.contains_key(&q);
@@ -840,7 +840,10 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
             packets = n,
             "READ responses asked for again"
         );
-        qp.req.sack.note(q, now);
+        // Every packet of the run: once its first arrives, the rest is no fresh hole.
+        for i in 0..n {
+            qp.req.sack.note(psn::add(q, i), now);
+        }
         asked = true;
     }
     if asked {

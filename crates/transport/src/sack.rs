@@ -178,6 +178,23 @@ pub(crate) fn resend_due(qp: &QpCtx, q: u32, now: u64, newest: Option<u64>) -> b
     overtaken || !recently_resent(qp, q, now)
 }
 
+/// Whether the response packet `q` of a READ, shown missing, may be asked for again at
+/// `now`: as [`resend_due`] says of a resent packet, but with the round-trip timer's
+/// interval (SRTT + 4·RTTVAR) rather than a round trip and twice its variation as the
+/// time an earlier request for it is given. The answer to such a request queues behind
+/// every response already on its way, as much as the window lets through, which the
+/// round trips of fresh READ requests measure only on average: given a round trip and
+/// twice its variation, half the parts asked at 1% loss were asked twice (2,388
+/// responses received twice in one run, of 4,225 asked), the second answer arriving
+/// after the READ completed.
+pub(crate) fn read_part_due(qp: &QpCtx, q: u32, now: u64, newest: Option<u64>) -> bool {
+    let guard = qp.req.cc.rto_base().unwrap_or(RESEND_GUARD_NS);
+    match qp.req.sack.resent.get(&q) {
+        None => true,
+        Some(r) => newest.is_some_and(|n| r.seq < n) || now.saturating_sub(r.at) >= guard,
+    }
+}
+
 /// Responder: the requester asked for SACKs. Answer with one at once, which also tells
 /// it that this peer sends them.
 pub(crate) fn on_permit(qp: &mut QpCtx, env: &mut Nic) {

@@ -2449,3 +2449,21 @@ fn a_go_back_n_on_a_path_without_a_queue_keeps_the_window() {
     );
     assert_eq!(q.req.cc.cwnd, crate::cc::MAX_CWND);
 }
+
+/// Two responses lost in a row are asked for in one request; when the first of them
+/// arrives, the second, asked with it, is no fresh hole and is not asked again.
+#[test]
+fn a_run_of_lost_responses_is_asked_for_once() {
+    let mut lost = Vec::new();
+    let r = read_losing(5, |k| {
+        let hit = [10, 11].contains(&k) && !lost.contains(&k);
+        if hit {
+            lost.push(k);
+        }
+        hit
+    });
+    assert_eq!(r.a.read(0, BUF), r.data);
+    assert_eq!(r.requests, vec![(0, BUF as u32), (10, 512)]);
+    assert_eq!(r.responses, 256 + 2, "each lost response sent once more");
+    assert_eq!(r.a.nic.stats().duplicates, 0);
+}
