@@ -262,7 +262,7 @@ fn ack_upto(qp: &mut QpCtx, p: u32, inclusive: bool) -> Acked {
         };
         if w.is_rd_atomic() {
             let some = w.acked_pkts > 0 || !w.read_ooo.is_empty();
-            if covered && some && matches!(w.wr.op, crate::verbs::SendOp::Read { .. }) {
+            if covered && some && w.is_read() {
                 // A READ the responder executed, some of whose responses are missing:
                 // those were lost, and are asked for alone (after the response at hand).
                 w.read_whole_sent = true;
@@ -427,17 +427,10 @@ fn resend_lost_read_request(
     if qp.req.peer_holds != Some(true) && !(from_nak && qp.req.cc.has_sample()) {
         return false;
     }
-    let Some(w) = qp
-        .sq
-        .iter()
-        .find(|w| w.started && !w.done && w.first_psn == k)
-    else {
+    let Some(w) = qp.unfinished_at(k) else {
         return false;
     };
-    if !matches!(w.wr.op, crate::verbs::SendOp::Read { .. })
-        || w.acked_pkts > 0
-        || !w.read_ooo.is_empty()
-    {
+    if !w.is_read() || w.acked_pkts > 0 || !w.read_ooo.is_empty() {
         return false;
     }
     let n = w.npkts;
@@ -785,11 +778,7 @@ const READ_HOLES_PER_ASK: usize = 8;
 /// the rest of its stream on such a request (one that answers every duplicate with the
 /// rest) is caught up by the round-trip timer, which goes back N.
 fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
-    let Some(w) = qp
-        .sq
-        .iter()
-        .find(|w| w.started && !w.done && w.first_psn == first)
-    else {
+    let Some(w) = qp.unfinished_at(first) else {
         return;
     };
     let mut runs = Vec::new();
@@ -875,12 +864,12 @@ fn read_response(
     let mtu = qp.mtu();
     let pd = qp.pd;
     let p = h.bth.psn;
-    let Some(w) = qp.sq.iter_mut().take_while(|w| w.started).find(|w| {
-        !w.done
-            && matches!(w.wr.op, crate::verbs::SendOp::Read { .. })
-            && psn::le(w.first_psn, p)
-            && psn::le(p, w.last_psn)
-    }) else {
+    let Some(w) = qp
+        .sq
+        .iter_mut()
+        .take_while(|w| w.started)
+        .find(|w| !w.done && w.is_read() && psn::le(w.first_psn, p) && psn::le(p, w.last_psn))
+    else {
         dropped!(
             trace,
             env,

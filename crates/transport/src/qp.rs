@@ -138,6 +138,10 @@ impl SendWqe {
             SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
         )
     }
+    /// An RDMA READ.
+    pub fn is_read(&self) -> bool {
+        matches!(self.wr.op, SendOp::Read { .. })
+    }
     pub fn is_local(&self) -> bool {
         matches!(self.wr.op, SendOp::LocalInv { .. } | SendOp::BindMw(_))
     }
@@ -580,6 +584,12 @@ impl QpCtx {
         w.started
             .then(|| softrdma_wire::psn::add(w.first_psn, w.acked_pkts))
     }
+    /// The started, unfinished WQE whose first PSN is `first`.
+    pub fn unfinished_at(&self, first: u32) -> Option<&SendWqe> {
+        self.sq
+            .iter()
+            .find(|w| w.started && !w.done && w.first_psn == first)
+    }
     /// Packets at or after `base` (the oldest unacknowledged PSN) that READs have
     /// answered: responses placed past a missing one, and every packet of a WQE finished
     /// behind an unfinished READ. In flight no more, so the congestion window does not
@@ -597,7 +607,7 @@ impl QpCtx {
             }
             if w.done {
                 n = n.saturating_add(w.npkts);
-            } else if matches!(w.wr.op, SendOp::Read { .. }) {
+            } else if w.is_read() {
                 let placed = w.read_ooo.len() as u32;
                 let front = psn::le(w.first_psn, base);
                 n = n.saturating_add(placed + if front { 0 } else { w.acked_pkts });

@@ -482,11 +482,7 @@ pub(crate) fn resend_read_part(
     let Some((dst, tos, dqpn)) = rc_dest(qp) else {
         return false;
     };
-    let Some(w) = qp
-        .sq
-        .iter()
-        .find(|w| w.started && !w.done && w.first_psn == first)
-    else {
+    let Some(w) = qp.unfinished_at(first) else {
         return false;
     };
     let SendOp::Read { remote_addr, rkey } = w.wr.op else {
