@@ -158,7 +158,11 @@ fn resend_guard(qp: &QpCtx) -> u64 {
 /// Whether packet `q` was resent so recently that evidence of it missing may predate
 /// the resend's arrival.
 pub(crate) fn recently_resent(qp: &QpCtx, q: u32, now: u64) -> bool {
-    let guard = resend_guard(qp);
+    resent_within(qp, q, now, resend_guard(qp))
+}
+
+/// Whether packet `q` was resent less than `guard` before `now`.
+fn resent_within(qp: &QpCtx, q: u32, now: u64, guard: u64) -> bool {
     qp.req
         .sack
         .resent
@@ -171,11 +175,7 @@ pub(crate) fn recently_resent(qp: &QpCtx, q: u32, now: u64) -> bool {
 /// made after it has arrived (`newest`, from [`ReqSack::newest_arrived`]): the path keeps
 /// order, so this one was lost again (RACK's rule).
 pub(crate) fn resend_due(qp: &QpCtx, q: u32, now: u64, newest: Option<u64>) -> bool {
-    let overtaken = match (qp.req.sack.resent.get(&q), newest) {
-        (Some(r), Some(n)) => r.seq < n,
-        _ => false,
-    };
-    overtaken || !recently_resent(qp, q, now)
+    due_after(qp, q, now, newest, resend_guard(qp))
 }
 
 /// Whether the response packet `q` of a READ, shown missing, may be asked for again at
@@ -189,10 +189,17 @@ pub(crate) fn resend_due(qp: &QpCtx, q: u32, now: u64, newest: Option<u64>) -> b
 /// after the READ completed.
 pub(crate) fn read_part_due(qp: &QpCtx, q: u32, now: u64, newest: Option<u64>) -> bool {
     let guard = qp.req.cc.rto_base().unwrap_or(RESEND_GUARD_NS);
-    match qp.req.sack.resent.get(&q) {
-        None => true,
-        Some(r) => newest.is_some_and(|n| r.seq < n) || now.saturating_sub(r.at) >= guard,
-    }
+    due_after(qp, q, now, newest, guard)
+}
+
+/// RACK's rule with `guard` as the time a resend is given: `q` is due unless it was
+/// resent less than `guard` ago and no resend made after it has arrived (`newest`).
+fn due_after(qp: &QpCtx, q: u32, now: u64, newest: Option<u64>, guard: u64) -> bool {
+    let overtaken = match (qp.req.sack.resent.get(&q), newest) {
+        (Some(r), Some(n)) => r.seq < n,
+        _ => false,
+    };
+    overtaken || !resent_within(qp, q, now, guard)
 }
 
 /// Responder: the requester asked for SACKs. Answer with one at once, which also tells
