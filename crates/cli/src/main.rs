@@ -164,9 +164,9 @@ pub struct PingpongArgs {
     #[arg(short, long)]
     pub size: Option<u32>,
     /// Path MTU: 256, 512, 1024, 2048 or 4096 (ud: the port's active MTU, which bounds
-    /// the message size)
-    #[arg(short, long, default_value_t = 1024)]
-    pub mtu: u32,
+    /// the message size); default 1024. Not with --cm: the connection manager sets it
+    #[arg(short, long)]
+    pub mtu: Option<u32>,
     /// Receives to post at a time
     #[arg(short, long = "rx-depth", default_value_t = 500)]
     pub rx_depth: u32,
@@ -243,9 +243,10 @@ pub struct PerfArgs {
     /// exchange; the peer must use --cm too
     #[arg(long)]
     pub cm: bool,
-    /// Path MTU: 256, 512, 1024, 2048 or 4096
-    #[arg(short, long, default_value_t = 1024)]
-    pub mtu: u32,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096; default 1024. Not with --cm: the
+    /// connection manager sets it
+    #[arg(short, long)]
+    pub mtu: Option<u32>,
     /// Run server and client in this process, on two loopback devices
     #[arg(long = "loopback", visible_alias = "self", conflicts_with = "peer")]
     pub loopback: bool,

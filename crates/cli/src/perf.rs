@@ -1528,7 +1528,7 @@ pub fn run(a: &PerfArgs) -> CmdResult {
     if a.tx_depth == 0 || a.tx_depth > SQ_DEPTH {
         return Err(format!("tx-depth must be 1..={SQ_DEPTH}"));
     }
-    session::mtu_of(a.mtu)?;
+    session::mtu_of(a.mtu.unwrap_or(cmconn::DEFAULT_MTU))?;
     if a.memory_wait && a.test != PerfTest::WriteLat {
         return Err("--memory-wait applies to write-lat only".into());
     }
@@ -1656,7 +1656,7 @@ fn client(
         sizes,
         iters,
         a.tx_depth,
-        a.mtu,
+        a.mtu.unwrap_or(cmconn::DEFAULT_MTU),
         timeout,
         !a.json,
         a.memory_wait,

@@ -442,11 +442,12 @@ impl Setup<'_> {
 
 pub fn run(a: &PingpongArgs) -> CmdResult {
     let ty = a.qp_type;
+    let mtu_bytes = a.mtu.unwrap_or(cmconn::DEFAULT_MTU);
     // A UD message is one packet, so it is bounded by the port's active MTU, which `-m`
     // sets for ud (ibv_ud_pingpong's rule: size <= the port's active MTU); upstream's
     // default of 2048 would not fit the default MTU of 1024.
     let size = a.size.unwrap_or(if ty == PpType::Ud {
-        a.mtu.min(2048)
+        mtu_bytes.min(2048)
     } else {
         4096
     });
@@ -459,7 +460,7 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     if a.rx_depth < 1 {
         return Err("rx-depth must be at least 1".into());
     }
-    let mtu = session::mtu_of(a.mtu)?;
+    let mtu = session::mtu_of(mtu_bytes)?;
     if a.cm {
         cmconn::check_mtu(a.mtu)?;
     }
@@ -480,7 +481,7 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     let dev = session::open_device(&a.dev)?;
     if ty == PpType::Ud {
         dev.set_port_mtu(mtu)
-            .map_err(|e| format!("couldn't set the port MTU to {}: {e}", a.mtu))?;
+            .map_err(|e| format!("couldn't set the port MTU to {mtu_bytes}: {e}"))?;
     }
     let port = dev
         .query_port(1)

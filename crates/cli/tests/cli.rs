@@ -689,6 +689,7 @@ fn cm_bad_arguments_and_no_server() {
     for args in [
         &["pingpong", "--cm", "-m", "2048", "127.0.0.1"][..],
         &["perf", "write-bw", "--cm", "-m", "512", "127.0.0.1"],
+        &["perf", "write-bw", "--cm", "-m", "1024", "127.0.0.1"],
         &["pingpong", "--cm", "--bogus"],
     ] {
         let o = run(args);

@@ -240,8 +240,16 @@ impl Agent {
                 u64::from_be_bytes(v6.octets()[8..].try_into().unwrap_or([0; 8]))
             }
         };
+        let mut cma = Cma::new(addr, guid, seed, ports);
+        // Routes get the MTU of the interface the device's address is on, as Linux's
+        // rdma_cm gives a RoCE route its netdev's (4096 on loopback, 1024 on a 1500-byte
+        // Ethernet); 1024 when that cannot be found.
+        let link = softrdma_device::netdev::holding(addr.ip()).and_then(|d| d.mtu());
+        if let Some(m) = link.and_then(crate::cma::path_mtu_for_link) {
+            cma.set_path_mtu(m);
+        }
         let sh = Arc::new(Shared {
-            cma: Mutex::new(Cma::new(addr, guid, seed, ports)),
+            cma: Mutex::new(cma),
             dev,
             channels: Mutex::new(HashMap::new()),
             wake: EventFd::new()?,

@@ -355,6 +355,8 @@ struct Id {
     rnr_retry_count: u8,
     /// The path's ACK timeout exponent.
     path_timeout: u8,
+    /// The path MTU: the device's for an active id, the REQ's for a passive one.
+    path_mtu: verbs::Mtu,
     /// Whether DISCONNECTED was reported.
     disconnected: bool,
     /// Multicast joins, oldest first.
@@ -395,6 +397,7 @@ impl Id {
             retry_count: 0,
             rnr_retry_count: 0,
             path_timeout: 0,
+            path_mtu: verbs::Mtu::Mtu1024,
             disconnected: false,
             mc: Vec::new(),
         }
@@ -404,6 +407,8 @@ impl Id {
 /// The rdma_cm of one device.
 pub struct Cma {
     dev: SocketAddr,
+    /// The MTU of the paths this device's ids resolve (see [`Cma::set_path_mtu`]).
+    path_mtu: verbs::Mtu,
     ib: IbCm,
     ports: Box<dyn PortSpace>,
     timeouts: Timeouts,
@@ -441,6 +446,7 @@ impl Cma {
         let ib_seed = rng.fork();
         Cma {
             dev,
+            path_mtu: verbs::Mtu::Mtu1024,
             ib: IbCm::new(ca_guid, CA_ACK_DELAY, ib_seed),
             ports,
             timeouts: Timeouts::default(),
@@ -450,6 +456,18 @@ impl Cma {
             rng,
             events: VecDeque::new(),
         }
+    }
+
+    /// The path MTU of the routes this device resolves from now on: what the REQ of an
+    /// active id carries and its QP gets (a passive id takes the REQ's). 1024 bytes until
+    /// set, which every Ethernet link carries; see [`path_mtu_for_link`].
+    pub fn set_path_mtu(&mut self, mtu: verbs::Mtu) {
+        self.path_mtu = mtu;
+    }
+
+    /// The path MTU of the id's route (`route.path_rec->mtu`).
+    pub fn path_mtu(&self, id: IdHandle) -> Result<verbs::Mtu> {
+        Ok(self.id(id)?.path_mtu)
     }
 
     /// Use other CM timeouts (tests, impatient programs).
@@ -707,9 +725,11 @@ impl Cma {
             return Err(err(errno::EINVAL, "address not resolved"));
         }
         self.refresh_peer_device(id)?;
+        let mtu = self.path_mtu;
         let i = self.id_mut(id)?;
         i.state = IdState::RouteResolved;
         i.path_timeout = ib::ack_timeout(CA_ACK_DELAY, lt);
+        i.path_mtu = mtu;
         self.push(id, EventType::RouteResolved, 0, EventParam::None);
         Ok(())
     }
@@ -809,7 +829,7 @@ impl Cma {
             local_cm_response_timeout: t.cm_response,
             retry_count: p.retry_count.min(7),
             pkey: 0xFFFF,
-            path_mtu: verbs::Mtu::Mtu1024 as u8,
+            path_mtu: i.path_mtu as u8,
             rdc_exists: false,
             rnr_retry_count: p.rnr_retry_count.min(7),
             max_cm_retries: t.max_retries,
@@ -1252,7 +1272,7 @@ impl Cma {
                     return Err(err(errno::EINVAL, "no peer"));
                 };
                 a.ah_attr = ah_to(peer, i.tos);
-                a.path_mtu = verbs::Mtu::Mtu1024;
+                a.path_mtu = i.path_mtu;
                 a.dest_qp_num = i.remote_qpn;
                 a.rq_psn = i.rq_psn;
                 let mut m = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
@@ -1429,6 +1449,11 @@ impl Cma {
             i.retry_count = req.retry_count;
             i.rnr_retry_count = req.rnr_retry_count;
             i.path_timeout = req.primary.local_ack_timeout.max(1);
+            // Both ends must split messages at the same size: the REQ's MTU is the
+            // path's (Linux's passive side takes it as it is). One this device cannot
+            // send gets the 1024 bytes every RoCE link carries.
+            i.path_mtu =
+                verbs::Mtu::from_raw(u32::from(req.path_mtu)).unwrap_or(verbs::Mtu::Mtu1024);
         }
         let _ = self.ib.send_mra(now, comm, MRA_SETTING, &[]);
         let param = ConnParam {
@@ -1614,6 +1639,25 @@ impl Cma {
             EventKind::ReqReceived { .. } | EventKind::SidrReqReceived { .. } => {}
         }
     }
+}
+
+/// The path MTU of a RoCE route over a link that carries IP packets of `link_mtu` bytes:
+/// the largest IB MTU that fits once the headers a RoCEv2 packet may carry are taken off
+/// (the 40-byte GRH/IPv6 header, UDP, BTH, an XRC extension, the AtomicETH and the ICRC:
+/// 96 bytes, as Linux's `iboe_get_mtu` counts them). 1500 gives 1024, loopback's 65536
+/// gives 4096. None below 352 (no MTU of 256 fits).
+pub fn path_mtu_for_link(link_mtu: u32) -> Option<verbs::Mtu> {
+    const OVERHEAD: u32 = 40 + 8 + 12 + 4 + 28 + 4;
+    let room = link_mtu.checked_sub(OVERHEAD)?;
+    [
+        verbs::Mtu::Mtu4096,
+        verbs::Mtu::Mtu2048,
+        verbs::Mtu::Mtu1024,
+        verbs::Mtu::Mtu512,
+        verbs::Mtu::Mtu256,
+    ]
+    .into_iter()
+    .find(|m| m.bytes() as u32 <= room)
 }
 
 fn backlog_of(b: i32) -> usize {

@@ -17,7 +17,7 @@ use softrdma_cm::cma::{
 };
 use softrdma_cm::ib::Peer;
 use softrdma_net::sim::{Endpoint, Faults, Network, Packet, Sim};
-use softrdma_verbs::{AhAttr, Gid, GlobalRoute, QpAttrMask, QpState};
+use softrdma_verbs::{AhAttr, Gid, GlobalRoute, Mtu, QpAttrMask, QpState};
 use softrdma_wire::cm::{port_space, rej_reason};
 
 const SEC: u64 = 1_000_000_000;
@@ -631,6 +631,52 @@ fn the_clients_tos_is_the_traffic_class_of_both_address_vectors() {
     wait_for(&mut sim, 0, EventType::ConnectResponse);
     let (crtr, _) = sim.endpoints[0].cma.init_qp_attr(id, QpState::Rtr).unwrap();
     assert_eq!(crtr.ah_attr.grh.traffic_class, 32);
+}
+
+#[test]
+fn the_clients_path_mtu_is_both_qps_path_mtu() {
+    let mut sim = pair(12, faults(0.0, 0.0, 0.0));
+    serve(&mut sim, 7011);
+    // The server's device sits on a smaller link: the REQ's MTU still rules both ends,
+    // or they would split messages at different sizes.
+    sim.endpoints[0].cma.set_path_mtu(Mtu::Mtu4096);
+    sim.endpoints[1].cma.set_path_mtu(Mtu::Mtu1024);
+    let id = client(&mut sim, 7011);
+    let c = &mut sim.endpoints[0].cma;
+    assert_eq!(c.path_mtu(id).unwrap(), Mtu::Mtu4096);
+    c.connect(0, id, &param(1, b"")).unwrap();
+    let req = wait_for(&mut sim, 1, EventType::ConnectRequest);
+    let s = &mut sim.endpoints[1].cma;
+    assert_eq!(s.path_mtu(req.id).unwrap(), Mtu::Mtu4096);
+    let (srtr, sm) = s.init_qp_attr(req.id, QpState::Rtr).unwrap();
+    assert!(sm.contains(QpAttrMask::PATH_MTU));
+    assert_eq!(srtr.path_mtu, Mtu::Mtu4096);
+    let now = sim.now;
+    s.accept(now, req.id, &param(2, b""), 0).unwrap();
+    wait_for(&mut sim, 0, EventType::ConnectResponse);
+    let (crtr, _) = sim.endpoints[0].cma.init_qp_attr(id, QpState::Rtr).unwrap();
+    assert_eq!(crtr.path_mtu, Mtu::Mtu4096);
+
+    // An MTU set later applies to routes resolved later; one resolved keeps its own.
+    sim.endpoints[0].cma.set_path_mtu(Mtu::Mtu2048);
+    assert_eq!(sim.endpoints[0].cma.path_mtu(id).unwrap(), Mtu::Mtu4096);
+    let id2 = client(&mut sim, 7011);
+    assert_eq!(sim.endpoints[0].cma.path_mtu(id2).unwrap(), Mtu::Mtu2048);
+}
+
+#[test]
+fn path_mtu_follows_the_links_mtu_as_linux_counts_it() {
+    let m = softrdma_cm::cma::path_mtu_for_link;
+    assert_eq!(m(65536), Some(Mtu::Mtu4096));
+    assert_eq!(m(9000), Some(Mtu::Mtu4096));
+    assert_eq!(m(4192), Some(Mtu::Mtu4096));
+    assert_eq!(m(4191), Some(Mtu::Mtu2048));
+    assert_eq!(m(1500), Some(Mtu::Mtu1024));
+    assert_eq!(m(1120), Some(Mtu::Mtu1024));
+    assert_eq!(m(1119), Some(Mtu::Mtu512));
+    assert_eq!(m(352), Some(Mtu::Mtu256));
+    assert_eq!(m(351), None);
+    assert_eq!(m(0), None);
 }
 
 #[test]

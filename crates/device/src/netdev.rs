@@ -36,6 +36,35 @@ pub fn holding(ip: IpAddr) -> Option<NetDev> {
     (index != 0).then_some(NetDev { name, index })
 }
 
+impl NetDev {
+    /// The interface's MTU (`SIOCGIFMTU`): the largest IP packet it carries. None if the
+    /// interface is gone or the query fails.
+    pub fn mtu(&self) -> Option<u32> {
+        // SAFETY: ifreq is plain data, valid all zeroes.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        let name = self.name.as_bytes();
+        if name.len() >= req.ifr_name.len() {
+            return None;
+        }
+        for (d, &b) in req.ifr_name.iter_mut().zip(name) {
+            *d = b as libc::c_char;
+        }
+        // SAFETY: plain socket(2); the descriptor is closed below.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: SIOCGIFMTU reads the NUL-terminated name in `req` and writes its MTU
+        // into `req`, which outlives the call.
+        let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) };
+        // SAFETY: `fd` is the socket opened above, closed once.
+        unsafe { libc::close(fd) };
+        // SAFETY: after a successful SIOCGIFMTU the union holds the MTU.
+        let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+        (rc == 0).then_some(mtu).and_then(|m| u32::try_from(m).ok())
+    }
+}
+
 /// The address of the other IP version on the interface holding `ip`, for a device that
 /// serves both (its GID index 1): for an IPv4 address the interface's first IPv6 address
 /// that needs no scope (not link-local, which a socket can only name with its interface),
@@ -202,6 +231,26 @@ mod tests {
         assert_eq!(o("198.51.100.1"), None);
         // Not this host's address.
         assert_eq!(o("203.0.113.1"), None);
+    }
+
+    #[test]
+    fn mtu_of_loopback_is_what_sysfs_says() {
+        let lo = holding("127.0.0.1".parse().unwrap()).expect("lo holds 127.0.0.1");
+        let mtu = lo.mtu().expect("lo has an MTU");
+        if let Ok(s) = std::fs::read_to_string("/sys/class/net/lo/mtu") {
+            assert_eq!(Some(mtu), s.trim().parse().ok());
+        }
+        assert!(mtu >= 1280, "lo MTU {mtu}");
+        let gone = NetDev {
+            name: "softrdma-none0".into(),
+            index: 0,
+        };
+        assert_eq!(gone.mtu(), None);
+        let long = NetDev {
+            name: "x".repeat(40),
+            index: 0,
+        };
+        assert_eq!(long.mtu(), None);
     }
 
     #[test]

@@ -200,6 +200,26 @@ fn connect_accept_private_data_send_and_write() {
     write_then_send(&srv, &sc, &cli, &c, 0x22);
 }
 
+#[test]
+fn a_loopback_route_has_loopbacks_mtu_and_a_write_spans_it() {
+    let (srv, sc, cli, c) = connected("cm1m");
+    // The MTU Linux's rdma_cm gives a RoCE route over lo (65536 bytes: 4096).
+    let lo = softrdma_device::netdev::holding(cli.dev.addr().ip()).expect("lo");
+    let want =
+        softrdma_cm::cma::path_mtu_for_link(lo.mtu().expect("lo's MTU")).unwrap_or(Mtu::Mtu1024);
+    assert_eq!(c.qp().query().unwrap().path_mtu, want);
+    assert_eq!(sc.qp().query().unwrap().path_mtu, want);
+    // A WRITE of the whole buffer: one packet or several, it lands whole.
+    let pattern: Vec<u8> = (0..BUF as u32).map(|i| (i % 251) as u8 ^ 0x5a).collect();
+    cli.mr.write(0, &pattern).unwrap();
+    let target = remote_of(c.private_data());
+    let mut w = wr::write(20, [cli.mr.sge(0..BUF).unwrap()], &target, 0).unwrap();
+    w.flags |= SendFlags::SIGNALED;
+    c.qp().post_send(w).unwrap();
+    wait_ok(&cli.cq, WcOpcode::RdmaWrite);
+    assert_eq!(srv.mr.to_vec(0, BUF).unwrap(), pattern);
+}
+
 fn flushed(side: &Side, n: usize) {
     let wcs = side.cq.wait_n(n, T).expect("flush completions");
     for wc in &wcs {

@@ -379,7 +379,8 @@ pub(crate) unsafe fn query_route(p: *mut abi::rdma_cm_id) {
 
 /// Give the id its one RoCE path record (`route.path_rec`), as the kernel reports it once
 /// the route is resolved: its traffic class is the id's type of service (what
-/// `RDMA_OPTION_ID_TOS` set; for a connection request's id, the REQ path's).
+/// `RDMA_OPTION_ID_TOS` set; for a connection request's id, the REQ path's), its MTU the
+/// route's (for a connection request's id, the REQ's).
 ///
 /// # Safety
 /// `p` is a live id of this library.
@@ -390,6 +391,7 @@ pub(crate) unsafe fn set_path(p: *mut abi::rdma_cm_id) {
     };
     let h = me.handle;
     let tos = me.cm.call(|c, _| c.tos(h)).unwrap_or(0);
+    let mtu = me.cm.call(|c, _| c.path_mtu(h)).map_or(3, |m| m as u8);
     // SAFETY: the id is live.
     let ib = unsafe { (*p).route.addr.addr.ibaddr };
     let mut r: abi::ibv_sa_path_rec = zeroed();
@@ -400,10 +402,10 @@ pub(crate) unsafe fn set_path(p: *mut abi::rdma_cm_id) {
     r.reversible = 1;
     r.numb_path = 1;
     r.pkey = 0xFFFFu16.to_be();
-    // IBA "exactly" selectors (2), the MTU (1024 bytes: 3), 10 Gb/s (3) and the packet
-    // lifetime RoCE paths get.
+    // IBA "exactly" selectors (2), the route's MTU, 10 Gb/s (3) and the packet lifetime
+    // RoCE paths get.
     r.mtu_selector = 2;
-    r.mtu = 3;
+    r.mtu = mtu;
     r.rate_selector = 2;
     r.rate = 3;
     r.packet_life_time_selector = 2;
