@@ -244,8 +244,7 @@ impl Agent {
         // Routes get the MTU of the interface the device's address is on, as Linux's
         // rdma_cm gives a RoCE route its netdev's (4096 on loopback, 1024 on a 1500-byte
         // Ethernet); 1024 when that cannot be found.
-        let link = softrdma_device::netdev::holding(addr.ip()).and_then(|d| d.mtu());
-        if let Some(m) = link.and_then(crate::cma::path_mtu_for_link) {
+        if let Some(m) = softrdma_device::netdev::roce_mtu_at(addr.ip()) {
             cma.set_path_mtu(m);
         }
         let sh = Arc::new(Shared {

@@ -460,7 +460,7 @@ impl Cma {
 
     /// The path MTU of the routes this device resolves from now on: what the REQ of an
     /// active id carries and its QP gets (a passive id takes the REQ's). 1024 bytes until
-    /// set, which every Ethernet link carries; see [`path_mtu_for_link`].
+    /// set, which every Ethernet link carries; see [`softrdma_device::netdev::roce_mtu`].
     pub fn set_path_mtu(&mut self, mtu: verbs::Mtu) {
         self.path_mtu = mtu;
     }
@@ -1639,25 +1639,6 @@ impl Cma {
             EventKind::ReqReceived { .. } | EventKind::SidrReqReceived { .. } => {}
         }
     }
-}
-
-/// The path MTU of a RoCE route over a link that carries IP packets of `link_mtu` bytes:
-/// the largest IB MTU that fits once the headers a RoCEv2 packet may carry are taken off
-/// (the 40-byte GRH/IPv6 header, UDP, BTH, an XRC extension, the AtomicETH and the ICRC:
-/// 96 bytes, as Linux's `iboe_get_mtu` counts them). 1500 gives 1024, loopback's 65536
-/// gives 4096. None below 352 (no MTU of 256 fits).
-pub fn path_mtu_for_link(link_mtu: u32) -> Option<verbs::Mtu> {
-    const OVERHEAD: u32 = 40 + 8 + 12 + 4 + 28 + 4;
-    let room = link_mtu.checked_sub(OVERHEAD)?;
-    [
-        verbs::Mtu::Mtu4096,
-        verbs::Mtu::Mtu2048,
-        verbs::Mtu::Mtu1024,
-        verbs::Mtu::Mtu512,
-        verbs::Mtu::Mtu256,
-    ]
-    .into_iter()
-    .find(|m| m.bytes() as u32 <= room)
 }
 
 fn backlog_of(b: i32) -> usize {

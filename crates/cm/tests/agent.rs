@@ -124,8 +124,7 @@ fn connect_accept_disconnect_between_two_devices() {
     assert_eq!(rtr.ah_attr.grh.dgid.to_ip(), db.addr().ip());
     // Both QPs get the MTU of the link the devices are on (loopback: 4096 unless its MTU
     // was lowered), as Linux's rdma_cm gives a RoCE route its netdev's.
-    let lo = softrdma_device::netdev::holding(da.addr().ip()).expect("lo holds the device");
-    let want = softrdma_cm::cma::path_mtu_for_link(lo.mtu().expect("lo's MTU"))
+    let want = softrdma_device::netdev::roce_mtu_at(da.addr().ip())
         .unwrap_or(softrdma_verbs::Mtu::Mtu1024);
     assert_eq!(rtr.path_mtu, want);
     let (srv_rtr, _) = b

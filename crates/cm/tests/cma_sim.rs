@@ -666,7 +666,7 @@ fn the_clients_path_mtu_is_both_qps_path_mtu() {
 
 #[test]
 fn path_mtu_follows_the_links_mtu_as_linux_counts_it() {
-    let m = softrdma_cm::cma::path_mtu_for_link;
+    let m = softrdma_device::netdev::roce_mtu;
     assert_eq!(m(65536), Some(Mtu::Mtu4096));
     assert_eq!(m(9000), Some(Mtu::Mtu4096));
     assert_eq!(m(4192), Some(Mtu::Mtu4096));

@@ -154,7 +154,14 @@ impl Device {
             None
         };
         let alt_addr = alt.as_ref().map(|(d, _, _)| d.local_addr());
-        let rnic = Rnic::with_alt(addr, alt_addr.map(|a| a.ip()), seed);
+        let mut rnic = Rnic::with_alt(addr, alt_addr.map(|a| a.ip()), seed);
+        // The port's active MTU is its link's, as rxe sets it from its netdev's: 4096 on
+        // loopback, 1024 on a 1500-byte Ethernet (the engine's 1024 when the interface
+        // is not found). It cannot exceed the port's maximum, 4096.
+        if let Some(m) = netdev::roce_mtu_at(addr.ip()) {
+            rnic.set_active_mtu(m)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        }
         // IPv6 multicast leaves from the interface that holds the device's address (an
         // IPv4 socket bound to its address needs no such choice).
         let mc_ifindex = match addr.ip() {

@@ -5,6 +5,8 @@
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use softrdma_transport::verbs::Mtu;
+
 /// A network interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetDev {
@@ -34,6 +36,31 @@ pub fn holding(ip: IpAddr) -> Option<NetDev> {
     // SAFETY: `c` is a NUL-terminated string that outlives the call.
     let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
     (index != 0).then_some(NetDev { name, index })
+}
+
+/// The IB MTU of RoCE over a link that carries IP packets of `link_mtu` bytes: the
+/// largest that fits once the headers a RoCEv2 packet may carry are taken off (the
+/// 40-byte GRH/IPv6 header, UDP, BTH, an XRC extension, the AtomicETH and the ICRC: 96
+/// bytes, as Linux's `iboe_get_mtu` counts them). 1500 gives 1024, loopback's 65536 gives
+/// 4096. None below 352 (not even 256 fits).
+pub fn roce_mtu(link_mtu: u32) -> Option<Mtu> {
+    const OVERHEAD: u32 = 40 + 8 + 12 + 4 + 28 + 4;
+    let room = link_mtu.checked_sub(OVERHEAD)?;
+    [
+        Mtu::Mtu4096,
+        Mtu::Mtu2048,
+        Mtu::Mtu1024,
+        Mtu::Mtu512,
+        Mtu::Mtu256,
+    ]
+    .into_iter()
+    .find(|m| m.bytes() as u32 <= room)
+}
+
+/// The IB MTU of RoCE from the device at `ip`: [`roce_mtu`] of the MTU of the interface
+/// holding it. None if that interface or its MTU cannot be found.
+pub fn roce_mtu_at(ip: IpAddr) -> Option<Mtu> {
+    holding(ip).and_then(|d| d.mtu()).and_then(roce_mtu)
 }
 
 impl NetDev {

@@ -306,3 +306,19 @@ fn completion_errors_carry_their_detail() {
         "Work Request Flushed Error"
     );
 }
+
+#[test]
+fn the_ports_active_mtu_is_its_links() {
+    let d = support::open("apimtu");
+    let p = d.query_port(1).unwrap();
+    // As rxe sets it from its netdev: loopback (65536 bytes unless lowered) gives 4096.
+    let want = softrdma_device::netdev::roce_mtu_at(d.addr().ip()).unwrap_or(Mtu::Mtu1024);
+    assert_eq!(p.active_mtu, want);
+    assert_eq!(p.max_mtu, Mtu::Mtu4096);
+    if std::fs::read_to_string("/sys/class/net/lo/mtu").is_ok_and(|s| s.trim() == "65536") {
+        assert_eq!(p.active_mtu, Mtu::Mtu4096);
+    }
+    // set_port_mtu still lowers (and raises) it.
+    d.set_port_mtu(Mtu::Mtu512).unwrap();
+    assert_eq!(d.query_port(1).unwrap().active_mtu, Mtu::Mtu512);
+}

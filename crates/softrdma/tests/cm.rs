@@ -204,9 +204,7 @@ fn connect_accept_private_data_send_and_write() {
 fn a_loopback_route_has_loopbacks_mtu_and_a_write_spans_it() {
     let (srv, sc, cli, c) = connected("cm1m");
     // The MTU Linux's rdma_cm gives a RoCE route over lo (65536 bytes: 4096).
-    let lo = softrdma_device::netdev::holding(cli.dev.addr().ip()).expect("lo");
-    let want =
-        softrdma_cm::cma::path_mtu_for_link(lo.mtu().expect("lo's MTU")).unwrap_or(Mtu::Mtu1024);
+    let want = softrdma_device::netdev::roce_mtu_at(cli.dev.addr().ip()).unwrap_or(Mtu::Mtu1024);
     assert_eq!(c.qp().query().unwrap().path_mtu, want);
     assert_eq!(sc.qp().query().unwrap().path_mtu, want);
     // A WRITE of the whole buffer: one packet or several, it lands whole.
