@@ -1450,8 +1450,8 @@ impl Cma {
             i.rnr_retry_count = req.rnr_retry_count;
             i.path_timeout = req.primary.local_ack_timeout.max(1);
             // Both ends must split messages at the same size: the REQ's MTU is the
-            // path's (Linux's passive side takes it as it is). One this device cannot
-            // send gets the 1024 bytes every RoCE link carries.
+            // path's (Linux's passive side takes it as it is). A value that names no IB
+            // MTU gets the 1024 bytes every RoCE link carries.
             i.path_mtu =
                 verbs::Mtu::from_raw(u32::from(req.path_mtu)).unwrap_or(verbs::Mtu::Mtu1024);
         }

@@ -665,21 +665,6 @@ fn the_clients_path_mtu_is_both_qps_path_mtu() {
 }
 
 #[test]
-fn path_mtu_follows_the_links_mtu_as_linux_counts_it() {
-    let m = softrdma_device::netdev::roce_mtu;
-    assert_eq!(m(65536), Some(Mtu::Mtu4096));
-    assert_eq!(m(9000), Some(Mtu::Mtu4096));
-    assert_eq!(m(4192), Some(Mtu::Mtu4096));
-    assert_eq!(m(4191), Some(Mtu::Mtu2048));
-    assert_eq!(m(1500), Some(Mtu::Mtu1024));
-    assert_eq!(m(1120), Some(Mtu::Mtu1024));
-    assert_eq!(m(1119), Some(Mtu::Mtu512));
-    assert_eq!(m(352), Some(Mtu::Mtu256));
-    assert_eq!(m(351), None);
-    assert_eq!(m(0), None);
-}
-
-#[test]
 fn reuseaddr_and_afonly_follow_linux_state_rules() {
     let mut sim = pair(10, faults(0.0, 0.0, 0.0));
     let s = &mut sim.endpoints[1].cma;

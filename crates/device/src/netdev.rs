@@ -261,6 +261,21 @@ mod tests {
     }
 
     #[test]
+    fn path_mtu_follows_the_links_mtu_as_linux_counts_it() {
+        let m = roce_mtu;
+        assert_eq!(m(65536), Some(Mtu::Mtu4096));
+        assert_eq!(m(9000), Some(Mtu::Mtu4096));
+        assert_eq!(m(4192), Some(Mtu::Mtu4096));
+        assert_eq!(m(4191), Some(Mtu::Mtu2048));
+        assert_eq!(m(1500), Some(Mtu::Mtu1024));
+        assert_eq!(m(1120), Some(Mtu::Mtu1024));
+        assert_eq!(m(1119), Some(Mtu::Mtu512));
+        assert_eq!(m(352), Some(Mtu::Mtu256));
+        assert_eq!(m(351), None);
+        assert_eq!(m(0), None);
+    }
+
+    #[test]
     fn mtu_of_loopback_is_what_sysfs_says() {
         let lo = holding("127.0.0.1".parse().unwrap()).expect("lo holds 127.0.0.1");
         let mtu = lo.mtu().expect("lo has an MTU");
