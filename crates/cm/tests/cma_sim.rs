@@ -18,7 +18,7 @@ use softrdma_cm::cma::{
 use softrdma_cm::ib::Peer;
 use softrdma_net::sim::{Endpoint, Faults, Network, Packet, Sim};
 use softrdma_verbs::{AhAttr, Gid, GlobalRoute, Mtu, QpAttrMask, QpState};
-use softrdma_wire::cm::{port_space, rej_reason};
+use softrdma_wire::cm::{port_space, rej_reason, CmMsg};
 
 const SEC: u64 = 1_000_000_000;
 const PORT: u16 = 4791;
@@ -662,6 +662,31 @@ fn the_clients_path_mtu_is_both_qps_path_mtu() {
     assert_eq!(sim.endpoints[0].cma.path_mtu(id).unwrap(), Mtu::Mtu4096);
     let id2 = client(&mut sim, 7011);
     assert_eq!(sim.endpoints[0].cma.path_mtu(id2).unwrap(), Mtu::Mtu2048);
+}
+
+#[test]
+fn a_req_naming_no_ib_mtu_gets_1024() {
+    let mut sim = pair(13, faults(0.0, 0.0, 0.0));
+    serve(&mut sim, 7012);
+    sim.endpoints[0].cma.set_path_mtu(Mtu::Mtu4096);
+    let id = client(&mut sim, 7012);
+    sim.endpoints[0].cma.connect(0, id, &param(1, b"")).unwrap();
+    // The REQ as the client sent it, its MTU field rewritten to 7 (no IB MTU).
+    let (_, mad) = sim.endpoints[0].cma.poll_transmit().expect("the REQ");
+    let (h, msg) = CmMsg::parse(&mad).unwrap();
+    let CmMsg::Req(mut req) = msg else {
+        panic!("{msg:?}")
+    };
+    assert_eq!(req.path_mtu, Mtu::Mtu4096 as u8);
+    req.path_mtu = 7;
+    let forged = CmMsg::Req(req).emit(h.tid);
+    let s = &mut sim.endpoints[1].cma;
+    s.handle_mad(0, Peer::gsi(ip(3)), &forged);
+    let ev = s.poll_event().expect("a connection request");
+    assert_eq!(ev.event, EventType::ConnectRequest);
+    assert_eq!(s.path_mtu(ev.id).unwrap(), Mtu::Mtu1024);
+    let (srtr, _) = s.init_qp_attr(ev.id, QpState::Rtr).unwrap();
+    assert_eq!(srtr.path_mtu, Mtu::Mtu1024);
 }
 
 #[test]
