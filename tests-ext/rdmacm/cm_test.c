@@ -2484,8 +2484,9 @@ static void test_options(void)
 	struct rdma_conn_param cp;
 	struct rdma_cm_event *e;
 	struct ibv_qp_attr a;
+	struct ibv_port_attr pa;
 	uint8_t tos = 32, ltos = 64, to = 18;
-	int one = 1, zero = 0, r, mask, port;
+	int one = 1, zero = 0, r, mask, port, mtu = -1;
 	uint64_t eight = 1;
 
 	if (!CHECK("two event channels", ch && cc, "errno %d", errno))
@@ -2548,6 +2549,26 @@ static void test_options(void)
 	      c->route.num_paths == 1 && c->route.path_rec && c->route.path_rec->traffic_class == tos,
 	      "paths %d traffic_class %d", c->route.num_paths,
 	      c->route.path_rec ? c->route.path_rec->traffic_class : -1);
+	/* Linux gives a RoCE route its netdev's MTU, and rxe its port the same: on lo, 4096. */
+	r = ibv_query_port(c->verbs, c->port_num, &pa);
+	if (c->route.path_rec)
+		mtu = c->route.path_rec->mtu;
+	CHECK("the route's path record has the link's MTU, the port's active MTU",
+	      r == 0 && mtu == (int)pa.active_mtu && mtu >= IBV_MTU_256 && mtu <= IBV_MTU_4096,
+	      "ret %d path mtu %d active_mtu %d", r, mtu, (int)pa.active_mtu);
+	{
+		FILE *f = fopen("/sys/class/net/lo/mtu", "r");
+		int lo_mtu = 0;
+
+		if (f) {
+			if (fscanf(f, "%d", &lo_mtu) != 1)
+				lo_mtu = 0;
+			fclose(f);
+		}
+		if (lo_mtu >= 4096 + 96)
+			CHECK("on lo (MTU 65536 by default) that is 4096", mtu == IBV_MTU_4096,
+			      "lo MTU %d, path mtu %d", lo_mtu, mtu);
+	}
 	conn_params(&cp, NULL, 0);
 	cp.qp_num = 0xabc;
 	r = rdma_connect(c, &cp);
@@ -2564,9 +2585,15 @@ static void test_options(void)
 		      sid->route.path_rec->traffic_class == tos,
 	      "paths %d traffic_class %d", sid->route.num_paths,
 	      sid->route.path_rec ? sid->route.path_rec->traffic_class : -1);
+	CHECK("the request's id: its path record has the REQ's MTU",
+	      sid->route.path_rec && sid->route.path_rec->mtu == mtu, "mtu %d, the client's %d",
+	      sid->route.path_rec ? sid->route.path_rec->mtu : -1, mtu);
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_RTR;
 	r = rdma_init_qp_attr(sid, &a, &mask);
+	CHECK("the request's id: RTR attributes with the REQ's path MTU",
+	      r == 0 && (mask & IBV_QP_PATH_MTU) && (int)a.path_mtu == mtu, "ret %d mask 0x%x path_mtu %d",
+	      r, mask, (int)a.path_mtu);
 	CHECK("the request's id: RTR attributes with the client's TOS as traffic class",
 	      r == 0 && (mask & IBV_QP_AV) && a.ah_attr.grh.traffic_class == tos && a.dest_qp_num == 0xabc,
 	      "ret %d mask 0x%x traffic_class %d dest 0x%x", r, mask, a.ah_attr.grh.traffic_class,
@@ -2589,6 +2616,8 @@ static void test_options(void)
 		      a.ah_attr.grh.traffic_class == tos && a.dest_qp_num == 0xdef,
 	      "ret %d mask 0x%x global %d traffic_class %d dest 0x%x", r, mask, a.ah_attr.is_global,
 	      a.ah_attr.grh.traffic_class, a.dest_qp_num);
+	CHECK("RTR attributes: the route's path MTU", r == 0 && (int)a.path_mtu == mtu,
+	      "ret %d path_mtu %d", r, (int)a.path_mtu);
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_RTS;
 	r = rdma_init_qp_attr(c, &a, &mask);
