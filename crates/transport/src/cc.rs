@@ -85,6 +85,10 @@ pub(crate) struct Cc {
     /// When the latest answer from the peer arrived (any response inside the window), ns;
     /// None before the first.
     answered_at: Option<u64>,
+    /// The window and threshold before the last cut that only the round trip judged
+    /// ([`Cc::on_loss_of`]), while no cut with other evidence came after it: what
+    /// [`Cc::undo_rtt_cut`] restores.
+    rtt_cut: Option<(u32, u32)>,
 }
 
 impl Default for Cc {
@@ -108,6 +112,7 @@ impl Default for Cc {
             rates: [0; RATE_SAMPLES],
             rates_at: 0,
             answered_at: None,
+            rtt_cut: None,
         }
     }
 }
@@ -137,6 +142,7 @@ impl Cc {
     /// A loss shown by the peer (sequence NAK, a response past a lost one), or a lost tail
     /// resent by the round-trip timer: the window shrinks to [`BETA_PERCENT`] of itself.
     pub fn on_loss(&mut self) {
+        self.rtt_cut = None;
         self.ssthresh = (self.cwnd * BETA_PERCENT / 100)
             .max(self.bdp_floor())
             .clamp(MIN_CWND, MAX_CWND);
@@ -158,8 +164,26 @@ impl Cc {
         if self.recover.is_some_and(|r| psn::lt(p, r)) || !self.queueing() {
             return;
         }
+        let before = (self.cwnd, self.ssthresh);
         self.on_loss();
         self.recover = Some(high);
+        self.rtt_cut = Some(before);
+    }
+
+    /// The peer turned out to send SACKs: a cut that only the round trip judged is
+    /// undone. Its SACKs show whether losses come in runs, the sign of congestion that
+    /// `sack::on_sack` cuts on; the round trip on a host queues a window's worth whether
+    /// or not anything overflows, so it cut for the first random loss of every connection
+    /// between softrdma peers (made before the SACKs were asked for), and the window then
+    /// regrew one packet per round trip: at 1% loss, the first quarter of a 5,000-WRITE run
+    /// spent below the full window.
+    pub fn undo_rtt_cut(&mut self) {
+        if let Some((cwnd, ssthresh)) = self.rtt_cut.take() {
+            self.cwnd = self.cwnd.max(cwnd);
+            self.ssthresh = self.ssthresh.max(ssthresh);
+            self.acc = 0;
+            self.recover = None;
+        }
     }
 
     /// The round-trip timer expired at `now`. Returns whether that cut the window.
@@ -404,6 +428,45 @@ mod tests {
         c.on_rtt(100_000 * 2 + QUEUE_SLACK_NS + 1);
         c.on_loss_of(300, 400);
         assert_eq!(c.cwnd, w * BETA_PERCENT / 100);
+    }
+
+    #[test]
+    fn a_cut_only_the_round_trip_judged_is_undone_once_sacks_come() {
+        let mut c = Cc::default();
+        c.on_loss_of(10, 100);
+        c.on_loss_of(150, 300);
+        let w = MAX_CWND * BETA_PERCENT / 100;
+        assert_eq!(c.cwnd, w * BETA_PERCENT / 100);
+        c.undo_rtt_cut();
+        assert_eq!(
+            (c.cwnd, c.ssthresh),
+            (w, w),
+            "back to before the last such cut"
+        );
+        // Undone once: nothing more to restore.
+        c.undo_rtt_cut();
+        assert_eq!(c.cwnd, w);
+        // The episode is over: a loss of a packet sent before it may cut again.
+        c.on_loss_of(200, 400);
+        assert_eq!(c.cwnd, w * BETA_PERCENT / 100);
+
+        // A cut with other evidence after it (a run of losses, a silent timer) stays.
+        let mut c = Cc::default();
+        c.on_loss_of(10, 100);
+        c.on_congestion_loss(120, 200);
+        let cut = c.cwnd;
+        c.undo_rtt_cut();
+        assert_eq!(c.cwnd, cut);
+        let mut c = Cc::default();
+        c.on_loss_of(10, 100);
+        assert!(c.on_rtt_timeout(u64::MAX / 2));
+        let cut = c.cwnd;
+        c.undo_rtt_cut();
+        assert_eq!(c.cwnd, cut);
+        // Nothing cut: nothing to undo.
+        let mut c = Cc::default();
+        c.undo_rtt_cut();
+        assert_eq!((c.cwnd, c.ssthresh), (MAX_CWND, MAX_CWND));
     }
 
     #[test]

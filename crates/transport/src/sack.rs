@@ -285,7 +285,10 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
         return;
     }
     // The answer to a SACK_PERMIT comes when nothing may be outstanding any more.
-    qp.req.sack.peer_sacks = true;
+    if !qp.req.sack.peer_sacks {
+        qp.req.sack.peer_sacks = true;
+        qp.req.cc.undo_rtt_cut();
+    }
     let Some(oldest) = qp.oldest_unacked() else {
         return;
     };

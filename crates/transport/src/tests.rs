@@ -2060,7 +2060,16 @@ fn a_sequence_nak_from_a_sack_peer_leaves_the_window_to_the_sacks() {
         for t in &out[1..] {
             b.nic.handle_datagram(now, t.src, t.dst, &t.data);
         }
-        pump(&mut a, &mut b, &mut now, |_, _| false);
+        // Without `sacks`, b is a peer that never answers a SACK_PERMIT (one without the
+        // extension): the permits are lost on the way.
+        pump(&mut a, &mut b, &mut now, |from_a, t| {
+            from_a
+                && !sacks
+                && matches!(
+                    wire::ext::Ext::parse(&t.data),
+                    Ok(wire::ext::Ext::SackPermit(_))
+                )
+        });
         assert_eq!(b.read(0, data.len()), data);
         let w = a.wcs();
         assert_eq!(w.len(), 1);
@@ -2447,6 +2456,52 @@ fn a_go_back_n_on_a_path_without_a_queue_keeps_the_window() {
         64,
         "each time the hole and the 31 after it"
     );
+    assert_eq!(q.req.cc.cwnd, crate::cc::MAX_CWND);
+}
+
+/// The first loss between softrdma peers comes before any round trip was measured and
+/// before the requester asked for SACKs, so only the round trip's rule judges it, and it
+/// cuts (no sample: assume queueing). Once the peer's first SACK shows it sends them,
+/// runs of losses decide, and that cut is undone: the window is whole again.
+#[test]
+fn the_first_sack_undoes_a_cut_the_round_trip_alone_made() {
+    use wire::Headers;
+    let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
+    let link = Faults {
+        delay_ns: 20_000,
+        ..Faults::default()
+    };
+    let mut now = 0;
+    let data = pattern(64 * 1024, 9);
+    a.write(0, &data);
+    let op = SendOp::Write {
+        remote_addr: b.base,
+        rkey: b.rkey,
+    };
+    let first = a.nic.qps[&a.qpn].req.next_psn;
+    a.send(now, 1, op, vec![a.sge(0, data.len())]).unwrap();
+    let mut lost = false;
+    run(
+        &mut a,
+        &mut b,
+        &mut now,
+        Network::new(0, link),
+        |from_a, t| {
+            let Ok((h, _)) = Headers::parse(&t.data) else {
+                return false;
+            };
+            let lose = from_a && h.bth.psn == wire::psn::add(first, 10) && !lost;
+            lost |= lose;
+            lose
+        },
+    );
+    assert!(lost);
+    assert_eq!(b.read(0, data.len()), data);
+    assert_eq!(a.wcs().len(), 1);
+    let q = &a.nic.qps[&a.qpn];
+    assert_eq!(q.req.peer_holds, Some(true), "b held what followed the gap");
+    assert!(q.req.sack.peer_sacks, "b answered the SACK_PERMIT");
+    assert_eq!(a.nic.stats().retransmits, 1, "the hole alone");
     assert_eq!(q.req.cc.cwnd, crate::cc::MAX_CWND);
 }
 
