@@ -2393,13 +2393,26 @@ fn runs_of_lost_read_responses_cut_the_window_and_isolated_ones_do_not() {
     assert!(cwnd < crate::cc::MAX_CWND, "{cwnd}");
 }
 
+/// Run `a` and `b` on `link` until quiet, losing `a`'s packet `p` once; whether it was.
+fn run_losing_once(a: &mut Node, b: &mut Node, now: &mut u64, link: &Faults, p: u32) -> bool {
+    let mut lost = false;
+    run(a, b, now, Network::new(0, link.clone()), |from_a, t| {
+        let Ok((h, _)) = wire::Headers::parse(&t.data) else {
+            return false;
+        };
+        let lose = from_a && h.bth.psn == p && !lost;
+        lost |= lose;
+        lose
+    });
+    lost
+}
+
 /// A go-back-N answers a loss like any other: on a path whose round trip shows no
 /// queue (a constant 40 µs here) it leaves the window alone, as a selective repeat
 /// does. A peer that drops what follows a gap (b, made to forget a's port before each
 /// WRITE) costs a window's packets per loss, not a cut at every loss as well.
 #[test]
 fn a_go_back_n_on_a_path_without_a_queue_keeps_the_window() {
-    use wire::Headers;
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
     let link = Faults {
         delay_ns: 20_000,
@@ -2426,22 +2439,7 @@ fn a_go_back_n_on_a_path_without_a_queue_keeps_the_window() {
         b.nic.qps.get_mut(&b.qpn).unwrap().peer_port = None;
         let first = a.nic.qps[&a.qpn].req.next_psn;
         a.send(now, id, op, vec![a.sge(0, data.len())]).unwrap();
-        let mut lost = false;
-        run(
-            &mut a,
-            &mut b,
-            &mut now,
-            Network::new(0, link.clone()),
-            |from_a, t| {
-                let Ok((h, _)) = Headers::parse(&t.data) else {
-                    return false;
-                };
-                let lose = from_a && h.bth.psn == first && !lost;
-                lost |= lose;
-                lose
-            },
-        );
-        assert!(lost);
+        assert!(run_losing_once(&mut a, &mut b, &mut now, &link, first));
         assert_eq!(b.read(0, data.len()), data);
     }
     assert_eq!(a.wcs().len(), 3);
@@ -2465,7 +2463,6 @@ fn a_go_back_n_on_a_path_without_a_queue_keeps_the_window() {
 /// runs of losses decide, and that cut is undone: the window is whole again.
 #[test]
 fn the_first_sack_undoes_a_cut_the_round_trip_alone_made() {
-    use wire::Headers;
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
     let link = Faults {
         delay_ns: 20_000,
@@ -2480,22 +2477,8 @@ fn the_first_sack_undoes_a_cut_the_round_trip_alone_made() {
     };
     let first = a.nic.qps[&a.qpn].req.next_psn;
     a.send(now, 1, op, vec![a.sge(0, data.len())]).unwrap();
-    let mut lost = false;
-    run(
-        &mut a,
-        &mut b,
-        &mut now,
-        Network::new(0, link),
-        |from_a, t| {
-            let Ok((h, _)) = Headers::parse(&t.data) else {
-                return false;
-            };
-            let lose = from_a && h.bth.psn == wire::psn::add(first, 10) && !lost;
-            lost |= lose;
-            lose
-        },
-    );
-    assert!(lost);
+    let tenth = wire::psn::add(first, 10);
+    assert!(run_losing_once(&mut a, &mut b, &mut now, &link, tenth));
     assert_eq!(b.read(0, data.len()), data);
     assert_eq!(a.wcs().len(), 1);
     let q = &a.nic.qps[&a.qpn];
