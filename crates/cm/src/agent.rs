@@ -241,10 +241,10 @@ impl Agent {
             }
         };
         let mut cma = Cma::new(addr, guid, seed, ports);
-        // Routes get the MTU of the interface the device's address is on, as Linux's
-        // rdma_cm gives a RoCE route its netdev's (4096 on loopback, 1024 on a 1500-byte
-        // Ethernet); 1024 when that cannot be found.
-        if let Some(m) = softrdma_device::netdev::roce_mtu_at(addr.ip()) {
+        // Routes get the MTU of the interface the device's address is on (read when the
+        // device opened), as Linux's rdma_cm gives a RoCE route its netdev's (4096 on
+        // loopback, 1024 on a 1500-byte Ethernet); 1024 when it was not found.
+        if let Some(m) = dev.link_mtu() {
             cma.set_path_mtu(m);
         }
         let sh = Arc::new(Shared {

@@ -158,7 +158,8 @@ impl Device {
         // The port's active MTU is its link's, as rxe sets it from its netdev's: 4096 on
         // loopback, 1024 on a 1500-byte Ethernet (the engine's 1024 when the interface
         // is not found). It cannot exceed the port's maximum, 4096.
-        if let Some(m) = netdev::roce_mtu_at(addr.ip()) {
+        let link_mtu = netdev::roce_mtu_at(addr.ip());
+        if let Some(m) = link_mtu {
             rnic.set_active_mtu(m)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         }
@@ -191,6 +192,7 @@ impl Device {
         let shared = Arc::new(Runtime {
             name: cfg.name.clone(),
             addr,
+            link_mtu,
             start: Instant::now(),
             alt_addr,
             alt_ready: AtomicBool::new(false),
@@ -270,6 +272,11 @@ impl Device {
     /// The address the device is bound to.
     pub fn addr(&self) -> SocketAddr {
         self.shared.addr
+    }
+    /// The RoCE MTU of the link the device's address was on when it opened (the port's
+    /// first active MTU; see [`netdev::roce_mtu`]), if the interface and its MTU were found.
+    pub fn link_mtu(&self) -> Option<softrdma_transport::verbs::Mtu> {
+        self.shared.link_mtu
     }
     /// GID index 0: the IPv4-mapped form of the address (or the IPv6 address itself).
     pub fn gid(&self) -> Gid {

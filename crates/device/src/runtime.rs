@@ -89,6 +89,9 @@ pub(crate) struct Rx {
 pub(crate) struct Runtime {
     pub(crate) name: String,
     pub(crate) addr: SocketAddr,
+    /// The RoCE MTU of the link the address was on when the device opened, if found
+    /// (`netdev::roce_mtu_at`).
+    pub(crate) link_mtu: Option<softrdma_transport::verbs::Mtu>,
     /// The device's address of the other IP version, GID index 1, if it has a socket.
     pub(crate) alt_addr: Option<SocketAddr>,
     /// Set when a wait saw the epoll set of extra sockets readable: the next step reads
