@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
+use softrdma_wire::ext::SackBitmap;
 use softrdma_wire::{psn, Headers};
 
 use crate::verbs::{QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, WcDetail, WcError, WcStatus};
@@ -362,13 +363,16 @@ pub(crate) struct HeldPkt {
 ///
 /// A ring indexed by PSN, not a map: on a lossy path most packets pass through here
 /// (at 1% loss about nine in ten wait behind some hole), and each is looked up several
-/// times (its neighbours for the SACK, the drain), so every lookup is an index.
+/// times (its neighbours for the SACK, the drain), so every lookup is an index. Its
+/// slots are boxed, a pointer wide: every SACK walks the ring (up to [`HOLD_SPAN`]
+/// slots), and a walk over the packets themselves (their headers inline, some 150 bytes
+/// each) read hundreds of kilobytes per SACK.
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     /// PSN of `slots[0]`.
     base: u32,
     /// The packets from `base` on (None: not held); the first and the last are held.
-    slots: VecDeque<Option<HeldPkt>>,
+    slots: VecDeque<Option<Box<HeldPkt>>>,
     bytes: usize,
 }
 
@@ -398,7 +402,7 @@ impl Held {
         }
         if self.slots.is_empty() {
             self.base = p;
-            self.slots.push_back(Some(pkt));
+            self.slots.push_back(Some(Box::new(pkt)));
         } else {
             let d = psn::diff(p, self.base);
             let span = if d < 0 {
@@ -414,7 +418,7 @@ impl Held {
                     self.slots.push_front(None);
                 }
                 self.base = p;
-                self.slots[0] = Some(pkt);
+                self.slots[0] = Some(Box::new(pkt));
             } else {
                 let i = d as usize;
                 if i >= self.slots.len() {
@@ -423,7 +427,7 @@ impl Held {
                 if self.slots[i].is_some() {
                     return false;
                 }
-                self.slots[i] = Some(pkt);
+                self.slots[i] = Some(Box::new(pkt));
             }
         }
         *total += c;
@@ -437,6 +441,7 @@ impl Held {
     }
 
     /// The PSNs held, in order.
+    #[cfg(test)]
     pub fn psns(&self) -> impl Iterator<Item = u32> + '_ {
         let base = self.base;
         self.slots
@@ -446,8 +451,27 @@ impl Held {
             .map(move |(i, _)| psn::add(base, i as u32))
     }
 
+    /// What a SACK from expected PSN `e` reports: the packets held past it, up to
+    /// [`SACK_SPAN`](softrdma_wire::ext::SACK_SPAN) of them.
+    pub fn sack_bits(&self, e: u32) -> SackBitmap {
+        let mut bits = SackBitmap::default();
+        // Slot i holds base + i, that is d = diff(base, e) + i past `e`.
+        let off = i64::from(psn::diff(self.base, e));
+        let first = usize::try_from(1 - off).unwrap_or(0);
+        for (i, s) in self.slots.iter().enumerate().skip(first) {
+            let d = off + i as i64;
+            if d > i64::from(softrdma_wire::ext::SACK_SPAN) {
+                break;
+            }
+            if s.is_some() {
+                bits.set(d as u32);
+            }
+        }
+        bits
+    }
+
     /// Take the packet with PSN `p`, if held.
-    pub fn take(&mut self, p: u32, total: &mut usize) -> Option<HeldPkt> {
+    pub fn take(&mut self, p: u32, total: &mut usize) -> Option<Box<HeldPkt>> {
         let i = self.index(p)?;
         let pkt = self.slots[i].take()?;
         let c = Self::cost(&pkt);
@@ -717,5 +741,27 @@ mod tests {
         held.insert(at(3), pkt(at(3), 10), &mut total);
         held.clear(&mut total);
         assert!(held.is_empty() && total == 0 && !held.contains(at(3)));
+    }
+
+    #[test]
+    fn sack_bits_mark_what_is_held_past_the_expected_psn_across_the_wrap() {
+        let span = softrdma_wire::ext::SACK_SPAN;
+        let e = 0xFF_FFF0;
+        let at = |d: u32| psn::add(e, d);
+        let mut held = Held::default();
+        let mut total = 0;
+        for d in [2, 3, 64, 65, 200, span] {
+            assert!(held.insert(at(d), pkt(at(d), 10), &mut total));
+        }
+        let marked = |bits: &SackBitmap| (1..=span).filter(|&d| bits.get(d)).collect::<Vec<_>>();
+        assert_eq!(marked(&held.sack_bits(e)), vec![2, 3, 64, 65, 200, span]);
+        // From a later expected PSN the same packets lie nearer; what is not past it
+        // is not reported, and what lies past the span is left out.
+        assert_eq!(marked(&held.sack_bits(at(3))), vec![61, 62, 197, span - 3]);
+        assert_eq!(
+            marked(&held.sack_bits(psn::sub(e, 8))),
+            vec![10, 11, 72, 73, 208]
+        );
+        assert_eq!(marked(&Held::default().sack_bits(e)), Vec::<u32>::new());
     }
 }

@@ -221,13 +221,7 @@ pub(crate) fn send(qp: &mut QpCtx, env: &mut Nic) {
     }
     let Some(dst) = qp.peer else { return };
     let e = qp.resp.epsn;
-    let mut bits = SackBitmap::default();
-    for p in qp.resp.held.psns() {
-        let d = psn::diff(p, e);
-        if d > 0 {
-            bits.set(d as u32);
-        }
-    }
+    let bits = qp.resp.held.sack_bits(e);
     env.stats.sacks_sent += 1;
     trace!(qpn = format_args!("{:#x}", qp.qpn), psn = e, "SACK sent");
     let m = Ext::Sack(Bth::new(SACK, qp.attr.dest_qp_num, e), bits);
