@@ -155,6 +155,11 @@ impl Device {
         };
         let alt_addr = alt.as_ref().map(|(d, _, _)| d.local_addr());
         let mut rnic = Rnic::with_alt(addr, alt_addr.map(|a| a.ip()), seed);
+        // RC windows grow to what the socket's buffer holds (below it, the ceiling is the
+        // engine's least, as for any peer).
+        if let Ok(b) = link.recv_buffer_size() {
+            rnic.set_rx_buffer(b);
+        }
         // The port's active MTU is its link's, as rxe sets it from its netdev's: 4096 on
         // loopback, 1024 on a 1500-byte Ethernet (the engine's 1024 when the interface
         // is not found). It cannot exceed the port's maximum, 4096.

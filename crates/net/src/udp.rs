@@ -515,6 +515,13 @@ impl Driver {
         })
     }
 
+    /// Bytes of receive buffer the socket got, as the kernel counts them against its
+    /// datagrams (`SO_RCVBUF`: twice what was set, capped by `rmem_max` unless set as
+    /// root).
+    pub fn recv_buffer_size(&self) -> io::Result<usize> {
+        Ok(rustix::net::sockopt::socket_recv_buffer_size(&self.fd)?)
+    }
+
     /// The bound address (with the real port if 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
         self.local

@@ -744,3 +744,21 @@ fn multicast_reaches_every_joined_socket_on_loopback_until_it_leaves() {
         None
     );
 }
+
+/// The receive buffer a driver reports is what the kernel gives the 4 MiB it asks for:
+/// doubled, and capped by `rmem_max` for a process that may not force it.
+#[test]
+fn the_receive_buffer_is_what_the_kernel_gave() {
+    let d = Driver::bind(lo(1)).unwrap();
+    let got = d.recv_buffer_size().unwrap();
+    let asked = 4 << 20;
+    let rmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        got == 2 * asked || got == 2 * rmem_max.min(asked),
+        "{got} bytes (rmem_max {rmem_max})"
+    );
+}

@@ -20,13 +20,38 @@
 
 use softrdma_wire::psn;
 
-use crate::qp::MAX_INFLIGHT_PSNS;
+use crate::qp::{HOLD_SPAN, MAX_INFLIGHT_PSNS};
 
 /// The window never shrinks below this many packets: go-back-N needs a few in flight to
 /// make progress, and a sequence NAK needs a packet after the lost one to be sent.
 pub(crate) const MIN_CWND: u32 = 4;
-/// The window's ceiling: what the receive path can hold (see [`MAX_INFLIGHT_PSNS`]).
+/// The window's ceiling at the least: what the receive path holds at path MTU 4096
+/// (see [`MAX_INFLIGHT_PSNS`]); [`ceiling_for`] raises it where the buffer holds more.
 pub(crate) const MAX_CWND: u32 = MAX_INFLIGHT_PSNS as u32;
+
+/// The receive buffer the engine assumes until the device says (`Rnic::set_rx_buffer`):
+/// the 4 MiB a device asks for, doubled as the kernel reports it.
+pub const DEFAULT_RX_BUFFER: usize = 8 << 20;
+
+/// The window's ceiling for a path MTU of `mtu` bytes and a receive buffer of
+/// `rx_buffer` bytes: the packets half of it holds, at least [`MAX_CWND`] and at most
+/// half of [`HOLD_SPAN`].
+///
+/// Why: the buffer bounds bytes, not packets. Linux charges a datagram about
+/// 2·size + 256 bytes of it (the data rounded up to a power of two, plus the buffer's
+/// header), so the 8 MiB a device gets as root holds 1,820 packets of 1 KiB where it
+/// holds 496 of 4 KiB, and a fixed window of 512 kept a fraction of what a path at MTU
+/// 1024 could carry. The peer's buffer is not known; the device's own is what a peer
+/// set up like it got. Half of it, as a burst from other QPs must fit as well. Never below
+/// 512, the ceiling before, which a process that is not root (at most twice
+/// `rmem_max`: Debian's default gives 416 KiB) cannot hold either, where the window's
+/// cuts find what fits. Never past half of [`HOLD_SPAN`], so that the send goes on for
+/// another window past a hole before the span stops it.
+pub(crate) fn ceiling_for(mtu: usize, rx_buffer: usize) -> u32 {
+    let cost = 2 * mtu.max(1) as u64 + 256;
+    let n = rx_buffer as u64 / 2 / cost;
+    n.clamp(u64::from(MAX_CWND), HOLD_SPAN as u64 / 2) as u32
+}
 /// The RTT timer never fires sooner than this: a software peer's round trip includes
 /// its scheduling, and a spurious resend costs a window of packets.
 pub(crate) const RTO_MIN_NS: u64 = 250_000;
@@ -54,6 +79,8 @@ const RATE_SPAN_MIN_NS: u64 = 100_000;
 pub(crate) struct Cc {
     /// Packets that may be in flight (unacknowledged) at once.
     pub cwnd: u32,
+    /// What `cwnd` never grows past ([`ceiling_for`] the path MTU).
+    pub ceiling: u32,
     /// Slow start below it (the window doubles per round trip), linear growth above.
     pub ssthresh: u32,
     /// Packets acknowledged toward the next increment in linear growth.
@@ -97,6 +124,7 @@ impl Default for Cc {
     fn default() -> Self {
         Cc {
             cwnd: MAX_CWND,
+            ceiling: MAX_CWND,
             ssthresh: MAX_CWND,
             acc: 0,
             srtt: 0,
@@ -118,6 +146,23 @@ impl Default for Cc {
 }
 
 impl Cc {
+    /// The path MTU is (now) `mtu`, the receive buffer `rx_buffer` bytes: the ceiling
+    /// follows them ([`ceiling_for`]). A window at the old ceiling moves to the new one,
+    /// as a new connection starts at the full window; one cut by loss stays where it is,
+    /// under the new ceiling.
+    pub fn set_mtu(&mut self, mtu: usize, rx_buffer: usize) {
+        let c = ceiling_for(mtu, rx_buffer);
+        if self.cwnd >= self.ceiling {
+            self.cwnd = c;
+        }
+        if self.ssthresh >= self.ceiling {
+            self.ssthresh = c;
+        }
+        self.ceiling = c;
+        self.cwnd = self.cwnd.min(c);
+        self.ssthresh = self.ssthresh.min(c);
+    }
+
     /// `n` more packets were acknowledged: the window grows (by `n` in slow start, by one
     /// per window's worth above `ssthresh`), and the timer's backoff ends.
     pub fn on_acked(&mut self, n: u32) {
@@ -130,11 +175,11 @@ impl Cc {
             return;
         }
         self.acc = self.acc.saturating_add(n);
-        while self.acc >= self.cwnd && self.cwnd < MAX_CWND {
+        while self.acc >= self.cwnd && self.cwnd < self.ceiling {
             self.acc -= self.cwnd;
             self.cwnd += 1;
         }
-        if self.cwnd >= MAX_CWND {
+        if self.cwnd >= self.ceiling {
             self.acc = 0;
         }
     }
@@ -145,7 +190,7 @@ impl Cc {
         self.rtt_cut = None;
         self.ssthresh = (self.cwnd * BETA_PERCENT / 100)
             .max(self.bdp_floor())
-            .clamp(MIN_CWND, MAX_CWND);
+            .clamp(MIN_CWND, self.ceiling);
         self.cwnd = self.cwnd.min(self.ssthresh);
         self.acc = 0;
         self.on_resend();
@@ -245,7 +290,7 @@ impl Cc {
     fn bdp_floor(&self) -> u32 {
         let rate = self.rates.iter().max().copied().unwrap_or(0);
         let bdp = u128::from(rate) * u128::from(self.min_rtt) / 1_000_000_000;
-        (bdp.min(u128::from(MAX_CWND)) as u32).saturating_mul(BDP_GAIN)
+        (bdp.min(u128::from(self.ceiling)) as u32).saturating_mul(BDP_GAIN)
     }
 
     /// The smoothed round trip, its smallest sample and the timer's backoff, for logs.
@@ -376,6 +421,45 @@ impl Cc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ceiling_holds_the_same_receive_buffer_at_every_mtu() {
+        let buf = DEFAULT_RX_BUFFER;
+        assert_eq!(ceiling_for(4096, buf), MAX_CWND, "496, raised to the floor");
+        assert_eq!(ceiling_for(2048, buf), 963);
+        assert_eq!(ceiling_for(1024, buf), 1820);
+        assert_eq!(ceiling_for(512, buf), HOLD_SPAN as u32 / 2, "capped");
+        assert_eq!(ceiling_for(256, buf), HOLD_SPAN as u32 / 2);
+        // A process that is not root, with Debian's rmem_max: the ceiling before.
+        assert_eq!(ceiling_for(1024, 2 * 212_992), MAX_CWND);
+        assert_eq!(ceiling_for(1024, 0), MAX_CWND);
+        // A larger buffer holds more, up to the cap.
+        assert_eq!(ceiling_for(4096, 4 * buf), 1985);
+        assert_eq!(ceiling_for(4096, usize::MAX), HOLD_SPAN as u32 / 2);
+
+        // A fresh window takes the path's ceiling, and grows no further.
+        let mut c = Cc::default();
+        c.set_mtu(1024, buf);
+        assert_eq!((c.cwnd, c.ssthresh, c.ceiling), (1820, 1820, 1820));
+        c.on_acked(5000);
+        assert_eq!(c.cwnd, 1820);
+        // A window cut by loss stays where it was when the MTU changes; one above the new
+        // ceiling comes down to it.
+        c.on_loss();
+        let cut = 1820 * BETA_PERCENT / 100;
+        assert_eq!(c.cwnd, cut);
+        c.set_mtu(1024, buf);
+        assert_eq!((c.cwnd, c.ssthresh, c.ceiling), (cut, cut, 1820));
+        c.set_mtu(2048, buf);
+        assert_eq!((c.cwnd, c.ssthresh, c.ceiling), (963, 963, 963));
+        // It grows back to the ceiling, one packet per window.
+        c.set_mtu(1024, buf);
+        c.on_loss();
+        for _ in 0..2000 {
+            c.on_acked(c.cwnd);
+        }
+        assert_eq!(c.cwnd, 1820);
+    }
 
     #[test]
     fn window_shrinks_on_loss_and_grows_back() {

@@ -26,6 +26,7 @@ macro_rules! dropped {
 }
 
 mod cc;
+pub use cc::DEFAULT_RX_BUFFER;
 mod completer;
 mod gsi;
 mod objects;
@@ -217,6 +218,8 @@ pub(crate) struct Nic {
     pub gsi: gsi::Gsi,
     /// Bytes of request packets all QPs' responders hold past a gap (see `qp::Held`).
     pub held_bytes: usize,
+    /// Bytes of receive buffer the device's socket has (see [`Rnic::set_rx_buffer`]).
+    pub rx_buffer: usize,
 }
 
 impl Nic {
@@ -398,6 +401,7 @@ impl Rnic {
                 ip_id_guard: wire::icrc::IpIdGuard::default(),
                 gsi: gsi::Gsi::default(),
                 held_bytes: 0,
+                rx_buffer: cc::DEFAULT_RX_BUFFER,
             },
             qps: BTreeMap::new(),
             timers: timers::Timers::default(),
@@ -407,6 +411,13 @@ impl Rnic {
     /// Our address.
     pub fn addr(&self) -> SocketAddr {
         self.env.addr
+    }
+    /// The device's socket has `bytes` of receive buffer (as `SO_RCVBUF` reports it).
+    /// An RC requester's window may grow to what half of that holds at its path MTU,
+    /// never below the 512 packets it always had (see `cc::ceiling_for`); QPs connected
+    /// later take it. The engine assumes [`DEFAULT_RX_BUFFER`] until told.
+    pub fn set_rx_buffer(&mut self, bytes: usize) {
+        self.env.rx_buffer = bytes;
     }
     /// Our address of the other IP version, if the device has one (GID index 1).
     pub fn alt_addr(&self) -> Option<SocketAddr> {
@@ -539,6 +550,9 @@ impl Rnic {
             qp.req.next_psn = qp.attr.sq_psn & wire::psn::MASK;
             qp.req.high_psn = qp.req.next_psn;
             qp.req.cc.una = qp.req.next_psn;
+        }
+        if mask.contains(M::PATH_MTU) {
+            qp.req.cc.set_mtu(qp.mtu(), self.env.rx_buffer);
         }
         if mask.contains(M::RETRY_CNT) || (new == QpState::Rts && old == QpState::Rtr) {
             qp.req.retry_left = qp.attr.retry_cnt;

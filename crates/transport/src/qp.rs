@@ -14,11 +14,12 @@ use crate::verbs::{QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, WcDetail, Wc
 /// RXE_MAX_PKT_PER_ACK), so that long messages get acknowledged as they go.
 pub(crate) const MAX_PKT_PER_ACK: u32 = 64;
 
-/// Request packets in flight at most (sent, and neither acknowledged nor shown held by a
-/// SACK), so a huge message is paced by the ACKs rather than queued whole. 512 full-MTU
-/// packets are about what a 4 MiB socket receive buffer holds (each 4 KiB datagram costs
-/// 6-8 KiB of it): with more in flight the receiver's buffer overflows, and every drop
-/// costs a sequence NAK and a resend.
+/// Request packets in flight at most at path MTU 4096 (sent, and neither acknowledged
+/// nor shown held by a SACK), so a huge message is paced by the ACKs rather than queued
+/// whole. 512 full-MTU packets are about what a 4 MiB socket receive buffer holds (each
+/// 4 KiB datagram costs 6-8 KiB of it): with more in flight the receiver's buffer
+/// overflows, and every drop costs a sequence NAK and a resend. Smaller packets cost
+/// less of it, and more of them may be in flight (`cc::ceiling_for`).
 pub(crate) const MAX_INFLIGHT_PSNS: i32 = 512;
 
 /// PSNs past the oldest unacknowledged one a requester may have sent, and past the

@@ -226,6 +226,55 @@ pub(crate) fn pair(t: QpType, cfg: &Cfg) -> (Node, Node) {
 /// Virtual time a run may take before it counts as hung.
 const RUN_LIMIT: u64 = 60_000_000_000;
 
+/// An RC window's ceiling follows the path MTU and the receive buffer the device says it
+/// has, and a message larger than the old ceiling of 512 packets has that many in flight
+/// before the first ACK.
+#[test]
+fn the_window_ceiling_follows_the_path_mtu_and_the_receive_buffer() {
+    let ceiling = |rx: Option<usize>, mtu: Mtu| {
+        let mut a = Node::new("10.0.0.1", 1);
+        let mut b = Node::new("10.0.0.2", 2);
+        if let Some(rx) = rx {
+            a.nic.set_rx_buffer(rx);
+        }
+        a.create(QpType::Rc);
+        b.create(QpType::Rc);
+        let cfg = Cfg {
+            mtu,
+            ..Cfg::default()
+        };
+        connect(&mut a, &b, QpType::Rc, &cfg, 0, 0);
+        connect(&mut b, &a, QpType::Rc, &cfg, 0, 0);
+        let c = &a.nic.qps[&a.qpn].req.cc;
+        assert_eq!(c.cwnd, c.ceiling, "a new connection starts at its ceiling");
+        (c.ceiling, a, b)
+    };
+    assert_eq!(ceiling(None, Mtu::Mtu1024).0, 1820);
+    assert_eq!(ceiling(None, Mtu::Mtu4096).0, 512);
+    assert_eq!(
+        ceiling(Some(425_984), Mtu::Mtu1024).0,
+        512,
+        "Debian's rmem_max"
+    );
+    assert_eq!(ceiling(Some(32 << 20), Mtu::Mtu4096).0, 1985);
+
+    // 32 WRITEs of 64 KiB at MTU 1024: 2,048 packets, of which 1,820 go out before
+    // anything is answered.
+    let (_, mut a, b) = ceiling(None, Mtu::Mtu1024);
+    for id in 0..32 {
+        let op = SendOp::Write {
+            remote_addr: b.base,
+            rkey: b.rkey,
+        };
+        a.send(0, id, op, vec![a.sge(0, BUF)]).unwrap();
+    }
+    let mut sent = 0;
+    while a.nic.poll_transmit(0).is_some() {
+        sent += 1;
+    }
+    assert_eq!(sent, 1820);
+}
+
 /// A node attached to the sim network. Both sides share `drop`, which sees (sender is
 /// a, packet) in the order the sim takes packets and returns true to lose it, so a test
 /// can lose exactly the packet it means to.
@@ -1058,7 +1107,8 @@ fn big_write_is_paced_and_completes() {
     while a.nic.poll_transmit(now).is_some() {
         queued += 1;
     }
-    assert!(queued <= qp::MAX_INFLIGHT_PSNS as usize, "{queued}");
+    let ceiling = a.nic.qps[&a.qpn].req.cc.ceiling as usize;
+    assert!(queued <= ceiling, "{queued}");
     // Start over with delivery (the ones taken above are lost: retransmitted on timeout).
     pump(&mut a, &mut b, &mut now, |_, _| false);
     assert_eq!(a.wcs()[0].status, WcStatus::Success);
@@ -1974,7 +2024,7 @@ fn runs_of_losses_cut_the_window_and_isolated_ones_do_not() {
     }
 }
 
-/// A hole at the oldest PSN does not stop the send at `MAX_INFLIGHT_PSNS` past it: the
+/// A hole at the oldest PSN does not stop the send at the window's ceiling past it: the
 /// packets after it are held by the peer, which says so in the SACKs it sends in place
 /// of the ACKs they ask for, and the requester goes on sending new ones meanwhile. Here
 /// every copy of the hole is lost until the requester has sent well past that limit
@@ -1986,7 +2036,7 @@ fn a_hole_at_the_oldest_psn_does_not_stop_the_send() {
     let (mut a, mut b, _, _) = write_twice_losing(&[3]);
     let data = pattern(BUF, 9);
     a.write(0, &data);
-    let writes = 24u64;
+    let writes = 48u64;
     let (base, rkey) = (b.base, b.rkey);
     for id in 0..writes {
         let op = SendOp::Write {
@@ -1996,7 +2046,7 @@ fn a_hole_at_the_oldest_psn_does_not_stop_the_send() {
         a.send(0, 100 + id, op, vec![a.sge(0, BUF)]).unwrap();
     }
     let hole = wire::psn::add(a.nic.qps[&a.qpn].req.next_psn, 10);
-    let far = qp::MAX_INFLIGHT_PSNS + 64;
+    let far = a.nic.qps[&a.qpn].req.cc.ceiling as i32 + 64;
     let mut now = 1_000_000_000;
     let link = Faults {
         delay_ns: 20_000,
@@ -2386,11 +2436,13 @@ fn runs_of_lost_read_responses_cut_the_window_and_isolated_ones_do_not() {
         (q.req.cc.cwnd, r.a.nic.stats().rtt_timeouts)
     };
     let isolated: Vec<u32> = (1..=8).map(|i| i * 25).collect();
-    assert_eq!(cwnd_after(&isolated), (crate::cc::MAX_CWND, 0));
+    // read_losing's path MTU is 256.
+    let full = crate::cc::ceiling_for(256, crate::cc::DEFAULT_RX_BUFFER);
+    assert_eq!(cwnd_after(&isolated), (full, 0));
     let runs: Vec<u32> = (1..=4).flat_map(|i| [i * 50, i * 50 + 1]).collect();
     let (cwnd, rtt_timeouts) = cwnd_after(&runs);
     assert_eq!(rtt_timeouts, 0);
-    assert!(cwnd < crate::cc::MAX_CWND, "{cwnd}");
+    assert!(cwnd < full, "{cwnd}");
 }
 
 /// Run `a` and `b` on `link` until quiet, losing `a`'s packet `p` once; whether it was.
@@ -2454,7 +2506,10 @@ fn a_go_back_n_on_a_path_without_a_queue_keeps_the_window() {
         64,
         "each time the hole and the 31 after it"
     );
-    assert_eq!(q.req.cc.cwnd, crate::cc::MAX_CWND);
+    assert_eq!(
+        q.req.cc.cwnd,
+        crate::cc::ceiling_for(1024, crate::cc::DEFAULT_RX_BUFFER)
+    );
 }
 
 /// The first loss between softrdma peers comes before any round trip was measured and
@@ -2485,7 +2540,10 @@ fn the_first_sack_undoes_a_cut_the_round_trip_alone_made() {
     assert_eq!(q.req.peer_holds, Some(true), "b held what followed the gap");
     assert!(q.req.sack.peer_sacks, "b answered the SACK_PERMIT");
     assert_eq!(a.nic.stats().retransmits, 1, "the hole alone");
-    assert_eq!(q.req.cc.cwnd, crate::cc::MAX_CWND);
+    assert_eq!(
+        q.req.cc.cwnd,
+        crate::cc::ceiling_for(1024, crate::cc::DEFAULT_RX_BUFFER)
+    );
 }
 
 /// Two responses lost in a row are asked for in one request; when the first of them
