@@ -155,8 +155,8 @@ impl Device {
         };
         let alt_addr = alt.as_ref().map(|(d, _, _)| d.local_addr());
         let mut rnic = Rnic::with_alt(addr, alt_addr.map(|a| a.ip()), seed);
-        // RC windows grow to what the socket's buffer holds (below it, the ceiling is the
-        // engine's least, as for any peer).
+        // RC windows grow to no more than the socket's buffer holds: a process that may
+        // not raise it past rmem_max gets less than the 4 MiB asked for.
         if let Ok(b) = link.recv_buffer_size() {
             rnic.set_rx_buffer(b);
         }

@@ -413,9 +413,9 @@ impl Rnic {
         self.env.addr
     }
     /// The device's socket has `bytes` of receive buffer (as `SO_RCVBUF` reports it).
-    /// An RC requester's window may grow to what half of that holds at its path MTU,
-    /// never below the 512 packets it always had (see `cc::ceiling_for`); QPs connected
-    /// later take it. The engine assumes [`DEFAULT_RX_BUFFER`] until told.
+    /// An RC requester's window grows to no more than that holds at its path MTU (see
+    /// `cc::ceiling_for`); QPs connected later take it. The engine assumes
+    /// [`DEFAULT_RX_BUFFER`] until told.
     pub fn set_rx_buffer(&mut self, bytes: usize) {
         self.env.rx_buffer = bytes;
     }

@@ -227,8 +227,8 @@ pub(crate) fn pair(t: QpType, cfg: &Cfg) -> (Node, Node) {
 const RUN_LIMIT: u64 = 60_000_000_000;
 
 /// An RC window's ceiling follows the path MTU and the receive buffer the device says it
-/// has, and a message larger than the old ceiling of 512 packets has that many in flight
-/// before the first ACK.
+/// has, and a message larger than the ceiling has that many packets in flight before
+/// the first ACK.
 #[test]
 fn the_window_ceiling_follows_the_path_mtu_and_the_receive_buffer() {
     let ceiling = |rx: Option<usize>, mtu: Mtu| {
@@ -249,19 +249,19 @@ fn the_window_ceiling_follows_the_path_mtu_and_the_receive_buffer() {
         assert_eq!(c.cwnd, c.ceiling, "a new connection starts at its ceiling");
         (c.ceiling, a, b)
     };
-    assert_eq!(ceiling(None, Mtu::Mtu1024).0, 1820);
+    assert_eq!(ceiling(None, Mtu::Mtu1024).0, 2048);
     assert_eq!(ceiling(None, Mtu::Mtu4096).0, 512);
     assert_eq!(
-        ceiling(Some(425_984), Mtu::Mtu1024).0,
-        512,
+        ceiling(Some(425_984), Mtu::Mtu4096).0,
+        50,
         "Debian's rmem_max"
     );
-    assert_eq!(ceiling(Some(32 << 20), Mtu::Mtu4096).0, 1985);
+    assert_eq!(ceiling(Some(425_984), Mtu::Mtu1024).0, 184);
 
-    // 32 WRITEs of 64 KiB at MTU 1024: 2,048 packets, of which 1,820 go out before
+    // 40 WRITEs of 64 KiB at MTU 1024: 2,560 packets, of which 2,048 go out before
     // anything is answered.
     let (_, mut a, b) = ceiling(None, Mtu::Mtu1024);
-    for id in 0..32 {
+    for id in 0..40 {
         let op = SendOp::Write {
             remote_addr: b.base,
             rkey: b.rkey,
@@ -272,7 +272,7 @@ fn the_window_ceiling_follows_the_path_mtu_and_the_receive_buffer() {
     while a.nic.poll_transmit(0).is_some() {
         sent += 1;
     }
-    assert_eq!(sent, 1820);
+    assert_eq!(sent, 2048);
 }
 
 /// A node attached to the sim network. Both sides share `drop`, which sees (sender is
