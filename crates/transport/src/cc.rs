@@ -49,9 +49,9 @@ const MIN_CEILING: u64 = 16;
 /// behind. Linux charges a datagram about 2·size + 256 bytes of it (the data rounded up to
 /// a power of two, plus the buffer's header). A process that is not root gets at most
 /// twice `rmem_max` (Debian's default: 416 KiB, 50 datagrams of 4 KiB); with the fixed
-/// 512 of before, such a process resent a third of its packets on loopback at MTU 4096,
-/// and moved 60% of what it moves with 50. The peer's buffer is not known; the device's
-/// own is what a peer set up like it got.
+/// 512 of before, such a process resent up to a sixth of its packets on loopback at MTU
+/// 4096, and moved about 70% of what it moves with 50. The peer's buffer is not known;
+/// the device's own is what a peer set up like it got.
 ///
 /// Why the bytes: the 8 MiB a device gets as root holds 993 packets of 4 KiB, and 993 in
 /// flight moved a few per cent less than 512 on loopback (more memory in flight than the
@@ -435,7 +435,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_ceiling_holds_the_same_receive_buffer_at_every_mtu() {
+    fn the_ceiling_is_what_the_receive_buffer_holds_up_to_2_mib_of_payload() {
         let buf = DEFAULT_RX_BUFFER;
         // A full-size buffer: 2 MiB of payload.
         assert_eq!(ceiling_for(4096, buf), MAX_CWND);
