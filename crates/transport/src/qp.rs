@@ -492,25 +492,19 @@ impl Held {
         if self.slots.is_empty() {
             return bits;
         }
-        // What is held lies in d = lo..=hi past `e` (d = 1 is bit 0 of the bitmap); the
-        // map is read only there, so a bit never stands for a PSN a span away.
+        // What is held lies in d = lo..=hi past `e`; the map is read only there, so a
+        // bit never stands for a PSN a span away.
         let first = i64::from(psn::diff(self.base, e));
         let lo = first.max(1);
         let hi = (first + self.slots.len() as i64 - 1).min(i64::from(SACK_SPAN));
-        let mut d = lo;
-        while d <= hi {
-            let n = (hi - d + 1).min(64 - (d - 1) % 64);
-            let mut word = self.occ_from(psn::add(e, d as u32));
-            if n < 64 {
-                word &= (1u64 << n) - 1;
-            }
-            // Bits d..d+n-1 of the SACK: word (d-1)/64, from bit (d-1)%64 on.
-            let (w, sh) = (((d - 1) / 64) as usize, (d - 1) % 64);
-            let mut cur = [0u8; 8];
-            cur.copy_from_slice(&bits.0[8 * w..8 * w + 8]);
-            let merged = u64::from_le_bytes(cur) | word << sh;
-            bits.0[8 * w..8 * w + 8].copy_from_slice(&merged.to_le_bytes());
-            d += n;
+        if lo > hi {
+            return bits;
+        }
+        // Word w of the SACK marks d = 64·w + 1 ..= 64·w + 64.
+        for w in (lo - 1) / 64..=(hi - 1) / 64 {
+            let d0 = 64 * w + 1;
+            let keep = (u64::MAX << (lo - d0).max(0)) & (u64::MAX >> (d0 + 63 - hi).max(0));
+            bits.set_word(w as usize, self.occ_from(psn::add(e, d0 as u32)) & keep);
         }
         bits
     }

@@ -87,6 +87,12 @@ impl SackBitmap {
         })
     }
 
+    /// Replace 64-bit word `w` (`w < SACK_SPAN / 64`): bit `i` of `v` marks
+    /// `d = 64·w + i + 1`, as [`SackBitmap::set`] does one at a time.
+    pub fn set_word(&mut self, w: usize, v: u64) {
+        self.0[8 * w..8 * w + 8].copy_from_slice(&v.to_le_bytes());
+    }
+
     /// The largest `d` marked held, if any.
     pub fn highest(&self) -> Option<u32> {
         let (w, v) = self.words().enumerate().rev().find(|(_, v)| *v != 0)?;
@@ -240,6 +246,17 @@ mod tests {
         short.set(65);
         assert_eq!(short.wire_bytes().len(), 16);
         assert_eq!(short.highest(), Some(65));
+        // A word at a time marks what set marks one at a time.
+        let mut by_word = SackBitmap::default();
+        by_word.set_word(0, 1 | 1 << 63);
+        by_word.set_word(1, 1);
+        let mut by_bit = SackBitmap::default();
+        for d in [1, 64, 65] {
+            by_bit.set(d);
+        }
+        assert_eq!(by_word, by_bit);
+        by_word.set_word(0, 0);
+        assert_eq!((by_word.highest(), by_word.count_from(0)), (Some(65), 1));
     }
 
     #[test]
