@@ -69,6 +69,10 @@ fn npkts(len: usize, mtu: usize) -> u32 {
 pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
     let mut budget: usize = 1 << 22;
     let mut in_wqe = qp.req.offset > 0;
+    // Packets past the oldest unacknowledged one that are in flight no more (held by
+    // the peer, as its last SACK showed, or READ responses here), for that oldest one:
+    // nothing is acknowledged or arrives while this sends, so it is counted once.
+    let mut arrived: Option<(u32, i32)> = None;
     while budget > 0 {
         budget -= 1;
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.req.rnr_until.is_some() {
@@ -107,14 +111,22 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             // only when it matters, as this runs for every packet).
             let out = psn::diff(next, base);
             let cwnd = qp.req.cc.cwnd as i32;
-            if out >= HOLD_SPAN
-                || (out >= cwnd
-                    && out
-                        - crate::sack::sacked_from(qp, base) as i32
-                        - qp.read_arrived_from(base) as i32
-                        >= cwnd)
-            {
+            if out >= HOLD_SPAN {
                 break;
+            }
+            if out >= cwnd {
+                let gone = match arrived {
+                    Some((b, n)) if b == base => n,
+                    _ => {
+                        let n = crate::sack::sacked_from(qp, base) as i32
+                            + qp.read_arrived_from(base) as i32;
+                        arrived = Some((base, n));
+                        n
+                    }
+                };
+                if out - gone >= cwnd {
+                    break;
+                }
             }
         }
         let Some(w) = qp.sq.get_mut(cur) else {

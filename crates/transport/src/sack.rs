@@ -335,20 +335,16 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
     let mut first = None;
     let mut burst = false;
     let mut congested = false;
-    // Held packets past `d`, counted down as the walk passes them.
-    let mut above = bits.count_from(1);
-    for d in 0..top {
-        if resent >= RESENDS_PER_SACK {
+    // The holes below the highest held packet, from the expected PSN up: a word of the
+    // bitmap at a time, as most of a deep window is held.
+    let mut d = 0;
+    while d < top && resent < RESENDS_PER_SACK {
+        let hole = d;
+        d = bits.next_clear(d + 1);
+        if !tail && bits.count_from(hole + 1) < DUP_THRESH {
             break;
         }
-        if d > 0 && bits.get(d) {
-            above -= 1;
-            continue;
-        }
-        if !tail && above < DUP_THRESH {
-            break;
-        }
-        let q = psn::add(e, d);
+        let q = psn::add(e, hole);
         if !resend_due(qp, q, now, newest_arrived) {
             continue;
         }
@@ -361,7 +357,7 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
         }
         if !qp.req.sack.resent.contains_key(&q) {
             // A fresh hole with the next packet missing too: a run of losses.
-            let run = d + 1 < top && !bits.get(d + 1);
+            let run = hole + 1 < top && !bits.get(hole + 1);
             congested |= qp.req.sack.note_hole(run);
             burst |= run;
         }

@@ -1982,6 +1982,44 @@ fn inject_sack(a: &mut Node, b: &Node, port: u16, now: u64, e: u32, held: &[u32]
     sent
 }
 
+/// A SACK resends the holes below its highest held packet that have at least
+/// `DUP_THRESH` held packets past them, each once, lowest first: a hole with fewer after
+/// it may be a packet merely overtaken, while more were sent after the highest held.
+#[test]
+fn a_sack_resends_the_holes_with_enough_held_past_them() {
+    // 96 packets of 512 bytes: the bitmap's first 64-bit word and part of the second.
+    let cfg = Cfg {
+        mtu: Mtu::Mtu512,
+        ..Cfg::default()
+    };
+    let (mut a, b) = pair(QpType::Rc, &cfg);
+    let data = pattern(96 * 512, 5);
+    a.write(0, &data);
+    let op = SendOp::Write {
+        remote_addr: b.base,
+        rkey: b.rkey,
+    };
+    a.send(0, 1, op, vec![a.sge(0, data.len())]).unwrap();
+    let mut sent = 0;
+    while a.nic.poll_transmit(0).is_some() {
+        sent += 1;
+    }
+    assert_eq!(sent, 96);
+    let b_port = wire::udp_src_port(b.qpn);
+    a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(b_port);
+    // Holes on both sides of the boundary between the words, and one near the top.
+    let holes = [0, 4, 20, 63, 64, 65, 88];
+    let held: Vec<u32> = (1..=90).filter(|d| !holes.contains(d)).collect();
+    let resent = inject_sack(&mut a, &b, b_port, 0, cfg.psn_a, &held);
+    let want: Vec<u32> = [0, 4, 20, 63, 64, 65]
+        .iter()
+        .map(|&d| wire::psn::add(cfg.psn_a, d))
+        .collect();
+    assert_eq!(resent, want, "88 has only 89 and 90 held past it");
+    // The same SACK again, within the round trip: nothing is resent twice.
+    assert_eq!(inject_sack(&mut a, &b, b_port, 1, cfg.psn_a, &held), []);
+}
+
 /// Runs of lost packets in a SACK cut the window (once per window of packets) when four
 /// of the last sixteen holes are runs; isolated holes (random loss), or a run now and
 /// then (which random loss makes by chance), leave it: they cost only their resends.

@@ -116,6 +116,28 @@ impl SackBitmap {
             .sum()
     }
 
+    /// The smallest `d >= from` (and `>= 1`) not marked held: `SACK_SPAN + 1` when every
+    /// one from there on is.
+    pub fn next_clear(&self, from: u32) -> u32 {
+        let i = from.max(1) - 1;
+        if i >= SACK_SPAN {
+            return i + 1;
+        }
+        let first = i as usize / 64;
+        for (w, v) in self.words().enumerate().skip(first) {
+            // Bits below `i` in the first word count as held, so that they are skipped.
+            let v = if w == first {
+                v | ((1u64 << (i % 64)) - 1)
+            } else {
+                v
+            };
+            if v != u64::MAX {
+                return w as u32 * 64 + v.trailing_ones() + 1;
+            }
+        }
+        SACK_SPAN + 1
+    }
+
     /// The bytes a SACK carries: the bitmap up to its last 8-byte group with a bit set.
     pub fn wire_bytes(&self) -> &[u8] {
         let n = self.highest().map_or(0, |d| (d as usize - 1) / 64 + 1);
@@ -257,6 +279,30 @@ mod tests {
         assert_eq!(by_word, by_bit);
         by_word.set_word(0, 0);
         assert_eq!((by_word.highest(), by_word.count_from(0)), (Some(65), 1));
+    }
+
+    #[test]
+    fn next_clear_finds_what_get_does_not_mark() {
+        let mut b = SackBitmap::default();
+        assert_eq!(
+            (b.next_clear(0), b.next_clear(1), b.next_clear(77)),
+            (1, 1, 77)
+        );
+        for d in (1..=70).chain(128..=130).chain(SACK_SPAN - 1..=SACK_SPAN) {
+            b.set(d);
+        }
+        for from in 0..=SACK_SPAN + 2 {
+            let by_get = (from.max(1)..=SACK_SPAN)
+                .find(|&d| !b.get(d))
+                .unwrap_or(SACK_SPAN + 1)
+                .max(from);
+            assert_eq!(b.next_clear(from), by_get, "from {from}");
+        }
+        let full = SackBitmap([0xFF; SACK_BITMAP_LEN]);
+        assert_eq!(
+            (full.next_clear(0), full.next_clear(4000)),
+            (SACK_SPAN + 1, SACK_SPAN + 1)
+        );
     }
 
     #[test]
