@@ -859,7 +859,12 @@ impl Rnic {
         };
         match m {
             Ext::SackPermit(_) => sack::on_permit(qp, env),
-            Ext::Sack(b, bits) => sack::on_sack(qp, env, now, b.psn, bits),
+            Ext::Sack(b, bits) => {
+                sack::on_sack(qp, env, now, b.psn, bits);
+                // Packets the SACK shows held are in flight no more: the window they
+                // leave is used now, not at the next acknowledgement or post.
+                requester::run(qp, env, now);
+            }
         }
         self.sync_timer(bth.dest_qp);
     }

@@ -2020,6 +2020,40 @@ fn a_sack_resends_the_holes_with_enough_held_past_them() {
     assert_eq!(inject_sack(&mut a, &b, b_port, 1, cfg.psn_a, &held), []);
 }
 
+/// Packets a SACK shows held leave the window at once: with a window of eight packets
+/// full, a SACK holding seven past the first makes the requester resend the first and
+/// send seven new ones, without waiting for an acknowledgement or a post.
+#[test]
+fn packets_a_sack_shows_held_leave_the_window_at_once() {
+    let cfg = Cfg::default();
+    let (mut a, b) = pair(QpType::Rc, &cfg);
+    {
+        let cc = &mut a.nic.qps.get_mut(&a.qpn).unwrap().req.cc;
+        cc.cwnd = 8;
+        cc.ssthresh = 8;
+    }
+    let data = pattern(32 * 1024, 8);
+    a.write(0, &data);
+    let op = SendOp::Write {
+        remote_addr: b.base,
+        rkey: b.rkey,
+    };
+    a.send(0, 1, op, vec![a.sge(0, data.len())]).unwrap();
+    let mut sent = 0;
+    while a.nic.poll_transmit(0).is_some() {
+        sent += 1;
+    }
+    assert_eq!(sent, 8, "the window's worth");
+    let b_port = wire::udp_src_port(b.qpn);
+    a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(b_port);
+    let out = inject_sack(&mut a, &b, b_port, 0, cfg.psn_a, &[1, 2, 3, 4, 5, 6, 7]);
+    let want: Vec<u32> = [0, 8, 9, 10, 11, 12, 13, 14]
+        .iter()
+        .map(|&d| wire::psn::add(cfg.psn_a, d))
+        .collect();
+    assert_eq!(out, want);
+}
+
 /// Runs of lost packets in a SACK cut the window (once per window of packets) when four
 /// of the last sixteen holes are runs; isolated holes (random loss), or a run now and
 /// then (which random loss makes by chance), leave it: they cost only their resends.
