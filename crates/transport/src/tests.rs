@@ -1944,7 +1944,16 @@ fn write_sent_undelivered(
     packets: usize,
 ) -> (Vec<Transmit>, Vec<u8>) {
     let data = pattern(packets * 1024, seed);
-    a.write(0, &data);
+    let out = write_unsent(a, b, &data);
+    assert_eq!(out.len(), packets);
+    (out, data)
+}
+
+/// a WRITEs `data` to the start of b's buffer and sends what its window lets it, none
+/// delivered; its QP knows b's UDP port as it would from b's first genuine packet.
+/// Returns the datagrams.
+fn write_unsent(a: &mut Node, b: &Node, data: &[u8]) -> Vec<Transmit> {
+    a.write(0, data);
     let op = SendOp::Write {
         remote_addr: b.base,
         rkey: b.rkey,
@@ -1954,10 +1963,9 @@ fn write_sent_undelivered(
     while let Some(t) = a.nic.poll_transmit(0) {
         out.push(t);
     }
-    assert_eq!(out.len(), packets);
     let port = wire::udp_src_port(b.qpn);
     a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(port);
-    (out, data)
+    out
 }
 
 /// Hand a, at `now`, a SACK from b's IP and UDP `port` saying b expects `e` and holds the
@@ -1993,20 +2001,8 @@ fn a_sack_resends_the_holes_with_enough_held_past_them() {
         ..Cfg::default()
     };
     let (mut a, b) = pair(QpType::Rc, &cfg);
-    let data = pattern(96 * 512, 5);
-    a.write(0, &data);
-    let op = SendOp::Write {
-        remote_addr: b.base,
-        rkey: b.rkey,
-    };
-    a.send(0, 1, op, vec![a.sge(0, data.len())]).unwrap();
-    let mut sent = 0;
-    while a.nic.poll_transmit(0).is_some() {
-        sent += 1;
-    }
-    assert_eq!(sent, 96);
+    assert_eq!(write_unsent(&mut a, &b, &pattern(96 * 512, 5)).len(), 96);
     let b_port = wire::udp_src_port(b.qpn);
-    a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(b_port);
     // Holes on both sides of the boundary between the words, and one near the top.
     let holes = [0, 4, 20, 63, 64, 65, 88];
     let held: Vec<u32> = (1..=90).filter(|d| !holes.contains(d)).collect();
@@ -2032,20 +2028,9 @@ fn packets_a_sack_shows_held_leave_the_window_at_once() {
         cc.cwnd = 8;
         cc.ssthresh = 8;
     }
-    let data = pattern(32 * 1024, 8);
-    a.write(0, &data);
-    let op = SendOp::Write {
-        remote_addr: b.base,
-        rkey: b.rkey,
-    };
-    a.send(0, 1, op, vec![a.sge(0, data.len())]).unwrap();
-    let mut sent = 0;
-    while a.nic.poll_transmit(0).is_some() {
-        sent += 1;
-    }
-    assert_eq!(sent, 8, "the window's worth");
+    let sent = write_unsent(&mut a, &b, &pattern(32 * 1024, 8));
+    assert_eq!(sent.len(), 8, "the window's worth");
     let b_port = wire::udp_src_port(b.qpn);
-    a.nic.qps.get_mut(&a.qpn).unwrap().peer_port = Some(b_port);
     let out = inject_sack(&mut a, &b, b_port, 0, cfg.psn_a, &[1, 2, 3, 4, 5, 6, 7]);
     let want: Vec<u32> = [0, 8, 9, 10, 11, 12, 13, 14]
         .iter()
