@@ -338,12 +338,15 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
     // The holes below the highest held packet, from the expected PSN up: a word of the
     // bitmap at a time, as most of a deep window is held.
     let mut d = 0;
+    // Held packets past the hole `d`: those between two holes are all held.
+    let mut above = bits.count_from(1);
     while d < top && resent < RESENDS_PER_SACK {
-        let hole = d;
-        d = bits.next_clear(d + 1);
-        if !tail && bits.count_from(hole + 1) < DUP_THRESH {
+        if !tail && above < DUP_THRESH {
             break;
         }
+        let hole = d;
+        d = bits.next_clear(d + 1);
+        above -= d - hole - 1;
         let q = psn::add(e, hole);
         if !resend_due(qp, q, now, newest_arrived) {
             continue;
