@@ -61,6 +61,9 @@ pub(crate) struct DevInner {
     _name: NameGuard,
     /// The memory regions registered through this face, by lkey, for posts to pin.
     pub(crate) mrs: crate::pins::Registry,
+    /// The regions each memory window was bound to, kept registered until the window
+    /// goes (see `pins::pin_window`).
+    pub(crate) windows: crate::pins::Windows,
 }
 
 /// The names of the devices open in this process. Opening a device a second time (two
@@ -213,6 +216,7 @@ impl Device {
                 cm: Mutex::new(None),
                 _name: name,
                 mrs: Default::default(),
+                windows: Default::default(),
             }),
         })
     }

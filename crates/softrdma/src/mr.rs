@@ -78,9 +78,10 @@ impl ProtectionDomain {
     ///
     /// # Safety
     /// `ptr..ptr+len` must stay valid for reads and writes until the registration ends:
-    /// until the returned region and all its clones are dropped *and* every work request
-    /// that names it has had its completion polled (or its QP or SRQ was dropped), since
-    /// posted requests keep the registration alive (see
+    /// until the returned region and all its clones are dropped, every work request
+    /// that names it has had its completion polled (or its QP or SRQ was dropped), *and*
+    /// every memory window bound to it is dropped, since posted requests and windows keep
+    /// the registration alive (see
     /// [`MemoryRegion`#sharing-and-dropping](MemoryRegion#sharing-and-dropping)); once
     /// those completions are polled with no handle left, it is deregistered. The device reads and writes that memory at any time while it is registered,
     /// from another thread: the caller must not hold Rust references (`&`/`&mut`) to any
@@ -208,9 +209,9 @@ enum Backing {
 /// ([`ErrorKind::NotFound`]). Not covered by the shares: a peer's WRITE, READ or atomic
 /// on the rkey of a region whose handles and requests are all gone is refused with a
 /// NAK, which moves both QPs to ERROR (REM_ACCESS_ERR at the peer), so keep a handle
-/// while the peer may use it. A region with a memory window bound to it cannot be
-/// deregistered: dropping it then leaks its buffer rather than free memory the device
-/// may still write.
+/// while the peer may use it. A memory window keeps every region it was bound to (by a
+/// `SendOp::BindMw` posted here) until the window is dropped: a region with a window
+/// bound to it cannot be deregistered, and a peer may still reach it through the window.
 ///
 /// ```
 /// use std::time::Duration;
@@ -584,13 +585,16 @@ impl Drop for MrReg {
                 // can follow; it came from `Box::into_raw` in `register` and is freed once.
                 drop(unsafe { Box::from_raw(raw) });
             }
-            // If deregistration failed (a memory window still bound) the buffer is leaked:
-            // freeing memory the device may still write would be unsound.
+            // If deregistration failed (a memory window still bound: one whose bind was
+            // posted as this region's last handle went, so it could not pin it) the
+            // buffer is leaked: freeing memory the device may still write would be unsound.
         }
     }
 }
 
-/// A memory window (`ibv_alloc_mw`). Bind it with a `SendOp::BindMw` work request.
+/// A memory window (`ibv_alloc_mw`). Bind it with a `SendOp::BindMw` work request; the
+/// regions it is bound to stay registered until it is dropped (see
+/// [`MemoryRegion`#sharing-and-dropping](MemoryRegion#sharing-and-dropping)).
 pub struct MemoryWindow {
     pd: Arc<PdInner>,
     id: MwId,
@@ -611,7 +615,11 @@ impl MemoryWindow {
 impl Drop for MemoryWindow {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.pd.dev.call(|r, _| r.dealloc_mw(id));
+        if self.pd.dev.call(|r, _| r.dealloc_mw(id)).is_ok() {
+            // No longer bound: the regions it kept may go (deregistered here when this
+            // was their last reference).
+            drop(crate::pins::unpin_window(&self.pd.dev, id));
+        }
     }
 }
 

@@ -1,4 +1,5 @@
-//! Work requests keep the registrations they name alive until their completion.
+//! Work requests keep the registrations they name alive until their completion, and
+//! memory windows the regions they were bound to until the window is dropped.
 //!
 //! An SGE is plain data (address, length, lkey), so a posted work request cannot borrow
 //! its [`MemoryRegion`](crate::MemoryRegion). Instead every post looks its SGEs' lkeys up
@@ -18,7 +19,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use softrdma_transport::verbs::{Sge, WcOpcode, WorkCompletion};
+use softrdma_transport::verbs::{MwId, SendOp, Sge, WcOpcode, WorkCompletion};
 
 use crate::mr::MrReg;
 use crate::{Device, Error, ErrorKind, Result};
@@ -27,6 +28,9 @@ use crate::{Device, Error, ErrorKind, Result};
 /// nothing alive; a registration is found (and pinned) while some handle or request has it.
 pub(crate) type Registry = Mutex<HashMap<u32, Weak<MrReg>>>;
 
+/// The registrations each memory window was bound to (see [`pin_window`]).
+pub(crate) type Windows = Mutex<HashMap<MwId, Vec<Arc<MrReg>>>>;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -34,6 +38,36 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Enter a new registration under its lkey (replacing a dead one of a reused lkey).
 pub(crate) fn enter(dev: &Device, lkey: u32, reg: &Arc<MrReg>) {
     lock(&dev.inner.mrs).insert(lkey, Arc::downgrade(reg));
+}
+
+/// Keep the region a window bind names (`SendOp::BindMw`) registered until the window is
+/// dropped, as a work request keeps the regions its SGEs name until its completion.
+///
+/// Why: a region with a window bound to it cannot be deregistered (the verbs refuse it,
+/// EBUSY, as rxe does). Without this, dropping the region's last handle while a window
+/// was bound left the registration alive for good, outside anything the program holds:
+/// peers could still write the memory (with the region's rkey or the window's) after the
+/// program took it back. Pinned at the post, whether or not the bind then succeeds;
+/// every region a window was ever bound to stays until the window goes, which is
+/// conservative and bounded by the regions the program made.
+pub(crate) fn pin_window(dev: &Device, op: &SendOp) {
+    let SendOp::BindMw(b) = op else {
+        return;
+    };
+    let Some(reg) = lock(&dev.inner.mrs).get(&b.mr_lkey).and_then(Weak::upgrade) else {
+        return;
+    };
+    let mut w = lock(&dev.inner.windows);
+    let regs = w.entry(b.mw).or_default();
+    if !regs.iter().any(|r| Arc::ptr_eq(r, &reg)) {
+        regs.push(reg);
+    }
+}
+
+/// Window `mw` was deallocated: the regions it kept, for the caller to drop (outside the
+/// lock, since dropping the last reference deregisters).
+pub(crate) fn unpin_window(dev: &Device, mw: MwId) -> Vec<Arc<MrReg>> {
+    lock(&dev.inner.windows).remove(&mw).unwrap_or_default()
 }
 
 /// Remove `lkey`'s entry once its registration is gone. A live entry under the same lkey

@@ -415,6 +415,7 @@ impl QueuePair {
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
         let qpn = self.qpn;
         let pins = pins::pin(&self.pd.dev, &wr.sg_list, true)?;
+        pins::pin_window(&self.pd.dev, &wr.op);
         self.sq_pins.post(wr.wr_id, pins, || {
             self.pd.dev.post(|r, now| {
                 r.check_send_sges(qpn, &wr)?;
@@ -433,6 +434,7 @@ impl QueuePair {
     pub fn post_send_unvalidated(&self, wr: SendWr) -> Result<()> {
         let qpn = self.qpn;
         let pins = pins::pin(&self.pd.dev, &wr.sg_list, false)?;
+        pins::pin_window(&self.pd.dev, &wr.op);
         self.sq_pins.post(wr.wr_id, pins, || {
             self.pd.dev.post(|r, now| r.post_send(now, qpn, wr))
         })

@@ -211,3 +211,57 @@ fn a_region_is_shared_by_its_clones() {
     s.qp.post_recv(wr::recv(1, [s.mr.sge(0..8).unwrap()]))
         .unwrap();
 }
+
+/// A region a memory window is bound to stays registered after its last handle is
+/// dropped, and a peer reaches it through the window, until the window is dropped; then
+/// it is deregistered: a peer's WRITE with the region's rkey is refused, and its lkey at a
+/// post. (A region dropped while bound used to stay registered for good.)
+#[test]
+fn a_bound_window_keeps_its_region_until_the_window_goes() {
+    let (a, b) = rc_pair();
+    let mut raw = Raw::new();
+    // SAFETY: as in `Raw::register`; the buffer is read only once the region is gone.
+    let mr = unsafe {
+        b.pd.register_raw(raw.0.as_mut_ptr(), LEN, ALL | Access::MW_BIND)
+    }
+    .unwrap();
+    let (stale, region) = (mr.sge(0..8).unwrap(), mr.remote());
+    let mw = b.pd.alloc_mw(2).unwrap();
+    let old = mw.rkey().unwrap();
+    let rkey = (old & !0xff) | (old.wrapping_add(1) & 0xff);
+    let bind = SendWr {
+        wr_id: 5,
+        op: SendOp::BindMw(MwBind {
+            mw: mw.id(),
+            rkey,
+            mr_lkey: mr.lkey(),
+            addr: mr.addr(),
+            length: LEN as u64,
+            access: Access::REMOTE_WRITE,
+        }),
+        flags: SendFlags::SIGNALED,
+        sg_list: vec![],
+        inline_data: None,
+        ud: None,
+    };
+    b.qp.post_send(bind).unwrap();
+    assert_eq!(b.cq.wait(T).unwrap().result(), Ok(()));
+    drop(mr);
+    let window = RemoteMemory { rkey, ..region };
+    a.mr.write(0, b"through the window").unwrap();
+    let w = wr::write(1, [a.mr.sge(0..18).unwrap()], &window, 0).unwrap();
+    a.qp.post_send(w).unwrap();
+    assert_eq!(a.cq.wait(T).unwrap().result(), Ok(()));
+    drop(mw);
+    deregistered(&b, stale);
+    let w = wr::write(2, [a.mr.sge(0..4).unwrap()], &region, 100).unwrap();
+    a.qp.post_send(w).unwrap();
+    let wc = a.cq.wait(T).unwrap();
+    assert_eq!(wc.status, WcStatus::RemAccessErr, "{wc:?}");
+    assert_eq!(&raw.0[..18], b"through the window");
+    assert_eq!(
+        &raw.0[100..104],
+        [0; 4],
+        "nothing written after deregistration"
+    );
+}
