@@ -2620,3 +2620,57 @@ fn a_run_of_lost_responses_is_asked_for_once() {
     assert_eq!(r.responses, 256 + 2, "each lost response sent once more");
     assert_eq!(r.a.nic.stats().duplicates, 0);
 }
+
+/// A FETCH_ADD whose ACK is lost, then a 32-packet READ: the READ response that shows the
+/// atomic ACK lost is kept all the same, so the go-back-N asks again for the atomic
+/// (answered from the responder's replay cache, the add applied once) and for the READ
+/// from past what arrived, not from its start. Before, every response past the missing
+/// ACK was dropped and each go-back-N asked for the whole READ again: under heavy loss
+/// its re-executions ran out of budget before one got through (RETRY_EXC_ERR).
+#[test]
+fn responses_past_a_lost_atomic_ack_are_kept() {
+    use wire::{Headers, OpKind};
+    let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
+    b.write(64, &5u64.to_ne_bytes());
+    let data = pattern(32 * 1024, 9);
+    b.write(4096, &data);
+    let mut now = 0;
+    let fetch_add = SendOp::FetchAdd {
+        remote_addr: b.base + 64,
+        rkey: b.rkey,
+        add: 10,
+    };
+    a.send(now, 1, fetch_add, vec![a.sge(0, 8)]).unwrap();
+    let read = SendOp::Read {
+        remote_addr: b.base + 4096,
+        rkey: b.rkey,
+    };
+    a.send(now, 2, read, vec![a.sge(4096, data.len())]).unwrap();
+    let (mut lost, mut read_requests) = (false, Vec::new());
+    pump(&mut a, &mut b, &mut now, |from_a, t| {
+        let Ok((h, _)) = Headers::parse(&t.data) else {
+            return false;
+        };
+        let kind = h.bth.opcode.info().map(|i| i.kind);
+        if from_a && kind == Some(OpKind::ReadRequest) {
+            read_requests.push(h.bth.psn);
+        }
+        let lose = !from_a && kind == Some(OpKind::AtomicAcknowledge) && !lost;
+        lost |= lose;
+        lose
+    });
+    assert!(lost);
+    let w = a.wcs();
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
+    assert_eq!(a.read(0, 8), 5u64.to_ne_bytes(), "the original value");
+    assert_eq!(b.read(64, 8), 15u64.to_ne_bytes(), "added once");
+    assert_eq!(a.read(4096, data.len()), data);
+    let first = wire::psn::add(Cfg::default().psn_a, 1);
+    assert_eq!(read_requests.len(), 2, "{read_requests:?}");
+    assert_eq!(read_requests[0], first);
+    assert!(
+        wire::psn::lt(first, read_requests[1]),
+        "asked again from past the responses kept: {read_requests:?}"
+    );
+}
