@@ -679,24 +679,24 @@ pub(crate) fn handle_response(
             }
         }
         OpKind::ReadResponse => {
-            match ack_upto(qp, p, false) {
-                Acked::Ok(pr) => progress = pr,
-                Acked::LostResponse(pr) => {
-                    // An earlier READ or atomic got no response: those were lost, and go
-                    // back N asks again. This response is good all the same: keep it, or
-                    // every go-back-N would ask for its whole READ again, and under heavy
-                    // loss the responder's budget for re-executions (see
-                    // `qp::READ_REPLAY_FACTOR`) would run out before one got through.
-                    read_response(qp, env, now, h, info.position, payload);
-                    if qp.state == QpState::Err {
-                        return;
-                    }
-                    return on_lost_response(qp, env, now, pr);
+            let lost = match ack_upto(qp, p, false) {
+                Acked::Ok(pr) => {
+                    progress = pr;
+                    None
                 }
-            }
+                Acked::LostResponse(pr) => Some(pr),
+            };
+            // When an earlier READ or atomic got no response (those were lost, and go
+            // back N asks again), this response is good all the same: kept, or every
+            // go-back-N would ask for its whole READ again, and under heavy loss the
+            // responder's budget for re-executions (see `qp::READ_REPLAY_FACTOR`) would
+            // run out before one got through.
             progress |= read_response(qp, env, now, h, info.position, payload);
             if qp.state == QpState::Err {
                 return;
+            }
+            if let Some(pr) = lost {
+                return on_lost_response(qp, env, now, pr);
             }
         }
         OpKind::AtomicAcknowledge => {
