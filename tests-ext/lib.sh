@@ -26,6 +26,17 @@ want() { [ -z "${ONLY:-}" ] || [[ "$1" =~ $ONLY ]]; }
 skip() { echo "SKIP: $1 ($2)"; } # name reason
 # A check's name as a file name (a script may number them with its own).
 slug() { printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-80; }
+# Whether an rdma_cm listener on PORT is recorded in the registry directory REG (any port
+# space). A record counts only while its owner holds its lock: a server killed on that port
+# before (a run again) leaves its record until the next bind sweeps it, and a client let go
+# on that record would connect before the new server listens.
+cm_listening() { # REG PORT
+  local f
+  for f in "$1"/*-"$2"-*.bind; do
+    grep -qs '^listening 1$' "$f" && ! flock -n -s "$f" true 2>/dev/null && return 0
+  done
+  return 1
+}
 
 # apt-get install the packages named in the array need_pkgs (as root, unless
 # SKIP_INSTALL); the outcome is a result. Returns non-zero when they are still missing.

@@ -287,7 +287,7 @@ PT=60           # seconds for one program
 wait_listen() {
   local i
   for i in $(seq 100); do
-    grep -qs '^listening 1$' "$REG"/*-"$1"-*.bind && return 0
+    cm_listening "$REG" "$1" && return 0
     sleep 0.1
   done
   return 1
@@ -320,8 +320,17 @@ pair() {
   SRC=$?
   BG=""
 }
-why() { # name: the end of both logs, for a FAIL line
-  echo "client exit $CRC, server exit $SRC; client: $(tail -n 2 "$OUT/$1.client.log" | tr '\n' ' ' | cut -c1-150); server: $(tail -n 2 "$OUT/$1.server.log" | tr '\n' ' ' | cut -c1-150)"
+# the first lines of a log that say what went wrong (a program's own error reports, CM
+# events), else its last two: CI keeps only what is printed, and a failure's cause is
+# usually early in the log, its consequences at the end.
+reason() { # logfile
+  local r
+  r=$(grep -m 3 -E 'Event:|[Uu]nexpected|[Ff]ailed|[Ee]rror|Couldn|Unable' "$1" 2>/dev/null | tr '\n' ' ')
+  [ -n "$r" ] || r=$(tail -n 2 "$1" 2>/dev/null | tr '\n' ' ')
+  echo "$r" | cut -c1-200
+}
+why() { # name: what both logs say, for a FAIL line
+  echo "client exit $CRC, server exit $SRC; client: $(reason "$OUT/$1.client.log"); server: $(reason "$OUT/$1.server.log")"
 }
 
 # rping: 100 pings; in each the server RDMA READs the client's buffer and RDMA WRITEs it

@@ -187,7 +187,7 @@ trap '[ -n "$BG" ] && kill $BG 2>/dev/null' EXIT
 listens() {
   case $1 in
     tcp) grep -qE "^ *[0-9]+: [0-9A-F]+:$(printf '%04X' "$2") [0-9A-F]+:0000 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null ;;
-    cm) grep -qs '^listening 1$' "$REG"/*-"$2"-*.bind ;;
+    cm) cm_listening "$REG" "$2" ;;
   esac
 }
 # pair NAME WAIT PORT SERVER-ARGS... -- CLIENT-ARGS...: the server in the background,
