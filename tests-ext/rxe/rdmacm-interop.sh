@@ -76,6 +76,16 @@ guest_cm_listening() {
     done; exit 1" > /dev/null 2>&1
 }
 
+# did_work EXPECT FILE: FILE (one side's output) matches EXPECT. perftest measures its CPU
+# clock against gettimeofday when it reports (get_cpu_mhz), and in a guest on a loaded host
+# that fit can fail: it prints "Correlation coefficient r^2: X < 0.9" and reports every time
+# as inf, after all its iterations were done. With UNTIMED (a regex of such a result row)
+# set, a side that printed that warning is judged by UNTIMED instead; any other inf fails.
+did_work() {
+  grep -qE "$1" "$2" && return 0
+  [ -n "${UNTIMED:-}" ] && grep -q '^Correlation coefficient r^2: .* < 0.9$' "$2" && grep -qE "$UNTIMED" "$2"
+}
+
 # pair NAME ROLE HOST_ARGS GUEST_ARGS EXPECT [GUEST_PORT]
 #   ROLE guest-server: guest runs GUEST_ARGS (server), host runs HOST_ARGS $GUEST_IP
 #   ROLE host-server:  host runs HOST_ARGS (server), guest runs GUEST_ARGS $HOST_IP
@@ -136,8 +146,8 @@ pair() {
   fi
   capture_stop
   ok=0
-  grep -qE "$expect" "$OUT/$name.guest.txt" || ok=1
-  grep -qE "$expect" "$OUT/$name.host.txt" || ok=$((ok | 2))
+  did_work "$expect" "$OUT/$name.guest.txt" || ok=1
+  did_work "$expect" "$OUT/$name.host.txt" || ok=$((ok | 2))
   echo "== $name  (guest rc=$g, host rc=$h, output checks: $ok)"
   if [ "$g" = 0 ] && [ "$h" = 0 ] && [ "$ok" = 0 ]; then
     grep -hE "$expect" "$OUT/$name.guest.txt" | tail -n 2 | sed 's/^/   guest: /'
@@ -181,6 +191,7 @@ done
 # longer to listen again than the host's client takes to ask; that is perftest's bug
 # (fixed upstream in 3d9d8d0), not a question about either CM.
 PERFTEST_RACE=1
+UNTIMED="^ *[0-9]+ +$PT_ITERS +inf +inf"
 for tr in ib_write_bw:guest-server ib_write_bw:host-server ib_send_lat:host-server; do
   tool=${tr%%:*} role=${tr#*:}
   pair "$tool-R-$role" "$role" \
