@@ -108,11 +108,12 @@ fn print_record(r: &Record) {
     );
 
     outln!(
-        "  ICRC errors {}  malformed {}  dropped {}  UDP send drops {}",
+        "  ICRC errors {}  malformed {}  dropped {}  UDP send drops {} (too big for the route {})",
         get("icrc_errors"),
         get("malformed"),
         get("dropped"),
-        get("udp_tx_dropped")
+        get("udp_tx_dropped"),
+        get("udp_tx_too_big")
     );
     outln!(
         "  UDP datagrams  tx {}  rx {}  (GSO messages {}, GRO segments {})",

@@ -14,6 +14,10 @@ pub struct LinkStats {
     pub tx_batches: u64,
     /// Datagrams the socket refused (buffer full or error); the transport's retries cover them.
     pub tx_dropped: u64,
+    /// Of those, datagrams refused as larger than the route allows (`EMSGSIZE`): a QP's path
+    /// MTU above what the link carries. Retries cannot cover these; the QP ends in a retry
+    /// error unless its path MTU is lowered.
+    pub tx_too_big: u64,
     /// Datagrams received.
     pub rx_datagrams: u64,
     /// UDP payload bytes received.

@@ -90,6 +90,7 @@ pub fn counters(s: &DeviceStats) -> Vec<(&'static str, u64)> {
         ("udp_tx_datagrams", l.tx_datagrams),
         ("udp_tx_bytes", l.tx_bytes),
         ("udp_tx_dropped", l.tx_dropped),
+        ("udp_tx_too_big", l.tx_too_big),
         ("udp_rx_datagrams", l.rx_datagrams),
         ("udp_rx_bytes", l.rx_bytes),
         ("udp_rx_errors", l.rx_errors),

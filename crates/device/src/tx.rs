@@ -295,6 +295,16 @@ fn send_run(
                     // This datagram is refused (too big, bad address): lost like one the
                     // network drops.
                     stats.tx_dropped += 1;
+                    if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                        stats.tx_too_big += 1;
+                        if stats.tx_too_big == 1 {
+                            // Every resend will be refused the same way, so say it once.
+                            tracing::warn!(dst = %out[at].dst, len = out[at].data.len(),
+                                "datagram larger than the route to its destination carries \
+                                 (EMSGSIZE): a path MTU above the link's; the QP will end in \
+                                 a retry error (counted as udp_tx_too_big)");
+                        }
+                    }
                     tracing::debug!(dst = %out[at].dst, len = out[at].data.len(), error = %e,
                         "datagram refused by the socket, dropped");
                     at += 1;

@@ -1,6 +1,6 @@
 //! RC QP set-up the device tests share: a QP's creation attributes and its walk from
-//! RESET through INIT and RTR to RTS towards a peer (path MTU 1024, local ACK timeout 14,
-//! RNR timer 1, as a perftest-style program connects).
+//! RESET through INIT and RTR to RTS towards a peer (by default path MTU 1024, local ACK
+//! timeout 14, RNR timer 1, as a perftest-style program connects).
 
 use softrdma_device::verbs::{
     Access, AhAttr, CqId, Gid, Mtu, PdId, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
@@ -40,11 +40,14 @@ pub struct Connect {
     pub max_rd_atomic: u8,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
+    pub path_mtu: Mtu,
+    /// Local ACK timeout exponent (4.096 µs × 2^timeout).
+    pub timeout: u8,
 }
 
 impl Connect {
     /// To QP `peer_qpn` at `peer_gid`: no remote rights, PSNs 0, no READ/atomic
-    /// resources, 7 retries of each kind.
+    /// resources, 7 retries of each kind, path MTU 1024, ACK timeout 14.
     pub fn to(peer_gid: Gid, peer_qpn: Qpn) -> Connect {
         Connect {
             peer_gid,
@@ -56,6 +59,8 @@ impl Connect {
             max_rd_atomic: 0,
             retry_cnt: 7,
             rnr_retry: 7,
+            path_mtu: Mtu::Mtu1024,
+            timeout: 14,
         }
     }
 }
@@ -72,7 +77,7 @@ pub fn connect(r: &mut Rnic, now: u64, qpn: Qpn, c: &Connect) {
     r.modify_qp(now, qpn, &a, m).unwrap();
     a.qp_state = QpState::Rtr;
     a.ah_attr = AhAttr::roce(c.peer_gid, 0);
-    a.path_mtu = Mtu::Mtu1024;
+    a.path_mtu = c.path_mtu;
     a.dest_qp_num = c.peer_qpn;
     a.rq_psn = c.rq_psn;
     a.max_dest_rd_atomic = c.max_dest_rd_atomic;
@@ -87,7 +92,7 @@ pub fn connect(r: &mut Rnic, now: u64, qpn: Qpn, c: &Connect) {
     r.modify_qp(now, qpn, &a, m).unwrap();
     a.qp_state = QpState::Rts;
     a.sq_psn = c.sq_psn;
-    a.timeout = 14;
+    a.timeout = c.timeout;
     a.retry_cnt = c.retry_cnt;
     a.rnr_retry = c.rnr_retry;
     a.max_rd_atomic = c.max_rd_atomic;
