@@ -157,7 +157,8 @@ fn stats_line(dev: &Device) -> String {
     format!(
         "tx {} rx {} packets, {} retransmits, {} timeouts, seq NAKs {} sent {} received, RNR \
          NAKs {} sent {} received, {} ICRC errors, {} duplicates, {} out of sequence, {} \
-         malformed, {} dropped",
+         malformed, {} dropped, READ re-executions {} (refused {}), SACKs {} sent {} \
+         received",
         s.tx_packets,
         s.rx_packets,
         s.retransmits,
@@ -170,7 +171,11 @@ fn stats_line(dev: &Device) -> String {
         s.duplicates,
         s.out_of_sequence,
         s.malformed,
-        s.dropped
+        s.dropped,
+        s.read_replays,
+        s.read_replays_refused,
+        s.sacks_sent,
+        s.sacks_rcvd
     )
 }
 
