@@ -449,7 +449,7 @@ impl Device {
                 None => None,
             };
             if sh.busy_poll || now.duration_since(start) < sh.spin {
-                std::hint::spin_loop();
+                progress::spin_pause(sh.busy_poll);
                 continue;
             }
             // Block, with no ACK held back. Counting ourselves blocked before rereading
