@@ -1764,6 +1764,28 @@ static void t_errors(void)
 	} else {
 		EXPECT(0, "no QP");
 	}
+	check_end();
+
+	check_begin("to RESET, the QP's completions not yet polled leave its CQs (as mlx4/mlx5 clean them)");
+	if (f.p.a.qp) {
+		struct ibv_qp_attr ra = { .qp_state = IBV_QPS_RESET };
+
+		post_recv(f.p.a.qp, 76, f.ma.buf, 64, f.ma.mr->lkey);
+		post_send1(f.p.a.qp, &(struct sendspec){ .id = 77, .op = IBV_WR_SEND, .addr = f.ma.buf, .len = 8,
+							 .lkey = f.ma.mr->lkey });
+		/* Both flush at once in ERR; give them a moment to land, unpolled. */
+		usleep(20000);
+		rc = ibv_modify_qp(f.p.a.qp, &ra, IBV_QP_STATE);
+		EXPECT(rc == 0, "modify to RESET: %s", strerror(rc));
+		n = ibv_poll_cq(f.p.a.rcq, 4, wc);
+		EXPECT(n == 0, "receive CQ after RESET: %d completions (first wr_id %llu)", n,
+		       n > 0 ? (unsigned long long)wc[0].wr_id : 0ULL);
+		n = ibv_poll_cq(f.p.a.scq, 4, wc);
+		EXPECT(n == 0, "send CQ after RESET: %d completions (first wr_id %llu)", n,
+		       n > 0 ? (unsigned long long)wc[0].wr_id : 0ULL);
+	} else {
+		EXPECT(0, "no QP");
+	}
 	fx_free(&f);
 	check_end();
 
@@ -3103,7 +3125,7 @@ static void *map_pages(size_t len, int prot)
 static void t_mr_backing(void)
 {
 	struct ibv_mr *mr;
-	char *p;
+	char *p, *q;
 
 	check_begin("ibv_reg_mr of 1 TiB over a 1 MiB buffer: NULL, EFAULT");
 	p = map_pages(1 << 20, PROT_READ | PROT_WRITE);
@@ -3183,6 +3205,61 @@ static void t_mr_backing(void)
 		}
 		munmap(p, 4096);
 	}
+	check_end();
+
+	check_begin("ibv_rereg_mr: input errors ERR_INPUT/EINVAL, device refusals ERR_CMD, "
+		    "success updates the ibv_mr and keeps the keys");
+	p = map_pages(2 * 4096, PROT_READ | PROT_WRITE);
+	q = map_pages(4096, PROT_READ | PROT_WRITE);
+	mr = p && q ? ibv_reg_mr(D.pd, q, 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
+	if (EXPECT(mr, "mmap or reg: %s", strerror(errno))) {
+		struct ibv_pd *pd2 = ibv_alloc_pd(D.ctx);
+		uint32_t lkey = mr->lkey, rkey = mr->rkey;
+		int r;
+
+		errno = 0;
+		r = ibv_rereg_mr(mr, 0x100, NULL, NULL, 0, 0);
+		EXPECT(r == IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "unknown flag: %d %s", r,
+		       strerror(errno));
+		errno = 0;
+		r = ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, 4096, 0);
+		EXPECT(r == IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "no address: %d %s", r,
+		       strerror(errno));
+		errno = 0;
+		r = ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, IBV_ACCESS_LOCAL_WRITE);
+		EXPECT(r == IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
+		       "access without CHANGE_ACCESS: %d %s", r, strerror(errno));
+		errno = 0;
+		r = ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+				 IBV_ACCESS_REMOTE_WRITE);
+		EXPECT(r == IBV_REREG_MR_ERR_CMD && errno == EINVAL,
+		       "REMOTE_WRITE without LOCAL_WRITE: %d %s", r, strerror(errno));
+		errno = 0;
+		r = ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, p, (size_t)1 << 40, 0);
+		EXPECT(r == IBV_REREG_MR_ERR_CMD && errno == EFAULT, "1 TiB of 8 KiB: %d %s", r,
+		       strerror(errno));
+		EXPECT(mr->addr == q && mr->length == 4096 && mr->pd == D.pd,
+		       "a refused rereg changed the ibv_mr");
+		r = ibv_rereg_mr(mr,
+				 IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
+					 IBV_REREG_MR_CHANGE_ACCESS,
+				 pd2, p, 8192, ACC_ALL);
+		EXPECT(r == 0, "all three: %d %s", r, strerror(errno));
+		EXPECT(mr->addr == p && mr->length == 8192 && mr->pd == pd2 && mr->lkey == lkey &&
+			       mr->rkey == rkey,
+		       "after: addr %p length %zu pd %p keys 0x%x/0x%x (were 0x%x/0x%x)", mr->addr,
+		       mr->length, (void *)mr->pd, mr->lkey, mr->rkey, lkey, rkey);
+		EXPECT(ibv_dereg_mr(mr) == 0, "dereg: %s", strerror(errno));
+		mr = NULL;
+		if (pd2)
+			EXPECT(ibv_dealloc_pd(pd2) == 0, "dealloc the new PD: %s", strerror(errno));
+	}
+	if (mr)
+		ibv_dereg_mr(mr);
+	if (p)
+		munmap(p, 2 * 4096);
+	if (q)
+		munmap(q, 4096);
 	check_end();
 }
 

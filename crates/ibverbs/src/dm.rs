@@ -6,7 +6,7 @@ use softrdma_device::verbs::{self, DmId};
 use softrdma_device::Rnic;
 
 use crate::device::Ctx;
-use crate::mr::{access_flags, Mr};
+use crate::mr::{access_flags, Mr, MrKind};
 use crate::object::{ctx_of, destroy, errno, leak, obj, unimport, Destroy};
 use crate::pd::pd_ctx;
 use crate::{guard, null_errno, sys, zeroed};
@@ -190,7 +190,12 @@ pub(crate) unsafe extern "C" fn reg_dm_mr(
                 c.handle = info.lkey;
                 c.lkey = info.lkey;
                 c.rkey = info.rkey;
-                leak(Mr { c, lkey: info.lkey }).cast()
+                leak(Mr {
+                    c,
+                    lkey: info.lkey,
+                    kind: MrKind::Dm,
+                })
+                .cast()
             }
             Err(e) => null_errno(errno(&e)),
         }

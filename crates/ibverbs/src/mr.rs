@@ -5,9 +5,9 @@ use std::ffi::{c_int, c_void};
 use softrdma_device::verbs::{self, Access};
 use softrdma_device::Rnic;
 
-use crate::object::{destroy, errno, leak, unimport, Destroy};
+use crate::object::{ctx_of, destroy, errno, leak, unimport, Destroy};
 use crate::pd::pd_ctx;
-use crate::{guard, null_errno, sys, zeroed};
+use crate::{guard, null_errno, set_errno, sys, zeroed};
 
 /// Access bits rdma-core lets a provider ignore (`IBV_ACCESS_OPTIONAL_RANGE`).
 const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
@@ -16,6 +16,19 @@ const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 pub(crate) struct Mr {
     pub(crate) c: sys::ibv_mr,
     pub(crate) lkey: u32,
+    /// What kind of region this handle is (rereg takes only plain ones, as rdma-core).
+    pub(crate) kind: MrKind,
+}
+
+/// The kinds of `ibv_mr` rdma-core tells apart (`enum ibv_mr_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MrKind {
+    /// `ibv_reg_mr` and its variants.
+    Plain,
+    /// `ibv_import_mr`: another handle on a region of a shared context.
+    Imported,
+    /// `ibv_reg_dm_mr`: device memory.
+    Dm,
 }
 
 impl Destroy for Mr {
@@ -70,7 +83,12 @@ unsafe fn reg_mr_common(
                 c.handle = info.lkey;
                 c.lkey = info.lkey;
                 c.rkey = info.rkey;
-                leak(Mr { c, lkey: info.lkey }).cast()
+                leak(Mr {
+                    c,
+                    lkey: info.lkey,
+                    kind: MrKind::Plain,
+                })
+                .cast()
             }
             Err(e) => null_errno(errno(&e)),
         }
@@ -110,6 +128,100 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 ) -> *mut sys::ibv_mr {
     // SAFETY: forwarded under the caller's contract.
     unsafe { reg_mr_common(pd, addr, length, iova, access) }
+}
+
+/// Change a region in place: its PD, its memory (`addr`, `length`, addressed as `addr`) or
+/// its access, as `flags` say (`IBV_REREG_MR_CHANGE_*`). The keys stay. On an input error
+/// `IBV_REREG_MR_ERR_INPUT` with errno EINVAL (flags, arguments or region kind as
+/// libibverbs checks them); when the device refuses, `IBV_REREG_MR_ERR_CMD` with its errno
+/// (EINVAL, EFAULT for memory that is not backed, EBUSY while windows are bound), and the
+/// region is as it was.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut sys::ibv_mr,
+    flags: c_int,
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    let input = || {
+        set_errno(libc::EINVAL);
+        sys::IBV_REREG_MR_ERR_INPUT
+    };
+    guard(sys::IBV_REREG_MR_ERR_INPUT, || {
+        if mr.is_null() {
+            return input();
+        }
+        // SAFETY: the caller passes an MR of this library, which no other call uses
+        // meanwhile (the verbs' rule for an object being modified).
+        let m = unsafe { &mut *mr.cast::<Mr>() };
+        let flags = flags as u32;
+        if m.kind != MrKind::Plain
+            || flags & !sys::IBV_REREG_MR_FLAGS_SUPPORTED != 0
+            || (flags & sys::IBV_REREG_MR_CHANGE_TRANSLATION != 0
+                && (length == 0 || addr.is_null()))
+            || (access != 0 && flags & sys::IBV_REREG_MR_CHANGE_ACCESS == 0)
+        {
+            return input();
+        }
+        // SAFETY: an MR's context is a live context.
+        let Some(ctx) = (unsafe { ctx_of(m.c.context) }) else {
+            return input();
+        };
+        let new_pd = if flags & sys::IBV_REREG_MR_CHANGE_PD != 0 {
+            // SAFETY: the caller passes a PD of this library.
+            match unsafe { pd_ctx(pd) } {
+                Some((p, _)) if p.c.context == m.c.context => Some(p.id),
+                _ => {
+                    set_errno(libc::EINVAL);
+                    return sys::IBV_REREG_MR_ERR_CMD;
+                }
+            }
+        } else {
+            None
+        };
+        let new_access = if flags & sys::IBV_REREG_MR_CHANGE_ACCESS != 0 {
+            match access_flags(access as u32) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    set_errno(e);
+                    return sys::IBV_REREG_MR_ERR_CMD;
+                }
+            }
+        } else {
+            None
+        };
+        let memory = (flags & sys::IBV_REREG_MR_CHANGE_TRANSLATION != 0).then_some((
+            addr.cast::<u8>(),
+            length,
+            addr as u64,
+        ));
+        let lkey = m.lkey;
+        // SAFETY: with new memory, the verbs contract of ibv_rereg_mr: as ibv_reg_mr's for
+        // `addr..addr+length`, which the program keeps valid until the region goes.
+        let r = ctx
+            .dev()
+            .call(|r, _| unsafe { r.rereg_mr(lkey, new_pd, memory, new_access) });
+        match r {
+            Ok(info) => {
+                if flags & sys::IBV_REREG_MR_CHANGE_PD != 0 {
+                    m.c.pd = pd;
+                }
+                if flags & sys::IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+                    m.c.addr = addr;
+                    m.c.length = length;
+                }
+                m.c.lkey = info.lkey;
+                m.c.rkey = info.rkey;
+                0
+            }
+            Err(e) => {
+                set_errno(errno(&e));
+                sys::IBV_REREG_MR_ERR_CMD
+            }
+        }
+    })
 }
 
 #[no_mangle]
@@ -168,7 +280,12 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut sys::ibv_pd, mr_handle: u32) -> 
         c.handle = info.lkey;
         c.lkey = info.lkey;
         c.rkey = info.rkey;
-        leak(Mr { c, lkey: info.lkey }).cast()
+        leak(Mr {
+            c,
+            lkey: info.lkey,
+            kind: MrKind::Imported,
+        })
+        .cast()
     })
 }
 

@@ -53,20 +53,6 @@ pub extern "C" fn ibv_reg_dmabuf_mr(
     null_errno(libc::EOPNOTSUPP)
 }
 
-#[no_mangle]
-pub extern "C" fn ibv_rereg_mr(
-    _mr: *mut sys::ibv_mr,
-    _flags: c_int,
-    _pd: *mut sys::ibv_pd,
-    _addr: *mut c_void,
-    _length: usize,
-    _access: c_int,
-) -> c_int {
-    // IBV_REREG_MR_ERR_INPUT with errno: the caller keeps its old, still valid MR.
-    set_errno(libc::EOPNOTSUPP);
-    -1
-}
-
 /// Data placement order is not guaranteed beyond what verbs promises: 0.
 #[no_mangle]
 pub extern "C" fn ibv_query_qp_data_in_order(

@@ -135,6 +135,29 @@ impl Rnic {
         unsafe { self.env.ctx.reg_mr(pd, ptr, len, iova, access) }
     }
 
+    /// Re-register region `lkey` in place ([`verbs::Context::rereg_mr`]): the PD, the
+    /// memory (`ptr`, `len`, `iova`) and the access given replace the region's; its keys
+    /// stay.
+    ///
+    /// # Safety
+    /// With `memory`, the contract of [`Rnic::reg_mr`] for the new range.
+    pub unsafe fn rereg_mr(
+        &mut self,
+        lkey: u32,
+        pd: Option<PdId>,
+        memory: Option<(*mut u8, usize, u64)>,
+        access: Option<Access>,
+    ) -> verbs::Result<MrInfo> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.env.ctx.rereg_mr(lkey, pd, memory, access) }
+    }
+
+    /// Take QP `qpn`'s completions out of its CQs
+    /// ([`verbs::Context::discard_completions`]); how many.
+    pub fn discard_completions(&mut self, qpn: Qpn) -> verbs::Result<usize> {
+        self.env.ctx.discard_completions(qpn)
+    }
+
     /// Refuse a send WR whose SGEs do not name memory of the QP's PD, with the access the
     /// operation needs and inside its region ([`verbs::Context::check_sg_list`]), before
     /// anything is queued. [`Rnic::post_send`] does not call this: as on a NIC, it fails such

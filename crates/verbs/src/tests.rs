@@ -2273,3 +2273,108 @@ fn wc_detail_codes_round_trip_and_result_reports_them() {
         "transport retry counter exceeded"
     );
 }
+
+#[test]
+fn rereg_mr_changes_pd_access_and_memory_in_place() {
+    use RemoteKeyError::Access as Denied;
+    let mut old = [1u8; 64];
+    let mut new = [2u8; 128];
+    let mut c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    let pd2 = c.alloc_pd().unwrap();
+    let q = 0x100;
+    let oa = old.as_ptr() as u64;
+    let mr = reg(&mut c, pd, &mut old, oa, Access::LOCAL_WRITE);
+    let rs = |c: &Context, pd, va: u64, len, need| {
+        c.remote_span(pd, q, mr.rkey, va, len, need)
+            .map(|s| s.len())
+    };
+    assert_eq!(rs(&c, pd, oa, 8, Access::REMOTE_WRITE), Err(Denied));
+    // SAFETY (every rereg below): the memory is this test's arrays, alive until its end.
+    let rereg = |c: &mut Context, pd, mem: Option<(*mut u8, usize, u64)>, a| unsafe {
+        c.rereg_mr(mr.lkey, pd, mem, a)
+    };
+    // Access: the rkey now admits remote writes; the keys stay.
+    let info = rereg(&mut c, None, None, Some(ALL)).unwrap();
+    assert_eq!((info.lkey, info.rkey, info.length), (mr.lkey, mr.rkey, 64));
+    assert_eq!(rs(&c, pd, oa, 8, Access::REMOTE_WRITE), Ok(8));
+    // PD: the region answers to the new PD only.
+    rereg(&mut c, Some(pd2), None, None).unwrap();
+    assert_eq!(rs(&c, pd, oa, 8, Access::REMOTE_WRITE), Err(Denied));
+    assert_eq!(rs(&c, pd2, oa, 8, Access::REMOTE_WRITE), Ok(8));
+    // Memory: the same keys reach the new array, at its own address, and not the old one.
+    let na = new.as_mut_ptr();
+    let info = rereg(&mut c, None, Some((na, new.len(), na as u64)), None).unwrap();
+    assert_eq!((info.addr, info.length), (na as u64, 128));
+    assert_eq!(rs(&c, pd2, oa, 8, Access::REMOTE_WRITE), Err(Denied));
+    assert_eq!(rs(&c, pd2, na as u64 + 120, 8, Access::REMOTE_READ), Ok(8));
+    let sge = Sge {
+        addr: na as u64 + 4,
+        length: 4,
+        lkey: mr.lkey,
+    };
+    assert_eq!(
+        c.local_span(pd2, &sge, Access::LOCAL_WRITE)
+            .map(|s| s.len()),
+        Ok(4)
+    );
+    // Refused, and the region stays as it was: nothing to change, a PD that does not
+    // exist, remote write without local write, an unknown key.
+    let e = |r: Result<MrInfo>| r.map(|_| ()).map_err(|e| e.errno);
+    assert_eq!(e(rereg(&mut c, None, None, None)), Err(Errno::EINVAL));
+    assert!(e(rereg(&mut c, Some(PdId(0xdead)), None, None)).is_err());
+    assert_eq!(
+        e(rereg(&mut c, None, None, Some(Access::REMOTE_WRITE))),
+        Err(Errno::EINVAL)
+    );
+    // SAFETY: no memory given.
+    assert!(unsafe { c.rereg_mr(mr.lkey ^ 0x100, None, None, Some(ALL)) }.is_err());
+    assert_eq!(rs(&c, pd2, na as u64, 8, Access::REMOTE_WRITE), Ok(8));
+    // Memory the process does not back: EFAULT, as at registration.
+    assert_eq!(
+        e(rereg(&mut c, None, Some((na, 1 << 40, na as u64)), None)),
+        Err(Errno::EFAULT)
+    );
+    assert_eq!(rs(&c, pd2, na as u64 + 120, 8, Access::REMOTE_READ), Ok(8));
+    // A bound window was checked against the region as it was: EBUSY until it goes.
+    let mw = c.alloc_mw(pd2, 1).unwrap();
+    let bind = MwBind {
+        mw,
+        rkey: 0,
+        mr_lkey: mr.lkey,
+        addr: na as u64,
+        length: 32,
+        access: Access::REMOTE_READ,
+    };
+    c.bind_mw(pd2, q, &bind).unwrap();
+    assert_eq!(e(rereg(&mut c, None, None, Some(ALL))), Err(Errno::EBUSY));
+    c.dealloc_mw(mw).unwrap();
+    assert!(rereg(&mut c, Some(pd), None, None).is_ok());
+    assert_eq!(old, [1u8; 64]);
+}
+
+#[test]
+fn discard_completions_takes_one_qps_out_of_its_cqs() {
+    let mut c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    let cq = cq(&mut c);
+    let a = fresh_qp(&mut c, pd, cq, QpType::Rc, QpState::Rts);
+    let b = fresh_qp(&mut c, pd, cq, QpType::Rc, QpState::Rts);
+    let of = |qpn, id| WorkCompletion {
+        qp_num: qpn,
+        ..wc(id, WcStatus::WrFlushErr)
+    };
+    for (qpn, id) in [(a, 1), (b, 2), (a, 3), (b, 4)] {
+        assert!(c.push_completion(cq, of(qpn, id), false, 0));
+    }
+    // Reset alone keeps them (the Rust face's reset promises its flushes are polled).
+    to_state(&mut c, a, QpState::Err).unwrap();
+    to_state(&mut c, a, QpState::Reset).unwrap();
+    assert_eq!(c.cq_len(cq), Ok(4));
+    assert_eq!(c.discard_completions(a), Ok(2));
+    assert!(c.discard_completions(0xFF_FFF0).is_err());
+    let mut out = [WorkCompletion::default(); 8];
+    let n = c.poll_cq(cq, &mut out).unwrap();
+    let left: Vec<(Qpn, u64)> = out[..n].iter().map(|w| (w.qp_num, w.wr_id)).collect();
+    assert_eq!(left, vec![(b, 2), (b, 4)], "only the other QP's, in order");
+}

@@ -313,7 +313,18 @@ pub unsafe extern "C" fn ibv_modify_qp(
             Err(e) => return e,
         };
         let qpn = q.qpn;
-        match ctx.dev().call(|r, now| r.modify_qp(now, qpn, &a, vm)) {
+        // To RESET, the QP's completions still in its CQs go too, as mlx4 and mlx5 clean
+        // their CQs then (a QP brought back from ERROR must not have its flushed WRs
+        // polled in its new life; rdma-core's tests count on it).
+        let reset = vm.contains(QpAttrMask::STATE) && a.qp_state == QpState::Reset;
+        let r = ctx.dev().call(|r, now| {
+            r.modify_qp(now, qpn, &a, vm)?;
+            if reset {
+                r.discard_completions(qpn)?;
+            }
+            Ok(())
+        });
+        match r {
             Ok(()) => {
                 if vm.contains(QpAttrMask::STATE) {
                     // SAFETY: `qp` is live; `state` is the program-visible copy.

@@ -42,6 +42,15 @@ impl CqTable {
     fn uses_channel(&self, ch: ChannelId) -> bool {
         self.values().any(|c| c.channel == Some(ch))
     }
+    /// Remove the completions of QP `qpn` that `cq` holds; how many.
+    pub(super) fn clean(&mut self, cq: CqId, qpn: crate::types::Qpn) -> usize {
+        let Some(c) = self.get_mut(cq) else {
+            return 0;
+        };
+        let before = c.q.len();
+        c.q.retain(|wc| wc.qp_num != qpn);
+        before - c.q.len()
+    }
 }
 
 impl Context {

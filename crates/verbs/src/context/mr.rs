@@ -215,6 +215,99 @@ impl Context {
             },
         ))
     }
+    /// Re-register the region `lkey` in place (`ibv_rereg_mr`): each of `pd`, `memory`
+    /// (`ptr`, `len`, `iova`) and `access` given replaces the region's, under the checks of
+    /// [`Context::reg_mr`] (the new access against the region's memory as it will be:
+    /// backed, and writable if the device may write it). The keys stay: peers that hold
+    /// the rkey reach the region as it now is. Nothing changes unless everything checks
+    /// out. EINVAL for nothing to change, or new memory for a region of device memory;
+    /// EBUSY while windows are bound to it (they were checked against what it was).
+    ///
+    /// # Safety
+    /// With `memory`, the contract of [`Context::reg_mr`] for the new range. The old range
+    /// is no longer reached once this returns.
+    pub unsafe fn rereg_mr(
+        &mut self,
+        lkey: u32,
+        pd: Option<PdId>,
+        memory: Option<(*mut u8, usize, u64)>,
+        access: Option<Access>,
+    ) -> Result<MrInfo> {
+        let mr = self.mrs.by_key(lkey).ok_or(missing("no such MR"))?;
+        if pd.is_none() && memory.is_none() && access.is_none() {
+            return Err(einval("nothing to change"));
+        }
+        if self.mws.bound_to_mr(lkey) {
+            return Err(ebusy("memory windows are bound to the MR"));
+        }
+        if memory.is_some() && mr.dm.is_some() {
+            return Err(einval("a region of device memory cannot take other memory"));
+        }
+        let new_pd = pd.unwrap_or(mr.pd);
+        let new_access = access.unwrap_or(mr.access);
+        self.check_pd(new_pd)?;
+        check_mr_access(new_access)?;
+        let zero_based = new_access.contains(Access::ZERO_BASED) || mr.dm.is_some();
+        let write = new_access.intersects(
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::MW_BIND,
+        );
+        let (ptr, len, iova) = match memory {
+            Some((ptr, len, iova)) => {
+                if !zero_based && iova.checked_add(len as u64).is_none() {
+                    return Err(einval("iova + length overflows"));
+                }
+                if len == 0 && fault::page_aligned(ptr) {
+                    return Err(einval(
+                        "a zero-length region at a page boundary spans no page",
+                    ));
+                }
+                if ptr.is_null() && len > 0 {
+                    return Err(Error::new(Errno::EFAULT, "null address"));
+                }
+                if (ptr as usize).checked_add(len).is_none() || len > isize::MAX as usize {
+                    return Err(Error::new(Errno::EFAULT, "range wraps the address space"));
+                }
+                fault::check_backed(ptr, len, write)?;
+                // SAFETY: `rereg_mr`'s contract, as `reg_mr`'s for this range.
+                let p = unsafe { DmaPtr::new(ptr) };
+                let p = if len == 0 {
+                    // SAFETY: as in `insert_mr`: a zero-length region is never read.
+                    unsafe { DmaPtr::new(NonNull::<u8>::dangling().as_ptr()) }
+                } else {
+                    p
+                };
+                (p, len, iova)
+            }
+            None => {
+                // The memory stays; a right to write it needs it writable now.
+                if write && mr.dm.is_none() && mr.len > 0 {
+                    fault::check_backed(mr.ptr.get(), mr.len, true)?;
+                }
+                (mr.ptr, mr.len, mr.iova)
+            }
+        };
+        if memory.is_some() {
+            fault::install_handler();
+        }
+        let m = self
+            .mrs
+            .by_index
+            .get_mut(&(lkey >> 8))
+            .ok_or(missing("no such MR"))?;
+        m.pd = new_pd;
+        m.access = new_access;
+        m.zero_based = zero_based;
+        m.ptr = ptr;
+        m.len = len;
+        m.iova = iova;
+        Ok(MrInfo {
+            lkey: m.key,
+            rkey: m.key,
+            addr: m.base(),
+            length: len as u64,
+        })
+    }
+
     /// Deregister by lkey; EBUSY while windows are bound to it.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
         if self.mrs.by_key(lkey).is_none() {
