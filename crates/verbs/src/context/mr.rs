@@ -103,6 +103,48 @@ fn check_mr_access(access: Access) -> Result<()> {
     Ok(())
 }
 
+/// Whether a region of `access` lets the device write its memory (the kernel pins such
+/// pages with FOLL_WRITE).
+fn device_writes(access: Access) -> bool {
+    access.intersects(
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::MW_BIND,
+    )
+}
+
+/// Host memory `ptr..ptr+len` as a region of `access` may take it (see
+/// [`Context::reg_mr`]): a length of 0 at a page boundary is EINVAL, memory the process
+/// does not back (or cannot write, where the device may) EFAULT.
+///
+/// # Safety
+/// The contract of [`Context::reg_mr`] for this range.
+unsafe fn backed_memory(ptr: *mut u8, len: usize, access: Access) -> Result<DmaPtr> {
+    if len == 0 && fault::page_aligned(ptr) {
+        return Err(einval(
+            "a zero-length region at a page boundary spans no page",
+        ));
+    }
+    fault::check_backed(ptr, len, device_writes(access))?;
+    // A program may have put its own fault handler in front of ours since the last
+    // registration; ours goes back in front (chaining to it) before the device may touch
+    // this memory.
+    fault::install_handler();
+    // SAFETY: the caller's contract: the memory stays valid until deregistration, which
+    // drops the region and its DmaPtr, and may be accessed from any thread meanwhile.
+    Ok(unsafe { DmaPtr::new(ptr) })
+}
+
+/// The pointer a region of `len` bytes keeps: none for a zero-length one, which every
+/// access reaches with a length of 0 and never reads through.
+fn region_ptr(ptr: DmaPtr, len: usize) -> DmaPtr {
+    if len == 0 {
+        // SAFETY: addresses no memory: every access to a zero-length region is zero bytes
+        // long, and such accesses get an empty span without reading the region's address.
+        unsafe { DmaPtr::new(NonNull::<u8>::dangling().as_ptr()) }
+    } else {
+        ptr
+    }
+}
+
 impl Context {
     /// Register `len` bytes at `ptr` as seen at address `iova`.
     /// REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE is EINVAL.
@@ -133,22 +175,8 @@ impl Context {
         }
         self.check_pd(pd)?;
         check_mr_access(access)?;
-        if len == 0 && fault::page_aligned(ptr) {
-            return Err(einval(
-                "a zero-length region at a page boundary spans no page",
-            ));
-        }
-        let write = access.intersects(
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::MW_BIND,
-        );
-        fault::check_backed(ptr, len, write)?;
-        // A program may have put its own fault handler in front of ours since the last
-        // registration; ours goes back in front (chaining to it) before the device may
-        // touch this memory.
-        fault::install_handler();
-        // SAFETY: `reg_mr`'s own contract: the memory stays valid until deregistration, which
-        // drops the region and its DmaPtr, and may be accessed from any thread meanwhile.
-        let ptr = unsafe { DmaPtr::new(ptr) };
+        // SAFETY: `reg_mr`'s own contract.
+        let ptr = unsafe { backed_memory(ptr, len, access) }?;
         self.insert_mr(pd, ptr, len, iova, access, zero_based, None)
     }
 
@@ -175,13 +203,7 @@ impl Context {
             return Err(enomem("too many MRs"));
         }
         let key = self.alloc_key()?;
-        let ptr = if len == 0 {
-            // SAFETY: addresses no memory: every access to a zero-length region is zero bytes
-            // long, and such accesses get an empty span without reading the region's address.
-            unsafe { DmaPtr::new(NonNull::<u8>::dangling().as_ptr()) }
-        } else {
-            ptr
-        };
+        let ptr = region_ptr(ptr, len);
         let mr = MrObj {
             pd,
             key,
@@ -248,47 +270,23 @@ impl Context {
         self.check_pd(new_pd)?;
         check_mr_access(new_access)?;
         let zero_based = new_access.contains(Access::ZERO_BASED) || mr.dm.is_some();
-        let write = new_access.intersects(
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::MW_BIND,
-        );
         let (ptr, len, iova) = match memory {
             Some((ptr, len, iova)) => {
                 if !zero_based && iova.checked_add(len as u64).is_none() {
                     return Err(einval("iova + length overflows"));
                 }
-                if len == 0 && fault::page_aligned(ptr) {
-                    return Err(einval(
-                        "a zero-length region at a page boundary spans no page",
-                    ));
-                }
-                if ptr.is_null() && len > 0 {
-                    return Err(Error::new(Errno::EFAULT, "null address"));
-                }
-                if (ptr as usize).checked_add(len).is_none() || len > isize::MAX as usize {
-                    return Err(Error::new(Errno::EFAULT, "range wraps the address space"));
-                }
-                fault::check_backed(ptr, len, write)?;
                 // SAFETY: `rereg_mr`'s contract, as `reg_mr`'s for this range.
-                let p = unsafe { DmaPtr::new(ptr) };
-                let p = if len == 0 {
-                    // SAFETY: as in `insert_mr`: a zero-length region is never read.
-                    unsafe { DmaPtr::new(NonNull::<u8>::dangling().as_ptr()) }
-                } else {
-                    p
-                };
-                (p, len, iova)
+                let p = unsafe { backed_memory(ptr, len, new_access) }?;
+                (region_ptr(p, len), len, iova)
             }
             None => {
                 // The memory stays; a right to write it needs it writable now.
-                if write && mr.dm.is_none() && mr.len > 0 {
+                if device_writes(new_access) && mr.dm.is_none() && mr.len > 0 {
                     fault::check_backed(mr.ptr.get(), mr.len, true)?;
                 }
                 (mr.ptr, mr.len, mr.iova)
             }
         };
-        if memory.is_some() {
-            fault::install_handler();
-        }
         let m = self
             .mrs
             .by_index
