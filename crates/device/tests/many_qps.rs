@@ -6,12 +6,11 @@
 
 mod rc;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use softrdma_device::verbs::{
-    Access, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    Access, Qpn, RecvWr, SendFlags, SendOp, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
-use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig};
 
 /// QP pairs: large enough that a per-QP cost (a socket each, a scan of every QP per step)
 /// shows, small enough for seconds in a debug build.
@@ -35,50 +34,26 @@ fn fds() -> usize {
 /// A device with QPS RC QPs on one CQ and a buffer of 2 × QPS × 64 bytes: WRITEs land
 /// in the first half at 64 × i, SENDs in the second; a side sends from the same places.
 struct Side {
-    dev: Device,
-    cq: CqPoller,
+    host: rc::Host,
     qpns: Vec<Qpn>,
-    mem: Box<[u8]>,
-    lkey: u32,
-    rkey: u32,
 }
 
 impl Side {
     fn new(name: &str) -> Side {
-        let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(4791));
-        cfg.stats_dir = None;
-        let dev = Device::open(&cfg).expect("open device");
-        let mut mem = vec![0u8; 2 * QPS * MSG].into_boxed_slice();
-        let ptr = mem.as_mut_ptr();
-        let len = mem.len();
-        let (cq, pd, lkey, rkey) = dev.call(|r, _| {
-            let pd = r.alloc_pd().unwrap();
-            let (cq, _) = r.create_cq(2 * QPS as u32 + 16, None, false).unwrap();
-            let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-            // SAFETY: the boxed slice lives in `Side` next to the device, which `Side`
-            // drops first (field order); the test touches it only under the engine lock.
-            let mr = unsafe { r.reg_mr(pd, ptr, len, ptr as u64, access) }.unwrap();
-            (cq, pd, mr.lkey, mr.rkey)
-        });
-        let qpns = (0..QPS)
-            .map(|_| {
-                dev.call(|r, _| r.create_qp(rc::rc_qp(pd, cq, 4)))
-                    .expect("create QP")
-            })
-            .collect();
-        Side {
-            dev,
-            cq: CqPoller::new(cq),
-            qpns,
-            mem,
-            lkey,
-            rkey,
-        }
+        let host = rc::Host::new(
+            name,
+            2 * QPS * MSG,
+            0,
+            2 * QPS as u32 + 16,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        );
+        let qpns = (0..QPS).map(|_| host.rc_qp(4)).collect();
+        Side { host, qpns }
     }
 
     /// Connect QP i to the peer's QP i.
     fn connect(&self, peer: &Side) {
-        let peer_gid = peer.dev.gid();
+        let peer_gid = peer.host.dev.gid();
         for (i, &qpn) in self.qpns.iter().enumerate() {
             let c = rc::Connect {
                 access: Access::REMOTE_WRITE,
@@ -86,43 +61,22 @@ impl Side {
                 sq_psn: i as u32,
                 ..rc::Connect::to(peer_gid, peer.qpns[i])
             };
-            self.dev.call(|r, now| rc::connect(r, now, qpn, &c));
+            self.host.connect(qpn, &c);
         }
     }
 
     fn sge(&self, at: usize) -> Sge {
-        Sge {
-            addr: self.mem.as_ptr() as u64 + at as u64,
-            length: MSG as u32,
-            lkey: self.lkey,
-        }
+        self.host.sge(at, MSG)
     }
 
-    /// Poll until `n` completions arrived, all successful. The bound only keeps a broken
-    /// build from hanging.
+    /// Wait for `n` completions, all successful.
     fn reap(&self, n: usize) -> Vec<WorkCompletion> {
-        let until = Instant::now() + Duration::from_secs(120);
-        let mut out = Vec::with_capacity(n);
-        let mut wc = [WorkCompletion::default(); 64];
-        while out.len() < n {
-            let k = self.cq.poll(&self.dev, &mut wc).unwrap();
-            for w in &wc[..k] {
-                assert_eq!(w.status, WcStatus::Success, "{w:?}");
-            }
-            out.extend_from_slice(&wc[..k]);
-            assert!(
-                Instant::now() < until,
-                "{} of {n} completions on {}",
-                out.len(),
-                self.dev.name()
-            );
+        let wcs = self.host.wait_wcs(n, Duration::from_secs(120));
+        for w in &wcs {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
         }
-        out
-    }
-
-    /// The buffer, read under the engine lock (the device writes it under that lock).
-    fn contents(&self) -> Vec<u8> {
-        self.dev.call(|_, _| self.mem.to_vec())
+        assert_eq!(wcs.len(), n, "more completions than WRs");
+        wcs
     }
 }
 
@@ -136,39 +90,28 @@ fn two_thousand_connected_rc_qps_each_move_checked_data() {
     // What a sends: QP i's WRITE at 64 i, its SEND at 64 (QPS + i). Written before any
     // traffic, with nothing in flight.
     for i in 0..QPS {
-        a.mem[i * MSG..(i + 1) * MSG].copy_from_slice(&pattern(i, 1));
-        a.mem[(QPS + i) * MSG..(QPS + i + 1) * MSG].copy_from_slice(&pattern(i, 2));
+        a.host.mem[i * MSG..(i + 1) * MSG].copy_from_slice(&pattern(i, 1));
+        a.host.mem[(QPS + i) * MSG..(QPS + i + 1) * MSG].copy_from_slice(&pattern(i, 2));
     }
     for (i, &qpn) in b.qpns.iter().enumerate() {
         let wr = RecvWr {
             wr_id: i as u64,
             sg_list: vec![b.sge((QPS + i) * MSG)],
         };
-        b.dev.call(|r, now| r.post_recv(now, qpn, wr)).unwrap();
+        b.host.dev.call(|r, now| r.post_recv(now, qpn, wr)).unwrap();
     }
-    let base = b.mem.as_ptr() as u64;
+    let base = b.host.addr(0);
     for (i, &qpn) in a.qpns.iter().enumerate() {
-        let write = SendWr {
-            wr_id: i as u64,
-            op: SendOp::Write {
-                remote_addr: base + (i * MSG) as u64,
-                rkey: b.rkey,
-            },
-            flags: SendFlags::SIGNALED,
-            sg_list: vec![a.sge(i * MSG)],
-            inline_data: None,
-            ud: None,
+        let write = SendOp::Write {
+            remote_addr: base + (i * MSG) as u64,
+            rkey: b.host.rkey,
         };
-        let send = SendWr {
-            wr_id: (QPS + i) as u64,
-            op: SendOp::Send,
-            flags: SendFlags::SIGNALED,
-            sg_list: vec![a.sge((QPS + i) * MSG)],
-            inline_data: None,
-            ud: None,
-        };
-        a.dev.post(|r, now| r.post_send(now, qpn, write)).unwrap();
-        a.dev.post(|r, now| r.post_send(now, qpn, send)).unwrap();
+        let signaled = SendFlags::SIGNALED;
+        a.host
+            .post_send(qpn, i as u64, write, signaled, a.sge(i * MSG));
+        let send = a.sge((QPS + i) * MSG);
+        a.host
+            .post_send(qpn, (QPS + i) as u64, SendOp::Send, signaled, send);
     }
     let sent = a.reap(2 * QPS);
     let mut seen = vec![0u8; QPS];
@@ -198,7 +141,7 @@ fn two_thousand_connected_rc_qps_each_move_checked_data() {
         assert!(!got[i], "two receives on QP {i}");
         got[i] = true;
     }
-    let mem = b.contents();
+    let mem = b.host.contents();
     for i in 0..QPS {
         assert_eq!(mem[i * MSG..(i + 1) * MSG], pattern(i, 1), "QP {i}'s WRITE");
         let s = (QPS + i) * MSG;

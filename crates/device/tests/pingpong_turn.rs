@@ -12,89 +12,50 @@ mod rc;
 use std::time::{Duration, Instant};
 
 use softrdma_device::verbs::{
-    Access, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    Access, Qpn, RecvWr, SendFlags, SendOp, WcOpcode, WcStatus, WorkCompletion,
 };
-use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig};
 
 /// Bytes per message, as `ucx_perftest -t tag_lat -s 8` sends (with UCX's header).
 const LEN: usize = 16;
 /// Round trips.
 const ROUNDS: u64 = 50;
 
-fn open(name: &str) -> Device {
-    let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(4791));
-    cfg.stats_dir = None;
-    Device::open(&cfg).expect("open device")
-}
-
 /// An RC QP, its CQ (sends unsignaled, as UCX posts them) and a registered buffer: the
 /// first half receives, the second half sends.
 struct Side {
-    dev: Device,
-    cq: CqPoller,
+    host: rc::Host,
     qpn: Qpn,
-    mem: Box<[u8]>,
-    lkey: u32,
 }
 
 impl Side {
     fn new(name: &str) -> Side {
-        let dev = open(name);
-        let mut mem = vec![0u8; 2 * LEN].into_boxed_slice();
-        let (cq, qpn, lkey) = dev.call(|r, _| {
-            let pd = r.alloc_pd().unwrap();
-            let (cq, _) = r.create_cq(64, None, false).unwrap();
-            let ptr = mem.as_mut_ptr();
-            // SAFETY: the boxed slice lives in `Side` next to the device, which `Side`
-            // drops first (field order), and the test reads it only through the CQ.
-            let mr =
-                unsafe { r.reg_mr(pd, ptr, mem.len(), ptr as u64, Access::LOCAL_WRITE) }.unwrap();
-            let qpn = r.create_qp(rc::rc_qp(pd, cq, 16)).unwrap();
-            (cq, qpn, mr.lkey)
-        });
-        Side {
-            dev,
-            cq: CqPoller::new(cq),
-            qpn,
-            mem,
-            lkey,
-        }
+        let host = rc::Host::new(name, 2 * LEN, 0, 64, Access::LOCAL_WRITE);
+        let qpn = host.rc_qp(16);
+        Side { host, qpn }
     }
 
     fn connect(&self, peer: &Side) {
-        let c = rc::Connect::to(peer.dev.gid(), peer.qpn);
-        self.dev.call(|r, now| rc::connect(r, now, self.qpn, &c));
+        let c = rc::Connect::to(peer.host.dev.gid(), peer.qpn);
+        self.host.connect(self.qpn, &c);
     }
 
     fn post_recv(&self) {
         let wr = RecvWr {
             wr_id: 1,
-            sg_list: vec![Sge {
-                addr: self.mem.as_ptr() as u64,
-                length: LEN as u32,
-                lkey: self.lkey,
-            }],
+            sg_list: vec![self.host.sge(0, LEN)],
         };
         let qpn = self.qpn;
-        self.dev.call(|r, now| r.post_recv(now, qpn, wr)).unwrap();
+        self.host
+            .dev
+            .call(|r, now| r.post_recv(now, qpn, wr))
+            .unwrap();
     }
 
     /// Post one unsignaled SEND through the posting path (`Device::post`).
     fn post_send(&self) {
-        let wr = SendWr {
-            wr_id: 2,
-            op: SendOp::Send,
-            flags: SendFlags::empty(),
-            sg_list: vec![Sge {
-                addr: self.mem.as_ptr() as u64 + LEN as u64,
-                length: LEN as u32,
-                lkey: self.lkey,
-            }],
-            inline_data: None,
-            ud: None,
-        };
-        let qpn = self.qpn;
-        self.dev.post(|r, now| r.post_send(now, qpn, wr)).unwrap();
+        let sge = self.host.sge(LEN, LEN);
+        self.host
+            .post_send(self.qpn, 2, SendOp::Send, SendFlags::empty(), sge);
     }
 
     /// Poll from this thread, as a busy-polling application does, until the peer's SEND
@@ -103,7 +64,7 @@ impl Side {
         let until = Instant::now() + Duration::from_secs(20);
         let mut wc = [WorkCompletion::default(); 4];
         loop {
-            let n = self.cq.poll(&self.dev, &mut wc).unwrap();
+            let n = self.host.cq.poll(&self.host.dev, &mut wc).unwrap();
             if n > 0 {
                 assert_eq!(n, 1, "one completion per turn: {:?}", &wc[..n]);
                 return wc[0];
@@ -113,7 +74,7 @@ impl Side {
     }
 
     fn sent(&self) -> u64 {
-        self.dev.stats().link.tx_datagrams
+        self.host.dev.stats().link.tx_datagrams
     }
 }
 
@@ -157,7 +118,7 @@ fn each_turn_of_a_ping_pong_leaves_when_it_is_posted_with_the_held_ack() {
     // Nothing was lost or retransmitted on the way: every datagram counted above is one
     // the protocol needed.
     for s in [&a, &b] {
-        let e = s.dev.stats().engine;
-        assert_eq!(e.retransmits, 0, "{}: {e:?}", s.dev.name());
+        let e = s.host.dev.stats().engine;
+        assert_eq!(e.retransmits, 0, "{}: {e:?}", s.host.dev.name());
     }
 }

@@ -12,12 +12,9 @@ mod rc;
 
 use std::io;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use softrdma_device::verbs::{
-    Access, Mtu, Qpn, SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
-};
-use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig};
+use softrdma_device::verbs::{Access, Mtu, Qpn, SendFlags, SendOp, WcStatus, WorkCompletion};
 
 /// Marks the run of this test inside `unshare -rn`.
 const IN_USERNS: &str = "SOFTRDMA_TEST_TOO_BIG_IN_USERNS";
@@ -54,49 +51,23 @@ fn loopback_up(mtu: i32) -> io::Result<()> {
     }
 }
 
-/// A device with an RC QP, its CQ and a registered buffer of `LEN` bytes.
+/// A device with an RC QP and a registered buffer of `LEN` bytes of `fill`.
 struct Side {
-    dev: Device,
-    cq: CqPoller,
+    host: rc::Host,
     qpn: Qpn,
-    mem: Box<[u8]>,
-    lkey: u32,
-    rkey: u32,
 }
 
 impl Side {
-    fn new(name: &str) -> Side {
-        let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(4791));
-        cfg.stats_dir = None;
-        let dev = Device::open(&cfg).expect("open device");
-        let mut mem = vec![0x5au8; LEN].into_boxed_slice();
-        let (cq, qpn, lkey, rkey) = dev.call(|r, _| {
-            let pd = r.alloc_pd().unwrap();
-            let (cq, _) = r.create_cq(16, None, false).unwrap();
-            let ptr = mem.as_mut_ptr();
-            // SAFETY: the boxed slice lives in `Side` next to the device, which `Side`
-            // drops first (field order).
-            let mr = unsafe {
-                r.reg_mr(
-                    pd,
-                    ptr,
-                    mem.len(),
-                    ptr as u64,
-                    Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-                )
-            }
-            .unwrap();
-            let qpn = r.create_qp(rc::rc_qp(pd, cq, 4)).unwrap();
-            (cq, qpn, mr.lkey, mr.rkey)
-        });
-        Side {
-            dev,
-            cq: CqPoller::new(cq),
-            qpn,
-            mem,
-            lkey,
-            rkey,
-        }
+    fn new(name: &str, fill: u8) -> Side {
+        let host = rc::Host::new(
+            name,
+            LEN,
+            fill,
+            16,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        );
+        let qpn = host.rc_qp(4);
+        Side { host, qpn }
     }
 
     /// Connect towards `peer` at path MTU 4096, with one retry after 2^10 × 4.096 µs, so
@@ -107,50 +78,38 @@ impl Side {
             retry_cnt: 1,
             path_mtu: Mtu::Mtu4096,
             timeout: 10,
-            ..rc::Connect::to(peer.dev.gid(), peer.qpn)
+            ..rc::Connect::to(peer.host.dev.gid(), peer.qpn)
         };
-        self.dev.call(|r, now| rc::connect(r, now, self.qpn, &c));
+        self.host.connect(self.qpn, &c);
     }
 
     /// Post a signaled WRITE of `len` bytes to the start of `peer`'s buffer.
     fn write(&self, peer: &Side, wr_id: u64, len: usize) {
-        let wr = SendWr {
-            wr_id,
-            op: SendOp::Write {
-                remote_addr: peer.mem.as_ptr() as u64,
-                rkey: peer.rkey,
-            },
-            flags: SendFlags::SIGNALED,
-            sg_list: vec![Sge {
-                addr: self.mem.as_ptr() as u64,
-                length: len as u32,
-                lkey: self.lkey,
-            }],
-            inline_data: None,
-            ud: None,
+        let op = SendOp::Write {
+            remote_addr: peer.host.addr(0),
+            rkey: peer.host.rkey,
         };
-        let qpn = self.qpn;
-        self.dev.post(|r, now| r.post_send(now, qpn, wr)).unwrap();
+        let sge = self.host.sge(0, len);
+        self.host
+            .post_send(self.qpn, wr_id, op, SendFlags::SIGNALED, sge);
     }
 
-    /// The next completion; the bound only keeps a broken build from hanging.
+    /// The next completion.
     fn next_wc(&self) -> WorkCompletion {
-        let until = Instant::now() + Duration::from_secs(30);
-        let mut wc = [WorkCompletion::default(); 1];
-        loop {
-            if self.cq.poll(&self.dev, &mut wc).unwrap() == 1 {
-                return wc[0];
-            }
-            assert!(Instant::now() < until, "no completion within 30 s");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let wcs = self.host.wait_wcs(1, Duration::from_secs(30));
+        assert_eq!(wcs.len(), 1, "{wcs:?}");
+        wcs[0]
+    }
+
+    fn too_big(&self) -> u64 {
+        self.host.dev.stats().link.tx_too_big
     }
 }
 
 /// The test proper, on this thread's network namespace (lo at MTU 1500).
 fn refused_datagrams_fail_the_qp_and_are_counted() {
-    let a = Side::new("too-big-a");
-    let b = Side::new("too-big-b");
+    let a = Side::new("too-big-a", 0xa5);
+    let b = Side::new("too-big-b", 0x5a);
     a.connect(&b);
     b.connect(&a);
 
@@ -158,18 +117,27 @@ fn refused_datagrams_fail_the_qp_and_are_counted() {
     a.write(&b, 1, 1024);
     let wc = a.next_wc();
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
-    assert_eq!(a.dev.stats().link.tx_too_big, 0);
+    assert_eq!(a.too_big(), 0);
+    let mem = b.host.contents();
+    assert!(mem[..1024].iter().all(|&x| x == 0xa5), "the WRITE landed");
+    assert!(
+        mem[1024..].iter().all(|&x| x == 0x5a),
+        "and nothing past it"
+    );
 
     // One of a full path MTU cannot leave: the QP runs out of retries.
     a.write(&b, 2, LEN);
     let wc = a.next_wc();
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::RetryExcErr));
-    let s = a.dev.stats().link;
+    let s = a.host.dev.stats().link;
     // The first try and one retry, each refused.
     assert!(s.tx_too_big >= 2, "{s:?}");
     assert!(s.tx_dropped >= s.tx_too_big, "{s:?}");
-    assert_eq!(b.dev.stats().link.tx_too_big, 0);
-    assert!(b.mem[..1024].iter().all(|&x| x == 0x5a));
+    assert_eq!(b.too_big(), 0);
+    assert!(
+        b.host.contents()[1024..].iter().all(|&x| x == 0x5a),
+        "nothing of the refused WRITE arrived"
+    );
 }
 
 #[test]

@@ -1,12 +1,134 @@
-//! RC QP set-up the device tests share: a QP's creation attributes and its walk from
-//! RESET through INIT and RTR to RTS towards a peer (by default path MTU 1024, local ACK
-//! timeout 14, RNR timer 1, as a perftest-style program connects).
+//! RC set-up the device tests share: a loopback device with a PD, a CQ and a registered
+//! buffer ([`Host`]), a QP's creation attributes, and its walk from RESET through INIT and
+//! RTR to RTS towards a peer (by default path MTU 1024, local ACK timeout 14, RNR timer 1,
+//! as a perftest-style program connects).
+
+// Each test binary that includes this module uses a part of it.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
 
 use softrdma_device::verbs::{
     Access, AhAttr, CqId, Gid, Mtu, PdId, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
-    QpType, Qpn,
+    QpType, Qpn, SendFlags, SendOp, SendWr, Sge, WorkCompletion,
 };
-use softrdma_device::Rnic;
+use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig, Rnic};
+
+/// A device on loopback (port 4791 of a 127.0.0.x of its own) that writes no statistics
+/// file: tests leave nothing behind.
+pub fn open(name: &str) -> Device {
+    let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(4791));
+    cfg.stats_dir = None;
+    Device::open(&cfg).expect("open device")
+}
+
+/// A device with one PD, one CQ and one registered buffer: where every RC device test
+/// starts.
+pub struct Host {
+    /// Declared before `mem`, so dropped first: the device may write `mem` until then.
+    pub dev: Device,
+    pub pd: PdId,
+    pub cq: CqPoller,
+    pub mem: Box<[u8]>,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+impl Host {
+    /// Device `name` with a CQ of `cq_depth` entries and `len` bytes of `fill`
+    /// registered with `access`.
+    pub fn new(name: &str, len: usize, fill: u8, cq_depth: u32, access: Access) -> Host {
+        let dev = open(name);
+        let mut mem = vec![fill; len].into_boxed_slice();
+        let ptr = mem.as_mut_ptr();
+        let (pd, cq, lkey, rkey) = dev.call(|r, _| {
+            let pd = r.alloc_pd().unwrap();
+            let (cq, _) = r.create_cq(cq_depth, None, false).unwrap();
+            // SAFETY: the boxed slice lives in the `Host` next to the device, which the
+            // `Host` drops first (field order); tests read it under the engine lock
+            // ([`Host::contents`]) or after the completion that says it was written.
+            let mr = unsafe { r.reg_mr(pd, ptr, len, ptr as u64, access) }.unwrap();
+            (pd, cq, mr.lkey, mr.rkey)
+        });
+        Host {
+            dev,
+            pd,
+            cq: CqPoller::new(cq),
+            mem,
+            lkey,
+            rkey,
+        }
+    }
+
+    /// A new RC QP on the host's PD and CQ, `depth` WRs deep each way ([`rc_qp`]).
+    pub fn rc_qp(&self, depth: u32) -> Qpn {
+        let (pd, cq) = (self.pd, self.cq.cq());
+        self.dev
+            .call(|r, _| r.create_qp(rc_qp(pd, cq, depth)))
+            .expect("create QP")
+    }
+
+    /// Take QP `qpn` to RTS as `c` says ([`connect`]).
+    pub fn connect(&self, qpn: Qpn, c: &Connect) {
+        self.dev.call(|r, now| connect(r, now, qpn, c));
+    }
+
+    /// `len` bytes of the buffer from offset `at`, as a scatter/gather entry.
+    pub fn sge(&self, at: usize, len: usize) -> Sge {
+        assert!(at + len <= self.mem.len(), "{at} + {len} past the buffer");
+        Sge {
+            addr: self.mem.as_ptr() as u64 + at as u64,
+            length: len as u32,
+            lkey: self.lkey,
+        }
+    }
+
+    /// The address of offset `at` of the buffer, as a peer's WRITE names it.
+    pub fn addr(&self, at: usize) -> u64 {
+        self.mem.as_ptr() as u64 + at as u64
+    }
+
+    /// Post a send WR of one SGE on QP `qpn` through the posting path (`Device::post`).
+    pub fn post_send(&self, qpn: Qpn, wr_id: u64, op: SendOp, flags: SendFlags, sge: Sge) {
+        let wr = SendWr {
+            wr_id,
+            op,
+            flags,
+            sg_list: vec![sge],
+            inline_data: None,
+            ud: None,
+        };
+        self.dev.post(|r, now| r.post_send(now, qpn, wr)).unwrap();
+    }
+
+    /// Poll until `n` completions arrived (more may come with the last poll), sleeping a
+    /// millisecond between empty polls; the bound `within` only keeps a broken build from
+    /// hanging.
+    pub fn wait_wcs(&self, n: usize, within: Duration) -> Vec<WorkCompletion> {
+        let until = Instant::now() + within;
+        let mut out = Vec::with_capacity(n);
+        let mut wc = [WorkCompletion::default(); 64];
+        while out.len() < n {
+            let k = self.cq.poll(&self.dev, &mut wc).unwrap();
+            out.extend_from_slice(&wc[..k]);
+            if k == 0 {
+                assert!(
+                    Instant::now() < until,
+                    "{} of {n} completions on {} within {within:?}",
+                    out.len(),
+                    self.dev.name()
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        out
+    }
+
+    /// The buffer, read under the engine lock (the device writes it under that lock).
+    pub fn contents(&self) -> Vec<u8> {
+        self.dev.call(|_, _| self.mem.to_vec())
+    }
+}
 
 /// An RC QP on `pd` whose sends and receives complete on `cq`, `depth` WRs deep each way,
 /// one SGE, no inline data, sends unsignaled unless asked.
