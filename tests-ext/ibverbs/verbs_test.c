@@ -3375,6 +3375,129 @@ static void t_mr_gone(void)
 	check_end();
 }
 
+/* On-demand paging: the capabilities, regions over memory mapped only later, the implicit
+ * region, and ibv_advise_mr. */
+static void t_odp(void)
+{
+	struct fx f;
+	struct ibv_wc wc;
+	struct ibv_mr *mr, *plain;
+	char *p;
+	const int odp_acc = ACC_ALL | IBV_ACCESS_ON_DEMAND;
+
+	check_begin("ibv_query_device_ex: ODP supported, implicit too, for every RC operation");
+	{
+		struct ibv_device_attr_ex a;
+		const uint32_t rc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+				    IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+
+		memset(&a, 0, sizeof(a));
+		if (EXPECT(ibv_query_device_ex(D.ctx, NULL, &a) == 0, "query: %s", strerror(errno))) {
+			EXPECT(a.odp_caps.general_caps == (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT),
+			       "general_caps 0x%llx", (unsigned long long)a.odp_caps.general_caps);
+			EXPECT(a.odp_caps.per_transport_caps.rc_odp_caps == rc, "rc 0x%x",
+			       a.odp_caps.per_transport_caps.rc_odp_caps);
+			EXPECT(a.odp_caps.per_transport_caps.ud_odp_caps ==
+				       (IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV),
+			       "ud 0x%x", a.odp_caps.per_transport_caps.ud_odp_caps);
+		}
+	}
+	check_end();
+
+	check_begin("ON_DEMAND region over PROT_NONE memory: registered; a WRITE lands once the target maps it");
+	p = map_pages(2 * 4096, PROT_NONE);
+	mr = p ? ibv_reg_mr(D.pd, p, 2 * 4096, odp_acc) : NULL;
+	if (EXPECT(mr, "mmap or reg_mr: %s", strerror(errno)) && fx_rc(&f)) {
+		EXPECT(mprotect(p, 2 * 4096, PROT_READ | PROT_WRITE) == 0, "mprotect: %s", strerror(errno));
+		fill(f.ma.buf, 5000, 3);
+		post_send1(f.p.a.qp, &(struct sendspec){ .id = 70, .op = IBV_WR_RDMA_WRITE, .addr = f.ma.buf,
+							 .len = 5000, .lkey = f.ma.mr->lkey,
+							 .raddr = (uintptr_t)p + 100, .rkey = mr->rkey });
+		if (poll1(f.p.a.scq, &wc, "the write"))
+			check_wc(&wc, &(struct want){ 70, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, ANY, f.p.a.qp->qp_num,
+						      ANY, ANY, ANY }, "writer");
+		EXPECT(diff_at(f.ma.buf, p + 100, 5000) < 0, "written bytes differ at %ld",
+		       diff_at(f.ma.buf, p + 100, 5000));
+		EXPECT(p[99] == 0 && p[5100] == 0, "bytes outside the target were written");
+	}
+	if (mr)
+		ibv_dereg_mr(mr);
+	if (p)
+		munmap(p, 2 * 4096);
+	fx_free(&f);
+	check_end();
+
+	check_begin("implicit ODP region (NULL, SIZE_MAX): one rkey reaches any buffer; iova other "
+		    "than 0 EINVAL; rereg EOPNOTSUPP");
+	errno = 0;
+	mr = ibv_reg_mr_iova(D.pd, NULL, SIZE_MAX, 4096, odp_acc);
+	EXPECT(!mr && errno == EINVAL, "iova 4096: mr %p errno %s", (void *)mr, strerror(errno));
+	if (mr)
+		ibv_dereg_mr(mr);
+	mr = ibv_reg_mr(D.pd, NULL, SIZE_MAX, odp_acc);
+	if (EXPECT(mr, "implicit: %s", strerror(errno)) && fx_rc(&f)) {
+		char *target = calloc(1, 8192);
+
+		EXPECT(mr->addr == NULL && mr->length == SIZE_MAX, "addr %p length %zu", mr->addr, mr->length);
+		fill(f.ma.buf, 3000, 5);
+		post_send1(f.p.a.qp, &(struct sendspec){ .id = 71, .op = IBV_WR_RDMA_WRITE, .addr = f.ma.buf,
+							 .len = 3000, .lkey = f.ma.mr->lkey,
+							 .raddr = (uintptr_t)target + 1000, .rkey = mr->rkey });
+		if (poll1(f.p.a.scq, &wc, "the write"))
+			check_wc(&wc, &(struct want){ 71, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, ANY, f.p.a.qp->qp_num,
+						      ANY, ANY, ANY }, "writer");
+		EXPECT(diff_at(f.ma.buf, target + 1000, 3000) < 0, "written bytes differ at %ld",
+		       diff_at(f.ma.buf, target + 1000, 3000));
+		EXPECT(target[999] == 0 && target[4000] == 0, "bytes outside the target were written");
+		errno = 0;
+		EXPECT(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, ACC_ALL) ==
+				       IBV_REREG_MR_ERR_CMD &&
+			       errno == EOPNOTSUPP,
+		       "rereg: errno %s", strerror(errno));
+		free(target);
+	}
+	if (mr)
+		EXPECT(ibv_dereg_mr(mr) == 0, "dereg: %s", strerror(errno));
+	fx_free(&f);
+	check_end();
+
+	check_begin("ibv_advise_mr: prefetch of an ODP range; EINVAL, EOPNOTSUPP and EFAULT as documented");
+	p = map_pages(2 * 4096, PROT_READ | PROT_WRITE);
+	mr = p ? ibv_reg_mr(D.pd, p, 2 * 4096, odp_acc) : NULL;
+	plain = p ? ibv_reg_mr(D.pd, p, 4096, ACC_ALL) : NULL;
+	if (EXPECT(mr && plain, "mmap or reg_mr: %s", strerror(errno))) {
+		struct ibv_sge sge = { .addr = (uintptr_t)p, .length = 2 * 4096, .lkey = mr->lkey };
+		struct ibv_sge past = { .addr = (uintptr_t)p + 1, .length = 2 * 4096, .lkey = mr->lkey };
+		struct ibv_sge pinned = { .addr = (uintptr_t)p, .length = 64, .lkey = plain->lkey };
+		int r;
+
+		r = ibv_advise_mr(D.pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH, &sge, 1);
+		EXPECT(r == 0, "prefetch for writing: %s", strerror(r));
+		r = ibv_advise_mr(D.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 1);
+		EXPECT(r == 0, "asynchronous prefetch: %s", strerror(r));
+		r = ibv_advise_mr(D.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 2, &sge, 1);
+		EXPECT(r == EINVAL, "unknown flag: %s", strerror(r));
+		r = ibv_advise_mr(D.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 0);
+		EXPECT(r == EINVAL, "no SGE: %s", strerror(r));
+		r = ibv_advise_mr(D.pd, (enum ibv_advise_mr_advice)9, 0, &sge, 1);
+		EXPECT(r == EOPNOTSUPP, "unknown advice: %s", strerror(r));
+		r = ibv_advise_mr(D.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &past, 1);
+		EXPECT(r == EFAULT, "past the region: %s", strerror(r));
+		r = ibv_advise_mr(D.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &pinned, 1);
+		EXPECT(r == EFAULT, "a region not on demand: %s", strerror(r));
+		EXPECT(munmap(p + 4096, 4096) == 0, "munmap: %s", strerror(errno));
+		r = ibv_advise_mr(D.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_FLAG_FLUSH, &sge, 1);
+		EXPECT(r == EFAULT, "a page unmapped since: %s", strerror(r));
+	}
+	if (mr)
+		ibv_dereg_mr(mr);
+	if (plain)
+		ibv_dereg_mr(plain);
+	if (p)
+		munmap(p, 4096);
+	check_end();
+}
+
 struct test {
 	const char *name;
 	void (*fn)(void);
@@ -3415,6 +3538,7 @@ static const struct test tests[] = {
 	{ "bad_args", t_bad_args },
 	{ "mr_backing", t_mr_backing },
 	{ "mr_gone", t_mr_gone },
+	{ "odp", t_odp },
 };
 
 static void usage(const char *argv0)

@@ -16,7 +16,9 @@
 # provider stand-ins: the script builds them unless SKIP_BUILD=1), RDMA_CORE_TESTS (the
 # suite, default ../shared/rdma-core-tests beside the repository), OUT (artifacts, default
 # /tmp/softrdma-rdmacore), SUITE_TIMEOUT (s, default 600), ARGS (more run_tests.py
-# arguments, e.g. "-k test_rdmacm").
+# arguments, e.g. "-k test_rdmacm"), HUGEPAGES (2 MiB huge pages to reserve for the run
+# when none are and the script is root, for the suite's huge-page tests; default 16, 0
+# for none; the machine's setting is put back at the end).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -60,6 +62,17 @@ if [ -z "${SKIP_BUILD:-}" ]; then
 fi
 SOFTRDMA=${SOFTRDMA_BIN:-$TARGET/release/softrdma}
 [ -x "$SOFTRDMA" ] || fail "$SOFTRDMA not built"
+
+# --- huge pages --------------------------------------------------------------------------
+# Tests of MRs over huge pages skip unless some are reserved; a reservation is the
+# machine's, so it is taken only when there is none, and given back on exit.
+NR_HUGE=/proc/sys/vm/nr_hugepages
+if [ "${HUGEPAGES:-16}" -gt 0 ] && [ "$(id -u)" = 0 ] && [ -w "$NR_HUGE" ] &&
+  [ "$(cat "$NR_HUGE")" = 0 ]; then
+  trap 'echo 0 > "$NR_HUGE"' EXIT
+  echo "${HUGEPAGES:-16}" > "$NR_HUGE" 2>/dev/null
+  log "reserved $(cat "$NR_HUGE") huge pages of 2 MiB for the run"
+fi
 
 # --- the suite ---------------------------------------------------------------------------
 # From the suite's directory (it imports the `tests` package); no bytecode written there.

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::device::{self, CmdFile, Ctx};
-use crate::{cq, dm, mw, qp, srq};
+use crate::{cq, dm, mr, mw, qp, srq};
 use crate::{guard, null_errno, sys, zeroed};
 
 fn init_ops(v: &mut sys::verbs_context) {
@@ -20,6 +20,7 @@ fn init_ops(v: &mut sys::verbs_context) {
     v.alloc_dm = Some(dm::alloc_dm);
     v.free_dm = Some(dm::free_dm);
     v.reg_dm_mr = Some(dm::reg_dm_mr);
+    v.advise_mr = Some(mr::advise_mr);
     let ops = &mut v.context.ops;
     ops.poll_cq = Some(cq::poll_cq);
     ops.req_notify_cq = Some(cq::req_notify_cq);

@@ -540,6 +540,21 @@ pub unsafe extern "C" fn ibv_query_device(
 /// Completion timestamps are device-clock nanoseconds: a 1 GHz clock (in kHz).
 const CORE_CLOCK_KHZ: u64 = 1_000_000;
 
+/// On-demand paging: regions need not be backed when registered, the implicit region
+/// covers the whole address space, and every operation of every QP type reaches such
+/// memory as any other (the device copies through fault-safe accesses in either case).
+/// No XRC, so no `xrc_odp_caps`.
+fn odp_caps() -> sys::ibv_odp_caps {
+    let all = sys::IBV_ODP_SUPPORT_SEND | sys::IBV_ODP_SUPPORT_RECV | sys::IBV_ODP_SUPPORT_SRQ_RECV;
+    let mut c: sys::ibv_odp_caps = zeroed();
+    c.general_caps = u64::from(sys::IBV_ODP_SUPPORT | sys::IBV_ODP_SUPPORT_IMPLICIT);
+    c.per_transport_caps.rc_odp_caps =
+        all | sys::IBV_ODP_SUPPORT_WRITE | sys::IBV_ODP_SUPPORT_READ | sys::IBV_ODP_SUPPORT_ATOMIC;
+    c.per_transport_caps.uc_odp_caps = all | sys::IBV_ODP_SUPPORT_WRITE;
+    c.per_transport_caps.ud_odp_caps = all;
+    c
+}
+
 /// `verbs_context.query_device_ex`.
 pub(crate) unsafe extern "C" fn query_device_ex(
     context: *mut sys::ibv_context,
@@ -565,6 +580,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         o.hca_core_clock = CORE_CLOCK_KHZ;
         o.max_dm_size = ctx.dev().inspect(|r| r.device_attr().max_dm_size);
         o.phys_port_cnt_ex = u32::from(o.orig_attr.phys_port_cnt);
+        o.odp_caps = odp_caps();
         // SAFETY: `attr` has `attr_size` bytes (the caller's sizeof).
         unsafe { crate::copy_prefix(&o, attr, attr_size) };
         0

@@ -140,6 +140,7 @@ zeroable!(
     sys::verbs_context,
     sys::ibv_device_attr,
     sys::ibv_device_attr_ex,
+    sys::ibv_odp_caps,
     sys::ibv_port_attr,
     sys::ibv_gid_entry,
     sys::ibv_pd,

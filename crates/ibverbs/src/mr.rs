@@ -9,6 +9,11 @@ use crate::object::{ctx_of, destroy, errno, leak, unimport, Destroy};
 use crate::pd::pd_ctx;
 use crate::{guard, null_errno, set_errno, sys, zeroed};
 
+/// `IBV_ADVISE_MR_FLAG_FLUSH` (`IB_UVERBS_ADVISE_MR_FLAG_FLUSH` of
+/// <infiniband/ib_user_ioctl_verbs.h>, outside the bindings' allowlist): the prefetch is
+/// done when the call returns.
+const ADVISE_MR_FLAG_FLUSH: u32 = 1;
+
 /// Access bits rdma-core lets a provider ignore (`IBV_ACCESS_OPTIONAL_RANGE`).
 const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 
@@ -41,12 +46,11 @@ impl Destroy for Mr {
     }
 }
 
-/// Translate `IBV_ACCESS_*`: optional bits are dropped, on-demand paging is unsupported.
+/// Translate `IBV_ACCESS_*` (the engine's bits are the same): optional bits and HUGETLB
+/// (a hint about the pages, which a device that does not pin them has no use for) are
+/// dropped; an unknown bit is EINVAL.
 pub(crate) fn access_flags(access: u32) -> Result<Access, c_int> {
     let a = access & !ACCESS_OPTIONAL_RANGE & !sys::IBV_ACCESS_HUGETLB;
-    if a & sys::IBV_ACCESS_ON_DEMAND != 0 {
-        return Err(libc::EOPNOTSUPP);
-    }
     Access::from_bits(a).ok_or(libc::EINVAL)
 }
 
@@ -220,6 +224,55 @@ pub unsafe extern "C" fn ibv_rereg_mr(
                 set_errno(errno(&e));
                 sys::IBV_REREG_MR_ERR_CMD
             }
+        }
+    })
+}
+
+/// `verbs_context.advise_mr`, what the inline `ibv_advise_mr` calls: prefetch the pages
+/// of on-demand regions (`IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH`, `_WRITE`, `_NO_FAULT`).
+/// With or without `IBV_ADVISE_MR_FLAG_FLUSH` the pages are in when it returns. EINVAL for
+/// a bad PD, unknown flags or no SGE; EOPNOTSUPP for another advice; EFAULT for an lkey of
+/// no on-demand region of the PD, a range outside its region, a write prefetch without
+/// LOCAL_WRITE, or memory the process does not map as asked.
+pub(crate) unsafe extern "C" fn advise_mr(
+    pd: *mut sys::ibv_pd,
+    advice: sys::ib_uverbs_advise_mr_advice,
+    flags: u32,
+    sg_list: *mut sys::ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a PD of this library.
+        let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
+            return libc::EINVAL;
+        };
+        if flags & !ADVISE_MR_FLAG_FLUSH != 0 || num_sge == 0 || sg_list.is_null() {
+            return libc::EINVAL;
+        }
+        let advice = match advice {
+            sys::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH => verbs::Advice::Prefetch,
+            sys::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE => verbs::Advice::PrefetchWrite,
+            sys::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT => verbs::Advice::PrefetchNoFault,
+            _ => return libc::EOPNOTSUPP,
+        };
+        // SAFETY: the caller passes `num_sge` SGEs at `sg_list`.
+        let c_sges = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
+        let sges: Vec<verbs::Sge> = c_sges
+            .iter()
+            .map(|s| verbs::Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect();
+        let id = p.id;
+        let r = ctx
+            .dev()
+            .inspect(|r| r.advise_mr(id, advice, &sges))
+            .and_then(|prefetch| prefetch.run());
+        match r {
+            Ok(()) => 0,
+            Err(e) => errno(&e),
         }
     })
 }

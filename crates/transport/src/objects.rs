@@ -4,9 +4,9 @@
 //! applied once, in `verbs`, and what the transport tracks per QP cannot drift from them.
 
 use crate::verbs::{
-    self, Access, AhAttr, AhId, Arm, AsyncEvent, ChannelId, CqId, DeviceAttr, DmId, Gid, MemSpan,
-    MrInfo, Mtu, MwId, PdId, PortAttr, QpInitAttr, Qpn, RecvWr, SendOp, SendWr, Sge, SrqId,
-    WcError,
+    self, Access, Advice, AhAttr, AhId, Arm, AsyncEvent, ChannelId, CqId, DeviceAttr, DmId, Gid,
+    MemSpan, MrInfo, Mtu, MwId, PdId, PortAttr, Prefetch, QpInitAttr, Qpn, RecvWr, SendOp, SendWr,
+    Sge, SrqId, WcError,
 };
 use crate::Rnic;
 
@@ -98,6 +98,8 @@ delegate_ref! {
     fn pd_exists(pd: PdId) -> bool;
     /// The PD and keys of the MR with local key `lkey`.
     fn query_mr(lkey: u32) -> verbs::Result<(PdId, MrInfo)>;
+    /// Check a prefetch of on-demand memory; what it faults in, to run unlocked.
+    fn advise_mr(pd: PdId, advice: Advice, sg_list: &[Sge]) -> verbs::Result<Prefetch>;
     /// The length of device memory `dm`.
     fn dm_len(dm: DmId) -> verbs::Result<usize>;
     /// Copy device memory at `offset` out.

@@ -2378,3 +2378,230 @@ fn discard_completions_takes_one_qps_out_of_its_cqs() {
     let left: Vec<(Qpn, u64)> = out[..n].iter().map(|w| (w.qp_num, w.wr_id)).collect();
     assert_eq!(left, vec![(b, 2), (b, 4)], "only the other QP's, in order");
 }
+
+// ------------------------------------------------------------------ on-demand paging
+
+#[test]
+fn on_demand_regions_need_no_backing_and_fail_cleanly_where_nothing_is_mapped() {
+    const PAGE: usize = 4096;
+    let mut c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    let q = 0x100;
+    let odp = ALL | Access::ON_DEMAND;
+    // Two pages reserved but not accessible yet, as a program maps memory it fills later.
+    let p = map(2 * PAGE, libc::PROT_NONE);
+    // SAFETY: this test's own mapping, reached only through the device's fault-safe copies.
+    let reg_at = |c: &mut Context, a: Access| unsafe { c.reg_mr(pd, p, 2 * PAGE, p as u64, a) };
+    assert_eq!(
+        reg_at(&mut c, ALL).map_err(|e| e.errno).err(),
+        Some(Errno::EFAULT),
+        "pinned: refused"
+    );
+    let mr = reg_at(&mut c, odp).expect("on demand: accepted");
+    let va = p as u64;
+    // Not mapped yet: an access fails without a signal, as after an munmap.
+    let span = |len, need| c.remote_span(pd, q, mr.rkey, va, len, need).unwrap();
+    assert!(!span(64, Access::REMOTE_WRITE).write(0, &[7; 64]));
+    // The program makes the first page writable: the device reaches it now.
+    // SAFETY: this test's own mapping.
+    assert_eq!(
+        unsafe { libc::mprotect(p.cast(), PAGE, libc::PROT_READ | libc::PROT_WRITE) },
+        0
+    );
+    assert!(span(64, Access::REMOTE_WRITE).write(0, &[7; 64]));
+    // SAFETY: the page is mapped readable now.
+    assert_eq!(unsafe { std::slice::from_raw_parts(p, 64) }, &[7u8; 64][..]);
+    // The second still is not.
+    assert!(!span(2 * PAGE, Access::REMOTE_READ).read(0, &mut vec![0u8; 2 * PAGE]));
+    // Bounds and keys are checked as for any region.
+    assert!(c
+        .remote_span(
+            pd,
+            q,
+            mr.rkey,
+            va + PAGE as u64,
+            2 * PAGE,
+            Access::REMOTE_READ
+        )
+        .is_err());
+    drop(c);
+    // SAFETY: this test's own mapping; the context is dropped first.
+    unsafe { libc::munmap(p.cast(), 2 * PAGE) };
+}
+
+#[test]
+fn the_implicit_on_demand_region_reaches_any_address_of_the_process() {
+    let mut a = vec![0u8; 256];
+    let b: Vec<u8> = (0..=255).collect();
+    let mut c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    let other = c.alloc_pd().unwrap();
+    let q = 0x100;
+    let implicit = ALL | Access::ON_DEMAND;
+    // SAFETY: the implicit region names no memory of its own; this test reaches only its
+    // own buffers through it.
+    let reg = |c: &mut Context, ptr: *mut u8, len: usize, iova: u64, acc: Access| unsafe {
+        c.reg_mr(pd, ptr, len, iova, acc).map_err(|e| e.errno)
+    };
+    // Only with ON_DEMAND (else the range wraps, EINVAL as the kernel's), at iova 0, not
+    // zero-based.
+    let null = std::ptr::null_mut();
+    assert_eq!(reg(&mut c, null, usize::MAX, 0, ALL), Err(Errno::EINVAL));
+    assert_eq!(
+        reg(&mut c, null, usize::MAX, 4096, implicit),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        reg(&mut c, null, usize::MAX, 0, implicit | Access::ZERO_BASED),
+        Err(Errno::EINVAL)
+    );
+    let mr = reg(&mut c, null, usize::MAX, 0, implicit).unwrap();
+    assert_eq!((mr.addr, mr.length), (0, u64::MAX));
+    // A local gather from one buffer and a remote write into another, through one key.
+    let sge = Sge {
+        addr: b.as_ptr() as u64,
+        length: 256,
+        lkey: mr.lkey,
+    };
+    let mut out = [0u8; 256];
+    c.gather(pd, std::slice::from_ref(&sge), 0, &mut out)
+        .unwrap();
+    assert_eq!(&out[..], &b[..]);
+    let s = c
+        .remote_span(
+            pd,
+            q,
+            mr.rkey,
+            a.as_mut_ptr() as u64 + 16,
+            32,
+            Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    assert!(s.write(0, &out[..32]));
+    assert_eq!(&a[16..48], &b[..32]);
+    assert!(a[..16].iter().chain(&a[48..]).all(|&x| x == 0));
+    // Another PD's QP cannot use it; address 0 faults cleanly.
+    assert!(c
+        .remote_span(other, q, mr.rkey, a.as_ptr() as u64, 8, Access::REMOTE_READ)
+        .is_err());
+    let s = c
+        .remote_span(pd, q, mr.rkey, 0, 8, Access::REMOTE_READ)
+        .unwrap();
+    assert!(!s.read(0, &mut [0u8; 8]));
+    // It cannot be re-registered; a plain region cannot become one.
+    // SAFETY: changes nothing (refused).
+    let r = unsafe { c.rereg_mr(mr.lkey, Some(other), None, None) };
+    assert_eq!(r.map_err(|e| e.errno), Err(Errno::EOPNOTSUPP));
+    let plain = reg(&mut c, a.as_mut_ptr(), 256, a.as_ptr() as u64, ALL).unwrap();
+    // SAFETY: refused, changes nothing.
+    let r = unsafe {
+        c.rereg_mr(
+            plain.lkey,
+            None,
+            Some((null, usize::MAX, 0)),
+            Some(implicit),
+        )
+    };
+    assert_eq!(r.map_err(|e| e.errno), Err(Errno::EOPNOTSUPP));
+    c.dereg_mr(mr.lkey).unwrap();
+    drop(c);
+    drop(a);
+}
+
+#[test]
+fn advise_mr_checks_its_ranges_and_faults_pages_in() {
+    const PAGE: usize = 4096;
+    let mut plain_buf = [0u8; 64];
+    let mut c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    let other = c.alloc_pd().unwrap();
+    let p = map(2 * PAGE, libc::PROT_READ | libc::PROT_WRITE);
+    let ro = map(PAGE, libc::PROT_READ);
+    // SAFETY: this test's own mappings and buffer, which outlive the context's use.
+    let (odp, odp_ro, plain) = unsafe {
+        (
+            c.reg_mr(pd, p, 2 * PAGE, p as u64, ALL | Access::ON_DEMAND)
+                .unwrap(),
+            c.reg_mr(
+                pd,
+                ro,
+                PAGE,
+                ro as u64,
+                Access::REMOTE_READ | Access::ON_DEMAND,
+            )
+            .unwrap(),
+            c.reg_mr(pd, plain_buf.as_mut_ptr(), 64, 0, ALL | Access::ZERO_BASED)
+                .unwrap(),
+        )
+    };
+    let sge = |addr: *mut u8, length: usize, lkey| Sge {
+        addr: addr as u64,
+        length: length as u32,
+        lkey,
+    };
+    let advise = |c: &Context, pd, advice, sges: &[Sge]| {
+        c.advise_mr(pd, advice, sges)
+            .and_then(|f| f.run())
+            .map_err(|e| e.errno)
+    };
+    let whole = [sge(p, 2 * PAGE, odp.lkey)];
+    for a in [
+        Advice::Prefetch,
+        Advice::PrefetchWrite,
+        Advice::PrefetchNoFault,
+    ] {
+        assert_eq!(advise(&c, pd, a, &whole), Ok(()), "{a:?}");
+    }
+    // Faulting in writes nothing.
+    // SAFETY: mapped readable.
+    assert!(unsafe { std::slice::from_raw_parts(p, 2 * PAGE) }
+        .iter()
+        .all(|&x| x == 0));
+    let efault = Err(Errno::EFAULT);
+    assert_eq!(advise(&c, pd, Advice::Prefetch, &[]), Err(Errno::EINVAL));
+    assert_eq!(
+        advise(&c, other, Advice::Prefetch, &whole),
+        efault,
+        "other PD"
+    );
+    let past = [sge(p, 2 * PAGE + 1, odp.lkey)];
+    assert_eq!(
+        advise(&c, pd, Advice::Prefetch, &past),
+        efault,
+        "past the end"
+    );
+    let bad_key = [sge(p, 8, odp.lkey ^ 0x100)];
+    assert_eq!(
+        advise(&c, pd, Advice::Prefetch, &bad_key),
+        efault,
+        "no such key"
+    );
+    let pinned = [Sge {
+        addr: 0,
+        length: 8,
+        lkey: plain.lkey,
+    }];
+    assert_eq!(
+        advise(&c, pd, Advice::Prefetch, &pinned),
+        efault,
+        "not on demand"
+    );
+    let ro_sge = [sge(ro, PAGE, odp_ro.lkey)];
+    assert_eq!(advise(&c, pd, Advice::Prefetch, &ro_sge), Ok(()));
+    assert_eq!(
+        advise(&c, pd, Advice::PrefetchWrite, &ro_sge),
+        efault,
+        "write without LOCAL_WRITE"
+    );
+    // A page gone since: reading it in fails; not faulting needs nothing of it.
+    // SAFETY: this test's own mapping, reached only through the device's fault-safe copies.
+    assert_eq!(unsafe { libc::munmap(p.add(PAGE).cast(), PAGE) }, 0);
+    assert_eq!(advise(&c, pd, Advice::Prefetch, &whole), efault);
+    assert_eq!(advise(&c, pd, Advice::PrefetchNoFault, &whole), Ok(()));
+    drop(c);
+    // SAFETY: this test's own mappings; the context is dropped first.
+    unsafe {
+        libc::munmap(p.cast(), PAGE);
+        libc::munmap(ro.cast(), PAGE);
+    }
+}

@@ -43,6 +43,11 @@ bitflags! {
         const MW_BIND = 1 << 4;
         /// Addresses are offsets from 0 rather than virtual addresses.
         const ZERO_BASED = 1 << 5;
+        /// On-demand paging: the memory need not be backed when it is registered; the
+        /// device reaches each page as it touches it, and an access to memory the process
+        /// does not map then fails as such. With a null address and a length of
+        /// `usize::MAX`, the region is implicit: the whole address space.
+        const ON_DEMAND = 1 << 6;
     }
 }
 

@@ -23,6 +23,37 @@ pub struct MrInfo {
     pub length: u64,
 }
 
+/// What a prefetch of on-demand memory asks for ([`Context::advise_mr`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advice {
+    /// Map the pages for reading.
+    Prefetch,
+    /// Map the pages for writing.
+    PrefetchWrite,
+    /// Map only pages already present. The device runs in the process's own address
+    /// space, where a present page is already mapped for it: nothing to do.
+    PrefetchNoFault,
+}
+
+/// Pages a checked prefetch faults in ([`Context::advise_mr`]).
+#[derive(Debug)]
+pub struct Prefetch {
+    /// (address, length) of each range.
+    ranges: Vec<(usize, usize)>,
+    write: bool,
+}
+
+impl Prefetch {
+    /// Fault the ranges in, as the device's accesses would (for writing when asked),
+    /// without changing a byte. EFAULT when the process does not map part of them so.
+    pub fn run(&self) -> Result<()> {
+        for &(at, len) in &self.ranges {
+            fault::check_backed(at as *mut u8, len, self.write)?;
+        }
+        Ok(())
+    }
+}
+
 /// Why a remote key check failed; the transport maps this to a NAK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RemoteKeyError {
@@ -44,6 +75,9 @@ pub(super) struct MrObj {
     /// Addresses are offsets from 0 (ZERO_BASED or device memory).
     zero_based: bool,
     dm: Option<DmId>,
+    /// An implicit on-demand region: every address of the process, as itself
+    /// ([`Context::reg_mr`] with a null address and a length of `usize::MAX`).
+    implicit: bool,
 }
 
 impl MrObj {
@@ -64,6 +98,11 @@ impl MrObj {
     }
     /// Host pointer of `va` once `contains(va, _)` holds.
     fn host(&self, va: u64) -> *mut u8 {
+        if self.implicit {
+            // The process's own address `va`: its memory, as the program gave it (no Rust
+            // allocation); every access goes through the fault-safe copies.
+            return va as usize as *mut u8;
+        }
         let off = va.wrapping_sub(self.base()) as usize;
         self.ptr.offset(off).get()
     }
@@ -111,9 +150,16 @@ fn device_writes(access: Access) -> bool {
     )
 }
 
+/// Whether `ptr`, `len` and `access` ask for an implicit on-demand region (the whole
+/// address space, `ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | …)`).
+fn implicit_request(ptr: *mut u8, len: usize, access: Access) -> bool {
+    ptr.is_null() && len == usize::MAX && access.contains(Access::ON_DEMAND)
+}
+
 /// Host memory `ptr..ptr+len` as a region of `access` may take it (see
-/// [`Context::reg_mr`]): a length of 0 at a page boundary is EINVAL, memory the process
-/// does not back (or cannot write, where the device may) EFAULT.
+/// [`Context::reg_mr`]): a length of 0 at a page boundary is EINVAL; memory the process
+/// does not back (or cannot write, where the device may) EFAULT, unless the region pages
+/// on demand.
 ///
 /// # Safety
 /// The contract of [`Context::reg_mr`] for this range.
@@ -123,7 +169,9 @@ unsafe fn backed_memory(ptr: *mut u8, len: usize, access: Access) -> Result<DmaP
             "a zero-length region at a page boundary spans no page",
         ));
     }
-    fault::check_backed(ptr, len, device_writes(access))?;
+    if !access.contains(Access::ON_DEMAND) {
+        fault::check_backed(ptr, len, device_writes(access))?;
+    }
     // A program may have put its own fault handler in front of ours since the last
     // registration; ours goes back in front (chaining to it) before the device may touch
     // this memory.
@@ -155,6 +203,12 @@ impl Context {
     /// otherwise. A length of 0 spans no page at a page-aligned address (EINVAL, the
     /// kernel's "no pages") and the page holding `ptr` otherwise, which must be backed.
     ///
+    /// With [`Access::ON_DEMAND`] nothing is pinned or checked: the memory may be mapped
+    /// later, and an access to a page that is not mapped (or not writable, for a write)
+    /// when the device reaches it fails as for any region. A null `ptr` with `len`
+    /// `usize::MAX` and `iova` 0 registers the implicit region, every address of the
+    /// process (EINVAL with another `iova` or ZERO_BASED).
+    ///
     /// # Safety
     /// The device reads and writes `ptr..ptr+len` at any time, from any thread, while the
     /// region is registered, and the caller accepts that. Its memory may be unmapped or
@@ -170,6 +224,20 @@ impl Context {
         access: Access,
     ) -> Result<MrInfo> {
         let zero_based = access.contains(Access::ZERO_BASED);
+        if implicit_request(ptr, len, access) {
+            if iova != 0 || zero_based {
+                return Err(einval(
+                    "an implicit on-demand region is addressed as the process's memory",
+                ));
+            }
+            self.check_pd(pd)?;
+            check_mr_access(access)?;
+            fault::install_handler();
+            // SAFETY: addresses no memory by itself: an implicit region reaches memory
+            // through `MrObj::host`, which takes the address of each access.
+            let ptr = unsafe { DmaPtr::new(NonNull::<u8>::dangling().as_ptr()) };
+            return self.add_mr(pd, ptr, len, iova, access, false, None, true);
+        }
         if !zero_based && iova.checked_add(len as u64).is_none() {
             return Err(einval("iova + length overflows"));
         }
@@ -199,6 +267,22 @@ impl Context {
         if (ptr.get() as usize).checked_add(len).is_none() || len > isize::MAX as usize {
             return Err(Error::new(Errno::EFAULT, "range wraps the address space"));
         }
+        self.add_mr(pd, ptr, len, iova, access, zero_based, dm, false)
+    }
+
+    /// Add a checked region; ENOMEM past the device's limit.
+    #[allow(clippy::too_many_arguments)]
+    fn add_mr(
+        &mut self,
+        pd: PdId,
+        ptr: DmaPtr,
+        len: usize,
+        iova: u64,
+        access: Access,
+        zero_based: bool,
+        dm: Option<DmId>,
+        implicit: bool,
+    ) -> Result<MrInfo> {
         if self.mrs.by_index.len() >= self.dev.max_mr as usize {
             return Err(enomem("too many MRs"));
         }
@@ -213,6 +297,7 @@ impl Context {
             access,
             zero_based,
             dm,
+            implicit,
         };
         let addr = mr.base();
         self.mrs.by_index.insert(key >> 8, mr);
@@ -243,7 +328,8 @@ impl Context {
     /// backed, and writable if the device may write it). The keys stay: peers that hold
     /// the rkey reach the region as it now is. Nothing changes unless everything checks
     /// out. EINVAL for nothing to change, or new memory for a region of device memory;
-    /// EBUSY while windows are bound to it (they were checked against what it was).
+    /// EBUSY while windows are bound to it (they were checked against what it was);
+    /// EOPNOTSUPP for an implicit on-demand region, or to make one.
     ///
     /// # Safety
     /// With `memory`, the contract of [`Context::reg_mr`] for the new range. The old range
@@ -259,6 +345,12 @@ impl Context {
         if pd.is_none() && memory.is_none() && access.is_none() {
             return Err(einval("nothing to change"));
         }
+        if mr.implicit {
+            return Err(Error::new(
+                Errno::EOPNOTSUPP,
+                "an implicit on-demand region cannot be re-registered",
+            ));
+        }
         if self.mws.bound_to_mr(lkey) {
             return Err(ebusy("memory windows are bound to the MR"));
         }
@@ -272,6 +364,12 @@ impl Context {
         let zero_based = new_access.contains(Access::ZERO_BASED) || mr.dm.is_some();
         let (ptr, len, iova) = match memory {
             Some((ptr, len, iova)) => {
+                if implicit_request(ptr, len, new_access) {
+                    return Err(Error::new(
+                        Errno::EOPNOTSUPP,
+                        "a region cannot become an implicit on-demand one",
+                    ));
+                }
                 if !zero_based && iova.checked_add(len as u64).is_none() {
                     return Err(einval("iova + length overflows"));
                 }
@@ -281,7 +379,11 @@ impl Context {
             }
             None => {
                 // The memory stays; a right to write it needs it writable now.
-                if device_writes(new_access) && mr.dm.is_none() && mr.len > 0 {
+                if device_writes(new_access)
+                    && !new_access.contains(Access::ON_DEMAND)
+                    && mr.dm.is_none()
+                    && mr.len > 0
+                {
                     fault::check_backed(mr.ptr.get(), mr.len, true)?;
                 }
                 (mr.ptr, mr.len, mr.iova)
@@ -304,6 +406,42 @@ impl Context {
             addr: m.base(),
             length: len as u64,
         })
+    }
+
+    /// Check a prefetch of on-demand memory (`ibv_advise_mr`) and say what it takes: each
+    /// SGE of non-zero length must lie inside an on-demand region of `pd` named by its
+    /// lkey, which grants LOCAL_WRITE for [`Advice::PrefetchWrite`]; EFAULT otherwise
+    /// (the man page's answer for a bad lkey, range or write access), EINVAL for an empty
+    /// list. The pages are faulted in by [`Prefetch::run`], outside the engine lock: a
+    /// large range takes a while, and the device need not wait for it.
+    pub fn advise_mr(&self, pd: PdId, advice: Advice, sg_list: &[Sge]) -> Result<Prefetch> {
+        if sg_list.is_empty() {
+            return Err(einval("no scatter/gather entry to prefetch"));
+        }
+        let write = advice == Advice::PrefetchWrite;
+        let mut ranges = Vec::with_capacity(sg_list.len());
+        for sge in sg_list {
+            let bad = |why| Err(Error::new(Errno::EFAULT, why));
+            let Some(mr) = self.mrs.by_key(sge.lkey) else {
+                return bad("lkey of no registered memory region");
+            };
+            if mr.pd != pd {
+                return bad("memory region of another protection domain");
+            }
+            if !mr.access.contains(Access::ON_DEMAND) {
+                return bad("memory region not registered on demand");
+            }
+            if write && !mr.access.contains(Access::LOCAL_WRITE) {
+                return bad("prefetch for writing of a region without LOCAL_WRITE");
+            }
+            if !mr.contains(sge.addr, u64::from(sge.length)) {
+                return bad("range outside its memory region");
+            }
+            if sge.length > 0 && advice != Advice::PrefetchNoFault {
+                ranges.push((mr.host(sge.addr) as usize, sge.length as usize));
+            }
+        }
+        Ok(Prefetch { ranges, write })
     }
 
     /// Deregister by lkey; EBUSY while windows are bound to it.
