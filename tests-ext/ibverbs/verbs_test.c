@@ -164,6 +164,14 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static uint64_t now_wall_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_REALTIME, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 static void sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
@@ -2190,19 +2198,19 @@ static void t_cq_ex(void)
 	struct fx f;
 	struct pair_opts o;
 	struct ibv_wc wc;
-	uint64_t ts[2] = { 0, 0 };
+	uint64_t ts[2] = { 0, 0 }, wall[2] = { 0, 0 }, wall_before = now_wall_ns();
 	int rc, have_ts = 1;
 
 	memset(&f, 0, sizeof(f));
-	check_begin("ibv_create_cq_ex with IBV_WC_EX_WITH_COMPLETION_TIMESTAMP");
+	check_begin("ibv_create_cq_ex with IBV_WC_EX_WITH_COMPLETION_TIMESTAMP and _WALLCLOCK");
 	EXPECT(D.attr.completion_timestamp_mask != 0, "completion_timestamp_mask is 0");
 	EXPECT(D.attr.hca_core_clock != 0, "hca_core_clock is 0");
 	memset(&ca, 0, sizeof(ca));
 	ca.cqe = 32;
-	ca.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM |
-		      IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP;
+	ca.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK |
+		      IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP;
 	cqx = ibv_create_cq_ex(D.ctx, &ca);
-	EXPECT(cqx, "ibv_create_cq_ex(COMPLETION_TIMESTAMP): %s", strerror(errno));
+	EXPECT(cqx, "ibv_create_cq_ex(COMPLETION_TIMESTAMP | _WALLCLOCK): %s", strerror(errno));
 	if (!cqx) {
 		/* go on with the standard flags, to check the polling API */
 		have_ts = 0;
@@ -2248,8 +2256,10 @@ static void t_cq_ex(void)
 				       ntohl(ibv_wc_read_imm_data(cqx)));
 				EXPECT(ibv_wc_read_qp_num(cqx) == f.p.b.qp->qp_num, "first: qp_num 0x%x",
 				       ibv_wc_read_qp_num(cqx));
-				if (have_ts)
+				if (have_ts) {
 					ts[0] = ibv_wc_read_completion_ts(cqx);
+					wall[0] = ibv_wc_read_completion_wallclock_ns(cqx);
+				}
 				rc = ibv_next_poll(cqx);
 				{
 					uint64_t end = now_ms() + 10000;
@@ -2267,8 +2277,10 @@ static void t_cq_ex(void)
 					       ibv_wc_read_byte_len(cqx));
 					EXPECT(!(ibv_wc_read_wc_flags(cqx) & IBV_WC_WITH_IMM), "second: wc_flags 0x%x",
 					       ibv_wc_read_wc_flags(cqx));
-					if (have_ts)
+					if (have_ts) {
 						ts[1] = ibv_wc_read_completion_ts(cqx);
+						wall[1] = ibv_wc_read_completion_wallclock_ns(cqx);
+					}
 				}
 				rc = ibv_next_poll(cqx);
 				EXPECT(rc == ENOENT, "ibv_next_poll on an empty CQ: %d want ENOENT", rc);
@@ -2289,6 +2301,29 @@ static void t_cq_ex(void)
 			EXPECT(ts[1] - ts[0] >= min_ticks, "completions 2 ms apart are %" PRIu64 " ticks apart (clock %" PRIu64
 			       " kHz)", ts[1] - ts[0], D.attr.hca_core_clock);
 		}
+	}
+	check_end();
+
+	check_begin("extended CQ: ibv_wc_read_completion_wallclock_ns is real time on the same clock; "
+		    "ibv_query_rt_values_ex reads that clock now");
+	if (EXPECT(have_ts && cqx, "no timestamp CQ")) {
+		struct ibv_values_ex v = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK };
+		uint64_t wall_after = now_wall_ns();
+
+		EXPECT(wall[0] >= wall_before && wall[1] <= wall_after && wall[1] > wall[0],
+		       "wall-clock times %" PRIu64 " %" PRIu64 " outside [%" PRIu64 ", %" PRIu64 "]", wall[0], wall[1],
+		       wall_before, wall_after);
+		EXPECT(wall[1] - wall[0] == ts[1] - ts[0], "wall-clock gap %" PRIu64 " ns, device-clock gap %" PRIu64,
+		       wall[1] - wall[0], ts[1] - ts[0]);
+		rc = ibv_query_rt_values_ex(D.ctx, &v);
+		if (EXPECT(rc == 0 && v.comp_mask == IBV_VALUES_MASK_RAW_CLOCK, "ibv_query_rt_values_ex: %s mask %u",
+			   strerror(rc), v.comp_mask))
+			EXPECT(v.raw_clock.tv_sec == 0 && (uint64_t)v.raw_clock.tv_nsec >= ts[1],
+			       "raw clock %lld.%09ld, last completion at %" PRIu64, (long long)v.raw_clock.tv_sec,
+			       v.raw_clock.tv_nsec, ts[1]);
+		v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK | IBV_VALUES_MASK_RESERVED;
+		rc = ibv_query_rt_values_ex(D.ctx, &v);
+		EXPECT(rc == EINVAL, "an unknown mask bit: %s", strerror(rc));
 	}
 	check_end();
 	fx_free(&f);

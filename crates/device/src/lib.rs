@@ -199,6 +199,7 @@ impl Device {
             addr,
             link_mtu,
             start: Instant::now(),
+            start_wall_ns: runtime::wall_ns(),
             alt_addr,
             alt_ready: AtomicBool::new(false),
             alt_until: AtomicU64::new(0),
@@ -295,6 +296,12 @@ impl Device {
     /// Device time: nanoseconds since the device opened.
     pub fn now(&self) -> u64 {
         self.shared.now()
+    }
+    /// Device time `t` as real time, nanoseconds since the Unix epoch: the real time at
+    /// which the device opened plus `t`. The device clock is monotonic; a step of the
+    /// system's real-time clock after the open (an NTP correction) is not followed.
+    pub fn wallclock_ns(&self, t: u64) -> u64 {
+        self.shared.start_wall_ns.saturating_add(t)
     }
     /// Whether the device busy-polls ([`DeviceConfig::busy_poll`]).
     pub fn busy_poll(&self) -> bool {

@@ -106,6 +106,9 @@ pub(crate) struct Runtime {
     /// that poll without ever waiting (busy polling) see it that way.
     pub(crate) alt_steps: AtomicU64,
     pub(crate) start: Instant,
+    /// The real time (ns since the Unix epoch) at `start`: device times as wall-clock
+    /// times ([`crate::Device::wallclock_ns`]).
+    pub(crate) start_wall_ns: u64,
     pub(crate) core: Mutex<Engine>,
     pub(crate) rx: Mutex<Rx>,
     /// Wakes the progress thread.

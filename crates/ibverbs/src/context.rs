@@ -15,6 +15,7 @@ use crate::{guard, null_errno, sys, zeroed};
 fn init_ops(v: &mut sys::verbs_context) {
     v.query_port = Some(device::query_port_ex);
     v.query_device_ex = Some(device::query_device_ex);
+    v.query_rt_values = Some(device::query_rt_values);
     v.create_cq_ex = Some(cq::create_cq_ex);
     v.create_qp_ex = Some(qp::create_qp_ex);
     v.alloc_dm = Some(dm::alloc_dm);

@@ -555,6 +555,38 @@ fn odp_caps() -> sys::ibv_odp_caps {
     c
 }
 
+/// `verbs_context.query_rt_values` (`ibv_query_rt_values_ex`): the device clock now, in
+/// the units of `ibv_wc_read_completion_ts` (nanoseconds since the device opened; the
+/// clock's rate is `hca_core_clock`), as mlx5 reports it: the count in `raw_clock.tv_nsec`
+/// and `tv_sec` 0. EINVAL for a mask bit other than IBV_VALUES_MASK_RAW_CLOCK.
+pub(crate) unsafe extern "C" fn query_rt_values(
+    context: *mut sys::ibv_context,
+    values: *mut sys::ibv_values_ex,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller passes a live context.
+        let Some(ctx) = (unsafe { Ctx::from_ptr(context) }) else {
+            return libc::EINVAL;
+        };
+        if values.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: `values` points at the caller's ibv_values_ex.
+        let v = unsafe { &mut *values };
+        if v.comp_mask & !sys::IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            return libc::EINVAL;
+        }
+        let mut done = 0;
+        if v.comp_mask & sys::IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            v.raw_clock.tv_sec = 0;
+            v.raw_clock.tv_nsec = ctx.dev().now().min(i64::MAX as u64) as _;
+            done |= sys::IBV_VALUES_MASK_RAW_CLOCK;
+        }
+        v.comp_mask = done;
+        0
+    })
+}
+
 /// `verbs_context.query_device_ex`.
 pub(crate) unsafe extern "C" fn query_device_ex(
     context: *mut sys::ibv_context,

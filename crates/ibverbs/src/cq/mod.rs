@@ -173,7 +173,12 @@ const WC_EX_SUPPORTED: u64 = (sys::IBV_WC_EX_WITH_BYTE_LEN
     | sys::IBV_WC_EX_WITH_SLID
     | sys::IBV_WC_EX_WITH_SL
     | sys::IBV_WC_EX_WITH_DLID_PATH_BITS
-    | sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) as u64;
+    | sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+    | sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK) as u64;
+
+/// The `wc_flags` that ask for a completion's time, on the device clock or the wall clock.
+const WC_EX_TIMES: u64 = (sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+    | sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK) as u64;
 
 /// `verbs_context.create_cq_ex`: the same CQ, with the `ibv_start_poll` API set.
 pub(crate) unsafe extern "C" fn create_cq_ex(
@@ -196,7 +201,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         {
             return null_errno(libc::EOPNOTSUPP);
         }
-        let ts = a.wc_flags & u64::from(sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) != 0;
+        let ts = a.wc_flags & WC_EX_TIMES != 0;
         let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
         match create_cq_obj(ctx, cqe, a.cq_context, a.channel, a.comp_vector.into(), ts) {
             Ok(p) => {

@@ -104,6 +104,7 @@ pub(super) fn init_cq_ex(c: &mut sys::ibv_cq_ex) {
     c.read_sl = Some(read_sl);
     c.read_dlid_path_bits = Some(read_dlid_path_bits);
     c.read_completion_ts = Some(read_completion_ts);
+    c.read_completion_wallclock_ns = Some(read_completion_wallclock_ns);
 }
 
 /// Make the next completion current: 0, ENOENT when empty, or an errno.
@@ -193,6 +194,22 @@ unsafe extern "C" fn read_sl(cq: *mut sys::ibv_cq_ex) -> u8 {
 }
 unsafe extern "C" fn read_dlid_path_bits(cq: *mut sys::ibv_cq_ex) -> u8 {
     guard(0, || cur(cq).dlid_path_bits)
+}
+/// The current completion's time as real time, nanoseconds since the Unix epoch (see
+/// `Device::wallclock_ns`); 0 when the CQ records no times.
+unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut sys::ibv_cq_ex) -> u64 {
+    guard(0, || {
+        // SAFETY: as in `cur`.
+        let Some(q) = (unsafe { obj::<Cq, _>(cq) }) else {
+            return 0;
+        };
+        // SAFETY: as in `poll_next`.
+        let ts = unsafe { (*q.poll_state.get()).cur.timestamp };
+        match (ts, q.ctx()) {
+            (Some(t), Some(ctx)) => ctx.dev().wallclock_ns(t),
+            _ => 0,
+        }
+    })
 }
 unsafe extern "C" fn read_completion_ts(cq: *mut sys::ibv_cq_ex) -> u64 {
     guard(0, || {
