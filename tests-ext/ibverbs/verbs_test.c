@@ -3533,6 +3533,111 @@ static void t_odp(void)
 	check_end();
 }
 
+/* Parent and thread domains: a parent domain stands for its protection domain wherever a
+ * PD may, and holds it (and its thread domain) until it goes. */
+static void t_parent_domain(void)
+{
+	struct fx f;
+	struct ibv_wc wc;
+	struct ibv_pd *pd = NULL, *parent = NULL, *bad;
+	struct ibv_td *td = NULL;
+	struct ibv_mr *mr = NULL;
+	struct ibv_cq_ex *cqx;
+	char *buf = calloc(1, 4096);
+
+	memset(&f, 0, sizeof(f));
+	check_begin("ibv_alloc_td / ibv_alloc_parent_domain: made, and their input checked");
+	{
+		struct ibv_td_init_attr ta = { .comp_mask = 1 };
+
+		errno = 0;
+		td = ibv_alloc_td(D.ctx, &ta);
+		EXPECT(!td && errno == EINVAL, "td with comp_mask 1: %p %s", (void *)td, strerror(errno));
+		ta.comp_mask = 0;
+		td = ibv_alloc_td(D.ctx, &ta);
+		EXPECT(td && td->context == D.ctx, "ibv_alloc_td: %s", strerror(errno));
+		pd = ibv_alloc_pd(D.ctx);
+		if (EXPECT(pd && td, "alloc: %s", strerror(errno))) {
+			struct ibv_parent_domain_init_attr pa = { .pd = pd, .td = td };
+
+			parent = ibv_alloc_parent_domain(D.ctx, &pa);
+			EXPECT(parent && parent != pd && parent->context == D.ctx, "ibv_alloc_parent_domain: %s",
+			       strerror(errno));
+			pa.comp_mask = 4;
+			errno = 0;
+			bad = ibv_alloc_parent_domain(D.ctx, &pa);
+			EXPECT(!bad && errno == EINVAL, "unknown comp_mask bit: %p %s", (void *)bad, strerror(errno));
+			pa.comp_mask = 0;
+			pa.pd = parent;
+			errno = 0;
+			bad = parent ? ibv_alloc_parent_domain(D.ctx, &pa) : NULL;
+			EXPECT(!bad && (errno == EINVAL || !parent), "a parent domain of a parent domain: %p %s",
+			       (void *)bad, strerror(errno));
+		}
+	}
+	check_end();
+
+	check_begin("a parent domain holds its PD and thread domain: their deallocation is EBUSY until it goes");
+	if (EXPECT(parent, "no parent domain")) {
+		EXPECT(ibv_dealloc_pd(pd) == EBUSY, "ibv_dealloc_pd of its protection domain");
+		EXPECT(ibv_dealloc_td(td) == EBUSY, "ibv_dealloc_td of its thread domain");
+	}
+	check_end();
+
+	check_begin("a parent domain stands for its PD: an MR registered in it serves the PD's QPs, and holds it");
+	if (parent && fx_rc(&f)) {
+		struct ibv_parent_domain_init_attr pa = { .pd = D.pd };
+		struct ibv_pd *dparent = ibv_alloc_parent_domain(D.ctx, &pa);
+
+		mr = dparent ? ibv_reg_mr(dparent, buf, 4096, ACC_ALL) : NULL;
+		if (EXPECT(mr && mr->pd == dparent, "reg_mr in a parent domain of D's PD: %s", strerror(errno))) {
+			fill(f.ma.buf, 1000, 9);
+			post_send1(f.p.a.qp, &(struct sendspec){ .id = 80, .op = IBV_WR_RDMA_WRITE, .addr = f.ma.buf,
+								 .len = 1000, .lkey = f.ma.mr->lkey,
+								 .raddr = (uintptr_t)buf + 8, .rkey = mr->rkey });
+			if (poll1(f.p.a.scq, &wc, "the write"))
+				check_wc(&wc, &(struct want){ 80, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, ANY,
+							      f.p.a.qp->qp_num, ANY, ANY, ANY }, "writer");
+			EXPECT(diff_at(f.ma.buf, buf + 8, 1000) < 0, "written bytes differ at %ld",
+			       diff_at(f.ma.buf, buf + 8, 1000));
+			EXPECT(ibv_dealloc_pd(dparent) == EBUSY, "ibv_dealloc_pd of a parent domain with an MR in it");
+		}
+		if (mr)
+			EXPECT(ibv_dereg_mr(mr) == 0, "dereg: %s", strerror(errno));
+		if (dparent)
+			EXPECT(ibv_dealloc_pd(dparent) == 0, "dealloc the parent of D's PD: %s", strerror(errno));
+	}
+	fx_free(&f);
+	check_end();
+
+	check_begin("ibv_create_cq_ex in a parent domain; a plain PD there is EINVAL");
+	if (parent) {
+		struct ibv_cq_init_attr_ex ca = { .cqe = 16, .wc_flags = IBV_WC_STANDARD_FLAGS,
+						  .comp_mask = IBV_CQ_INIT_ATTR_MASK_PD, .parent_domain = pd };
+
+		errno = 0;
+		cqx = ibv_create_cq_ex(D.ctx, &ca);
+		EXPECT(!cqx && errno == EINVAL, "plain PD: %p %s", (void *)cqx, strerror(errno));
+		if (cqx)
+			ibv_destroy_cq(ibv_cq_ex_to_cq(cqx));
+		ca.parent_domain = parent;
+		cqx = ibv_create_cq_ex(D.ctx, &ca);
+		if (EXPECT(cqx, "parent domain: %s", strerror(errno)))
+			EXPECT(ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)) == 0, "destroy: %s", strerror(errno));
+	}
+	check_end();
+
+	check_begin("deallocation in order: parent domain, then thread domain and PD");
+	if (parent)
+		EXPECT(ibv_dealloc_pd(parent) == 0, "parent: %s", strerror(errno));
+	if (td)
+		EXPECT(ibv_dealloc_td(td) == 0, "td: %s", strerror(errno));
+	if (pd)
+		EXPECT(ibv_dealloc_pd(pd) == 0, "pd: %s", strerror(errno));
+	check_end();
+	free(buf);
+}
+
 struct test {
 	const char *name;
 	void (*fn)(void);
@@ -3574,6 +3679,7 @@ static const struct test tests[] = {
 	{ "mr_backing", t_mr_backing },
 	{ "mr_gone", t_mr_gone },
 	{ "odp", t_odp },
+	{ "parent_domain", t_parent_domain },
 };
 
 static void usage(const char *argv0)

@@ -23,6 +23,9 @@ impl Destroy for Ah {
     fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
         r.destroy_ah(self.id)
     }
+    fn pd(&self) -> *mut sys::ibv_pd {
+        self.c.pd
+    }
 }
 
 #[no_mangle]
@@ -47,6 +50,8 @@ pub unsafe extern "C" fn ibv_create_ah(
                 c.context = p.c.context;
                 c.pd = pd;
                 c.handle = id.0;
+                // SAFETY: `pd` is the live PD the AH was made in.
+                unsafe { crate::pd::hold(pd) };
                 leak(Ah { c, id }).cast()
             }
             Err(e) => null_errno(errno(&e)),

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::device::{self, CmdFile, Ctx};
-use crate::{cq, dm, mr, mw, qp, srq};
+use crate::{cq, dm, mr, mw, pd, qp, srq};
 use crate::{guard, null_errno, sys, zeroed};
 
 fn init_ops(v: &mut sys::verbs_context) {
@@ -22,6 +22,9 @@ fn init_ops(v: &mut sys::verbs_context) {
     v.free_dm = Some(dm::free_dm);
     v.reg_dm_mr = Some(dm::reg_dm_mr);
     v.advise_mr = Some(mr::advise_mr);
+    v.alloc_td = Some(pd::alloc_td);
+    v.dealloc_td = Some(pd::dealloc_td);
+    v.alloc_parent_domain = Some(pd::alloc_parent_domain);
     let ops = &mut v.context.ops;
     ops.poll_cq = Some(cq::poll_cq);
     ops.req_notify_cq = Some(cq::req_notify_cq);

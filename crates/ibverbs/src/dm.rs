@@ -190,6 +190,8 @@ pub(crate) unsafe extern "C" fn reg_dm_mr(
                 c.handle = info.lkey;
                 c.lkey = info.lkey;
                 c.rkey = info.rkey;
+                // SAFETY: `pd` is the live PD the region was made in.
+                unsafe { crate::pd::hold(pd) };
                 leak(Mr {
                     c,
                     lkey: info.lkey,

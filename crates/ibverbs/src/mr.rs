@@ -44,6 +44,9 @@ impl Destroy for Mr {
     fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
         r.dereg_mr(self.lkey)
     }
+    fn pd(&self) -> *mut sys::ibv_pd {
+        self.c.pd
+    }
 }
 
 /// Translate `IBV_ACCESS_*` (the engine's bits are the same): optional bits and HUGETLB
@@ -87,6 +90,8 @@ unsafe fn reg_mr_common(
                 c.handle = info.lkey;
                 c.lkey = info.lkey;
                 c.rkey = info.rkey;
+                // SAFETY: `pd` is the live PD the region was made in.
+                unsafe { crate::pd::hold(pd) };
                 leak(Mr {
                     c,
                     lkey: info.lkey,
@@ -210,6 +215,12 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         match r {
             Ok(info) => {
                 if flags & sys::IBV_REREG_MR_CHANGE_PD != 0 {
+                    // SAFETY: both PDs are live: the new one checked above, the old one
+                    // held for this region until now.
+                    unsafe {
+                        crate::pd::hold(pd);
+                        crate::pd::release(m.c.pd);
+                    }
                     m.c.pd = pd;
                 }
                 if flags & sys::IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
@@ -333,6 +344,8 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut sys::ibv_pd, mr_handle: u32) -> 
         c.handle = info.lkey;
         c.lkey = info.lkey;
         c.rkey = info.rkey;
+        // SAFETY: `pd` is the live PD the handle is made in.
+        unsafe { crate::pd::hold(pd) };
         leak(Mr {
             c,
             lkey: info.lkey,

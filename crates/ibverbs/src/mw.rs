@@ -26,6 +26,9 @@ impl Destroy for Mw {
     fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
         r.dealloc_mw(self.id)
     }
+    fn pd(&self) -> *mut sys::ibv_pd {
+        self.c.pd
+    }
 }
 
 pub(crate) unsafe extern "C" fn alloc_mw(
@@ -56,6 +59,8 @@ pub(crate) unsafe extern "C" fn alloc_mw(
                 c.rkey = rkey;
                 c.handle = id.0;
                 c.type_ = mw_type;
+                // SAFETY: `pd` is the live PD the window was made in.
+                unsafe { crate::pd::hold(pd) };
                 leak(Mw { c, id }).cast()
             }
             Err(e) => null_errno(errno(&e)),

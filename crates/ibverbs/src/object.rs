@@ -49,7 +49,10 @@ unsafe fn free<T, C>(p: *mut C) {
 /// `p` is null or the head of a live `T` made by [`leak`], not used again by the caller.
 pub(crate) unsafe fn unimport<T: Destroy>(p: *mut T::C) {
     guard((), || {
-        if !p.is_null() {
+        // SAFETY: per the contract.
+        if let Some(o) = unsafe { obj::<T, _>(p) } {
+            // SAFETY: the handle's PD is live while the handle is (it was held).
+            unsafe { crate::pd::release(o.pd()) };
             // SAFETY: per the contract: made by `leak` as a `T`, freed once.
             unsafe { free::<T, _>(p) }
         }
@@ -78,6 +81,10 @@ pub(crate) trait Destroy {
     /// Forget what the context keeps of the object (lookups by engine id, fds), once the
     /// engine no longer has it.
     fn unregister(&self, _ctx: &Ctx) {}
+    /// The PD the object was made in (held with `pd::hold`), if it has one.
+    fn pd(&self) -> *mut sys::ibv_pd {
+        std::ptr::null_mut()
+    }
 }
 
 /// The destroy verb of a `T`: 0, or an errno with the object left as it was.
@@ -98,6 +105,8 @@ pub(crate) unsafe fn destroy<T: Destroy>(p: *mut T::C) -> c_int {
         match ctx.dev().call(|r, _| o.destroy_verbs(r)) {
             Ok(()) => {
                 o.unregister(ctx);
+                // SAFETY: the object's PD is live while the object is (it was held).
+                unsafe { crate::pd::release(o.pd()) };
                 // SAFETY: made by `leak` as a `T` (per the contract); freed once, as the
                 // engine object it stood for is gone.
                 unsafe { free::<T, _>(p) };

@@ -25,6 +25,9 @@ impl Destroy for Srq {
     fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
         r.destroy_srq(self.id)
     }
+    fn pd(&self) -> *mut sys::ibv_pd {
+        self.c.pd
+    }
     fn unregister(&self, ctx: &Ctx) {
         ctx.shared.registry().srqs.remove(&self.id.0);
     }
@@ -69,6 +72,8 @@ pub unsafe extern "C" fn ibv_create_srq(
                 c.srq_context = init.srq_context;
                 c.pd = pd;
                 c.handle = id.0;
+                // SAFETY: `pd` is the live PD the SRQ was made in.
+                unsafe { crate::pd::hold(pd) };
                 let s = leak(Srq { c, id });
                 ctx.shared.registry().srqs.insert(id.0, s as usize);
                 s.cast()

@@ -76,6 +76,8 @@ pub(crate) struct Cq {
     pub(crate) poller: CqPoller,
     /// State of the `ibv_start_poll` API.
     pub(crate) poll_state: std::cell::UnsafeCell<poll::CqPoll>,
+    /// The parent domain it was made in (`IBV_CQ_INIT_ATTR_MASK_PD`), or null.
+    parent_domain: *mut sys::ibv_pd,
 }
 
 impl Destroy for Cq {
@@ -88,6 +90,9 @@ impl Destroy for Cq {
     }
     fn unregister(&self, ctx: &Ctx) {
         ctx.shared.registry().cqs.remove(&self.id.0);
+    }
+    fn pd(&self) -> *mut sys::ibv_pd {
+        self.parent_domain
     }
 }
 
@@ -109,6 +114,7 @@ fn create_cq_obj(
     channel: *mut sys::ibv_comp_channel,
     comp_vector: i64,
     timestamps: bool,
+    parent_domain: *mut sys::ibv_pd,
 ) -> Result<*mut Cq, c_int> {
     if cqe <= 0 {
         return Err(libc::EINVAL);
@@ -140,7 +146,10 @@ fn create_cq_obj(
         id,
         poller: CqPoller::new(id),
         poll_state: Default::default(),
+        parent_domain,
     });
+    // SAFETY: null or the live parent domain the CQ is made in.
+    unsafe { crate::pd::hold(parent_domain) };
     ctx.shared.registry().cqs.insert(id.0, p as usize);
     Ok(p)
 }
@@ -158,7 +167,15 @@ pub unsafe extern "C" fn ibv_create_cq(
         let Some(ctx) = (unsafe { ctx_of(context) }) else {
             return null_errno(libc::EINVAL);
         };
-        match create_cq_obj(ctx, cqe, cq_context, channel, comp_vector.into(), false) {
+        match create_cq_obj(
+            ctx,
+            cqe,
+            cq_context,
+            channel,
+            comp_vector.into(),
+            false,
+            std::ptr::null_mut(),
+        ) {
             Ok(p) => p.cast(),
             Err(e) => null_errno(e),
         }
@@ -201,9 +218,30 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         {
             return null_errno(libc::EOPNOTSUPP);
         }
+        // A CQ may be made in a parent domain (mlx5 then takes its buffer from the
+        // domain's allocators; softrdma has none to take): it must be one of this context.
+        // SAFETY: the caller passes null or a PD of this library.
+        if a.comp_mask & sys::IBV_CQ_INIT_ATTR_MASK_PD != 0
+            && !unsafe { crate::pd::is_parent_domain(a.parent_domain, context) }
+        {
+            return null_errno(libc::EINVAL);
+        }
         let ts = a.wc_flags & WC_EX_TIMES != 0;
         let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
-        match create_cq_obj(ctx, cqe, a.cq_context, a.channel, a.comp_vector.into(), ts) {
+        let parent = if a.comp_mask & sys::IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+            a.parent_domain
+        } else {
+            std::ptr::null_mut()
+        };
+        match create_cq_obj(
+            ctx,
+            cqe,
+            a.cq_context,
+            a.channel,
+            a.comp_vector.into(),
+            ts,
+            parent,
+        ) {
             Ok(p) => {
                 // SAFETY: `p` is the live CQ just made; nothing else uses it yet.
                 poll::init_cq_ex(unsafe { &mut (*p).c });

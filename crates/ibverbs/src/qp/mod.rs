@@ -41,6 +41,9 @@ impl Destroy for Qp {
     fn destroy_verbs(&self, r: &mut Rnic) -> verbs::Result<()> {
         r.destroy_qp(self.qpn)
     }
+    fn pd(&self) -> *mut sys::ibv_pd {
+        self.c.qp_base.pd
+    }
     fn unregister(&self, ctx: &Ctx) {
         ctx.shared.registry().qps.remove(&self.qpn);
     }
@@ -154,6 +157,8 @@ fn create_qp_obj(
     b.state = sys::IBV_QPS_RESET;
     b.qp_type = qp_type_raw;
     wr::init_qp_ex(&mut c);
+    // SAFETY: `pd` is the live PD the QP was made in.
+    unsafe { crate::pd::hold(pd) };
     let q = leak(Qp {
         c,
         qpn,
