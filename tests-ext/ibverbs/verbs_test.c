@@ -3420,7 +3420,8 @@ static void t_odp(void)
 	char *p;
 	const int odp_acc = ACC_ALL | IBV_ACCESS_ON_DEMAND;
 
-	check_begin("ibv_query_device_ex: ODP supported, implicit too, for every RC operation");
+	check_begin("ibv_query_device_ex: device_cap_flags_ex holds device_cap_flags (as the kernel reports "
+		    "it); ODP supported, implicit too, for every RC operation");
 	{
 		struct ibv_device_attr_ex a;
 		const uint32_t rc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
@@ -3428,6 +3429,9 @@ static void t_odp(void)
 
 		memset(&a, 0, sizeof(a));
 		if (EXPECT(ibv_query_device_ex(D.ctx, NULL, &a) == 0, "query: %s", strerror(errno))) {
+			EXPECT(a.device_cap_flags_ex == a.orig_attr.device_cap_flags && a.device_cap_flags_ex != 0,
+			       "device_cap_flags_ex 0x%llx, device_cap_flags 0x%x",
+			       (unsigned long long)a.device_cap_flags_ex, a.orig_attr.device_cap_flags);
 			EXPECT(a.odp_caps.general_caps == (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT),
 			       "general_caps 0x%llx", (unsigned long long)a.odp_caps.general_caps);
 			EXPECT(a.odp_caps.per_transport_caps.rc_odp_caps == rc, "rc 0x%x",

@@ -613,6 +613,9 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         o.max_dm_size = ctx.dev().inspect(|r| r.device_attr().max_dm_size);
         o.phys_port_cnt_ex = u32::from(o.orig_attr.phys_port_cnt);
         o.odp_caps = odp_caps();
+        // The kernel reports every capability here, the 32 bits of `device_cap_flags`
+        // among them (`ib_uverbs_ex_query_device`); softrdma has none past them.
+        o.device_cap_flags_ex = u64::from(o.orig_attr.device_cap_flags);
         // SAFETY: `attr` has `attr_size` bytes (the caller's sizeof).
         unsafe { crate::copy_prefix(&o, attr, attr_size) };
         0
