@@ -236,7 +236,17 @@ impl Context {
             // SAFETY: addresses no memory by itself: an implicit region reaches memory
             // through `MrObj::host`, which takes the address of each access.
             let ptr = unsafe { DmaPtr::new(NonNull::<u8>::dangling().as_ptr()) };
-            return self.add_mr(pd, ptr, len, iova, access, false, None, true);
+            return self.add_mr(MrObj {
+                pd,
+                key: 0,
+                ptr,
+                len,
+                iova,
+                access,
+                zero_based: false,
+                dm: None,
+                implicit: true,
+            });
         }
         if !zero_based && iova.checked_add(len as u64).is_none() {
             return Err(einval("iova + length overflows"));
@@ -267,39 +277,29 @@ impl Context {
         if (ptr.get() as usize).checked_add(len).is_none() || len > isize::MAX as usize {
             return Err(Error::new(Errno::EFAULT, "range wraps the address space"));
         }
-        self.add_mr(pd, ptr, len, iova, access, zero_based, dm, false)
-    }
-
-    /// Add a checked region; ENOMEM past the device's limit.
-    #[allow(clippy::too_many_arguments)]
-    fn add_mr(
-        &mut self,
-        pd: PdId,
-        ptr: DmaPtr,
-        len: usize,
-        iova: u64,
-        access: Access,
-        zero_based: bool,
-        dm: Option<DmId>,
-        implicit: bool,
-    ) -> Result<MrInfo> {
-        if self.mrs.by_index.len() >= self.dev.max_mr as usize {
-            return Err(enomem("too many MRs"));
-        }
-        let key = self.alloc_key()?;
-        let ptr = region_ptr(ptr, len);
-        let mr = MrObj {
+        self.add_mr(MrObj {
             pd,
-            key,
+            key: 0,
             ptr,
             len,
             iova,
             access,
             zero_based,
             dm,
-            implicit,
-        };
-        let addr = mr.base();
+            implicit: false,
+        })
+    }
+
+    /// Add a checked region under a fresh key (its `key` field is set here); ENOMEM past
+    /// the device's limit.
+    fn add_mr(&mut self, mut mr: MrObj) -> Result<MrInfo> {
+        if self.mrs.by_index.len() >= self.dev.max_mr as usize {
+            return Err(enomem("too many MRs"));
+        }
+        let key = self.alloc_key()?;
+        mr.key = key;
+        mr.ptr = region_ptr(mr.ptr, mr.len);
+        let (addr, len) = (mr.base(), mr.len);
         self.mrs.by_index.insert(key >> 8, mr);
         Ok(MrInfo {
             lkey: key,
