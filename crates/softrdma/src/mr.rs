@@ -1,6 +1,7 @@
 //! Memory regions, memory windows and device memory.
 
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use softrdma_transport::verbs::{self, Access, DmId, MrInfo, MwId, PdId, Sge};
@@ -62,7 +63,7 @@ impl ProtectionDomain {
             Ok(info) => Ok(MemoryRegion::new(MrReg {
                 pd: Arc::clone(&self.inner),
                 info,
-                access,
+                access: AtomicU32::new(access.bits()),
                 backing: Backing::Owned(raw),
             })),
             Err(e) => {
@@ -92,7 +93,12 @@ impl ProtectionDomain {
     /// mapped and readable, and writable when `access` lets the device write; EFAULT
     /// otherwise (a length of 0 at a page boundary is EINVAL). Memory unmapped or
     /// protected later makes the device's accesses fail (error completions, EFAULT from
-    /// [`MemoryRegion::read`] and the like) rather than crash the process.
+    /// [`MemoryRegion::read`] and the like) rather than crash the process. With
+    /// [`Access::ON_DEMAND`] nothing is checked at registration: the range may be mapped
+    /// later, and an access to a part not mapped when the device reaches it fails as
+    /// above; a null `ptr` with `len` `usize::MAX` is then the implicit region, every
+    /// address of the process (the contract above then covers whatever memory the program
+    /// lets work requests and peers name through it).
     pub unsafe fn register_raw(
         &self,
         ptr: *mut u8,
@@ -108,7 +114,7 @@ impl ProtectionDomain {
         Ok(MemoryRegion::new(MrReg {
             pd: Arc::clone(&self.inner),
             info,
-            access,
+            access: AtomicU32::new(access.bits()),
             backing: Backing::Raw,
         }))
     }
@@ -129,7 +135,7 @@ impl ProtectionDomain {
         Ok(MemoryRegion::new(MrReg {
             pd: Arc::clone(&self.inner),
             info,
-            access,
+            access: AtomicU32::new(access.bits()),
             backing: Backing::Dm(Arc::clone(&dm.inner)),
         }))
     }
@@ -249,7 +255,8 @@ pub struct MemoryRegion {
 pub(crate) struct MrReg {
     pd: Arc<PdInner>,
     info: MrInfo,
-    access: Access,
+    /// The `Access` bits it grants now ([`MemoryRegion::set_access`]).
+    access: AtomicU32,
     backing: Backing,
 }
 
@@ -368,9 +375,29 @@ impl MemoryRegion {
     pub fn rkey(&self) -> u32 {
         self.reg.info.rkey
     }
-    /// Access rights it was registered with.
+    /// Access rights it grants (those it was registered with, or set since).
     pub fn access(&self) -> Access {
-        self.reg.access
+        Access::from_bits_truncate(self.reg.access.load(Ordering::Acquire))
+    }
+
+    /// Change the access rights the region grants, in place (`ibv_rereg_mr` with
+    /// IBV_REREG_MR_CHANGE_ACCESS): its keys stay, so peers holding the rkey get the new
+    /// rights from their next request on, and every handle on the registration sees them.
+    /// Checked as at registration: REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE is
+    /// EINVAL; a right to write needs the memory writable (EFAULT otherwise, unless the
+    /// region pages on demand). EBUSY while memory windows are bound to it. On an error
+    /// nothing changes.
+    pub fn set_access(&self, access: Access) -> Result<()> {
+        let lkey = self.reg.info.lkey;
+        // Stored under the engine lock, so that concurrent changes leave the value the
+        // engine took last.
+        self.reg.pd.dev.call(|rn, _| {
+            // SAFETY: no new memory is given (`None`), so no range comes under the device
+            // that the registration did not already cover.
+            unsafe { rn.rereg_mr(lkey, None, None, Some(access)) }?;
+            self.reg.access.store(access.bits(), Ordering::Release);
+            Ok(())
+        })
     }
     /// The PD it belongs to.
     pub fn pd_id(&self) -> PdId {

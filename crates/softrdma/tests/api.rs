@@ -322,3 +322,38 @@ fn the_ports_active_mtu_is_its_links() {
     d.set_port_mtu(Mtu::Mtu512).unwrap();
     assert_eq!(d.query_port(1).unwrap().active_mtu, Mtu::Mtu512);
 }
+
+#[test]
+fn set_access_changes_what_peers_may_do_and_keeps_the_keys() {
+    use WcStatus::*;
+    let (a, b) = rc_pair();
+    b.mr.write(0, &[5u8; 64]).unwrap();
+    let (lkey, rkey) = (b.mr.lkey(), b.mr.rkey());
+    // Refused changes leave the region as it was.
+    let e = b.mr.set_access(Access::REMOTE_WRITE).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    assert_eq!(b.mr.access(), ALL);
+    // Without REMOTE_WRITE, a peer's WRITE is a remote access error, and nothing lands.
+    b.mr.set_access(Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(b.mr.access(), Access::LOCAL_WRITE | Access::REMOTE_READ);
+    assert_eq!((b.mr.lkey(), b.mr.rkey()), (lkey, rkey));
+    a.mr.write(0, &[9u8; 64]).unwrap();
+    let wc = write_from(&a, &b, a.mr.sge(0..64).unwrap());
+    assert_eq!(wc.result(), failed(RemAccessErr, WcDetail::RemoteAccess));
+    assert_eq!(b.mr.to_vec(0, 64).unwrap(), vec![5u8; 64]);
+    // Given back, the same rkey takes a WRITE again (the failed pair is in ERROR: a new
+    // QP of b's PD, from a new peer).
+    b.mr.set_access(ALL).unwrap();
+    let d = side(QpType::Rc, 64);
+    let cq2 = b.dev.create_cq(64, None).unwrap();
+    let qp2 =
+        b.pd.create_qp(&QpInit::new(QpType::Rc, &cq2).depth(32, 32))
+            .unwrap();
+    d.qp.connect_to(&qp2.endpoint(), ALL).unwrap();
+    qp2.connect_to(&d.qp.endpoint(), ALL).unwrap();
+    d.mr.write(0, &[7u8; 64]).unwrap();
+    let wc = write_from(&d, &b, d.mr.sge(0..64).unwrap());
+    assert_eq!(wc.result(), Ok(()));
+    assert_eq!(b.mr.to_vec(0, 64).unwrap(), vec![7u8; 64]);
+}
