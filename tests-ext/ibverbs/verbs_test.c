@@ -20,7 +20,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <infiniband/sa.h>
 #include <infiniband/verbs.h>
+#include <rdma/ib_user_sa.h>
+#include <rdma/ib_user_verbs.h>
 #include <net/if.h>
 #include <poll.h>
 #include <sched.h>
@@ -3642,6 +3645,129 @@ static void t_parent_domain(void)
 	free(buf);
 }
 
+/* libibverbs exports these (marshall.h), which Debian does not ship: declared here. */
+void ibv_copy_qp_attr_from_kern(struct ibv_qp_attr *dst, struct ib_uverbs_qp_attr *src);
+void ibv_copy_ah_attr_from_kern(struct ibv_ah_attr *dst, struct ib_uverbs_ah_attr *src);
+void ibv_copy_path_rec_from_kern(struct ibv_sa_path_rec *dst, struct ib_user_path_rec *src);
+void ibv_copy_path_rec_to_kern(struct ib_user_path_rec *dst, struct ibv_sa_path_rec *src);
+
+/* The kernel-ABI copies: every field lands where its name says. */
+static void t_marshall(void)
+{
+	struct ib_uverbs_qp_attr kq;
+	struct ibv_qp_attr q;
+	struct ib_user_path_rec kp, back;
+	struct ibv_sa_path_rec p;
+
+	check_begin("ibv_copy_qp_attr_from_kern / ibv_copy_ah_attr_from_kern: field by field");
+	memset(&kq, 0, sizeof(kq));
+	memset(&q, 0xee, sizeof(q));
+	kq.qp_state = IBV_QPS_RTS;
+	kq.cur_qp_state = IBV_QPS_RTR;
+	kq.path_mtu = IBV_MTU_2048;
+	kq.path_mig_state = IBV_MIG_ARMED;
+	kq.qkey = 0x11111111;
+	kq.rq_psn = 0x222222;
+	kq.sq_psn = 0x333333;
+	kq.dest_qp_num = 0x444444;
+	kq.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+	kq.ah_attr.grh.dgid[15] = 0x55;
+	kq.ah_attr.grh.flow_label = 0x66666;
+	kq.ah_attr.grh.sgid_index = 7;
+	kq.ah_attr.grh.hop_limit = 8;
+	kq.ah_attr.grh.traffic_class = 9;
+	kq.ah_attr.dlid = 0x0a0a;
+	kq.ah_attr.sl = 11;
+	kq.ah_attr.src_path_bits = 12;
+	kq.ah_attr.static_rate = 13;
+	kq.ah_attr.is_global = 1;
+	kq.ah_attr.port_num = 1;
+	kq.alt_ah_attr.dlid = 0x0b0b;
+	kq.alt_ah_attr.grh.dgid[0] = 0xfe;
+	kq.max_send_wr = 14;
+	kq.max_recv_wr = 15;
+	kq.max_send_sge = 16;
+	kq.max_recv_sge = 17;
+	kq.max_inline_data = 18;
+	kq.pkey_index = 19;
+	kq.alt_pkey_index = 20;
+	kq.en_sqd_async_notify = 1;
+	kq.sq_draining = 1;
+	kq.max_rd_atomic = 21;
+	kq.max_dest_rd_atomic = 22;
+	kq.min_rnr_timer = 23;
+	kq.port_num = 1;
+	kq.timeout = 24;
+	kq.retry_cnt = 5;
+	kq.rnr_retry = 6;
+	kq.alt_port_num = 2;
+	kq.alt_timeout = 25;
+	ibv_copy_qp_attr_from_kern(&q, &kq);
+	EXPECT(q.qp_state == IBV_QPS_RTS && q.cur_qp_state == IBV_QPS_RTR && q.path_mtu == IBV_MTU_2048 &&
+		       q.path_mig_state == IBV_MIG_ARMED,
+	       "states %d %d %d %d", q.qp_state, q.cur_qp_state, q.path_mtu, q.path_mig_state);
+	EXPECT(q.qkey == 0x11111111 && q.rq_psn == 0x222222 && q.sq_psn == 0x333333 && q.dest_qp_num == 0x444444 &&
+		       q.qp_access_flags == IBV_ACCESS_REMOTE_READ,
+	       "qkey/psns/qpn/access %x %x %x %x %x", q.qkey, q.rq_psn, q.sq_psn, q.dest_qp_num, q.qp_access_flags);
+	EXPECT(q.cap.max_send_wr == 14 && q.cap.max_recv_wr == 15 && q.cap.max_send_sge == 16 &&
+		       q.cap.max_recv_sge == 17 && q.cap.max_inline_data == 18,
+	       "cap %u %u %u %u %u", q.cap.max_send_wr, q.cap.max_recv_wr, q.cap.max_send_sge, q.cap.max_recv_sge,
+	       q.cap.max_inline_data);
+	EXPECT(q.ah_attr.grh.dgid.raw[15] == 0x55 && q.ah_attr.grh.flow_label == 0x66666 &&
+		       q.ah_attr.grh.sgid_index == 7 && q.ah_attr.grh.hop_limit == 8 &&
+		       q.ah_attr.grh.traffic_class == 9 && q.ah_attr.dlid == 0x0a0a && q.ah_attr.sl == 11 &&
+		       q.ah_attr.src_path_bits == 12 && q.ah_attr.static_rate == 13 && q.ah_attr.is_global == 1 &&
+		       q.ah_attr.port_num == 1,
+	       "ah_attr");
+	EXPECT(q.alt_ah_attr.dlid == 0x0b0b && q.alt_ah_attr.grh.dgid.raw[0] == 0xfe, "alt_ah_attr");
+	EXPECT(q.pkey_index == 19 && q.alt_pkey_index == 20 && q.en_sqd_async_notify == 1 && q.sq_draining == 1 &&
+		       q.max_rd_atomic == 21 && q.max_dest_rd_atomic == 22 && q.min_rnr_timer == 23 &&
+		       q.port_num == 1 && q.timeout == 24 && q.retry_cnt == 5 && q.rnr_retry == 6 &&
+		       q.alt_port_num == 2 && q.alt_timeout == 25,
+	       "the one-byte fields");
+	check_end();
+
+	check_begin("ibv_copy_path_rec_from_kern / _to_kern: field by field, and back unchanged");
+	memset(&kp, 0, sizeof(kp));
+	for (int i = 0; i < 16; i++) {
+		kp.dgid[i] = (uint8_t)(i + 1);
+		kp.sgid[i] = (uint8_t)(0x80 + i);
+	}
+	kp.dlid = htons(0x1234);
+	kp.slid = htons(0x5678);
+	kp.raw_traffic = 1;
+	kp.flow_label = htonl(0xabcde);
+	kp.reversible = 1;
+	kp.mtu = IBV_MTU_4096;
+	kp.pkey = htons(0xffff);
+	kp.hop_limit = 64;
+	kp.traffic_class = 3;
+	kp.numb_path = 1;
+	kp.sl = 4;
+	kp.mtu_selector = 2;
+	kp.rate_selector = 2;
+	kp.rate = 7;
+	kp.packet_life_time_selector = 2;
+	kp.packet_life_time = 18;
+	kp.preference = 9;
+	memset(&p, 0xee, sizeof(p));
+	ibv_copy_path_rec_from_kern(&p, &kp);
+	EXPECT(p.dgid.raw[0] == 1 && p.dgid.raw[15] == 16 && p.sgid.raw[0] == 0x80 && p.sgid.raw[15] == 0x8f,
+	       "gids");
+	EXPECT(ntohs(p.dlid) == 0x1234 && ntohs(p.slid) == 0x5678 && p.raw_traffic == 1 &&
+		       ntohl(p.flow_label) == 0xabcde && p.reversible == 1 && p.mtu == IBV_MTU_4096 &&
+		       ntohs(p.pkey) == 0xffff,
+	       "lids, flow label, mtu, pkey");
+	EXPECT(p.hop_limit == 64 && p.traffic_class == 3 && p.numb_path == 1 && p.sl == 4 && p.mtu_selector == 2 &&
+		       p.rate_selector == 2 && p.rate == 7 && p.packet_life_time_selector == 2 &&
+		       p.packet_life_time == 18 && p.preference == 9,
+	       "the one-byte fields");
+	memset(&back, 0xee, sizeof(back));
+	ibv_copy_path_rec_to_kern(&back, &p);
+	EXPECT(memcmp(&back, &kp, sizeof(kp)) == 0, "to_kern(from_kern(x)) differs from x");
+	check_end();
+}
+
 struct test {
 	const char *name;
 	void (*fn)(void);
@@ -3684,6 +3810,7 @@ static const struct test tests[] = {
 	{ "mr_gone", t_mr_gone },
 	{ "odp", t_odp },
 	{ "parent_domain", t_parent_domain },
+	{ "marshall", t_marshall },
 };
 
 static void usage(const char *argv0)

@@ -29,6 +29,7 @@ mod cq;
 mod device;
 mod dm;
 mod enums;
+mod marshall;
 mod mr;
 mod mw;
 mod object;

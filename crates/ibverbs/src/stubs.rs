@@ -1,23 +1,9 @@
 //! Exports softrdma does not support: they exist so that binaries linked against rdma-core
 //! load, and fail the way libibverbs documents (`EOPNOTSUPP`, NULL or -1 with errno).
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 
 use crate::{null_errno, set_errno, sys};
-
-#[no_mangle]
-pub extern "C" fn ibv_copy_path_rec_from_kern(_dst: *mut c_void, _src: *const c_void) {
-    // Kernel IB path records do not exist on RoCE through softrdma.
-}
-
-#[no_mangle]
-pub extern "C" fn ibv_copy_path_rec_to_kern(_dst: *mut c_void, _src: *const c_void) {}
-
-#[no_mangle]
-pub extern "C" fn ibv_copy_qp_attr_from_kern(_dst: *mut c_void, _src: *const c_void) {}
-
-#[no_mangle]
-pub extern "C" fn ibv_copy_ah_attr_from_kern(_dst: *mut c_void, _src: *const c_void) {}
 
 #[no_mangle]
 pub extern "C" fn ibv_resolve_eth_l2_from_gid(
