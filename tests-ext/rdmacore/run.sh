@@ -18,7 +18,7 @@
 # /tmp/softrdma-rdmacore), SUITE_TIMEOUT (s, default 600), ARGS (more run_tests.py
 # arguments, e.g. "-k test_rdmacm"), HUGEPAGES (2 MiB huge pages to reserve for the run
 # when none are and the script is root, for the suite's huge-page tests; default 16, 0
-# for none; the machine's setting is put back at the end).
+# for none; given back when the last run of the script ends).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -64,14 +64,29 @@ SOFTRDMA=${SOFTRDMA_BIN:-$TARGET/release/softrdma}
 [ -x "$SOFTRDMA" ] || fail "$SOFTRDMA not built"
 
 # --- huge pages --------------------------------------------------------------------------
-# Tests of MRs over huge pages skip unless some are reserved; a reservation is the
-# machine's, so it is taken only when there is none, and given back on exit.
+# Tests of MRs over huge pages skip unless some are reserved. A reservation is the
+# machine's: it is taken only when there is none, and given back by the last run of this
+# script to finish (each holds a shared lock while it runs; whoever then gets the lock
+# alone gives back what a run of it reserved, as the marker file says).
 NR_HUGE=/proc/sys/vm/nr_hugepages
+HUGE_LOCK=/tmp/softrdma-rdmacore-hugepages.lock
+HUGE_MARK=/tmp/softrdma-rdmacore-hugepages.reserved
+# shellcheck disable=SC2317 # run by the EXIT trap
+huge_release() {
+  flock -u 9
+  if flock -n -x 9 && [ -f "$HUGE_MARK" ]; then
+    echo 0 > "$NR_HUGE"
+    rm -f "$HUGE_MARK"
+  fi
+  exec 9>&-
+}
 if [ "${HUGEPAGES:-16}" -gt 0 ] && [ "$(id -u)" = 0 ] && [ -w "$NR_HUGE" ] &&
-  [ "$(cat "$NR_HUGE")" = 0 ]; then
-  trap 'echo 0 > "$NR_HUGE"' EXIT
-  echo "${HUGEPAGES:-16}" > "$NR_HUGE" 2>/dev/null
-  log "reserved $(cat "$NR_HUGE") huge pages of 2 MiB for the run"
+  exec 9>>"$HUGE_LOCK" && flock -s 9; then
+  trap huge_release EXIT
+  if [ "$(cat "$NR_HUGE")" = 0 ]; then
+    echo "${HUGEPAGES:-16}" > "$NR_HUGE" 2>/dev/null && touch "$HUGE_MARK"
+    log "reserved $(cat "$NR_HUGE") huge pages of 2 MiB for the run"
+  fi
 fi
 
 # --- the suite ---------------------------------------------------------------------------
