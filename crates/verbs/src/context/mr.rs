@@ -420,22 +420,20 @@ impl Context {
         }
         let write = advice == Advice::PrefetchWrite;
         let mut ranges = Vec::with_capacity(sg_list.len());
+        let need = if write {
+            Access::LOCAL_WRITE
+        } else {
+            Access::empty()
+        };
         for sge in sg_list {
-            let bad = |why| Err(Error::new(Errno::EFAULT, why));
-            let Some(mr) = self.mrs.by_key(sge.lkey) else {
-                return bad("lkey of no registered memory region");
-            };
-            if mr.pd != pd {
-                return bad("memory region of another protection domain");
-            }
+            let mr = self
+                .sge_region(pd, sge, need)
+                .map_err(|d| Error::new(Errno::EFAULT, d.as_str()))?;
             if !mr.access.contains(Access::ON_DEMAND) {
-                return bad("memory region not registered on demand");
-            }
-            if write && !mr.access.contains(Access::LOCAL_WRITE) {
-                return bad("prefetch for writing of a region without LOCAL_WRITE");
-            }
-            if !mr.contains(sge.addr, u64::from(sge.length)) {
-                return bad("range outside its memory region");
+                return Err(Error::new(
+                    Errno::EFAULT,
+                    "memory region not registered on demand",
+                ));
             }
             if sge.length > 0 && advice != Advice::PrefetchNoFault {
                 ranges.push((mr.host(sge.addr) as usize, sge.length as usize));
@@ -463,24 +461,35 @@ impl Context {
         sge: &Sge,
         need: Access,
     ) -> core::result::Result<MemSpan<'_>, WcError> {
-        let prot = |d| WcError::new(WcStatus::LocProtErr, d);
         if sge.length == 0 {
             return Ok(MemSpan::empty());
         }
         let mr = self
-            .mrs
-            .by_key(sge.lkey)
-            .ok_or(prot(WcDetail::UnknownLkey))?;
+            .sge_region(pd, sge, need)
+            .map_err(|d| WcError::new(WcStatus::LocProtErr, d))?;
+        Ok(MemSpan::new(mr.host(sge.addr), sge.length as usize))
+    }
+    /// The region a local SGE names, checked in the order a NIC checks it: a live lkey, of
+    /// `pd`, granting `need`, with the SGE inside it; which check failed, as a WcDetail.
+    /// Each caller turns that into its own error ([`Context::local_span`],
+    /// [`Context::check_sg_list`], [`Context::advise_mr`]).
+    fn sge_region(
+        &self,
+        pd: PdId,
+        sge: &Sge,
+        need: Access,
+    ) -> core::result::Result<&MrObj, WcDetail> {
+        let mr = self.mrs.by_key(sge.lkey).ok_or(WcDetail::UnknownLkey)?;
         if mr.pd != pd {
-            return Err(prot(WcDetail::WrongPd));
+            return Err(WcDetail::WrongPd);
         }
         if !mr.access.contains(need) {
-            return Err(prot(WcDetail::LocalAccess));
+            return Err(WcDetail::LocalAccess);
         }
-        if !mr.contains(sge.addr, sge.length as u64) {
-            return Err(prot(WcDetail::SgeOutOfBounds));
+        if !mr.contains(sge.addr, u64::from(sge.length)) {
+            return Err(WcDetail::SgeOutOfBounds);
         }
-        Ok(MemSpan::new(mr.host(sge.addr), sge.length as usize))
+        Ok(mr)
     }
     /// Check a scatter/gather list against the registered regions of `pd` before anything
     /// is queued, as slice indexing checks a range: every SGE of non-zero length names a
@@ -494,24 +503,17 @@ impl Context {
     /// Zero-length SGEs name no memory and pass, as the device lets them.
     pub fn check_sg_list(&self, pd: PdId, sg_list: &[Sge], need: Access) -> Result<()> {
         for sge in sg_list.iter().filter(|s| s.length != 0) {
-            let mr = self
-                .mrs
-                .by_key(sge.lkey)
-                .ok_or(missing("lkey of no registered memory region"))?;
-            if mr.pd != pd {
-                return Err(einval("memory region of another protection domain")
-                    .with_kind(ErrorKind::ForeignObject));
-            }
-            if !mr.access.contains(need) {
-                return Err(Error::new(
+            self.sge_region(pd, sge, need).map_err(|d| match d {
+                WcDetail::UnknownLkey => missing("lkey of no registered memory region"),
+                WcDetail::WrongPd => einval("memory region of another protection domain")
+                    .with_kind(ErrorKind::ForeignObject),
+                WcDetail::LocalAccess => Error::new(
                     Errno::EACCES,
                     "memory region lacks the local access the work request needs",
-                ));
-            }
-            if !mr.contains(sge.addr, sge.length as u64) {
-                return Err(Error::new(Errno::EFAULT, "SGE outside its memory region")
-                    .with_kind(ErrorKind::OutOfBounds));
-            }
+                ),
+                _ => Error::new(Errno::EFAULT, "SGE outside its memory region")
+                    .with_kind(ErrorKind::OutOfBounds),
+            })?;
         }
         Ok(())
     }
