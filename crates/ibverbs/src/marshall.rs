@@ -209,6 +209,30 @@ pub unsafe extern "C" fn ibv_copy_qp_attr_from_kern(
     })
 }
 
+/// The fields a path record has by the same name and type in both layouts (the
+/// integers that differ in width, `raw_traffic`, `reversible` and `mtu`, are converted by
+/// each direction).
+macro_rules! same_path_fields {
+    ($d:ident, $s:ident) => {
+        $d.dgid = $s.dgid;
+        $d.sgid = $s.sgid;
+        $d.dlid = $s.dlid;
+        $d.slid = $s.slid;
+        $d.flow_label = $s.flow_label;
+        $d.pkey = $s.pkey;
+        $d.hop_limit = $s.hop_limit;
+        $d.traffic_class = $s.traffic_class;
+        $d.numb_path = $s.numb_path;
+        $d.sl = $s.sl;
+        $d.mtu_selector = $s.mtu_selector;
+        $d.rate_selector = $s.rate_selector;
+        $d.rate = $s.rate;
+        $d.packet_life_time_selector = $s.packet_life_time_selector;
+        $d.packet_life_time = $s.packet_life_time;
+        $d.preference = $s.preference;
+    };
+}
+
 /// `ibv_copy_path_rec_from_kern`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_copy_path_rec_from_kern(dst: *mut SaPathRec, src: *const KernPathRec) {
@@ -217,25 +241,10 @@ pub unsafe extern "C" fn ibv_copy_path_rec_from_kern(dst: *mut SaPathRec, src: *
         let (Some(d), Some(s)) = (unsafe { (dst.as_mut(), src.as_ref()) }) else {
             return;
         };
-        d.dgid = s.dgid;
-        d.sgid = s.sgid;
-        d.dlid = s.dlid;
-        d.slid = s.slid;
+        same_path_fields!(d, s);
         d.raw_traffic = s.raw_traffic as i32;
-        d.flow_label = s.flow_label;
         d.reversible = s.reversible as i32;
         d.mtu = s.mtu as u8;
-        d.pkey = s.pkey;
-        d.hop_limit = s.hop_limit;
-        d.traffic_class = s.traffic_class;
-        d.numb_path = s.numb_path;
-        d.sl = s.sl;
-        d.mtu_selector = s.mtu_selector;
-        d.rate_selector = s.rate_selector;
-        d.rate = s.rate;
-        d.packet_life_time_selector = s.packet_life_time_selector;
-        d.packet_life_time = s.packet_life_time;
-        d.preference = s.preference;
     })
 }
 
@@ -247,24 +256,9 @@ pub unsafe extern "C" fn ibv_copy_path_rec_to_kern(dst: *mut KernPathRec, src: *
         let (Some(d), Some(s)) = (unsafe { (dst.as_mut(), src.as_ref()) }) else {
             return;
         };
-        d.dgid = s.dgid;
-        d.sgid = s.sgid;
-        d.dlid = s.dlid;
-        d.slid = s.slid;
+        same_path_fields!(d, s);
         d.raw_traffic = s.raw_traffic as u32;
-        d.flow_label = s.flow_label;
         d.reversible = s.reversible as u32;
         d.mtu = u32::from(s.mtu);
-        d.pkey = s.pkey;
-        d.hop_limit = s.hop_limit;
-        d.traffic_class = s.traffic_class;
-        d.numb_path = s.numb_path;
-        d.sl = s.sl;
-        d.mtu_selector = s.mtu_selector;
-        d.rate_selector = s.rate_selector;
-        d.rate = s.rate;
-        d.packet_life_time_selector = s.packet_life_time_selector;
-        d.packet_life_time = s.packet_life_time;
-        d.preference = s.preference;
     })
 }
