@@ -161,6 +161,8 @@ zeroable!(
     sys::ibv_qp_init_attr_ex,
     sys::ibv_srq_init_attr,
     sys::ibv_srq_init_attr_ex,
+    sys::ibv_send_wr,
+    sys::ibv_recv_wr,
 );
 
 /// Copy `src` into `dst`, at most `len` bytes (extended calls pass the size of the struct

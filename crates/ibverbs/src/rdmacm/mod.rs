@@ -19,4 +19,4 @@ mod event;
 mod id;
 mod mcast;
 mod qp;
-mod rpoll;
+mod rsocket;

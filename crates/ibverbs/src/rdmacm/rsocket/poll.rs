@@ -1,0 +1,291 @@
+//! `rpoll` and `rselect`: poll(2) and select(2) over rsockets and ordinary descriptors
+//! alike. An rsocket is ready as a socket would be: readable with data (or at the end of
+//! its stream), writable when a send would not wait, HUP once disconnected, ERR after a
+//! failed connect or a broken connection; a listener is readable with a connection to
+//! accept. Waiting, an rsocket stands for the descriptors its progress comes from (its
+//! completion channel and CM channel, or its accept queue).
+
+use std::ffi::c_int;
+use std::time::Instant;
+
+use super::stream::st;
+use super::{conn_have_rdata, do_connect, lookup, Rsock, WAIT_SLICE_MS};
+use crate::{guard, minus_one};
+
+/// The events of `rs` now (rsockets' `rs_poll_rs`, without waiting).
+fn poll_rs(rs: &Rsock, events: i16) -> i16 {
+    let mut g = rs.lock();
+    if g.state & st::OPENING != 0 {
+        if let Err(libc::EINPROGRESS) = do_connect(&mut g, None) {
+            return 0;
+        }
+    }
+    if g.has_ep()
+        && (g.state & st::CONNECTED != 0 || g.state == st::DISCONNECTED || g.state & st::ERROR != 0)
+    {
+        let (g2, _) = rs.get_comp(g, true, |_| true);
+        g = g2;
+        let mut r = 0;
+        if events & libc::POLLIN != 0 && conn_have_rdata(&g) {
+            r |= libc::POLLIN;
+        }
+        if events & libc::POLLOUT != 0 && g.can_send() {
+            r |= libc::POLLOUT;
+        }
+        // Hung up once the peer's data is all read: a reader that stops at POLLHUP
+        // (as rdma-core's examples do) still gets every byte sent before the
+        // disconnect. rdma-core's rsockets report POLLHUP at once.
+        if g.state == st::DISCONNECTED {
+            if !g.have_rdata() {
+                r |= libc::POLLHUP;
+            }
+        } else if g.state & st::CONNECTED == 0 {
+            r |= libc::POLLERR;
+        }
+        return r;
+    }
+    if g.state == st::LISTENING {
+        drop(g);
+        let q = rs
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|l| l.queue_rd);
+        let Some(q) = q else { return 0 };
+        let mut p = libc::pollfd {
+            fd: q,
+            events,
+            revents: 0,
+        };
+        // SAFETY: one pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) };
+        return p.revents;
+    }
+    if g.state == st::CONNECT_ERROR {
+        return (events & (libc::POLLIN | libc::POLLOUT)) | libc::POLLERR;
+    }
+    0
+}
+
+/// The descriptors `rs`'s next event comes from, with the completion queue armed.
+fn wait_fds(rs: &Rsock, out: &mut Vec<c_int>) {
+    let mut g = rs.lock();
+    if g.state == st::LISTENING {
+        drop(g);
+        if let Some(l) = rs
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            out.push(l.queue_rd);
+        }
+        return;
+    }
+    if g.has_ep() && g.state & st::CONNECTED != 0 {
+        if !g.cq_armed {
+            g.arm();
+        }
+        if let Some(fd) = g.comp_fd() {
+            out.push(fd);
+        }
+    }
+    out.push(g.cm_fd());
+}
+
+/// Take the events that woke a wait, so the next look sees their effect.
+fn take_events(rs: &Rsock, ready: &[c_int]) {
+    let mut g = rs.lock();
+    if g.state == st::LISTENING {
+        return;
+    }
+    if g.comp_fd().is_some_and(|fd| ready.contains(&fd)) {
+        g.take_cq_event();
+    }
+    if g.state & st::CONNECTED != 0 && ready.contains(&g.cm_fd()) {
+        g.take_cm_event();
+    }
+}
+
+/// Look at every descriptor once: how many have events.
+///
+/// # Safety
+/// `fds` holds the program's entries.
+unsafe fn check(fds: &mut [libc::pollfd]) -> c_int {
+    let mut n = 0;
+    for p in fds.iter_mut() {
+        if let Some(rs) = lookup(p.fd) {
+            p.revents = poll_rs(&rs, p.events);
+        } else {
+            p.revents = 0;
+            // SAFETY: one pollfd of the program's.
+            unsafe { libc::poll(p, 1, 0) };
+        }
+        if p.revents != 0 {
+            n += 1;
+        }
+    }
+    n
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rpoll(
+    fds: *mut libc::pollfd,
+    nfds: libc::nfds_t,
+    timeout: c_int,
+) -> c_int {
+    guard(-1, || {
+        if fds.is_null() && nfds > 0 {
+            return minus_one(libc::EFAULT);
+        }
+        let fds: &mut [libc::pollfd] = if nfds == 0 {
+            &mut []
+        } else {
+            // SAFETY: the caller passes `nfds` entries at `fds`.
+            unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) }
+        };
+        let start = Instant::now();
+        loop {
+            // SAFETY: the program's entries.
+            let n = unsafe { check(fds) };
+            if n > 0 || timeout == 0 {
+                return n;
+            }
+            let left = if timeout < 0 {
+                WAIT_SLICE_MS
+            } else {
+                let spent = start.elapsed().as_millis().min(c_int::MAX as u128) as c_int;
+                if spent >= timeout {
+                    return 0;
+                }
+                (timeout - spent).min(WAIT_SLICE_MS)
+            };
+            // What to wait on: each rsocket's descriptors, each other descriptor itself.
+            let mut w: Vec<libc::pollfd> = Vec::with_capacity(fds.len() * 2);
+            let mut owners: Vec<Option<usize>> = Vec::new();
+            for (i, p) in fds.iter().enumerate() {
+                if let Some(rs) = lookup(p.fd) {
+                    let mut mine = Vec::new();
+                    wait_fds(&rs, &mut mine);
+                    for fd in mine {
+                        w.push(libc::pollfd {
+                            fd,
+                            events: libc::POLLIN,
+                            revents: 0,
+                        });
+                        owners.push(Some(i));
+                    }
+                } else {
+                    w.push(*p);
+                    owners.push(None);
+                }
+            }
+            // Arming may have found events: look again before sleeping.
+            // SAFETY: the program's entries.
+            let n = unsafe { check(fds) };
+            if n > 0 {
+                return n;
+            }
+            // SAFETY: `w` holds `w.len()` entries.
+            let r = unsafe { libc::poll(w.as_mut_ptr(), w.len() as libc::nfds_t, left) };
+            if r < 0 {
+                return -1;
+            }
+            for (i, p) in fds.iter().enumerate() {
+                let ready: Vec<c_int> = w
+                    .iter()
+                    .zip(&owners)
+                    .filter(|(x, o)| **o == Some(i) && x.revents != 0)
+                    .map(|(x, _)| x.fd)
+                    .collect();
+                if !ready.is_empty() {
+                    if let Some(rs) = lookup(p.fd) {
+                        take_events(&rs, &ready);
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// select(2) over rsockets, by way of `rpoll`.
+#[no_mangle]
+pub unsafe extern "C" fn rselect(
+    nfds: c_int,
+    readfds: *mut libc::fd_set,
+    writefds: *mut libc::fd_set,
+    exceptfds: *mut libc::fd_set,
+    timeout: *mut libc::timeval,
+) -> c_int {
+    guard(-1, || {
+        if !(0..=libc::FD_SETSIZE as c_int).contains(&nfds) {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: the caller's sets, each null or valid.
+        let isset =
+            |s: *mut libc::fd_set, fd: c_int| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
+        let mut p = Vec::new();
+        for fd in 0..nfds {
+            let mut ev = 0;
+            if isset(readfds, fd) {
+                ev |= libc::POLLIN;
+            }
+            if isset(writefds, fd) {
+                ev |= libc::POLLOUT;
+            }
+            if ev != 0 || isset(exceptfds, fd) {
+                p.push(libc::pollfd {
+                    fd,
+                    events: ev,
+                    revents: 0,
+                });
+            }
+        }
+        let ms = if timeout.is_null() {
+            -1
+        } else {
+            // SAFETY: the caller's timeout.
+            let t = unsafe { *timeout };
+            if t.tv_sec < 0 || t.tv_usec < 0 {
+                return minus_one(libc::EINVAL);
+            }
+            (t.tv_sec.saturating_mul(1000) + t.tv_usec / 1000).min(c_int::MAX as i64) as c_int
+        };
+        // SAFETY: `p` holds `p.len()` entries.
+        let n = unsafe { rpoll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+        if n < 0 {
+            return n;
+        }
+        let mut count = 0;
+        // SAFETY: the caller's sets, each null or valid.
+        unsafe {
+            for s in [readfds, writefds, exceptfds] {
+                if !s.is_null() {
+                    libc::FD_ZERO(s);
+                }
+            }
+            for x in &p {
+                if x.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+                    && !readfds.is_null()
+                    && x.events & libc::POLLIN != 0
+                {
+                    libc::FD_SET(x.fd, readfds);
+                    count += 1;
+                }
+                if x.revents & (libc::POLLOUT | libc::POLLERR) != 0
+                    && !writefds.is_null()
+                    && x.events & libc::POLLOUT != 0
+                {
+                    libc::FD_SET(x.fd, writefds);
+                    count += 1;
+                }
+                if x.revents & (libc::POLLERR | libc::POLLPRI) != 0 && !exceptfds.is_null() {
+                    libc::FD_SET(x.fd, exceptfds);
+                    count += 1;
+                }
+            }
+        }
+        count
+    })
+}
