@@ -281,6 +281,23 @@ if [ -x "$CT" ]; then
   done
 fi
 
+# rsockets: rsocket_test.c (streams, half close, non-blocking calls with rpoll, refused
+# connects, options, riowrite into riomap regions, many connections), one group per process.
+RST="$OUT/rsocket_test"
+timeout 120 gcc -O1 -Wall -Werror -o "$RST" "$HERE/rsocket_test.c" -lrdmacm -lpthread \
+  > "$RST.build.log" 2>&1
+result "gcc rsocket_test.c -lrdmacm" $? "see $RST.build.log"
+if [ -x "$RST" ]; then
+  for g in $("$RST" -l); do
+    base="$OUT/rsocket_test.$g"
+    timeout -k 5 120 "$SOFTRDMA" run -- "$RST" -t "$g" > "$base.log" 2> "$base.stderr.log"
+    rc=$?
+    fold "rsocket_test $g" "$base.log"
+    [ "$rc" = 0 ] && [ "$FOLDED" -gt 0 ]
+    result "rsocket_test $g exits 0" $? "exit $rc; $(tail -n 2 "$base.stderr.log" | tr '\n' ' ')"
+  done
+fi
+
 # Debian's programs, a server in the background and its client. A port per test.
 PT=60           # seconds for one program
 # Wait (at most 10 s) until something listens on port $1 (any port space).
@@ -424,6 +441,38 @@ errs=$(grep -hiE 'error|fail' "$OUT/cmtime.client.log" "$OUT/cmtime.server.log" 
 [ "$CRC" = 0 ] && [ "$SALIVE" = 1 ] && [ "$steps" = 7 ] && [ -z "$errs" ]
 result "cmtime -c 100: no errors, the client's table has all 7 steps, the server still serves (table in $OUT/cmtime.txt)" $? \
   "client exit $CRC, server alive $SALIVE, $steps of 7 steps, errors: ${errs:-none}; $(why cmtime)"
+
+# rsockets' own programs. rstream: its whole latency and bandwidth series (64 B to 1 MiB,
+# each size a connection's worth of transfers both ways), every byte checked (-T v); both
+# sides print the eight result rows. Then the same through rpoll with non-blocking calls
+# (-T a -T n), where a reader must see the last bytes before the peer's disconnect.
+RS_ROWS='^(64|4k|64k|1m)_(lat|bw) +[0-9]+[km]? +[0-9]+[km]? +[0-9]+[km]? +[0-9.]+[km]? +[0-9.]+s'
+rs_rows() { grep -cE "$RS_ROWS" "$1"; }
+pair rstream 27506 "rstream -p 27506 -T v" "rstream -s 127.0.0.1 -p 27506 -T v"
+[ "$CRC" = 0 ] && [ "$SRC" = 0 ] && [ "$(rs_rows "$OUT/rstream.client.log")" = 8 ] &&
+  [ "$(rs_rows "$OUT/rstream.server.log")" = 8 ]
+result "rstream -T v: 8 verified result rows on each side" $? "$(why rstream)"
+pair rstream-async 27507 "rstream -p 27507 -T a -T n" "rstream -s 127.0.0.1 -p 27507 -T a -T n"
+[ "$CRC" = 0 ] && [ "$SRC" = 0 ] && [ "$(rs_rows "$OUT/rstream-async.client.log")" = 8 ] &&
+  [ "$(rs_rows "$OUT/rstream-async.server.log")" = 8 ]
+result "rstream -T a -T n (rpoll, non-blocking): 8 result rows on each side" $? "$(why rstream-async)"
+
+# riostream: riomap on both sides, riowrite into the peer's buffer, which the reader watches
+# (its last byte); -T v checks every byte. Its application threads spin on that byte, so a
+# bounded size and count keep it quick on two cores.
+pair riostream 27508 "riostream -p 27508 -S 65536 -C 200 -T v" "riostream -s 127.0.0.1 -p 27508 -S 65536 -C 200 -T v"
+[ "$CRC" = 0 ] && [ "$SRC" = 0 ] &&
+  grep -qE '^custom +64k +200 +1 ' "$OUT/riostream.client.log" &&
+  grep -qE '^custom +64k +200 +1 ' "$OUT/riostream.server.log"
+result "riostream -S 65536 -C 200 -T v: both sides report the transfers" $? "$(why riostream)"
+
+# rcopy: a 3 MB file of random bytes copied to the server, compared.
+head -c 3000000 /dev/urandom > "$OUT/rcopy.src"
+rm -f "$OUT/rcopy.dst"
+# (rcopy takes a first argument that starts with "-" for server mode: -p comes last)
+pair rcopy 27509 "rcopy -p 27509" "rcopy $OUT/rcopy.src 127.0.0.1:$OUT/rcopy.dst -p 27509" keep
+[ "$CRC" = 0 ] && cmp -s "$OUT/rcopy.src" "$OUT/rcopy.dst" && grep -q '^3000000 bytes' "$OUT/rcopy.client.log"
+result "rcopy: a 3 MB file arrives byte for byte" $? "$(why rcopy); $(cmp "$OUT/rcopy.src" "$OUT/rcopy.dst" 2>&1 | head -n 1)"
 
 # perftest over rdma_cm (-R): the client's result line (200 iterations, a positive figure).
 # perftest connects twice: an exchange connection, then, right after a handshake on it, the

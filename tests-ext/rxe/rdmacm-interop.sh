@@ -12,6 +12,9 @@
 #   ucmatose -c 2 -C $MSGS       (RC: several connections, SENDs both ways)
 #   udaddy -c 2 -C $MSGS         (UD: SIDR, the peer's QPN and Q_Key from the event)
 #   ib_write_bw -R both roles, ib_send_lat -R with a host server (perftest over rdma_cm)
+#   rstream -S 1m -C $RS_XFERS -T v    (rsockets: connection data, WRITE WITH IMMEDIATE
+#                                 data, buffer offers and credits, shutdown; verified)
+#   riostream -S 64k -C $RS_XFERS -T v (rsockets' riomap offers and direct RDMA WRITEs)
 # A check passes when both sides exit 0 and the programs report their work (rping's
 # verified ping lines, "test complete", perftest's result row). Prints the guest's rxe
 # counters after each check, then "N passed, M failed"; exits 1 on any failure. Needs
@@ -28,6 +31,7 @@
 #   PINGS          rping -C (default 10)
 #   MSGS           ucmatose/udaddy -C (default 10)
 #   PT_ITERS       perftest -n (default 100)
+#   RS_XFERS       rstream/riostream -C (default 20)
 #   MTU            -m for perftest on both sides (default 1024, the guest's active MTU)
 #   STEP_TIMEOUT   seconds per side of a check (default 60)
 #   SETTLE         seconds a host server gets to start listening (default 3)
@@ -47,6 +51,7 @@ SOFTRDMA_BIN=${SOFTRDMA_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/softrdma}
 PINGS=${PINGS:-10}
 MSGS=${MSGS:-10}
 PT_ITERS=${PT_ITERS:-100}
+RS_XFERS=${RS_XFERS:-20}
 MTU=${MTU:-1024}
 STEP_TIMEOUT=${STEP_TIMEOUT:-60}
 SETTLE=${SETTLE:-3}
@@ -58,7 +63,7 @@ LOG_TAG=rdmacm-interop
 . "$HERE/lib.sh"
 
 check_softrdma_bin
-need_tools "rdmacm-utils perftest" rping ucmatose udaddy ib_write_bw ib_send_lat
+need_tools "rdmacm-utils perftest" rping ucmatose udaddy ib_write_bw ib_send_lat rstream riostream
 check_addr
 
 rm -rf "$OUT"; mkdir -p "$OUT"
@@ -198,6 +203,23 @@ for tr in ib_write_bw:guest-server ib_write_bw:host-server ib_send_lat:host-serv
     "$tool -d softrdma0 -R -F -m $MTU -n $PT_ITERS -p $PORT" \
     "$tool -d rxe0 -R -F -m $MTU -n $PT_ITERS -p $PORT" \
     "^ *[0-9]+ +$PT_ITERS +[0-9.]+"
+done
+
+# rsockets against rdma-core's own (librdmacm's rsocket.c in the guest): rstream moves
+# 1 MiB transfers (eight times its 128 KiB receive buffer, so every transfer needs the
+# peer's buffer offers and credits) and checks each byte; riostream writes straight into
+# the peer's riomap'ed buffer. Each side prints the "custom" result row.
+PERFTEST_RACE=0
+UNTIMED=""
+for role in guest-server host-server; do
+  pair "rstream-$role" "$role" \
+    "rstream -S 1048576 -C $RS_XFERS -T v -p $PORT $( [ $role = host-server ] || echo -s )" \
+    "rstream -S 1048576 -C $RS_XFERS -T v -p $PORT $( [ $role = guest-server ] || echo -s )" \
+    "^custom +1m +$RS_XFERS +1 "
+  pair "riostream-$role" "$role" \
+    "riostream -S 65536 -C $RS_XFERS -T v -p $PORT $( [ $role = host-server ] || echo -s )" \
+    "riostream -S 65536 -C $RS_XFERS -T v -p $PORT $( [ $role = guest-server ] || echo -s )" \
+    "^custom +64k +$RS_XFERS +1 "
 done
 
 timeout 20 "$RUN" console > "$OUT/console.log" 2>&1
