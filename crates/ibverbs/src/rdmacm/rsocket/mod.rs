@@ -1445,6 +1445,33 @@ unsafe fn getsockopt(
         (libc::IPPROTO_IP, libc::IP_TOS) => put_int(g.ipv4_tos),
         (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => put_int(g.keepalive_time as c_int),
         (libc::IPPROTO_TCP, libc::TCP_NODELAY) => put_int(has(g.tcp_opts)),
+        // Not meaningful over a reliable connection: 1, as rsockets answer.
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT | libc::TCP_KEEPINTVL) => put_int(1),
+        (libc::IPPROTO_TCP, libc::TCP_INFO) => {
+            // Programs built against older headers pass a smaller struct: they get its
+            // prefix, as from Linux.
+            let n = std::mem::size_of::<libc::tcp_info>().min(room);
+            // The connection's state and its send queue depth as the congestion window,
+            // the rest zero, as rsockets report.
+            // SAFETY: tcp_info is plain integers; all-zero is valid.
+            let mut t: libc::tcp_info = unsafe { std::mem::zeroed() };
+            t.tcpi_state = if g.state & st::CONNECTED != 0 {
+                1 // TCP_ESTABLISHED
+            } else {
+                7 // TCP_CLOSE
+            };
+            t.tcpi_snd_cwnd = u32::from(g.cfg.sq_size);
+            // SAFETY: `n` is within both the caller's room and `t`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&t as *const libc::tcp_info).cast::<u8>(),
+                    optval.cast::<u8>(),
+                    n,
+                );
+                *optlen = n as libc::socklen_t;
+            }
+            Ok(())
+        }
         (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {
             // SAFETY: the live id; its path record when it has one.
             let mss = unsafe {
