@@ -19,7 +19,7 @@
  *   nonblock  SOCK_NONBLOCK: rconnect EINPROGRESS, rpoll POLLOUT, SO_ERROR 0; rrecv
  *             EAGAIN with nothing to read, rpoll times out (0), then POLLIN with data;
  *             raccept EAGAIN with no connection waiting, rpoll POLLIN on the listener;
- *             rfcntl F_GETFL / F_SETFL
+ *             rselect (a timeout, writable, readable); rfcntl F_GETFL / F_SETFL
  *   refused   rconnect to a port nobody listens on: ECONNREFUSED (blocking), and
  *             (non-blocking) POLLERR with SO_ERROR ECONNREFUSED
  *   options   SO_RCVBUF / SO_SNDBUF (doubled, as rsockets and Linux report), SOL_RDMA
@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -356,9 +357,30 @@ static int run_nonblock(void)
 	CHECK(rpoll(&p, 1, 50) == 0, "rpoll with nothing to read returned events 0x%x", p.revents);
 	pass("nothing to read: rrecv EAGAIN, rpoll times out");
 
+	{
+		fd_set rd, wr;
+		struct timeval tv = { .tv_sec = 0, .tv_usec = 50000 };
+		FD_ZERO(&rd);
+		FD_SET(s, &rd);
+		CHECK(rselect(s + 1, &rd, NULL, NULL, &tv) == 0 && !FD_ISSET(s, &rd),
+		      "rselect with nothing to read");
+		FD_ZERO(&wr);
+		FD_SET(c, &wr);
+		tv.tv_sec = 5;
+		CHECK(rselect(c + 1, NULL, &wr, NULL, &tv) == 1 && FD_ISSET(c, &wr), "rselect writable");
+	}
+	pass("rselect: times out with nothing to read; a connected socket is writable");
+
 	memset(b, 0x5a, sizeof b);
 	r = rsend(c, b, 10, 0);
 	CHECK(r == 10, "rsend %zd %s", r, strerror(errno));
+	{
+		fd_set rd;
+		struct timeval tv = { .tv_sec = 5, .tv_usec = 0 };
+		FD_ZERO(&rd);
+		FD_SET(s, &rd);
+		CHECK(rselect(s + 1, &rd, NULL, NULL, &tv) == 1 && FD_ISSET(s, &rd), "rselect after data");
+	}
 	p.events = POLLIN;
 	CHECK(rpoll(&p, 1, 5000) == 1 && (p.revents & POLLIN), "rpoll after data: 0x%x", p.revents);
 	memset(b, 0, sizeof b);

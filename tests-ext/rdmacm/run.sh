@@ -474,6 +474,23 @@ pair rcopy 27509 "rcopy -p 27509" "rcopy $OUT/rcopy.src 127.0.0.1:$OUT/rcopy.dst
 [ "$CRC" = 0 ] && cmp -s "$OUT/rcopy.src" "$OUT/rcopy.dst" && grep -q '^3000000 bytes' "$OUT/rcopy.client.log"
 result "rcopy: a 3 MB file arrives byte for byte" $? "$(why rcopy); $(cmp "$OUT/rcopy.src" "$OUT/rcopy.dst" 2>&1 | head -n 1)"
 
+# librspreload (rdma-core's, from librdmacm1): a plain socket program with it preloaded
+# runs its TCP connection over rsockets on softrdma's librdmacm. preload_test -r checks
+# the bytes and that both of its sockets answer an rsockets-only option.
+PRELOAD=$(find /usr/lib/*-linux-gnu/rsocket -name librspreload.so.1 2>/dev/null | head -n 1)
+PLT="$OUT/preload_test"
+timeout 120 gcc -O1 -Wall -Werror -o "$PLT" "$HERE/preload_test.c" -lpthread > "$PLT.build.log" 2>&1
+result "gcc preload_test.c" $? "see $PLT.build.log"
+if [ -n "$PRELOAD" ] && [ -x "$PLT" ]; then
+  timeout -k 5 $PT "$SOFTRDMA" run -- env LD_PRELOAD="$PRELOAD" "$PLT" -r 27510 > "$PLT.log" 2>&1
+  rc=$?
+  [ "$rc" = 0 ] && grep -q "^sent 1048576 bytes, reply 'ok', rsockets$" "$PLT.log"
+  result "librspreload: a socket program's 1 MiB goes over rsockets, byte for byte" $? \
+    "exit $rc; $(tail -n 2 "$PLT.log" | tr '\n' ' ')"
+else
+  result "librspreload: found (librdmacm1's rsocket/librspreload.so.1)" 1 "not found or not built"
+fi
+
 # perftest over rdma_cm (-R): the client's result line (200 iterations, a positive figure).
 # perftest connects twice: an exchange connection, then, right after a handshake on it, the
 # test's, for which the server makes a new listener. A client whose second REQ arrives
