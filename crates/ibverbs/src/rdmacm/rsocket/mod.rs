@@ -39,10 +39,26 @@ const RDMA_IOMAPSIZE: c_int = 3;
 const RDMA_ROUTE: c_int = 4;
 /// How many times address and route resolution are retried after a timeout.
 const CONN_RETRIES: u32 = 6;
-/// The longest one wait sleeps before looking again (see the module comment).
-const WAIT_SLICE_MS: c_int = 500;
-/// How long a call polls before it sleeps (rsockets' `polling_time`).
-const SPIN: Duration = Duration::from_micros(10);
+/// The longest one wait sleeps before looking again (see the module comment): rsockets'
+/// `wake_up_interval`, 500 ms unless set in their configuration directory.
+fn wait_slice_ms() -> c_int {
+    static V: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        stream::conf_value("wake_up_interval").map_or(500, |v| v.clamp(1, 60_000) as c_int)
+    })
+}
+
+/// How long a call polls before it sleeps: rsockets' `polling_time`, 10 µs unless set.
+fn spin() -> Duration {
+    static V: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        Duration::from_micros(u64::from(
+            stream::conf_value("polling_time")
+                .unwrap_or(10)
+                .min(1_000_000),
+        ))
+    })
+}
 
 /// A listening socket's accept queue and the thread that accepts for it.
 struct Listener {
@@ -146,7 +162,7 @@ impl Rsock {
             if nonblock {
                 return (g, Err(libc::EWOULDBLOCK));
             }
-            if start.elapsed() < SPIN {
+            if start.elapsed() < spin() {
                 continue;
             }
             if !g.has_ep() {
@@ -158,7 +174,7 @@ impl Rsock {
             }
             let fds = [g.comp_fd().unwrap_or(-1), g.cm_fd()];
             drop(g);
-            let ready = wait_readable(&fds, WAIT_SLICE_MS);
+            let ready = wait_readable(&fds, wait_slice_ms());
             g = self.lock();
             if ready[0] {
                 g.take_cq_event();

@@ -9,7 +9,7 @@ use std::ffi::c_int;
 use std::time::Instant;
 
 use super::stream::st;
-use super::{conn_have_rdata, do_connect, lookup, Rsock, WAIT_SLICE_MS};
+use super::{conn_have_rdata, do_connect, lookup, wait_slice_ms, Rsock};
 use crate::{guard, minus_one};
 
 /// The events of `rs` now (rsockets' `rs_poll_rs`, without waiting).
@@ -153,13 +153,13 @@ pub unsafe extern "C" fn rpoll(
                 return n;
             }
             let left = if timeout < 0 {
-                WAIT_SLICE_MS
+                wait_slice_ms()
             } else {
                 let spent = start.elapsed().as_millis().min(c_int::MAX as u128) as c_int;
                 if spent >= timeout {
                     return 0;
                 }
-                (timeout - spent).min(WAIT_SLICE_MS)
+                (timeout - spent).min(wait_slice_ms())
             };
             // What to wait on: each rsocket's descriptors, each other descriptor itself.
             let mut w: Vec<libc::pollfd> = Vec::with_capacity(fds.len() * 2);

@@ -126,17 +126,61 @@ pub(super) struct Config {
 }
 
 impl Default for Config {
-    /// rsockets' defaults: 384-deep queues, 64 bytes inline, 128 KiB buffers, no iomap.
+    /// rsockets' defaults (384-deep queues, 64 bytes inline, 128 KiB buffers, no iomap),
+    /// or what the administrator set in rsockets' configuration directory.
     fn default() -> Config {
-        Config {
+        *defaults()
+    }
+}
+
+/// Where rdma-core's rsockets read their defaults (one number per file).
+pub(super) const CONF_DIR: &str = "/etc/rdma/rsocket";
+
+pub(super) fn conf_value(name: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("{CONF_DIR}/{name}")).ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// The process's defaults, read once: `sqsize_default`, `rqsize_default`,
+/// `inline_default`, `mem_default`, `wmem_default` and `iomap_size` of [`CONF_DIR`],
+/// with rsockets' limits (a send buffer of at least twice [`SNDLOWAT`] when one below
+/// it is given, an iomap size that the connection data can carry).
+fn defaults() -> &'static Config {
+    static D: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
+    D.get_or_init(|| {
+        let u16_of = |v: u32| v.min(u32::from(u16::MAX)) as u16;
+        let mut c = Config {
             sq_size: 384,
             rq_size: 384,
             sq_inline: 64,
             sbuf_size: 1 << 17,
             rbuf_size: 1 << 17,
             iomap_size: 0,
+        };
+        if let Some(v) = conf_value("sqsize_default") {
+            c.sq_size = u16_of(v);
         }
-    }
+        if let Some(v) = conf_value("rqsize_default") {
+            c.rq_size = u16_of(v);
+        }
+        if let Some(v) = conf_value("inline_default") {
+            c.sq_inline = v.min(u32::from(u16::MAX));
+        }
+        if let Some(v) = conf_value("mem_default") {
+            c.rbuf_size = v.clamp(1, 1 << 28);
+        }
+        if let Some(v) = conf_value("wmem_default") {
+            c.sbuf_size = if v < SNDLOWAT {
+                SNDLOWAT << 1
+            } else {
+                v.min(1 << 28)
+            };
+        }
+        if let Some(v) = conf_value("iomap_size") {
+            c.iomap_size = u16_of(scale_to_value(value_to_scale(v.min(0xFFFF), 8) & 0xFF, 8));
+        }
+        c
+    })
 }
 
 /// Page-aligned zeroed memory that the device reads and writes: used only through raw
