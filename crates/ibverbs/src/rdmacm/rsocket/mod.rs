@@ -140,6 +140,16 @@ impl Rsock {
         self.s.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The socket, unless another thread closed it since it was looked up (EBADF).
+    fn open_lock(&self) -> Result<MutexGuard<'_, Stream>, c_int> {
+        let g = self.lock();
+        if g.closed() {
+            Err(libc::EBADF)
+        } else {
+            Ok(g)
+        }
+    }
+
     /// rsockets' `rs_get_comp`: take completions (and send credits) until `test` holds,
     /// waiting unless `nonblock` (then EWOULDBLOCK).
     fn get_comp<'a>(
@@ -176,6 +186,10 @@ impl Rsock {
             drop(g);
             let ready = wait_readable(&fds, wait_slice_ms());
             g = self.lock();
+            if g.closed() {
+                // Another thread closed the socket while this one waited.
+                return (g, Err(libc::EBADF));
+            }
             if ready[0] {
                 g.take_cq_event();
             }
@@ -441,7 +455,10 @@ pub unsafe extern "C" fn rbind(
             Ok(a) => a,
             Err(e) => return minus_one(e),
         };
-        let mut g = rs.lock();
+        let mut g = match rs.open_lock() {
+            Ok(g) => g,
+            Err(e) => return minus_one(e),
+        };
         // SAFETY: the socket's live id; `a` holds the address.
         let rc = unsafe { cmid::rdma_bind_addr(g.id, a.as_ptr() as *mut libc::sockaddr as *mut _) };
         if rc == 0 {
@@ -457,7 +474,10 @@ pub unsafe extern "C" fn rlisten(socket: c_int, backlog: c_int) -> c_int {
         let Some(rs) = lookup(socket) else {
             return minus_one(libc::EBADF);
         };
-        let mut g = rs.lock();
+        let mut g = match rs.open_lock() {
+            Ok(g) => g,
+            Err(e) => return minus_one(e),
+        };
         if g.state == st::LISTENING {
             return 0;
         }
@@ -674,7 +694,10 @@ pub unsafe extern "C" fn rconnect(
             Ok(a) => a,
             Err(e) => return minus_one(e),
         };
-        let mut g = rs.lock();
+        let mut g = match rs.open_lock() {
+            Ok(g) => g,
+            Err(e) => return minus_one(e),
+        };
         ret(do_connect(&mut g, Some(&a)).map(|()| 0))
     })
 }
@@ -775,7 +798,7 @@ fn send_iomaps<'a>(
 /// `rsend`/`rsendv`: the bytes of `iov` as data messages.
 fn sendv(socket: c_int, iov: &[libc::iovec], flags: c_int) -> Result<isize, c_int> {
     let rs = lookup(socket).ok_or(libc::EBADF)?;
-    let mut g = rs.lock();
+    let mut g = rs.open_lock()?;
     drive_connect(&mut g)?;
     let (g2, r) = send_iomaps(&rs, g, flags);
     g = g2;
@@ -919,7 +942,7 @@ pub unsafe extern "C" fn rsendto(
 /// is read.
 fn recv(socket: c_int, buf: *mut u8, len: usize, flags: c_int) -> Result<isize, c_int> {
     let rs = lookup(socket).ok_or(libc::EBADF)?;
-    let mut g = rs.lock();
+    let mut g = rs.open_lock()?;
     drive_connect(&mut g)?;
     let mut left = len;
     let mut err = None;
@@ -1037,7 +1060,7 @@ fn shutdown(rs: &Rsock, how: c_int) -> Result<(), c_int> {
         return Err(libc::EINVAL);
     }
     keepalive_remove(rs.fd);
-    let mut g = rs.lock();
+    let mut g = rs.open_lock()?;
     let mut res = Ok(());
     if g.state & st::CONNECTED != 0 {
         let ctrl = if how == libc::SHUT_RDWR {
@@ -1164,7 +1187,10 @@ fn name(socket: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t, pee
     if addr.is_null() || len.is_null() {
         return minus_one(libc::EFAULT);
     }
-    let g = rs.lock();
+    let g = match rs.open_lock() {
+        Ok(g) => g,
+        Err(e) => return minus_one(e),
+    };
     // SAFETY: the socket's live id; the caller's buffer and length.
     unsafe {
         let a = &(*g.id).route.addr;
@@ -1231,7 +1257,7 @@ unsafe fn setsockopt(
 ) -> Result<(), c_int> {
     // SAFETY: per the contract.
     let int = || unsafe { opt_int(optval, optlen) };
-    let mut g = rs.lock();
+    let mut g = rs.open_lock()?;
     let bit = |opts: &mut u64, on: bool| {
         if on {
             *opts |= 1 << optname;
@@ -1429,7 +1455,7 @@ unsafe fn getsockopt(
         }
         Ok(())
     };
-    let mut g = rs.lock();
+    let mut g = rs.open_lock()?;
     let has = |opts: u64| c_int::from(opts & (1 << optname) != 0);
     match (level, optname) {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE) => {
@@ -1521,7 +1547,10 @@ pub unsafe extern "C" fn rfcntl(socket: c_int, cmd: c_int, arg: c_int) -> c_int 
         let Some(rs) = lookup(socket) else {
             return minus_one(libc::EBADF);
         };
-        let mut g = rs.lock();
+        let mut g = match rs.open_lock() {
+            Ok(g) => g,
+            Err(e) => return minus_one(e),
+        };
         match cmd {
             libc::F_GETFL => g.fs_flags,
             libc::F_SETFL => {
@@ -1658,7 +1687,7 @@ fn iowrite(
     flags: c_int,
 ) -> Result<usize, c_int> {
     let rs = lookup(socket).ok_or(libc::EBADF)?;
-    let g = rs.lock();
+    let g = rs.open_lock()?;
     let (mut g, r) = send_iomaps(&rs, g, flags);
     r?;
     let mut left = count;
@@ -1772,6 +1801,9 @@ fn keepalive_run() {
         for fd in due {
             if let Some(rs) = lookup(fd) {
                 let mut g = rs.lock();
+                if g.closed() {
+                    continue;
+                }
                 g.poll_cq().ok();
                 g.send_keepalive();
             }

@@ -15,6 +15,9 @@ use crate::{guard, minus_one};
 /// The events of `rs` now (rsockets' `rs_poll_rs`, without waiting).
 fn poll_rs(rs: &Rsock, events: i16) -> i16 {
     let mut g = rs.lock();
+    if g.closed() {
+        return libc::POLLNVAL;
+    }
     if g.state & st::OPENING != 0 {
         if let Err(libc::EINPROGRESS) = do_connect(&mut g, None) {
             return 0;
@@ -71,6 +74,9 @@ fn poll_rs(rs: &Rsock, events: i16) -> i16 {
 /// The descriptors `rs`'s next event comes from, with the completion queue armed.
 fn wait_fds(rs: &Rsock, out: &mut Vec<c_int>) {
     let mut g = rs.lock();
+    if g.closed() {
+        return;
+    }
     if g.state == st::LISTENING {
         drop(g);
         if let Some(l) = rs
@@ -97,7 +103,7 @@ fn wait_fds(rs: &Rsock, out: &mut Vec<c_int>) {
 /// Take the events that woke a wait, so the next look sees their effect.
 fn take_events(rs: &Rsock, ready: &[c_int]) {
     let mut g = rs.lock();
-    if g.state == st::LISTENING {
+    if g.closed() || g.state == st::LISTENING {
         return;
     }
     if g.comp_fd().is_some_and(|fd| ready.contains(&fd)) {

@@ -331,6 +331,11 @@ impl Stream {
         }
     }
 
+    /// `rclose` freed it (a thread that was waiting in it must not go on).
+    pub(super) fn closed(&self) -> bool {
+        self.id.is_null()
+    }
+
     pub(super) fn has_ep(&self) -> bool {
         self.bufs.is_some()
     }
@@ -1121,6 +1126,9 @@ impl Stream {
 
     /// Release everything: the QP and CQ, the regions, the memory and the id.
     pub(super) fn free(&mut self) {
+        if self.closed() {
+            return;
+        }
         // SAFETY: the id is live until here and used by nothing after; the QP is
         // destroyed before the regions it could still write, and the regions are
         // deregistered before their memory is freed.
