@@ -30,6 +30,8 @@
  *             the client's riowrite lands in it (checked byte by byte) with no receive
  *             on the server's side; a write past the mapping stops at its end
  *   many      8 connections at once on one listener, each carrying its own pattern
+ *   closewait rclose while another thread waits in rrecv on the socket: that thread
+ *             returns (end of stream or EBADF), later calls EBADF, the peer reads 0
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -652,12 +654,57 @@ static int run_many(void)
 	return 0;
 }
 
+/* ---- closewait --------------------------------------------------------------------- */
+
+static int closewait_sock;
+static ssize_t closewait_ret;
+static int closewait_errno;
+
+static void *closewait_reader(void *p)
+{
+	char b[16];
+
+	(void)p;
+	closewait_ret = rrecv(closewait_sock, b, sizeof b, 0);
+	closewait_errno = errno;
+	return NULL;
+}
+
+static int run_closewait(void)
+{
+	uint16_t port = port_base() + 6;
+	pthread_t t;
+	int l, c;
+
+	l = listener(port, 0);
+	CHECK(l >= 0, "listener: %s", strerror(errno));
+	c = connect_to(port);
+	CHECK(c >= 0, "rconnect: %s", strerror(errno));
+	closewait_sock = raccept(l, NULL, NULL);
+	CHECK(closewait_sock >= 0, "raccept");
+	closewait_ret = 1;
+	pthread_create(&t, NULL, closewait_reader, NULL);
+	usleep(200000);
+	CHECK(rclose(closewait_sock) == 0, "rclose while another thread reads");
+	pthread_join(t, NULL);
+	CHECK(closewait_ret == 0 || (closewait_ret == -1 && closewait_errno == EBADF),
+	      "the waiting reader got %zd (%s)", closewait_ret, strerror(closewait_errno));
+	CHECK(rrecv(closewait_sock, &port, 1, 0) == -1 && errno == EBADF, "rrecv after rclose: %s",
+	      strerror(errno));
+	CHECK(rrecv(c, &port, 1, 0) == 0, "the peer reads end of stream");
+	rclose(c);
+	rclose(l);
+	pass("rclose while another thread waits in rrecv: that reader returns (0 or EBADF), later calls EBADF");
+	return 0;
+}
+
 static const struct {
 	const char *name;
 	int (*run)(void);
 } groups[] = {
 	{ "stream", run_stream },   { "nonblock", run_nonblock }, { "refused", run_refused },
 	{ "options", run_options }, { "iomap", run_iomap },       { "many", run_many },
+	{ "closewait", run_closewait },
 };
 
 int main(int argc, char **argv)
