@@ -770,6 +770,50 @@ impl Source<'_> {
     }
 }
 
+/// Wait (unless non-blocking) until a send may go: ECONNRESET once the socket cannot
+/// send any more.
+fn wait_send<'a>(
+    rs: &'a Rsock,
+    g: MutexGuard<'a, Stream>,
+    flags: c_int,
+) -> (MutexGuard<'a, Stream>, Result<(), c_int>) {
+    if g.can_send() {
+        return (g, Ok(()));
+    }
+    let nb = nonblocking(&g, flags);
+    let (g, r) = rs.get_comp(g, nb, conn_can_send);
+    if r.is_ok() && g.state & st::WRITABLE == 0 {
+        return (g, Err(libc::ECONNRESET));
+    }
+    (g, r)
+}
+
+/// rsockets' transfer sizes: the first transfer of a call small, each next one twice the
+/// last, up to [`stream::MAX_TRANSFER`], so a large send starts moving at once.
+struct Ramp(u32);
+
+impl Ramp {
+    fn next(&mut self, left: usize) -> u32 {
+        if (self.0 as usize) < left {
+            let x = self.0;
+            if self.0 < stream::MAX_TRANSFER {
+                self.0 <<= 1;
+            }
+            x
+        } else {
+            left as u32
+        }
+    }
+}
+
+/// What a transfer loop returns: the bytes moved, or the error when none moved.
+fn moved(done: usize, err: Option<c_int>) -> Result<usize, c_int> {
+    match err {
+        Some(e) if done == 0 => Err(e),
+        _ => Ok(done),
+    }
+}
+
 /// Send any `riomap` offers not yet sent.
 fn send_iomaps<'a>(
     rs: &'a Rsock,
@@ -777,16 +821,10 @@ fn send_iomaps<'a>(
     flags: c_int,
 ) -> (MutexGuard<'a, Stream>, Result<(), c_int>) {
     while let Some(k) = g.iomaps.iter().position(|m| m.index.is_some() && !m.sent) {
-        if !g.can_send() {
-            let nb = nonblocking(&g, flags);
-            let (g2, r) = rs.get_comp(g, nb, conn_can_send);
-            g = g2;
-            if let Err(e) = r {
-                return (g, Err(e));
-            }
-            if g.state & st::WRITABLE == 0 {
-                return (g, Err(libc::ECONNRESET));
-            }
+        let (g2, r) = wait_send(rs, g, flags);
+        g = g2;
+        if let Err(e) = r {
+            return (g, Err(e));
         }
         if let Err(e) = g.send_one_iomap(k) {
             return (g, Err(e));
@@ -806,31 +844,16 @@ fn sendv(socket: c_int, iov: &[libc::iovec], flags: c_int) -> Result<isize, c_in
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
     let mut src = Source { iov, i: 0, off: 0 };
     let mut left = total;
-    let mut olen = stream::OLAP_START;
+    let mut ramp = Ramp(stream::OLAP_START);
     let mut err = None;
     while left > 0 {
-        if !g.can_send() {
-            let nb = nonblocking(&g, flags);
-            let (g2, r) = rs.get_comp(g, nb, conn_can_send);
-            g = g2;
-            if let Err(e) = r {
-                err = Some(e);
-                break;
-            }
-            if g.state & st::WRITABLE == 0 {
-                err = Some(libc::ECONNRESET);
-                break;
-            }
+        let (g2, r) = wait_send(&rs, g, flags);
+        g = g2;
+        if let Err(e) = r {
+            err = Some(e);
+            break;
         }
-        let want = if (olen as usize) < left {
-            let x = olen;
-            if olen < stream::MAX_TRANSFER {
-                olen <<= 1;
-            }
-            x
-        } else {
-            left as u32
-        };
+        let want = ramp.next(left);
         let room = g.target_room();
         let x = g.xfer_limit(want, room);
         let inline = src.contiguous(x as usize);
@@ -846,10 +869,7 @@ fn sendv(socket: c_int, iov: &[libc::iovec], flags: c_int) -> Result<isize, c_in
         left -= x as usize;
     }
     let sent = total - left;
-    match err {
-        Some(e) if sent == 0 => Err(e),
-        _ => Ok(sent as isize),
-    }
+    moved(sent, err).map(|n| n as isize)
 }
 
 #[no_mangle]
@@ -968,10 +988,7 @@ fn recv(socket: c_int, buf: *mut u8, len: usize, flags: c_int) -> Result<isize, 
         }
     }
     g.update_credits();
-    match err {
-        Some(e) if left == len => Err(e),
-        _ => Ok((len - left) as isize),
-    }
+    moved(len - left, err).map(|n| n as isize)
 }
 
 #[no_mangle]
@@ -1691,7 +1708,7 @@ fn iowrite(
     let (mut g, r) = send_iomaps(&rs, g, flags);
     r?;
     let mut left = count;
-    let mut olen = stream::OLAP_START;
+    let mut ramp = Ramp(stream::OLAP_START);
     let mut err = None;
     while left > 0 {
         let n = g.cfg.iomap_size as usize;
@@ -1699,28 +1716,13 @@ fn iowrite(
             .map(|i| g.target_iomap(i))
             .find(|(o, sge)| offset >= *o && offset < o + u64::from(sge.length));
         let Some((ioff, sge)) = found else { break };
-        if !g.can_send() {
-            let nb = nonblocking(&g, flags);
-            let (g2, r) = rs.get_comp(g, nb, conn_can_send);
-            g = g2;
-            if let Err(e) = r {
-                err = Some(e);
-                break;
-            }
-            if g.state & st::WRITABLE == 0 {
-                err = Some(libc::ECONNRESET);
-                break;
-            }
+        let (g2, r) = wait_send(&rs, g, flags);
+        g = g2;
+        if let Err(e) = r {
+            err = Some(e);
+            break;
         }
-        let want = if (olen as usize) < left {
-            let x = olen;
-            if olen < stream::MAX_TRANSFER {
-                olen <<= 1;
-            }
-            x
-        } else {
-            left as u32
-        };
+        let want = ramp.next(left);
         let room = (ioff + u64::from(sge.length) - offset).min(u64::from(u32::MAX)) as u32;
         let x = g.xfer_limit(want, room);
         // SAFETY: within the caller's buffer of `count` bytes.
@@ -1741,10 +1743,7 @@ fn iowrite(
         offset += u64::from(x);
     }
     let done = count - left;
-    match err {
-        Some(e) if done == 0 => Err(e),
-        _ => Ok(done),
-    }
+    moved(done, err)
 }
 
 /// Sockets with keepalives on: the next time each is due.
