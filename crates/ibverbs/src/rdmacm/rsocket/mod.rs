@@ -76,8 +76,6 @@ pub(crate) struct Rsock {
     listener: Mutex<Option<Listener>>,
 }
 
-// SAFETY: the stream's raw pointers are used only under its mutex (see `Stream`).
-unsafe impl Sync for Rsock {}
 
 static TABLE: Mutex<BTreeMap<c_int, Arc<Rsock>>> = Mutex::new(BTreeMap::new());
 
