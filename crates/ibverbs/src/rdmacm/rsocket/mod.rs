@@ -76,7 +76,6 @@ pub(crate) struct Rsock {
     listener: Mutex<Option<Listener>>,
 }
 
-
 static TABLE: Mutex<BTreeMap<c_int, Arc<Rsock>>> = Mutex::new(BTreeMap::new());
 
 fn table() -> MutexGuard<'static, BTreeMap<c_int, Arc<Rsock>>> {
