@@ -237,20 +237,20 @@ fn connect_steps(s: &mut Stream, dst: Option<&[u8]>) -> Result<(), c_int> {
                     cmid::rdma_resolve_addr(id, std::ptr::null_mut(), dst.as_ptr() as *mut _, to)
                 };
                 match errno_of(rc) {
-                    Ok(()) => s.state = st::RESOLVING_ADDR | 0x8000,
+                    Ok(()) => s.state = st::ADDR_RESOLVED,
                     Err(e) => return Err(e),
                 }
             }
             st::RESOLVING_ADDR => {
                 // SAFETY: the live synchronous id.
                 match errno_of(unsafe { cmid::complete(id) }) {
-                    Ok(()) => s.state = st::RESOLVING_ADDR | 0x8000,
+                    Ok(()) => s.state = st::ADDR_RESOLVED,
                     Err(libc::ETIMEDOUT) if s.retries <= CONN_RETRIES => s.state = st::BOUND,
                     Err(e) => return Err(e),
                 }
             }
             // The address is resolved: resolve the route.
-            x if x == st::RESOLVING_ADDR | 0x8000 => {
+            st::ADDR_RESOLVED => {
                 s.retries = 0;
                 s.state = st::RESOLVING_ROUTE;
                 if let Some(route) = s.route.take() {
@@ -270,15 +270,15 @@ fn connect_steps(s: &mut Stream, dst: Option<&[u8]>) -> Result<(), c_int> {
                 }
                 // SAFETY: the live id.
                 errno_of(unsafe { cmid::rdma_resolve_route(id, 1000) })?;
-                s.state = st::RESOLVING_ROUTE | 0x8000;
+                s.state = st::ROUTE_RESOLVED;
             }
             st::RESOLVING_ROUTE => {
                 // SAFETY: the live synchronous id.
                 errno_of(unsafe { cmid::complete(id) })?;
-                s.state = st::RESOLVING_ROUTE | 0x8000;
+                s.state = st::ROUTE_RESOLVED;
             }
             // The route is resolved: make the QP and buffers and send the request.
-            x if x == st::RESOLVING_ROUTE | 0x8000 => {
+            st::ROUTE_RESOLVED => {
                 s.create_ep()?;
                 let cd = s.format_conn_data();
                 let mut p: abi::rdma_conn_param = crate::zeroed();

@@ -76,6 +76,10 @@ pub(super) mod st {
     pub const RESOLVING_ROUTE: u32 = OPENING | 0x20;
     pub const CONNECTING: u32 = OPENING | 0x40;
     pub const ACCEPTING: u32 = OPENING | 0x80;
+    /// A connect's step done, the next to start in the same call (so never left in a
+    /// socket's state when the call returns).
+    pub const ADDR_RESOLVED: u32 = RESOLVING_ADDR | 0x8000;
+    pub const ROUTE_RESOLVED: u32 = RESOLVING_ROUTE | 0x8000;
     pub const CONNECTED: u32 = 0x100;
     pub const WRITABLE: u32 = 0x200;
     pub const READABLE: u32 = 0x400;
