@@ -23,6 +23,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use softrdma_device::rundir::{self, RunDir};
 
 use crate::view;
 use crate::CmdResult;
@@ -265,7 +266,9 @@ fn link_dir(built: &Path) -> CmdResult<PathBuf> {
     if make_links(&preferred, built).is_ok() {
         return Ok(preferred);
     }
-    // A read-only build directory: links in the temporary directory, named after it.
+    // A read-only build directory: links in the user's own runtime directory, named after
+    // it. Never in the shared temporary directory, where another user could make the
+    // directory first and swap the links for libraries of their own.
     let tag: u64 = built
         .as_os_str()
         .as_encoded_bytes()
@@ -273,8 +276,10 @@ fn link_dir(built: &Path) -> CmdResult<PathBuf> {
         .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
             (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
         });
-    let fallback = std::env::temp_dir().join(format!("softrdma-lib-{tag:016x}"));
-    make_links(&fallback, built)
+    let fallback = rundir::default_path().join(format!("lib-{tag:016x}"));
+    RunDir::open_default()
+        .and_then(|d| d.subdir(&format!("lib-{tag:016x}")))
+        .and_then(|_| make_links(&fallback, built))
         .map(|()| fallback.clone())
         .map_err(|e| format!("cannot make {}: {e}", fallback.display()))
 }

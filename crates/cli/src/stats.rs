@@ -132,7 +132,8 @@ pub fn print_device(dev: &Device) {
 /// `softrdma stats`.
 pub fn show(json: bool, all: bool) -> CmdResult {
     let dir = statsfile::stats_dir();
-    let recs = statsfile::read_all(&dir, all);
+    // A directory another user made in our place is refused, and says so.
+    let recs = statsfile::read_all(&dir, all).map_err(|e| e.to_string())?;
     if json {
         return output::print_json(&StatsList {
             dir: dir.display().to_string(),

@@ -61,6 +61,7 @@ mod pacing;
 mod poller;
 mod progress;
 pub mod registry;
+pub mod rundir;
 mod runtime;
 mod stats;
 pub mod statsfile;

@@ -51,10 +51,12 @@
 //!
 //! # Files
 //!
-//! The directory ([`default_dir`]: `$SOFTRDMA_CM_DIR`, else `registry` under
-//! [`statsfile::stats_dir`]) is created mode 0700 (its parents
-//! with the usual mode) and refused if another user owns it or others may write to it: a
-//! record names the device a client will connect to.
+//! The directory ([`default_dir`]: `$SOFTRDMA_CM_DIR`, else `registry` under the user's
+//! [`RunDir`]) is created mode 0700 and refused if it is a symbolic link, another user owns
+//! it or others may write to it: a record names the device a client will connect to. It
+//! is checked once, on its open descriptor, and every file in it is made, opened, renamed
+//! and removed relative to that descriptor, never through a symbolic link (DESIGN decision
+//! 13), so renaming the directory or planting links cannot redirect a bind or a lookup.
 //!
 //! - `lock`: the registry-wide lock. Bind and listen take `flock(LOCK_EX)` on it for the
 //!   scan and the write, so two processes never both win a port. It also holds
@@ -87,18 +89,19 @@
 //! files that are not records. Lookups take no lock and only skip such files.
 
 use std::collections::HashMap;
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::ops::RangeInclusive;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::fs::{flock, FlockOperation};
 use rustix::io::Errno;
 
-use crate::{statsfile, sys};
+use crate::rundir::{self, RunDir};
+use crate::sys;
 
 /// Environment variable naming the registry directory, so tests and unusual setups can
 /// keep their bindings apart from the user's.
@@ -183,67 +186,43 @@ pub struct Listener {
     pub bound: SocketAddr,
 }
 
-/// The directory of the registry: `$SOFTRDMA_CM_DIR`, else `registry` under the stats
-/// directory ([`statsfile::stats_dir`]), which is already chosen per user.
+/// The directory of the registry: `$SOFTRDMA_CM_DIR`, else `registry` under the user's
+/// [`rundir::default_path`].
 pub fn default_dir() -> PathBuf {
     if let Some(d) = std::env::var_os(CM_DIR_ENV).filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
     }
-    statsfile::stats_dir().join("registry")
+    rundir::default_path().join("registry")
 }
 
 /// A registry directory: where bindings are reserved and listeners looked up.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Registry {
-    dir: PathBuf,
+    dir: Arc<RunDir>,
 }
 
 impl Registry {
     /// Use `dir` as the registry, creating it (mode 0700) if missing. Refused if it is not
-    /// a directory, belongs to another user, or others may write to it: a planted record
-    /// would send clients to a device of someone else's choosing.
+    /// a directory, is a symbolic link, belongs to another user, or others may write to
+    /// it: a planted record would send clients to a device of someone else's choosing.
     pub fn open(dir: impl Into<PathBuf>) -> io::Result<Registry> {
-        let dir = dir.into();
-        // Parents keep the usual mode: the stats directory above is read by others'
-        // `softrdma stats`.
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fs::create_dir_all(parent)?;
-        }
-        if let Err(e) = DirBuilder::new().mode(0o700).create(&dir) {
-            if e.kind() != io::ErrorKind::AlreadyExists {
-                return Err(e);
-            }
-        }
-        let md = fs::metadata(&dir)?;
-        if !md.is_dir() {
-            return Err(io::Error::other(format!(
-                "{}: not a directory",
-                dir.display()
-            )));
-        }
-        if md.uid() != rustix::process::geteuid().as_raw() {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("{}: owned by another user", dir.display()),
-            ));
-        }
-        if md.mode() & 0o022 != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("{}: writable by other users", dir.display()),
-            ));
-        }
-        Ok(Registry { dir })
+        let dir = RunDir::open(&dir.into())?;
+        Ok(Registry { dir: Arc::new(dir) })
     }
 
-    /// The registry at [`default_dir`].
+    /// The registry at [`default_dir`]: the `registry` subdirectory is opened through the
+    /// already checked user directory, so neither level can be swapped for another.
     pub fn open_default() -> io::Result<Registry> {
-        Registry::open(default_dir())
+        if std::env::var_os(CM_DIR_ENV).is_some_and(|d| !d.is_empty()) {
+            return Registry::open(default_dir());
+        }
+        let dir = RunDir::open_default()?.subdir("registry")?;
+        Ok(Registry { dir: Arc::new(dir) })
     }
 
     /// The registry's directory.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 
     /// Reserve `addr` in `ps` for this process, with the rules of `rdma_bind_addr` (see
@@ -310,7 +289,7 @@ impl Registry {
             let _ = lock.set_last_port(rec.addr.port());
         }
         Ok(Binding {
-            dir: self.dir.clone(),
+            dir: Arc::clone(&self.dir),
             stem,
             file,
             rec,
@@ -325,16 +304,13 @@ impl Registry {
         if dst.port() == 0 || !is_local(dst) {
             return None;
         }
-        let rd = fs::read_dir(&self.dir).ok()?;
+        let names = self.dir.files().ok()?;
         let mut best: Option<((u8, u64), Listener)> = None;
-        for e in rd.flatten() {
-            if !e.file_type().is_ok_and(|t| t.is_file()) {
+        for name in names {
+            if !is_record_name(&name) {
                 continue;
             }
-            if !e.file_name().to_str().is_some_and(is_record_name) {
-                continue;
-            }
-            let Ok(mut f) = File::open(e.path()) else {
+            let Ok(mut f) = self.dir.open_read(&name) else {
                 continue;
             };
             let Some(rec) = read_record(&mut f) else {
@@ -365,7 +341,7 @@ impl Registry {
 /// A reserved address and port, held by the CM id that bound it. Dropping it releases the
 /// reservation; so does the death of the process.
 pub struct Binding {
-    dir: PathBuf,
+    dir: Arc<RunDir>,
     /// The record's file name without `.bind`.
     stem: String,
     /// The open record, locked exclusively: the proof that the owner lives.
@@ -475,7 +451,7 @@ impl Drop for Binding {
     fn drop(&mut self) {
         // Removed while still locked, so no scanner takes a half-released record for
         // stale and removes a successor of the same name.
-        let _ = fs::remove_file(self.dir.join(format!("{}.bind", self.stem)));
+        let _ = self.dir.remove(&format!("{}.bind", self.stem));
     }
 }
 
@@ -580,14 +556,8 @@ struct RegistryLock {
 impl RegistryLock {
     /// Take the lock, waiting at most [`LOCK_TIMEOUT`] (a process stopped while holding
     /// it must not hang every other one forever).
-    fn acquire(dir: &Path) -> io::Result<RegistryLock> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(dir.join(LOCK_FILE))?;
+    fn acquire(dir: &RunDir) -> io::Result<RegistryLock> {
+        let file = dir.open_rw(LOCK_FILE, 0o600)?;
         let deadline = Instant::now() + LOCK_TIMEOUT;
         let mut pause = Duration::from_micros(50);
         loop {
@@ -599,7 +569,7 @@ impl RegistryLock {
             if Instant::now() >= deadline {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("{}: registry lock held too long", dir.display()),
+                    format!("{}: registry lock held too long", dir.path().display()),
                 ));
             }
             std::thread::sleep(pause);
@@ -647,15 +617,6 @@ fn owned(f: &File) -> io::Result<bool> {
     }
 }
 
-/// Remove `path` if it is still the file open as `f` (not a successor of the same name).
-fn remove_if_same(path: &Path, f: &File) {
-    if let (Ok(a), Ok(b)) = (f.metadata(), fs::symlink_metadata(path)) {
-        if a.dev() == b.dev() && a.ino() == b.ino() {
-            let _ = fs::remove_file(path);
-        }
-    }
-}
-
 fn read_record(f: &mut File) -> Option<Record> {
     let mut s = String::new();
     f.take(MAX_RECORD).read_to_string(&mut s).ok()?;
@@ -664,27 +625,20 @@ fn read_record(f: &mut File) -> Option<Record> {
 
 /// The live records of the registry; removes records and other files that nobody holds.
 /// Only under the registry lock: an unlocked file is then certainly abandoned.
-fn scan(dir: &Path) -> io::Result<Vec<Entry>> {
+fn scan(dir: &RunDir) -> io::Result<Vec<Entry>> {
     let mut out = Vec::new();
-    for e in fs::read_dir(dir)?.flatten() {
-        if !e.file_type().is_ok_and(|t| t.is_file()) {
-            continue;
-        }
-        let Ok(name) = e.file_name().into_string() else {
-            continue;
-        };
+    for name in dir.files()? {
         let record = is_record_name(&name);
         if !record && !is_tmp_name(&name) {
             continue;
         }
-        let path = e.path();
-        let Ok(mut f) = File::open(&path) else {
+        let Ok(mut f) = dir.open_read(&name) else {
             continue;
         };
         match owned(&f) {
             Ok(true) => {}
             Ok(false) => {
-                remove_if_same(&path, &f);
+                dir.remove_if_same(&name, &f);
                 continue;
             }
             Err(_) => continue,
@@ -717,22 +671,18 @@ fn owners<'a>(
 /// Write `rec` to `.stem.tmp`, lock it, and rename it to `stem.bind`. Returns the open,
 /// locked file. Only under the registry lock: a scan would remove an unlocked
 /// temporary file.
-fn write_record(dir: &Path, stem: &str, rec: &Record) -> io::Result<File> {
-    let tmp = dir.join(format!(".{stem}.tmp"));
-    let path = dir.join(format!("{stem}.bind"));
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
+fn write_record(dir: &RunDir, stem: &str, rec: &Record) -> io::Result<File> {
+    // `stem` ends in a random number, so the temporary name is not predictable either.
+    let tmp = format!(".{stem}.tmp");
+    let mut f = dir.create_new(&tmp, 0o600)?;
     let done = flock(&f, FlockOperation::NonBlockingLockExclusive)
         .map_err(io::Error::from)
         .and_then(|()| f.write_all(rec.to_text().as_bytes()))
-        .and_then(|()| fs::rename(&tmp, &path));
+        .and_then(|()| dir.rename(&tmp, &format!("{stem}.bind")));
     match done {
         Ok(()) => Ok(f),
         Err(e) => {
-            let _ = fs::remove_file(&tmp);
+            let _ = dir.remove(&tmp);
             Err(e)
         }
     }
@@ -908,6 +858,7 @@ fn status_allows_bind_service(status: &str) -> Option<bool> {
 mod tests {
     use super::*;
     use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::MetadataExt;
     use std::process::{Command, Stdio};
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::{Arc, Barrier};

@@ -6,11 +6,15 @@
 //! when it closes. A file is replaced atomically (written under a temporary name, then
 //! renamed), so readers never see half a record. The format is text, one `key value` per
 //! line: `softrdma-stats 1`, then `name`, `pid`, `addr` and `gid`, then the counters of
-//! [`counters`]. Publishing is best effort: a missing or read-only directory costs the
-//! listing, never the device.
+//! [`counters`]. Publishing is best effort: a missing, refused or read-only directory costs
+//! the listing, never the device.
+//!
+//! The directory is a [`RunDir`]: checked on its descriptor, files made in it exclusively
+//! under unpredictable temporary names and never through a symbolic link, so another user
+//! cannot turn a device's periodic write into a write to a file of their choosing.
 
-use std::ffi::{OsStr, OsString};
-use std::io;
+use std::ffi::OsStr;
+use std::io::{self, Read, Write};
 use std::net::{Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +24,11 @@ use std::time::Duration;
 
 use softrdma_transport::verbs::Gid;
 
+use crate::rundir::{self, RunDir};
 use crate::DeviceStats;
+
+/// A record is a few kilobytes at most; a longer file is not one.
+const MAX_FILE: u64 = 64 * 1024;
 
 /// How often an open device rewrites its stats file.
 pub const PERIOD: Duration = Duration::from_millis(250);
@@ -28,20 +36,10 @@ pub const PERIOD: Duration = Duration::from_millis(250);
 /// First line of a stats file: the format and its version.
 const MAGIC: &str = "softrdma-stats 1";
 
-/// The directory of stats files: `$SOFTRDMA_STATS_DIR`, else `$XDG_RUNTIME_DIR/softrdma`,
-/// else `/dev/shm/softrdma-UID`: one per user, as `$XDG_RUNTIME_DIR` is, so a user's
-/// devices never miss the directory because another user (root) made it first.
+/// The directory of stats files: the user's [`rundir::default_path`] (one per user, chosen
+/// so that no other user can have made it first where that is possible).
 pub fn stats_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("SOFTRDMA_STATS_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("softrdma");
-    }
-    PathBuf::from(format!(
-        "/dev/shm/softrdma-{}",
-        rustix::process::geteuid().as_raw()
-    ))
+    rundir::default_path()
 }
 
 /// Where devices publish by default: [`stats_dir`], or None if `SOFTRDMA_STATS=0`.
@@ -171,33 +169,18 @@ impl Record {
     }
 }
 
-/// Write `r` to `file` atomically (a temporary file next to it, then a rename), creating
-/// the directory if it is missing.
-pub fn publish(file: &Path, r: &Record) -> io::Result<()> {
-    let (Some(dir), Some(name)) = (file.parent(), file.file_name()) else {
-        return Err(io::Error::from(io::ErrorKind::InvalidInput));
-    };
-    let mut tmp = OsString::from(".");
-    tmp.push(name);
-    tmp.push(".tmp");
-    let tmp = dir.join(tmp);
-    let text = r.to_text();
-    if let Err(e) = std::fs::write(&tmp, &text) {
-        // The directory may not exist yet, or may have been cleaned away since.
-        if e.kind() != io::ErrorKind::NotFound {
-            return Err(e);
-        }
-        std::fs::create_dir_all(dir)?;
-        std::fs::write(&tmp, &text)?;
+/// Write `r` to the file `name` of `dir` atomically: a new file under a temporary name
+/// nobody can predict, then a rename over `name`.
+pub fn publish(dir: &RunDir, name: &str, r: &Record) -> io::Result<()> {
+    let tmp = rundir::tmp_name(name);
+    let done = dir
+        .create_new(&tmp, 0o600)
+        .and_then(|mut f| f.write_all(r.to_text().as_bytes()))
+        .and_then(|()| dir.rename(&tmp, name));
+    if done.is_err() {
+        let _ = dir.remove(&tmp);
     }
-    std::fs::rename(&tmp, file).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
-}
-
-/// Remove a stats file (best effort: it may be gone already).
-pub fn remove(file: &Path) {
-    let _ = std::fs::remove_file(file);
+    done
 }
 
 /// Whether process `pid` is alive.
@@ -205,39 +188,43 @@ fn alive(pid: u32) -> bool {
     Path::new("/proc").join(pid.to_string()).exists()
 }
 
-/// The records of the stats files in `dir`, sorted by name, pid and address. The files of
+/// The records of the stats files in `dir`, sorted by name, pid and address; none if the
+/// directory does not exist, an error if it is refused ([`RunDir`]). The files of
 /// processes that have exited are removed and skipped (a process that died without
 /// cleaning up leaves its file behind), unless `include_stale`: then they are listed as
 /// they are.
-pub fn read_all(dir: &Path, include_stale: bool) -> Vec<Record> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
+pub fn read_all(dir: &Path, include_stale: bool) -> io::Result<Vec<Record>> {
+    let Some(dir) = RunDir::open_existing(dir)? else {
+        return Ok(Vec::new());
     };
     let mut out = Vec::new();
-    for e in rd.flatten() {
-        let p = e.path();
-        if p.extension() != Some(OsStr::new("stats")) {
+    for name in dir.files()? {
+        if Path::new(&name).extension() != Some(OsStr::new("stats")) || name.starts_with('.') {
             continue;
         }
-        let Some(r) = std::fs::read_to_string(&p)
-            .ok()
-            .and_then(|t| Record::parse(&t))
-        else {
+        let mut text = String::new();
+        let Ok(mut f) = dir.open_read(&name) else {
+            continue;
+        };
+        if (&mut f).take(MAX_FILE).read_to_string(&mut text).is_err() {
+            continue;
+        }
+        let Some(r) = Record::parse(&text) else {
             continue;
         };
         if !include_stale && !alive(r.pid) {
-            remove(&p);
+            dir.remove_if_same(&name, &f);
             continue;
         }
         out.push(r);
     }
     out.sort_by(|a, b| (&a.name, a.pid, &a.addr).cmp(&(&b.name, b.pid, &b.addr)));
-    out
+    Ok(out)
 }
 
-/// The file of a new device named `name` in `dir`: `<name>-<pid>-<n>.stats`, `n` counting
-/// the devices this process opened, as one process may open several devices of one name.
-fn new_file(dir: &Path, name: &str) -> PathBuf {
+/// The file name of a new device named `name`: `<name>-<pid>-<n>.stats`, `n` counting the
+/// devices this process opened, as one process may open several devices of one name.
+fn new_file(name: &str) -> String {
     static OPENED: AtomicU64 = AtomicU64::new(0);
     let n = OPENED.fetch_add(1, Ordering::Relaxed);
     // Names come from configuration files: keep a stray `/` from escaping the directory.
@@ -251,7 +238,8 @@ fn new_file(dir: &Path, name: &str) -> PathBuf {
             }
         })
         .collect();
-    dir.join(format!("{safe}-{}-{n}.stats", std::process::id()))
+    let safe = safe.trim_start_matches('.');
+    format!("{safe}-{}-{n}.stats", std::process::id())
 }
 
 /// Publishes a device's record to its stats file from a thread of its own while alive;
@@ -273,34 +261,61 @@ impl std::fmt::Debug for Publisher {
 
 impl Publisher {
     /// Publish `snapshot()` for device `name` to a new file in `dir`, now and then every
-    /// [`PERIOD`]. Best effort: None if the thread cannot start; failed writes are
-    /// retried at the next period.
+    /// [`PERIOD`]. Best effort: None if the thread cannot start; a directory that is
+    /// refused or cannot be made is reported once and tried again at each period (it
+    /// may be removed or made since), failed writes are retried at the next period.
     pub fn start(
         dir: &Path,
         name: &str,
         mut snapshot: impl FnMut() -> Record + Send + 'static,
     ) -> Option<Publisher> {
-        let file = new_file(dir, name);
+        let file = new_file(name);
+        let path = dir.join(&file);
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let (f, s) = (file.clone(), Arc::clone(&stop));
+        let s = Arc::clone(&stop);
+        let dir = dir.to_path_buf();
         let thread = std::thread::Builder::new()
             .name(format!("{name}-stats"))
-            .spawn(move || loop {
-                let _ = publish(&f, &snapshot());
-                let (m, cv) = &*s;
-                let g = m.lock().unwrap_or_else(PoisonError::into_inner);
-                let (g, _) = cv
-                    .wait_timeout_while(g, PERIOD, |stop| !*stop)
-                    .unwrap_or_else(PoisonError::into_inner);
-                if *g {
-                    break;
+            .spawn(move || {
+                let mut open: Option<RunDir> = None;
+                let mut warned = false;
+                loop {
+                    // Reopened by path if it was removed or replaced: the old descriptor
+                    // would write where no reader looks.
+                    if !open.as_ref().is_some_and(RunDir::is_current) {
+                        open = match RunDir::open(&dir) {
+                            Ok(d) => Some(d),
+                            Err(e) => {
+                                if !std::mem::replace(&mut warned, true) {
+                                    tracing::warn!(error = %e, "device counters not published");
+                                }
+                                None
+                            }
+                        };
+                    }
+                    if let Some(d) = &open {
+                        let _ = publish(d, &file, &snapshot());
+                    }
+                    let (m, cv) = &*s;
+                    let g = m.lock().unwrap_or_else(PoisonError::into_inner);
+                    let (g, _) = cv
+                        .wait_timeout_while(g, PERIOD, |stop| !*stop)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if *g {
+                        break;
+                    }
+                }
+                // Removed here, after the last write, so that it cannot bring the file
+                // back.
+                if let Some(d) = &open {
+                    let _ = d.remove(&file);
                 }
             })
             .ok()?;
         Some(Publisher {
             stop,
             thread: Some(thread),
-            file,
+            file: path,
         })
     }
 
@@ -315,11 +330,9 @@ impl Drop for Publisher {
         let (m, cv) = &*self.stop;
         *m.lock().unwrap_or_else(PoisonError::into_inner) = true;
         cv.notify_all();
-        // Joined before the removal, so that a last write cannot bring the file back.
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        remove(&self.file);
     }
 }
 
@@ -373,42 +386,43 @@ mod tests {
 
     #[test]
     fn file_names_stay_in_the_directory() {
-        let dir = Path::new("/x");
-        let a = new_file(dir, "../etc/a b");
-        let b = new_file(dir, "../etc/a b");
-        assert_eq!(a.parent(), Some(dir));
+        let a = new_file("../etc/a b");
+        let b = new_file("../etc/a b");
         assert_ne!(a, b);
-        let n = a.file_name().unwrap().to_str().unwrap();
-        assert!(n.starts_with(".._etc_a_b-"), "{n}");
-        assert!(n.ends_with(".stats"), "{n}");
+        assert!(!a.contains('/'), "{a}");
+        // Not hidden: names starting with a dot are temporary files.
+        assert!(a.starts_with("_etc_a_b-"), "{a}");
+        assert!(a.ends_with(".stats"), "{a}");
     }
 
     #[test]
     fn publish_read_and_stale_files() {
         let dir = std::env::temp_dir().join(format!("softrdma-statsfile-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        // Publishing creates the directory.
+        assert_eq!(read_all(&dir, true).unwrap(), vec![]);
+        assert!(!dir.exists(), "reading makes no directory");
+        let rd = RunDir::open(&dir).unwrap();
         let mine = Record {
             pid: std::process::id(),
             ..sample()
         };
-        let file = new_file(&dir, &mine.name);
-        publish(&file, &mine).unwrap();
+        let file = new_file(&mine.name);
+        publish(&rd, &file, &mine).unwrap();
         // No pid is this large (pid_max is at most 2^22), so this process is gone.
         let dead = Record {
             name: "gone".into(),
             pid: u32::MAX,
             ..sample()
         };
+        publish(&rd, "gone-x.stats", &dead).unwrap();
         let dead_file = dir.join("gone-x.stats");
-        publish(&dead_file, &dead).unwrap();
         std::fs::write(dir.join("junk.stats"), "not a record").unwrap();
         std::fs::write(dir.join("other.txt"), MAGIC).unwrap();
 
-        let all = read_all(&dir, true);
+        let all = read_all(&dir, true).unwrap();
         assert_eq!(all, vec![dead.clone(), mine.clone()]);
         assert!(dead_file.exists());
-        assert_eq!(read_all(&dir, false), vec![mine.clone()]);
+        assert_eq!(read_all(&dir, false).unwrap(), vec![mine.clone()]);
         assert!(!dead_file.exists(), "stale file tidied");
         // No temporary file is left behind.
         let mut names: Vec<String> = std::fs::read_dir(&dir)
@@ -416,13 +430,12 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
-        let own = file.file_name().unwrap().to_string_lossy().into_owned();
         assert_eq!(
             names,
-            vec!["junk.stats".to_string(), "other.txt".into(), own]
+            vec!["junk.stats".to_string(), "other.txt".into(), file.clone()]
         );
-        remove(&file);
-        assert!(read_all(&dir, true).is_empty());
+        rd.remove(&file).unwrap();
+        assert!(read_all(&dir, true).unwrap().is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -21,7 +21,7 @@ fn test_dir(what: &str) -> PathBuf {
 fn wait_record(dir: &Path, name: &str, ok: impl Fn(&Record) -> bool) -> Record {
     let until = Instant::now() + Duration::from_secs(10);
     loop {
-        let all = statsfile::read_all(dir, false);
+        let all = statsfile::read_all(dir, false).unwrap();
         if let Some(r) = all
             .iter()
             .find(|r| r.pid == std::process::id() && r.name == name && ok(r))
@@ -69,7 +69,7 @@ fn open_device_publishes_and_drop_removes() {
 
     drop(dev);
     assert!(!file.exists(), "{file:?} is removed when the device closes");
-    assert!(statsfile::read_all(&dir, true).is_empty());
+    assert!(statsfile::read_all(&dir, true).unwrap().is_empty());
     // No temporary file is left behind either.
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
     assert!(left.is_empty(), "{left:?}");
@@ -89,11 +89,11 @@ fn two_devices_of_one_name_have_their_own_files() {
     let addr_a = a.addr().to_string();
     wait_record(&dir, "twin", |r| r.addr == addr_a);
     drop(a);
-    let left = statsfile::read_all(&dir, true);
+    let left = statsfile::read_all(&dir, true).unwrap();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].addr, addr_b);
     drop(b);
-    assert!(statsfile::read_all(&dir, true).is_empty());
+    assert!(statsfile::read_all(&dir, true).unwrap().is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
