@@ -71,7 +71,7 @@ use std::time::{Duration, Instant};
 use softrdma_cm::agent::{self, Agent};
 use softrdma_cm::cma::{CmaEvent, EventParam, Service};
 use softrdma_cm::host::HostPorts;
-use softrdma_device::registry::{self, Registry};
+use softrdma_device::registry::Registry;
 use softrdma_transport::verbs::{QpAttr, QpAttrMask, QpState, QpType};
 use softrdma_wire::cm::{port_space, rej_reason};
 
@@ -101,9 +101,8 @@ fn agent_of(dev: &Device) -> Result<Arc<Agent>> {
     if let Some(a) = slot.as_ref() {
         return Ok(Arc::clone(a));
     }
-    let dir = registry::default_dir();
-    let reg = Registry::open(&dir).map_err(|e| {
-        let msg = format!("rdma_cm port registry {}: {e}", dir.display());
+    let reg = Registry::open_default().map_err(|e| {
+        let msg = format!("rdma_cm port registry: {e}");
         Error::io(e, libc::EACCES, msg)
     })?;
     let ports = HostPorts::new(reg, dev.addr().port());
