@@ -485,6 +485,16 @@ impl Cma {
         &self.ib
     }
 
+    /// Hold at most `n` half-open connections ([`IbCm::set_max_half_open`]).
+    pub fn set_max_half_open(&mut self, n: usize) {
+        self.ib.set_max_half_open(n);
+    }
+
+    /// Number of ids (the program's, and those connection requests made).
+    pub fn id_count(&self) -> usize {
+        self.ids.len()
+    }
+
     fn id(&self, h: IdHandle) -> Result<&Id> {
         self.ids.get(&h).ok_or(err(errno::EINVAL, "no such CM id"))
     }
@@ -778,10 +788,15 @@ impl Cma {
             return Err(err(errno::EINVAL, "route not resolved"));
         };
         let mut private_data = [0u8; private_len::REQ];
+        // The header's source is the device's address, which the REQ comes from (a peer
+        // refuses a header that names another): the same as the id's source unless the
+        // id was bound to another of the host's addresses (127.0.0.1 while the device
+        // took 127.0.0.2).
+        let (hsrc, hdst) = same_family(dev_ip, dst.ip());
         CmaHeader {
             src_port: src.port(),
-            src: src.ip(),
-            dst: dst.ip(),
+            src: hsrc,
+            dst: hdst,
         }
         .emit(&mut private_data)
         .map_err(|_| err(errno::EAFNOSUPPORT, "address family"))?;
@@ -1048,6 +1063,8 @@ impl Cma {
                     .map_err(|_| err(errno::EINVAL, "nothing to reject"))?;
             }
         }
+        // The REJ is out; the id keeps nothing of the connection, nor does the protocol.
+        self.ib.forget(comm);
         self.by_comm.remove(&comm);
         self.id_mut(id)?.comm = None;
         self.settle_parent(parent, id);
@@ -1408,26 +1425,32 @@ impl Cma {
         Some(h)
     }
 
+    /// Refuse a request no id will take: the REJ goes out and nothing of it is kept.
+    fn refuse(&mut self, now: u64, comm: CommId, reason: u16) {
+        let _ = self.ib.send_rej(now, comm, reason, &[], &[]);
+        self.ib.forget(comm);
+    }
+
     fn on_req(&mut self, now: u64, comm: CommId, req: Req, peer: Peer) {
         let Some((ps, port)) = softrdma_wire::cm::split_service_id(req.service_id) else {
-            let _ = self
-                .ib
-                .send_rej(now, comm, rej_reason::INVALID_SERVICE_ID, &[], &[]);
-            return;
+            return self.refuse(now, comm, rej_reason::INVALID_SERVICE_ID);
         };
         let Ok(h) = CmaHeader::parse(&req.private_data) else {
-            let _ = self
-                .ib
-                .send_rej(now, comm, rej_reason::CONSUMER_REJECT, &[], &[]);
-            return;
+            return self.refuse(now, comm, rej_reason::CONSUMER_REJECT);
         };
+        // The peer's address a program is told is the header's, so its IP must be the
+        // one the REQ came from (the header's port has no counterpart on the wire and is
+        // taken as it is). A header that names another source is refused like one that
+        // does not parse (REJ 28, what Linux's rdma_cm answers a request it cannot
+        // take): a genuine peer learns at once rather than retrying for a minute, and a
+        // forger learns nothing new.
+        if h.src.to_canonical() != peer.ip.to_canonical() {
+            return self.refuse(now, comm, rej_reason::CONSUMER_REJECT);
+        }
         let local = SocketAddr::new(h.dst.to_canonical(), port);
         let remote = SocketAddr::new(h.src.to_canonical(), h.src_port);
         let Some(listener) = self.find_listener(ps, local) else {
-            let _ = self
-                .ib
-                .send_rej(now, comm, rej_reason::CONSUMER_REJECT, &[], &[]);
-            return;
+            return self.refuse(now, comm, rej_reason::CONSUMER_REJECT);
         };
         let Some(id) = self.new_child(listener, comm, local, remote, peer) else {
             // Over the backlog: drop it quietly; the peer's retry may find room.
@@ -1489,6 +1512,10 @@ impl Cma {
         let Ok(h) = CmaHeader::parse(&req.private_data) else {
             return reject(self);
         };
+        // As for a REQ: the source the program is told must be the packet's.
+        if h.src.to_canonical() != peer.ip.to_canonical() {
+            return reject(self);
+        }
         let local = SocketAddr::new(h.dst.to_canonical(), port);
         let remote = SocketAddr::new(h.src.to_canonical(), h.src_port);
         let Some(listener) = self.find_listener(ps, local) else {
@@ -1554,7 +1581,9 @@ impl Cma {
                     i.state = IdState::RouteResolved;
                     i.comm = None;
                 }
+                // The id lets go of the connection: the protocol keeps nothing of it.
                 self.by_comm.remove(&comm);
+                self.ib.forget(comm);
                 let param = ConnParam {
                     private_data: rej.private_data.to_vec(),
                     ..ConnParam::default()
@@ -1571,6 +1600,7 @@ impl Cma {
                     i.comm = None;
                 }
                 self.by_comm.remove(&comm);
+                self.ib.forget(comm);
                 self.push(
                     id,
                     EventType::Unreachable,
@@ -1607,6 +1637,7 @@ impl Cma {
                     i.comm = None;
                 }
                 self.by_comm.remove(&comm);
+                self.ib.forget(comm);
                 if rep.status != ib::sidr_status::SUCCESS {
                     // Linux passes a refusal's private data on in the event's UD
                     // parameters (cma_sidr_rep_handler), the rest zero.
@@ -1638,6 +1669,20 @@ impl Cma {
             }
             EventKind::ReqReceived { .. } | EventKind::SidrReqReceived { .. } => {}
         }
+    }
+}
+
+/// `a` and `b` in one family: both as they are when they share one, else both IPv6 (an
+/// IPv4 address IPv4-mapped), which the peer reads back as IPv4.
+fn same_family(a: IpAddr, b: IpAddr) -> (IpAddr, IpAddr) {
+    let v6 = |x: IpAddr| match x {
+        IpAddr::V4(v4) => IpAddr::V6(v4.to_ipv6_mapped()),
+        v6 => v6,
+    };
+    if a.is_ipv4() == b.is_ipv4() {
+        (a, b)
+    } else {
+        (v6(a), v6(b))
     }
 }
 

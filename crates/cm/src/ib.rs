@@ -35,7 +35,7 @@
 //! - After a disconnect a connection waits in timewait for the path's ACK timeout before
 //!   it reports [`EventKind::TimewaitExit`].
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 
 use softrdma_wire::cm::{
@@ -45,6 +45,11 @@ use softrdma_wire::cm::{
 
 /// A connection's local communication ID.
 pub type CommId = u32;
+
+/// How the peer's messages find a connection: the peer's address (where its MADs come
+/// from), CA GUID and comm ID or QPN. The address is part of the key so that a message
+/// from anywhere else matches nothing, whatever IDs it names.
+type RemoteKey = (Peer, u64, u32);
 
 /// A MAD as it travels.
 pub type Mad = [u8; MAD_LEN];
@@ -203,7 +208,41 @@ pub struct Stats {
     pub duplicates: u64,
     /// Received MADs that matched no connection or state, or did not parse.
     pub dropped: u64,
+    /// REQs and SIDR_REQs dropped without an answer because [`IbCm::max_half_open`]
+    /// connections were already waiting for their consumer or their RTU.
+    pub refused: u64,
 }
+
+/// Half-open connections (a REQ or SIDR_REQ taken, no RTU yet) a CM holds at most by
+/// default ([`IbCm::set_max_half_open`]): like a SYN backlog, what bounds the memory a
+/// flood of REQs for a listened service can take.
+pub const MAX_HALF_OPEN: usize = 1024;
+
+/// The largest CM response timeout exponent taken from a peer's REQ for our REP's
+/// retransmissions: 2^(20-8) ms ≈ 4.1 s per try. The Linux CM takes the peer's value as
+/// it comes (`cm_req_handler` in drivers/infiniband/core/cm.c: `timeout_ms =
+/// cm_convert_to_ms(CM_REQ_LOCAL_CM_RESPONSE_TIMEOUT)`), bounded only by the 5-bit field
+/// (31: 2^23 ms ≈ 2.3 h per try); what a Linux rdma_cm peer sends is `CMA_CM_RESPONSE_TIMEOUT`
+/// (20, drivers/infiniband/core/cma.c), so that is the cap: a shorter wait only means an
+/// earlier REP retransmission, which the peer answers like the first.
+pub const MAX_PEER_CM_RESPONSE_TIMEOUT: u8 = 20;
+
+/// The most retries taken from a peer's REQ: `CMA_MAX_CM_RETRIES` (15, cma.c), what
+/// rdma_cm sends; the 4-bit field cannot say more. With
+/// [`MAX_PEER_CM_RESPONSE_TIMEOUT`], a REP nobody answers is given up after 16 tries,
+/// 16 × 4.096 s ≈ 65.5 s.
+pub const MAX_PEER_CM_RETRIES: u8 = 15;
+
+/// The largest MRA service timeout exponent a peer's MRA may stretch a wait by: 24
+/// (2^16 ms ≈ 65.5 s), the one Linux's rdma_cm sends (`CMA_CM_MRA_SETTING`, cma.c); the
+/// Linux CM takes any (`cm_mra_handler`: up to 2^23 ms). With an MRA a REP is given up
+/// after at most 16 × (65.5 s + 4.1 s) ≈ 18.6 min.
+pub const MAX_PEER_SERVICE_TIMEOUT: u8 = 24;
+
+/// The largest path ACK timeout exponent a connection's timewait and MRA waits use:
+/// 20 (4.1 s). The peer names it (the REQ's local ACK timeout, the REP's target ACK
+/// delay) and Linux takes it up to 31 (2^23 ms); rdma_cm over RoCE sends 16-19.
+pub const MAX_PEER_ACK_TIMEOUT: u8 = 20;
 
 /// 4.096 µs × 2^`t`, as the Linux CM approximates it: 2^(t-8) ms (at least 1 ms).
 pub fn iba_time_ms(t: u8) -> u64 {
@@ -259,14 +298,16 @@ struct Conn {
     retx: Option<Retx>,
     timewait_until: Option<u64>,
     /// Keys under which this connection is found by the peer's IDs.
-    remote_key: Option<(u64, CommId)>,
-    qp_key: Option<(u64, u32)>,
+    remote_key: Option<RemoteKey>,
+    qp_key: Option<RemoteKey>,
     /// A SIDR_REQ we answer: its (peer, request ID).
     sidr_key: Option<(IpAddr, u32)>,
     service_id: u64,
     /// The REQ that made this (passive) connection: its TID, QPN and starting PSN. A
     /// late copy of it is this connection's own duplicate, not a stale connection.
     req_sig: Option<(u64, u32, u32)>,
+    /// The deadline under which the connection sits in [`IbCm::timers`], if any.
+    armed: Option<u64>,
 }
 
 impl Conn {
@@ -292,6 +333,7 @@ impl Conn {
             sidr_key: None,
             service_id: 0,
             req_sig: None,
+            armed: None,
         }
     }
 }
@@ -306,10 +348,16 @@ pub struct IbCm {
     id_mask: u32,
     tid_hi: u64,
     listening: HashSet<u64>,
-    /// (peer CA GUID, peer comm ID) → our connection: finds duplicate REQs.
-    remote_ids: HashMap<(u64, CommId), CommId>,
-    /// (peer CA GUID, peer QPN) → our connection: finds stale connections.
-    remote_qps: HashMap<(u64, u32), CommId>,
+    /// (peer, peer CA GUID, peer comm ID) → our connection: finds duplicate REQs.
+    remote_ids: HashMap<RemoteKey, CommId>,
+    /// (peer, peer CA GUID, peer QPN) → our connection: finds stale connections.
+    remote_qps: HashMap<RemoteKey, CommId>,
+    /// Passive connections waiting for their consumer or their RTU.
+    half_open: HashSet<CommId>,
+    max_half_open: usize,
+    /// (deadline, connection) of every pending retransmission and timewait, earliest
+    /// first: the timers cost nothing for connections without one.
+    timers: BTreeSet<(u64, CommId)>,
     /// SIDR_REQs being answered, by (peer IP, request ID).
     sidr_in: HashMap<(IpAddr, u32), CommId>,
     out: VecDeque<(Peer, Mad)>,
@@ -353,6 +401,9 @@ impl IbCm {
             listening: HashSet::new(),
             remote_ids: HashMap::new(),
             remote_qps: HashMap::new(),
+            half_open: HashSet::new(),
+            max_half_open: MAX_HALF_OPEN,
+            timers: BTreeSet::new(),
             sidr_in: HashMap::new(),
             out: VecDeque::new(),
             events: VecDeque::new(),
@@ -388,6 +439,58 @@ impl IbCm {
     /// Whether there are no connections.
     pub fn is_empty(&self) -> bool {
         self.conns.is_empty()
+    }
+
+    /// Passive connections waiting for their consumer (a REQ or SIDR_REQ not yet
+    /// answered) or for their RTU (REP sent).
+    pub fn half_open(&self) -> usize {
+        self.half_open.len()
+    }
+
+    /// The most half-open connections held ([`MAX_HALF_OPEN`] unless set).
+    pub fn max_half_open(&self) -> usize {
+        self.max_half_open
+    }
+
+    /// Hold at most `n` half-open connections: further REQs and SIDR_REQs for a listened
+    /// service are dropped without an answer or state until some complete or go, as
+    /// Linux drops a REQ its rdma_cm has no room for (`cm_destroy_id` with `-ENOMEM`
+    /// rejects nothing, "to allow future retries"): the sender retries, and a REJ would
+    /// fail a genuine client at once during a flood.
+    pub fn set_max_half_open(&mut self, n: usize) {
+        self.max_half_open = n;
+    }
+
+    /// Connections with a pending timer (retransmission or timewait).
+    pub fn timers(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Put connection `id` in the timer set under its earliest deadline (or take it out),
+    /// after its retransmission or timewait changed.
+    fn rearm(&mut self, id: CommId) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let next = [c.retx.as_ref().map(|r| r.deadline), c.timewait_until]
+            .into_iter()
+            .flatten()
+            .min();
+        if next == c.armed {
+            return;
+        }
+        if let Some(old) = c.armed.take() {
+            self.timers.remove(&(old, id));
+        }
+        if let Some(t) = next {
+            c.armed = Some(t);
+            self.timers.insert((t, id));
+        }
+    }
+
+    /// Connection `id` is no longer half-open (established, gone, or ended).
+    fn settle(&mut self, id: CommId) {
+        self.half_open.remove(&id);
     }
 
     fn alloc_id(&mut self, peer: Peer) -> CommId {
@@ -450,6 +553,7 @@ impl IbCm {
                 deadline: now.saturating_add(timeout_ms.saturating_mul(NS_PER_MS)),
             });
         }
+        self.rearm(id);
     }
 
     /// Start a connection: send `req` to `peer`. The CM fills in the local communication
@@ -458,7 +562,7 @@ impl IbCm {
     /// and the path's `packet_life_time` (exponents), the retries from
     /// `req.max_cm_retries`.
     pub fn send_req(&mut self, now: u64, peer: Peer, mut req: Req, packet_life_time: u8) -> CommId {
-        let id = self.alloc_id(peer);
+        let id = self.alloc_id(canonical(peer));
         req.local_comm_id = id;
         req.local_ca_guid = self.ca_guid;
         req.primary.local_ack_timeout = ack_timeout(self.ack_delay, packet_life_time);
@@ -621,6 +725,8 @@ impl IbCm {
             State::RepSent | State::MraRepRcvd => {
                 c.state = State::Established;
                 c.retx = None;
+                self.rearm(id);
+                self.settle(id);
                 self.event(id, EventKind::UserEstablished);
                 Ok(())
             }
@@ -638,7 +744,7 @@ impl IbCm {
         timeout_ms: u64,
         max_retries: u8,
     ) -> CommId {
-        let id = self.alloc_id(peer);
+        let id = self.alloc_id(canonical(peer));
         req.request_id = id;
         let tid = self.form_tid(id);
         if let Some(c) = self.conns.get_mut(&id) {
@@ -720,7 +826,11 @@ impl IbCm {
     fn remove(&mut self, id: CommId) {
         if let Some(c) = self.conns.remove(&id) {
             self.unindex(&c);
+            if let Some(t) = c.armed {
+                self.timers.remove(&(t, id));
+            }
         }
+        self.settle(id);
         self.events.retain(|e| e.id != id);
     }
 
@@ -754,6 +864,8 @@ impl IbCm {
             c.remote_key = None;
             c.qp_key = None;
         }
+        self.rearm(id);
+        self.settle(id);
     }
 
     fn enter_timewait(&mut self, now: u64, id: CommId) {
@@ -762,7 +874,10 @@ impl IbCm {
         };
         c.state = State::Timewait;
         c.retx = None;
-        c.timewait_until = Some(now.saturating_add(iba_time_ms(c.av_timeout) * NS_PER_MS));
+        let wait = iba_time_ms(c.av_timeout.min(MAX_PEER_ACK_TIMEOUT));
+        c.timewait_until = Some(now.saturating_add(wait * NS_PER_MS));
+        self.rearm(id);
+        self.settle(id);
     }
 
     /// Next MAD to send, and where.
@@ -777,28 +892,32 @@ impl IbCm {
 
     /// Earliest retransmission or timewait deadline.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.conns
-            .values()
-            .flat_map(|c| [c.retx.as_ref().map(|r| r.deadline), c.timewait_until])
-            .flatten()
-            .min()
+        self.timers.first().map(|&(t, _)| t)
     }
 
     /// Fire the timers due at `now`: retransmit, give up (the `*Error` events), leave
     /// timewait.
     pub fn handle_timeout(&mut self, now: u64) {
-        let due: Vec<CommId> = self
-            .conns
-            .values()
-            .filter(|c| {
-                c.retx.as_ref().is_some_and(|r| r.deadline <= now)
-                    || c.timewait_until.is_some_and(|t| t <= now)
-            })
-            .map(|c| c.local_id)
-            .collect();
-        for id in due {
+        // Only the timers that are due: each is taken out and put back (by `rearm`) under
+        // its next deadline, which is later than `now`, so the loop ends.
+        while let Some(&(t, id)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.timers.remove(&(t, id));
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.armed = None;
+            }
+            self.fire(now, id);
+            self.rearm(id);
+        }
+    }
+
+    /// The due timer of connection `id`.
+    fn fire(&mut self, now: u64, id: CommId) {
+        {
             let Some(c) = self.conns.get_mut(&id) else {
-                continue;
+                return;
             };
             if c.timewait_until.is_some_and(|t| t <= now) {
                 c.timewait_until = None;
@@ -806,21 +925,24 @@ impl IbCm {
                     c.state = State::Idle;
                     self.event(id, EventKind::TimewaitExit);
                 }
-                continue;
+                return;
             }
-            let Some(r) = c.retx.as_mut() else { continue };
+            let Some(r) = c.retx.as_mut() else { return };
+            if r.deadline > now {
+                return;
+            }
             if r.sent_in != c.state {
                 c.retx = None;
-                continue;
+                return;
             }
             if r.retries_left > 0 {
                 r.retries_left -= 1;
-                r.deadline = now.saturating_add(r.timeout_ms.saturating_mul(NS_PER_MS));
+                r.deadline = now.saturating_add(r.timeout_ms.saturating_mul(NS_PER_MS).max(1));
                 let (peer, mad) = (c.peer, r.mad);
                 self.out.push_back((peer, mad));
                 self.stats.tx += 1;
                 self.stats.retransmits += 1;
-                continue;
+                return;
             }
             c.retx = None;
             match c.state {
@@ -849,31 +971,34 @@ impl IbCm {
     /// connection is counted and dropped.
     pub fn handle_mad(&mut self, now: u64, from: Peer, mad: &[u8]) {
         self.stats.rx += 1;
+        let from = canonical(from);
         let Ok((hdr, msg)) = CmMsg::parse(mad) else {
             self.stats.dropped += 1;
             return;
         };
         let handled = match msg {
             CmMsg::Req(m) => self.on_req(now, from, hdr.tid, m),
-            CmMsg::Mra(m) => self.on_mra(now, &m),
-            CmMsg::Rej(m) => self.on_rej(now, m),
+            CmMsg::Mra(m) => self.on_mra(now, from, &m),
+            CmMsg::Rej(m) => self.on_rej(now, from, m),
             CmMsg::Rep(m) => self.on_rep(from, m),
-            CmMsg::Rtu(m) => self.on_rtu(m),
+            CmMsg::Rtu(m) => self.on_rtu(from, m),
             CmMsg::Dreq(m) => self.on_dreq(from, hdr.tid, m),
-            CmMsg::Drep(m) => self.on_drep(now, m),
+            CmMsg::Drep(m) => self.on_drep(now, from, m),
             CmMsg::SidrReq(m) => self.on_sidr_req(from, hdr.tid, m),
-            CmMsg::SidrRep(m) => self.on_sidr_rep(m),
+            CmMsg::SidrRep(m) => self.on_sidr_rep(from, m),
         };
         if !handled {
             self.stats.dropped += 1;
         }
     }
 
-    /// The connection `local` whose peer ID is `remote` (0: not known yet).
-    fn find(&self, local: CommId, remote: CommId) -> Option<CommId> {
+    /// The connection `local` with peer `from` whose peer ID is `remote` (0: not known
+    /// yet). A message from anyone but the connection's peer finds nothing: knowing (or
+    /// having seen) the comm IDs is not enough to end someone else's connection.
+    fn find(&self, from: Peer, local: CommId, remote: CommId) -> Option<CommId> {
         self.conns
             .get(&local)
-            .filter(|c| c.remote_id == remote)
+            .filter(|c| c.remote_id == remote && c.peer == from)
             .map(|c| c.local_id)
     }
 
@@ -883,7 +1008,11 @@ impl IbCm {
     }
 
     fn on_req(&mut self, now: u64, from: Peer, tid: u64, req: Box<Req>) -> bool {
-        let key = (req.local_ca_guid, req.local_comm_id);
+        // Keyed by the sender's address too: a REQ from elsewhere that names a live
+        // connection's CA GUID and comm ID or QPN matches nothing and is answered as any
+        // other REQ is (REJ 8 when nobody listens), so it neither disturbs the connection
+        // nor tells a prober that a guess hit.
+        let key = (from, req.local_ca_guid, req.local_comm_id);
         if let Some(&id) = self.remote_ids.get(&key) {
             self.stats.duplicates += 1;
             let Some(c) = self.conns.get(&id) else {
@@ -918,7 +1047,7 @@ impl IbCm {
             }
             return true;
         }
-        let qp_key = (req.local_ca_guid, req.local_qpn);
+        let qp_key = (from, req.local_ca_guid, req.local_qpn);
         if let Some(&old) = self.remote_qps.get(&qp_key) {
             self.issue_rej(
                 from,
@@ -940,7 +1069,12 @@ impl IbCm {
             );
             return true;
         }
+        if self.half_open.len() >= self.max_half_open {
+            self.stats.refused += 1;
+            return true;
+        }
         let id = self.alloc_id(from);
+        self.half_open.insert(id);
         let ack = req.primary.local_ack_timeout;
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = State::ReqRcvd;
@@ -948,8 +1082,11 @@ impl IbCm {
             c.tid = tid;
             c.remote_ca_guid = req.local_ca_guid;
             c.remote_qpn = req.local_qpn;
-            c.timeout_ms = iba_time_ms(req.local_cm_response_timeout);
-            c.max_retries = req.max_cm_retries;
+            c.timeout_ms = iba_time_ms(
+                req.local_cm_response_timeout
+                    .min(MAX_PEER_CM_RESPONSE_TIMEOUT),
+            );
+            c.max_retries = req.max_cm_retries.min(MAX_PEER_CM_RETRIES);
             // The REQ's ACK timeout is the path's packet lifetime plus one.
             c.av_timeout = ack
                 .saturating_sub(u8::from(ack > 0))
@@ -966,11 +1103,11 @@ impl IbCm {
         true
     }
 
-    fn on_mra(&mut self, now: u64, m: &Mra) -> bool {
+    fn on_mra(&mut self, now: u64, from: Peer, m: &Mra) -> bool {
         let id = match m.message_mraed {
-            msg_response::REQ => self.find(m.ids.remote_comm_id, 0),
+            msg_response::REQ => self.find(from, m.ids.remote_comm_id, 0),
             msg_response::REP | msg_response::OTHER => {
-                self.find(m.ids.remote_comm_id, m.ids.local_comm_id)
+                self.find(from, m.ids.remote_comm_id, m.ids.local_comm_id)
             }
             _ => None,
         };
@@ -986,25 +1123,28 @@ impl IbCm {
             }
             _ => return false,
         };
-        let timeout_ms = iba_time_ms(m.service_timeout) + iba_time_ms(c.av_timeout);
+        let timeout_ms = iba_time_ms(m.service_timeout.min(MAX_PEER_SERVICE_TIMEOUT))
+            + iba_time_ms(c.av_timeout.min(MAX_PEER_ACK_TIMEOUT));
         c.state = next;
         if let Some(r) = c.retx.as_mut() {
             r.sent_in = next;
             r.timeout_ms = timeout_ms;
             r.deadline = now.saturating_add(timeout_ms * NS_PER_MS);
         }
+        let id = c.local_id;
+        self.rearm(id);
         true
     }
 
-    fn on_rej(&mut self, now: u64, rej: Box<Rej>) -> bool {
+    fn on_rej(&mut self, now: u64, from: Peer, rej: Box<Rej>) -> bool {
         let remote = rej.local_comm_id;
         let id = if rej.reason == rej_reason::TIMEOUT {
             let guid = u64::from_be_bytes(fill(&rej.ari[..8]));
-            self.remote_ids.get(&(guid, remote)).copied()
+            self.remote_ids.get(&(from, guid, remote)).copied()
         } else if rej.message_rejected == msg_response::REQ {
-            self.find(rej.remote_comm_id, 0)
+            self.find(from, rej.remote_comm_id, 0)
         } else {
-            self.find(rej.remote_comm_id, remote)
+            self.find(from, rej.remote_comm_id, remote)
         };
         let Some(id) = id else { return false };
         let Some(state) = self.state(id) else {
@@ -1042,8 +1182,8 @@ impl IbCm {
     }
 
     fn on_rep(&mut self, from: Peer, rep: Box<Rep>) -> bool {
-        let Some(id) = self.find(rep.remote_comm_id, 0) else {
-            return self.on_dup_rep(&rep);
+        let Some(id) = self.find(from, rep.remote_comm_id, 0) else {
+            return self.on_dup_rep(from, &rep);
         };
         let Some(c) = self.conns.get(&id) else {
             return false;
@@ -1051,11 +1191,11 @@ impl IbCm {
         if !matches!(c.state, State::ReqSent | State::MraReqRcvd) {
             return false;
         }
-        let key = (rep.local_ca_guid, rep.local_comm_id);
+        let key = (from, rep.local_ca_guid, rep.local_comm_id);
         if self.remote_ids.contains_key(&key) {
             return false;
         }
-        let qp_key = (rep.local_ca_guid, rep.local_qpn);
+        let qp_key = (from, rep.local_ca_guid, rep.local_qpn);
         if let Some(&old) = self.remote_qps.get(&qp_key) {
             let tid = self.conns.get(&id).map_or(0, |c| c.tid);
             self.issue_rej(
@@ -1083,12 +1223,13 @@ impl IbCm {
         c.qp_key = Some(qp_key);
         self.remote_ids.insert(key, id);
         self.remote_qps.insert(qp_key, id);
+        self.rearm(id);
         self.event(id, EventKind::RepReceived(rep));
         true
     }
 
-    fn on_dup_rep(&mut self, rep: &Rep) -> bool {
-        let Some(id) = self.find(rep.remote_comm_id, rep.local_comm_id) else {
+    fn on_dup_rep(&mut self, from: Peer, rep: &Rep) -> bool {
+        let Some(id) = self.find(from, rep.remote_comm_id, rep.local_comm_id) else {
             return false;
         };
         self.stats.duplicates += 1;
@@ -1109,8 +1250,8 @@ impl IbCm {
         true
     }
 
-    fn on_rtu(&mut self, rtu: Box<Rtu>) -> bool {
-        let Some(id) = self.find(rtu.remote_comm_id, rtu.local_comm_id) else {
+    fn on_rtu(&mut self, from: Peer, rtu: Box<Rtu>) -> bool {
+        let Some(id) = self.find(from, rtu.remote_comm_id, rtu.local_comm_id) else {
             return false;
         };
         let Some(c) = self.conns.get_mut(&id) else {
@@ -1122,13 +1263,17 @@ impl IbCm {
         }
         c.state = State::Established;
         c.retx = None;
+        self.rearm(id);
+        self.settle(id);
         self.event(id, EventKind::RtuReceived(rtu));
         true
     }
 
     fn on_dreq(&mut self, from: Peer, tid: u64, dreq: Box<Dreq>) -> bool {
-        let Some(id) = self.find(dreq.ids.remote_comm_id, dreq.ids.local_comm_id) else {
-            // Gone already (or never known): answer anyway, so the peer stops asking.
+        let Some(id) = self.find(from, dreq.ids.remote_comm_id, dreq.ids.local_comm_id) else {
+            // Gone already (or never known): answer anyway, so the peer stops asking. A
+            // DREQ from anyone but the connection's peer gets the same answer (the DREP
+            // echoes the IDs it named) and changes nothing.
             self.stats.duplicates += 1;
             self.emit(from, &CmMsg::Drep(Box::new(dreq.drep())), tid);
             return true;
@@ -1158,12 +1303,14 @@ impl IbCm {
         }
         c.state = State::DreqRcvd;
         c.tid = tid;
+        self.rearm(id);
+        self.settle(id);
         self.event(id, EventKind::DreqReceived(dreq));
         true
     }
 
-    fn on_drep(&mut self, now: u64, drep: Box<Drep>) -> bool {
-        let Some(id) = self.find(drep.remote_comm_id, drep.local_comm_id) else {
+    fn on_drep(&mut self, now: u64, from: Peer, drep: Box<Drep>) -> bool {
+        let Some(id) = self.find(from, drep.remote_comm_id, drep.local_comm_id) else {
             return false;
         };
         if !matches!(self.state(id), Some(State::DreqSent | State::DreqRcvd)) {
@@ -1185,7 +1332,12 @@ impl IbCm {
             self.emit(from, &CmMsg::SidrRep(Box::new(rep)), tid);
             return true;
         }
+        if self.half_open.len() >= self.max_half_open {
+            self.stats.refused += 1;
+            return true;
+        }
         let id = self.alloc_id(from);
+        self.half_open.insert(id);
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = State::SidrReqRcvd;
             c.remote_id = req.request_id;
@@ -1198,8 +1350,8 @@ impl IbCm {
         true
     }
 
-    fn on_sidr_rep(&mut self, rep: Box<SidrRep>) -> bool {
-        let Some(id) = self.find(rep.request_id, 0) else {
+    fn on_sidr_rep(&mut self, from: Peer, rep: Box<SidrRep>) -> bool {
+        let Some(id) = self.find(from, rep.request_id, 0) else {
             return false;
         };
         let Some(c) = self.conns.get_mut(&id) else {
@@ -1210,8 +1362,18 @@ impl IbCm {
         }
         c.state = State::Idle;
         c.retx = None;
+        self.rearm(id);
         self.event(id, EventKind::SidrRepReceived(rep));
         true
+    }
+}
+
+/// `p` with its address in canonical form (an IPv4-mapped IPv6 address as IPv4), so
+/// that a peer is one key however its address was written.
+fn canonical(p: Peer) -> Peer {
+    Peer {
+        ip: p.ip.to_canonical(),
+        qpn: p.qpn,
     }
 }
 
