@@ -11,6 +11,13 @@
 //! address vector, and the face attaches its QP to the group's MGID on that event (and
 //! detaches it on [`Cma::leave_multicast`]), as librdmacm does.
 //!
+//! A connection request lives only as long as an id holds it: a REQ refused at once
+//! (nobody listens, the rdma_cm header does not parse, names no listener, or names a
+//! source IP other than the packet's — REJ 8 or 28), over the listener's backlog
+//! (dropped, so the peer retries), rejected, timed out or unreachable leaves nothing in
+//! the protocol's tables; an id that saw REJECTED or UNREACHABLE no longer names a
+//! connection. The header's port cannot be checked (nothing on the wire carries it).
+//!
 //! Ports are reserved host-wide through a [`PortSpace`] (the device's registry in a real
 //! process, an in-memory one in tests), so that a server bound to the wildcard address
 //! in one process is found by a client in another at 127.0.0.1 or at the host's own

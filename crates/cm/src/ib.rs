@@ -34,6 +34,30 @@
 //!   connection" and the old connection is disconnected.
 //! - After a disconnect a connection waits in timewait for the path's ACK timeout before
 //!   it reports [`EventKind::TimewaitExit`].
+//!
+//! Where it differs from the Linux CM, so that what anyone can send bounds what it costs:
+//!
+//! - A connection is found by its peer's address (the IP and QP its MADs come from,
+//!   which the caller passes to [`IbCm::handle_mad`]) as well as by the IDs: a message
+//!   from elsewhere matches nothing, whatever comm IDs, CA GUID or QPN it names. So a
+//!   REJ, DREQ, DREP, MRA, REP or RTU from another address cannot end or move a
+//!   connection (the comm IDs are no secret to an observer), and a REQ from another
+//!   address that reuses a live connection's CA GUID and QPN is answered as one that
+//!   matches nothing (REJ 8 when nobody listens): it disconnects nothing, and its answer
+//!   does not tell a prober that the guess hit. (Answering it differently, or dropping
+//!   it, would be that tell.) A DREQ from another address gets the DREP any DREQ for no
+//!   connection gets. The peer itself keeps Linux's answers.
+//! - What the peer asks is capped at what rdma_cm itself sends
+//!   ([`MAX_PEER_CM_RESPONSE_TIMEOUT`], [`MAX_PEER_CM_RETRIES`],
+//!   [`MAX_PEER_SERVICE_TIMEOUT`], [`MAX_PEER_ACK_TIMEOUT`]): a REP whose RTU never comes
+//!   is given up after 16 × 4.1 s ≈ 65.5 s (≈ 18.6 min at most after an MRA), not after
+//!   up to 16 × 2.3 h.
+//! - At most [`MAX_HALF_OPEN`] passive connections ([`IbCm::set_max_half_open`]) wait for
+//!   their consumer or their RTU; REQs and SIDR_REQs past that are dropped without an
+//!   answer or state ([`Stats::refused`]), and the sender retries. Everything else a
+//!   REQ leaves is the consumer's to end ([`IbCm::destroy`], [`IbCm::forget`]).
+//! - Timers sit in a set ordered by deadline: a timer costs nothing to connections
+//!   without one.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
