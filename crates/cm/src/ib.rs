@@ -1004,7 +1004,7 @@ impl IbCm {
             CmMsg::Req(m) => self.on_req(now, from, hdr.tid, m),
             CmMsg::Mra(m) => self.on_mra(now, from, &m),
             CmMsg::Rej(m) => self.on_rej(now, from, m),
-            CmMsg::Rep(m) => self.on_rep(from, m),
+            CmMsg::Rep(m) => self.on_rep(now, from, m),
             CmMsg::Rtu(m) => self.on_rtu(from, m),
             CmMsg::Dreq(m) => self.on_dreq(from, hdr.tid, m),
             CmMsg::Drep(m) => self.on_drep(now, from, m),
@@ -1205,7 +1205,7 @@ impl IbCm {
         true
     }
 
-    fn on_rep(&mut self, from: Peer, rep: Box<Rep>) -> bool {
+    fn on_rep(&mut self, now: u64, from: Peer, rep: Box<Rep>) -> bool {
         let Some(id) = self.find(from, rep.remote_comm_id, 0) else {
             return self.on_dup_rep(from, &rep);
         };
@@ -1230,7 +1230,7 @@ impl IbCm {
                 msg_response::REP,
             );
             self.reset_to_idle(id);
-            let _ = self.send_dreq(0, old, &[]);
+            let _ = self.send_dreq(now, old, &[]);
             return true;
         }
         let ack_delay = rep.target_ack_delay;
