@@ -6,6 +6,9 @@
 //! Calls run on the caller's thread under the agent's lock ([`Agent::call`]); what they
 //! produce (MADs, events) leaves before the call returns, so a REQ is on the wire when
 //! `connect` returns. The thread only handles what arrives and what times out.
+//!
+//! Each MAD reaches the CM with the IP address and QP it came from: the CM takes a message
+//! for a connection only from that connection's peer ([`crate::ib`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
