@@ -265,7 +265,7 @@ pub const MAX_PEER_SERVICE_TIMEOUT: u8 = 24;
 
 /// The largest path ACK timeout exponent a connection's timewait and MRA waits use:
 /// 20 (4.1 s). The peer names it (the REQ's local ACK timeout, the REP's target ACK
-/// delay) and Linux takes it up to 31 (2^23 ms); rdma_cm over RoCE sends 16-19.
+/// delay) and Linux takes it up to 31 (2^23 ms); rdma_cm over RoCE sends 17-19.
 pub const MAX_PEER_ACK_TIMEOUT: u8 = 20;
 
 /// 4.096 µs × 2^`t`, as the Linux CM approximates it: 2^(t-8) ms (at least 1 ms).
