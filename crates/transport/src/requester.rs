@@ -143,10 +143,13 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             if qp.state == QpState::Sqd && !w.started {
                 break;
             }
-            if w.wr.flags.contains(SendFlags::FENCE) && rd_atomic > 0 {
+            // A WQE sent before (resent after a go-back-N) passed both checks then: the
+            // READs and atomics still counted in the window now are ones after it that
+            // finished first (see `completer::release_rd`), which it must not wait for.
+            if !w.started && w.wr.flags.contains(SendFlags::FENCE) && rd_atomic > 0 {
                 break;
             }
-            if w.is_rd_atomic() && rd_atomic >= max_rd {
+            if !w.started && w.is_rd_atomic() && rd_atomic >= max_rd {
                 break;
             }
         }

@@ -894,3 +894,66 @@ fn duplicate_read_flood_reflects_a_bounded_amount() {
     assert_eq!(w.expect_wc(0, a.scq).status, WcStatus::Success);
     assert!(dst.read_all() == bulk(N * 1024, 8));
 }
+
+/// A fenced atomic whose ACK is lost, with two READs posted after it: their responses
+/// arrive, so they finish behind it and keep their places in the READ/atomic window,
+/// and the requester goes back N for the atomic. The resent atomic passed its fence when
+/// it was first sent; it must not wait now for the READs after it, which wait for it (a
+/// deadlock the property tests under loss met).
+#[test]
+fn fenced_atomic_resent_ahead_of_reads_finished_behind_it() {
+    let mut w = World::two(515);
+    let cfg = QpCfg::rc().with_mtu(Mtu::Mtu1024);
+    let (a, b) = w.pair(&cfg);
+    let t = w.mr(1, b.pd, 4096, all_remote(), 0);
+    t.write(0, &bulk(4096, 3));
+    t.write_u64(0, 40);
+    let la = w.mr(0, a.pd, 4096, LW, 0);
+    w.post_send(
+        &a,
+        wr_flags(
+            1,
+            SendOp::FetchAdd {
+                remote_addr: t.va(0),
+                rkey: t.rkey(),
+                add: 2,
+            },
+            SendFlags::SIGNALED | SendFlags::FENCE,
+            vec![la.sge(0, 8)],
+        ),
+    );
+    for (id, off) in [(2u64, 1024usize), (3, 2048)] {
+        let op = SendOp::Read {
+            remote_addr: t.va(off),
+            rkey: t.rkey(),
+        };
+        w.post_send(&a, wr(id, op, vec![la.sge(off, 64)]));
+    }
+    // The three requests reach B by hand; B's answers come back but for the atomic's.
+    let now = w.now();
+    let mut reqs = Vec::new();
+    while let Some(tx) = w.nic(0).poll_transmit(now) {
+        reqs.push(tx);
+    }
+    assert_eq!(reqs.len(), 3, "the FAA and both READs go out at once");
+    for tx in &reqs {
+        w.nic(1).handle_datagram(now, tx.src, tx.dst, &tx.data);
+    }
+    let mut lost = 0;
+    while let Some(tx) = w.nic(1).poll_transmit(now) {
+        let (h, _) = wire::Headers::parse(&tx.data).expect("our own packet parses");
+        if h.bth.opcode == Op::RC_ATOMIC_ACKNOWLEDGE {
+            lost += 1;
+            continue;
+        }
+        w.nic(0).handle_datagram(now, tx.src, tx.dst, &tx.data);
+    }
+    assert_eq!(lost, 1);
+    let c = w.poll_within(0, a.scq, 3, 10 * SEC);
+    assert_eq!(c.len(), 3, "all three complete: {c:?}");
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    assert_eq!(la.read_u64(0), 40, "the FAA's original value");
+    assert_eq!(t.read_u64(0), 42, "added once");
+    assert_eq!(la.read(1024, 64), bulk(4096, 3)[1024..1088]);
+    assert_eq!(w.qp_state(&a), QpState::Rts);
+}
