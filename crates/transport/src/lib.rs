@@ -96,9 +96,9 @@ pub struct Stats {
     pub dropped: u64,
     /// Duplicate READ requests re-executed (the responses sent again).
     pub read_replays: u64,
-    /// Duplicate READ requests refused: they asked from before an earlier duplicate, from
-    /// one PSN too often, or past the responses a READ's duplicates may cost
-    /// (`READ_REPLAY_FACTOR`), which bounds what a READ can be made to reflect.
+    /// Duplicate READ requests refused, or re-executions cut short: past the responses a
+    /// READ's duplicates may cost (`READ_REPLAY_FACTOR`), which bounds what a READ can be
+    /// made to reflect, or too many parts of one READ waiting to be sent again.
     pub read_replays_refused: u64,
     /// Requests ahead of the expected PSN.
     pub out_of_sequence: u64,

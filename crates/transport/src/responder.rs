@@ -189,6 +189,13 @@ pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 let k = psn::diff(next, first_psn) as usize;
                 let off = k.saturating_mul(mtu);
                 let plen = (len as usize).saturating_sub(off).min(mtu);
+                if replay && !spend_replayed(qp, first_psn) {
+                    // The READ's budget for re-executions ran out mid-stream: the rest of
+                    // this one is not sent (see `qp::READ_REPLAY_FACTOR`).
+                    qp.resp.pending.pop_front();
+                    env.stats.read_replays_refused += 1;
+                    continue;
+                }
                 if !read_response(
                     qp,
                     env,
@@ -228,9 +235,6 @@ pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                         "READ memory unreadable or rkey invalidated",
                     );
                     return;
-                }
-                if replay {
-                    count_replayed(qp, first_psn);
                 }
                 if next == last_psn {
                     qp.resp.pending.pop_front();
@@ -961,21 +965,26 @@ fn replay_end(
     (psn::add(p, n - 1), true)
 }
 
-/// One more response packet sent by a re-execution of the READ starting at `first_psn`.
-fn count_replayed(qp: &mut QpCtx, first_psn: u32) {
+/// Whether a re-execution of the READ starting at `first_psn` may send one more response
+/// packet: its resource's budget has one left (then it is counted), or the resource is
+/// gone (nothing left to charge: the stream was dropped with it).
+fn spend_replayed(qp: &mut QpCtx, first_psn: u32) -> bool {
+    let mtu = qp.mtu();
     for r in qp.resp.reads.iter_mut() {
         if let Resource::Read {
             first_psn: f,
+            len,
             replays,
             ..
         } = r
         {
             if *f == first_psn {
-                replays.packets = replays.packets.saturating_add(1);
-                return;
+                let npkts = (*len as usize).div_ceil(mtu).max(1) as u32;
+                return replays.spend(npkts);
             }
         }
     }
+    true
 }
 
 /// Keep a READ resource in the ring of max_dest_rd_atomic; an evicted one's responses
@@ -1068,7 +1077,7 @@ fn rc_read(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
             va: reth.va,
             rkey: reth.rkey,
             len: reth.dma_len,
-            replays: ReplayBudget::new(p),
+            replays: ReplayBudget::default(),
         },
     );
     qp.resp.epsn = psn::add(last, 1);
@@ -1173,7 +1182,8 @@ fn rc_atomic(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
 /// used), replacing a transmission of that resource still under way; an atomic is
 /// answered from the replay cache, never applied twice. Requests not found among the
 /// resources are dropped. Nothing here grows state: a flood of duplicates costs
-/// responses, not memory.
+/// responses, not memory, and a READ's re-executions send at most its budget
+/// (`qp::READ_REPLAY_FACTOR` times its packets, plus a few).
 fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind) {
     let p = h.bth.psn;
     match kind {
@@ -1218,7 +1228,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
                     // other streams: asked for up to the end, it is a go-back-N (an IBTA
                     // requester's), which replaces them as before.
                     let exact = exact && end != *last_psn;
-                    let taken = replays.take(p, npkts, exact);
+                    let taken = replays.take(npkts);
                     Some((*first_psn, *va, *rkey, *len, end, exact, taken))
                 }
                 _ => None,

@@ -833,16 +833,15 @@ fn parse_psn(data: &[u8]) -> u32 {
 }
 
 /// Duplicate READs cannot make a responder reflect without bound: all re-executions of a
-/// READ together send at most `READ_REPLAY_FACTOR` (64) times its packets plus 1024, and
-/// none starts before where an earlier one asked. Each refusal is counted; the connection
-/// carries on.
+/// READ together send at most `READ_REPLAY_FACTOR` (8) times its packets plus 32, from
+/// wherever they ask. Each refusal is counted; the connection carries on.
 #[test]
 fn duplicate_read_flood_reflects_a_bounded_amount() {
     let mut w = World::two(513);
     let cfg = QpCfg::rc().with_mtu(Mtu::Mtu1024);
     let (a, b) = w.pair(&cfg);
     const N: usize = 64; // response packets of the READ
-    const CAP: usize = 64 * N + 1024;
+    const CAP: usize = 8 * N + 32;
     let t = w.mr(1, b.pd, N * 1024, all_remote(), 0);
     t.write(0, &bulk(N * 1024, 8));
     let dst = w.mr(0, a.pd, N * 1024, LW, 0);
@@ -867,22 +866,19 @@ fn duplicate_read_flood_reflects_a_bounded_amount() {
             1,
         )
     };
-    // From its first PSN, over and over, then creeping forward: re-executed until the
-    // budget is spent, then refused.
+    // From its first PSN, over and over, then creeping forward and going back: re-executed
+    // until the budget is spent (the last one cut short there), then refused.
     let mut sent = 0;
     for i in 0..400u32 {
-        inject(&mut w, qp_src(0, a.qpn), 1, &dup(0x1000 + i / 8));
+        let p = if i % 3 == 2 { 0x1000 } else { 0x1000 + i / 8 };
+        inject(&mut w, qp_src(0, a.qpn), 1, &dup(p));
         sent += take_queued(&mut w, 1).len();
     }
-    assert!(
-        sent <= CAP + N,
-        "{sent} response packets reflected by one READ of {N}"
-    );
-    assert!(sent >= CAP, "the budget is what stopped it: {sent}");
+    assert_eq!(sent, CAP, "response packets reflected by one READ of {N}");
     let stats = w.stats(1);
     assert!(stats.read_replays > 0 && stats.read_replays_refused > 0);
-    assert_eq!(stats.read_replays + stats.read_replays_refused, 400);
-    // Going back is refused at once.
+    // Every duplicate was re-executed or refused; the one cut short counts as both.
+    assert_eq!(stats.read_replays + stats.read_replays_refused, 401);
     let refused = w.stats(1).read_replays_refused;
     inject(&mut w, qp_src(0, a.qpn), 1, &dup(0x1000 + 3));
     assert!(take_queued(&mut w, 1).is_empty());
@@ -893,6 +889,70 @@ fn duplicate_read_flood_reflects_a_bounded_amount() {
     w.post_send(&a, read(2));
     assert_eq!(w.expect_wc(0, a.scq).status, WcStatus::Success);
     assert!(dst.read_all() == bulk(N * 1024, 8));
+}
+
+/// One READ of 1 MiB asked for again 200 times (each duplicate a 32-byte packet, from the
+/// READ's first PSN, its responses drained between them) reflects at most its
+/// re-execution budget: 8 times its 1024 packets plus 32, about 8.5 MB on the wire, where
+/// 64 times plus 1024 (the earlier budget) let it reflect 69 MB, over 10,000 times the
+/// duplicates' bytes.
+#[test]
+fn duplicate_read_of_1mib_asked_200_times_reflects_at_most_its_budget() {
+    const LEN: usize = 1 << 20;
+    const N: usize = LEN / 1024;
+    const CAP: usize = 8 * N + 32;
+    let mut w = World::two(514);
+    let cfg = QpCfg::rc().with_mtu(Mtu::Mtu1024);
+    let (a, b) = w.pair(&cfg);
+    let t = w.mr(1, b.pd, LEN, all_remote(), 0);
+    t.write(0, &bulk(LEN, 9));
+    let dst = w.mr(0, a.pd, LEN, LW, 0);
+    w.post_send(
+        &a,
+        wr(
+            1,
+            SendOp::Read {
+                remote_addr: t.va(0),
+                rkey: t.rkey(),
+            },
+            vec![dst.sge(0, LEN)],
+        ),
+    );
+    assert_eq!(w.expect_wc(0, a.scq).status, WcStatus::Success);
+    w.settle();
+    let dup = forge(
+        &read_req(b.qpn, 0x1000, t.va(0), t.rkey(), LEN as u32),
+        &[],
+        qp_src(0, a.qpn),
+        1,
+    );
+    let (mut asked, mut packets, mut wire_bytes, mut data) = (0usize, 0usize, 0usize, 0usize);
+    for _ in 0..200 {
+        inject(&mut w, qp_src(0, a.qpn), 1, &dup);
+        asked += dup.len();
+        let now = w.now();
+        while let Some(tx) = w.nic(1).poll_transmit(now) {
+            let (h, p) = wire::Headers::parse(&tx.data).expect("our own packet parses");
+            assert!(
+                (Op::RC_RDMA_READ_RESPONSE_FIRST.0..=Op::RC_RDMA_READ_RESPONSE_ONLY.0)
+                    .contains(&h.bth.opcode.0),
+                "{:?}",
+                h.bth.opcode
+            );
+            packets += 1;
+            wire_bytes += tx.data.len();
+            data += p.len();
+        }
+    }
+    assert!(
+        packets <= CAP && data <= CAP * 1024,
+        "{packets} response packets, {data} bytes of data ({wire_bytes} on the wire) for \
+         {asked} bytes of duplicates"
+    );
+    // The budget, not the asking, is what stopped it; the refusals are counted.
+    assert_eq!(packets, CAP);
+    assert!(w.stats(1).read_replays_refused > 0);
+    assert!(wire_bytes < 9 * LEN, "{wire_bytes} bytes on the wire");
 }
 
 /// A fenced atomic whose ACK is lost, with two READs posted after it: their responses
