@@ -17,6 +17,8 @@
 
 mod poll;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
@@ -534,6 +536,22 @@ pub unsafe extern "C" fn rlisten(socket: c_int, backlog: c_int) -> c_int {
     })
 }
 
+/// Connections a listener has answered (REP sent) and waits to see established, at
+/// most: past that the oldest is dropped for a new one, so requests that never complete
+/// hold a bounded amount (each has a QP and buffers) and cannot keep newer ones out.
+const ACCEPT_PENDING_MAX: usize = 64;
+/// How long an answered connection may wait for its RTU before it is dropped, whatever
+/// timeout its requester chose: a legitimate one is established a round trip after the
+/// REP (or after the REP's first retransmissions).
+const ACCEPT_WAIT: Duration = Duration::from_secs(30);
+
+/// A connection the accept thread answered and waits for: it reaches `raccept` once the
+/// CM says it is established.
+struct Answered {
+    s: Stream,
+    since: Instant,
+}
+
 /// What a listener's accept thread needs (the listener's id is used by it alone; the
 /// sizes and flags an accepted socket inherits are read from the listener at accept).
 struct AcceptJob {
@@ -543,35 +561,126 @@ struct AcceptJob {
     stop_rd: c_int,
 }
 
+/// Refuse a connection the accept thread will not hand out and free it.
+fn drop_answered(mut s: Stream) {
+    // SAFETY: the socket's live id, never handed out (a REJ where the CM still can send
+    // one; destroying the id ends the rest).
+    unsafe { cmid::rdma_reject(s.id, std::ptr::null(), 0) };
+    s.free();
+}
+
 impl AcceptJob {
+    /// The accept thread: answer each request at once, and queue a connection for
+    /// `raccept` when it is established. It never waits on one connection (rdma-core's
+    /// waits in `rdma_accept` for the RTU, so one request that never completes its
+    /// handshake stalls the listener until the REP times out, which its requester sets).
     fn run(self) {
         let lid = self.listen as *mut abi::rdma_cm_id;
         // SAFETY: the listener's id lives until this thread is joined (rclose).
         let chan = unsafe { (*(*lid).channel).fd };
+        let mut answered: Vec<Answered> = Vec::new();
         loop {
-            let r = wait_readable(&[chan, self.stop_rd], -1);
+            let mut fds = vec![chan, self.stop_rd];
+            fds.extend(answered.iter().map(|a| a.s.cm_fd()));
+            let wait = answered
+                .iter()
+                .map(|a| ACCEPT_WAIT.saturating_sub(a.since.elapsed()))
+                .min()
+                .map_or(-1, |d| d.as_millis().min(60_000) as c_int + 1);
+            let r = wait_readable(&fds, wait);
             if r[1] {
+                for a in answered.drain(..) {
+                    drop_answered(a.s);
+                }
                 // SAFETY: our pipe end.
                 unsafe { libc::close(self.stop_rd) };
                 return;
             }
+            // Established, refused or timed out: those whose channel has an event.
+            let mut i = answered.len();
+            while i > 0 {
+                i -= 1;
+                if r[2 + i] {
+                    if let Some(s) = self.settle(&mut answered, i) {
+                        self.queue(s);
+                    }
+                } else if answered[i].since.elapsed() >= ACCEPT_WAIT {
+                    drop_answered(answered.swap_remove(i).s);
+                }
+            }
             if r[0] {
                 // SAFETY: as above.
-                unsafe { self.accept_one(lid) };
+                if let Some(s) = unsafe { self.accept_one(lid) } {
+                    if s.state & st::CONNECTED != 0 {
+                        self.queue(s);
+                    } else {
+                        if answered.len() >= ACCEPT_PENDING_MAX {
+                            let oldest = (0..answered.len())
+                                .min_by_key(|&k| answered[k].since)
+                                .unwrap_or(0);
+                            drop_answered(answered.swap_remove(oldest).s);
+                        }
+                        answered.push(Answered {
+                            s,
+                            since: Instant::now(),
+                        });
+                    }
+                }
             }
         }
     }
 
-    /// rsockets' `rs_accept`: take a request, make the socket's QP and buffers, answer
-    /// with this side's connection data, and queue the socket for `raccept`.
+    /// Take the event of answered connection `i`: Some(socket) once it is established
+    /// (taken out of `answered`); a failure (REJECTED, UNREACHABLE, a timeout, a
+    /// disconnect) frees it; no event yet leaves it.
+    fn settle(&self, answered: &mut Vec<Answered>, i: usize) -> Option<Stream> {
+        let id = answered[i].s.id;
+        // SAFETY: the socket's live synchronous id; its channel is non-blocking.
+        let rc = unsafe { cmid::complete(id) };
+        if rc != 0 {
+            let e = crate::errno_now();
+            if e != libc::EAGAIN && e != libc::EWOULDBLOCK {
+                drop_answered(answered.swap_remove(i).s);
+            }
+            return None;
+        }
+        // SAFETY: `complete` left the event it took on the id.
+        let established = unsafe {
+            let ev = (*id).event;
+            !ev.is_null() && (*ev).event == abi::RDMA_CM_EVENT_ESTABLISHED
+        };
+        let mut a = answered.swap_remove(i);
+        if !established {
+            drop_answered(a.s);
+            return None;
+        }
+        a.s.state = st::CONNECT_RDWR;
+        Some(a.s)
+    }
+
+    /// Hand an established socket to `raccept`.
+    fn queue(&self, s: Stream) {
+        let fd = s.cm_fd();
+        insert(fd, s);
+        let b = fd.to_ne_bytes();
+        // SAFETY: our socket end; 4 bytes.
+        let n = unsafe { libc::write(self.queue_wr, b.as_ptr().cast(), b.len()) };
+        if n != b.len() as isize {
+            close_socket(fd);
+        }
+    }
+
+    /// rsockets' `rs_accept`: take a request, make the socket's QP and buffers, and
+    /// answer with this side's connection data without waiting for the RTU: the socket,
+    /// connected if its ESTABLISHED came already, else accepting.
     ///
     /// # Safety
     /// `lid` is the live listening id.
-    unsafe fn accept_one(&self, lid: *mut abi::rdma_cm_id) {
+    unsafe fn accept_one(&self, lid: *mut abi::rdma_cm_id) -> Option<Stream> {
         let mut nid = std::ptr::null_mut();
         // SAFETY: per the contract; the listener's channel is non-blocking.
         if unsafe { super::qp::rdma_get_request(lid, &mut nid) } != 0 {
-            return;
+            return None;
         }
         let reject = |nid: *mut abi::rdma_cm_id| {
             // SAFETY: the new id, never handed out.
@@ -597,7 +706,7 @@ impl AcceptJob {
             reject(nid);
             // SAFETY: the new id, never handed out.
             unsafe { cmid::rdma_destroy_id(nid) };
-            return;
+            return None;
         };
         let (cfg, fs, fd_flags) = {
             let g = l.lock();
@@ -608,20 +717,28 @@ impl AcceptJob {
         if data.len() < stream::CONN_DATA_LEN || data[0] != 1 {
             reject(nid);
             s.free();
-            return;
+            return None;
         }
         if s.create_ep().is_err() || s.save_conn_data(&data).is_err() {
             reject(nid);
             s.free();
-            return;
+            return None;
         }
         let cd = s.format_conn_data();
         param.private_data = cd.as_ptr().cast();
         param.private_data_len = cd.len() as u8;
+        // The accept sends the REP and looks once for the ESTABLISHED: its channel is
+        // made non-blocking first, so that it does not wait for it.
+        set_nonblock(s.cm_fd(), true);
         // SAFETY: the new id; `param` and `cd` live across the call.
         let rc = unsafe { cmid::rdma_accept(nid, &mut param) };
-        if rc == 0 {
+        // SAFETY: after a successful accept the id holds the event it took.
+        if rc == 0 && unsafe { (*(*nid).event).event } == abi::RDMA_CM_EVENT_ESTABLISHED {
             s.state = st::CONNECT_RDWR;
+        } else if rc == 0 {
+            reject(nid);
+            s.free();
+            return None;
         } else {
             let e = crate::errno_now();
             if e == libc::EAGAIN || e == libc::EWOULDBLOCK {
@@ -629,18 +746,10 @@ impl AcceptJob {
             } else {
                 reject(nid);
                 s.free();
-                return;
+                return None;
             }
         }
-        let fd = s.cm_fd();
-        set_nonblock(fd, true);
-        insert(fd, s);
-        let b = fd.to_ne_bytes();
-        // SAFETY: our socket end; 4 bytes.
-        let n = unsafe { libc::write(self.queue_wr, b.as_ptr().cast(), b.len()) };
-        if n != b.len() as isize {
-            close_socket(fd);
-        }
+        Some(s)
     }
 }
 
