@@ -18,7 +18,6 @@
 //! - Direct writes (`riowrite`) are plain RDMA WRITEs into regions the peer offered with
 //!   `riomap` (op 6, IOMAP_SGL: a 24-byte entry written after the SGL entries).
 
-use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::ptr;
 
@@ -236,6 +235,64 @@ struct Bufs {
     rmr: *mut sys::ibv_mr,
 }
 
+/// The lengths of the data messages received and not yet read, oldest first: a ring of
+/// fixed size (the receive queue's, which bounds what a peer within its credits has
+/// unread), so a peer that ignores its credits cannot grow it.
+struct MsgRing {
+    buf: Box<[u32]>,
+    head: usize,
+    len: usize,
+}
+
+impl MsgRing {
+    fn new(cap: usize) -> MsgRing {
+        MsgRing {
+            buf: vec![0; cap].into_boxed_slice(),
+            head: 0,
+            len: 0,
+        }
+    }
+
+    /// Add one at the end: false when the ring is full.
+    fn push(&mut self, v: u32) -> bool {
+        if self.len == self.buf.len() {
+            return false;
+        }
+        let i = (self.head + self.len) % self.buf.len();
+        self.buf[i] = v;
+        self.len += 1;
+        true
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `i`-th oldest (`i < len`).
+    fn get(&self, i: usize) -> u32 {
+        self.buf[(self.head + i) % self.buf.len()]
+    }
+
+    fn front_mut(&mut self) -> Option<&mut u32> {
+        if self.len == 0 {
+            None
+        } else {
+            Some(&mut self.buf[self.head])
+        }
+    }
+
+    fn pop_front(&mut self) {
+        if self.len > 0 {
+            self.head = (self.head + 1) % self.buf.len();
+            self.len -= 1;
+        }
+    }
+}
+
 /// One stream rsocket.
 pub(super) struct Stream {
     pub id: *mut abi::rdma_cm_id,
@@ -274,7 +331,7 @@ pub(super) struct Stream {
     spos: u32,
     sqe_avail: i32,
     /// Lengths of the data messages received and not yet read.
-    rmsg: VecDeque<u32>,
+    rmsg: MsgRing,
     bufs: Option<Bufs>,
     pub cq_armed: bool,
     pub iomaps: Vec<IoMap>,
@@ -328,7 +385,7 @@ impl Stream {
             sbuf_bytes_avail: 0,
             spos: 0,
             sqe_avail: 0,
-            rmsg: VecDeque::new(),
+            rmsg: MsgRing::new(0),
             bufs: None,
             cq_armed: false,
             iomaps: Vec::new(),
@@ -445,6 +502,7 @@ impl Stream {
             self.cfg.sq_inline = qa.cap.max_inline_data;
             self.init_bufs()?;
         }
+        self.rmsg = MsgRing::new(usize::from(self.cfg.rq_size));
         for _ in 0..self.cfg.rq_size {
             self.post_recv()?;
         }
@@ -619,7 +677,7 @@ impl Stream {
     }
 
     /// A bare message: a WRITE WITH IMMEDIATE of nothing.
-    fn post_msg(&self, m: u32) -> Result<(), c_int> {
+    pub(super) fn post_msg(&self, m: u32) -> Result<(), c_int> {
         self.post_write(&mut [], false, m, Some(m), 0, 0)
     }
 
@@ -740,6 +798,7 @@ impl Stream {
         let cq = self.cq();
         let mut wcs: [sys::ibv_wc; 16] = [zeroed(); 16];
         let mut rcnt = 0u32;
+        let mut protocol_error = false;
         'outer: loop {
             // SAFETY: the socket's live CQ; room for 16 completions.
             let n = unsafe { crate::cq::poll_cq(cq, wcs.len() as c_int, wcs.as_mut_ptr()) };
@@ -775,7 +834,12 @@ impl Stream {
                             }
                             _ => {}
                         },
-                        _ => self.rmsg.push_back(msg_data(m)),
+                        _ => {
+                            if !self.take_data_msg(msg_data(m)) {
+                                protocol_error = true;
+                                break 'outer;
+                            }
+                        }
                     }
                 } else {
                     let m = wc.wr_id as u32;
@@ -802,6 +866,13 @@ impl Stream {
                 }
             }
         }
+        if protocol_error {
+            // The peer ignores its credits: the connection ends (its QP to error, a DREQ
+            // to the peer), as a TCP peer's reset would.
+            // SAFETY: the socket's live id; its channel is non-blocking (connected).
+            unsafe { cmid::rdma_disconnect(self.id) };
+            return Err(libc::EPROTO);
+        }
         if self.state & st::CONNECTED != 0 {
             for _ in 0..rcnt {
                 if let Err(e) = self.post_recv() {
@@ -811,6 +882,19 @@ impl Stream {
             }
         }
         Ok(())
+    }
+
+    /// A data message of `len` bytes arrived: noted for the reader, unless the peer sent
+    /// more than its credits allow (then the connection fails with EPROTO and false).
+    /// Credits are granted up to `rq_size` messages past the last one read, so a peer
+    /// within them never has more unread; rdma-core's ring of that size is overwritten
+    /// by one that does not stop there.
+    fn take_data_msg(&mut self, len: u32) -> bool {
+        if self.rmsg.push(len) {
+            return true;
+        }
+        self.fail(libc::EPROTO);
+        false
     }
 
     /// Ask for an event at the next completion.
@@ -865,6 +949,12 @@ impl Stream {
             && self.sbuf_bytes_avail >= SNDLOWAT
             && self.sseq_no != self.sseq_comp
             && self.target_len() != 0
+    }
+
+    /// Data messages received and not yet read.
+    #[cfg(test)]
+    pub(super) fn unread_msgs(&self) -> usize {
+        self.rmsg.len()
     }
 
     pub(super) fn have_rdata(&self) -> bool {
@@ -1053,7 +1143,7 @@ impl Stream {
         let mut consumed_msgs = 0;
         let mut partial = 0u32;
         while left > 0 && i < self.rmsg.len() {
-            let avail = self.rmsg[i] as usize;
+            let avail = self.rmsg.get(i) as usize;
             let take = if left < avail {
                 partial = left as u32;
                 left
@@ -1174,6 +1264,43 @@ mod tests {
         // 1024 in 8 bits: 0x80 | 1024 >> 8 = 0x84, read back as 4 << 8.
         assert_eq!(value_to_scale(1024, 8), 0x84);
         assert_eq!(scale_to_value(0x84, 8), 1024);
+    }
+
+    #[test]
+    fn msg_ring_holds_its_size_in_order() {
+        let mut r = MsgRing::new(3);
+        assert!(r.push(1) && r.push(2) && r.push(3));
+        assert!(!r.push(4), "full");
+        assert_eq!((r.len(), r.get(0), r.get(2)), (3, 1, 3));
+        r.pop_front();
+        *r.front_mut().expect("two left") -= 1;
+        assert!(r.push(5), "room again, wrapping");
+        assert_eq!((r.len(), r.get(0), r.get(1), r.get(2)), (3, 1, 3, 5));
+        assert!(!MsgRing::new(0).push(1));
+    }
+
+    /// A peer within its credits has at most `rq_size` messages unread; one more is a
+    /// protocol error (EPROTO), and the records stay within the ring.
+    #[test]
+    fn data_past_the_credits_fails_the_connection() {
+        let cfg = Config {
+            rq_size: 16,
+            ..Config::default()
+        };
+        let mut s = Stream::new(ptr::null_mut(), cfg);
+        s.rmsg = MsgRing::new(usize::from(cfg.rq_size));
+        s.state = st::CONNECT_RDWR;
+        for i in 0..16 {
+            assert!(s.take_data_msg(i), "message {i} within the credits");
+        }
+        assert_eq!(s.rmsg.len(), 16);
+        assert_eq!(s.state, st::CONNECT_RDWR);
+        for i in 0..1000 {
+            assert!(!s.take_data_msg(i), "message {} past the credits", 16 + i);
+            assert_eq!(s.rmsg.len(), 16);
+        }
+        assert_eq!((s.state, s.err), (st::ERROR, libc::EPROTO));
+        assert_eq!(s.rmsg.buf.len(), 16, "the ring never grew");
     }
 
     #[test]
