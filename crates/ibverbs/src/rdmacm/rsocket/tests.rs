@@ -93,7 +93,10 @@ fn half_open_request(port: u16) -> *mut abi::rdma_cm_id {
     p.flow_control = 1;
     p.retry_count = 7;
     p.rnr_retry_count = 7;
-    p.qp_num = 0x00ab_cdef;
+    // A QP number of its own each (the CM refuses a second request from one QP as
+    // stale).
+    static QPN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0x00ab_0000);
+    p.qp_num = QPN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: the id; `p` and `cd` live across the call.
     let rc = unsafe { cmid::rdma_connect(id, &mut p) };
     assert_eq!(rc, 0, "rdma_connect: {}", std::io::Error::last_os_error());
@@ -340,5 +343,57 @@ fn a_peer_past_its_credits_fails_the_connection() {
     unsafe {
         assert_eq!(rclose(c), 0);
         assert_eq!(rclose(s), 0);
+    }
+}
+
+/// The CM event that comes next on `id`'s channel within a few polls, if any.
+fn next_event(id: *mut abi::rdma_cm_id) -> Option<abi::rdma_cm_event_type> {
+    // SAFETY: the live synchronous id's own channel.
+    let fd = unsafe { (*(*id).channel).fd };
+    for _ in 0..20 {
+        if !wait_readable(&[fd], 250)[0] {
+            continue;
+        }
+        let mut ev = ptr::null_mut();
+        // SAFETY: the id's channel has an event; it is acknowledged at once.
+        unsafe {
+            if super::super::event::rdma_get_cm_event((*id).channel, &mut ev) != 0 {
+                return None;
+            }
+            let t = (*ev).event;
+            super::super::event::rdma_ack_cm_event(ev);
+            return Some(t);
+        }
+    }
+    None
+}
+
+/// Requests that never complete hold a bounded amount of the listener: past 64 answered
+/// connections waiting for their RTU, the oldest is refused (its requester gets REJECTED)
+/// for each new one, and the newest keep waiting.
+#[test]
+fn answered_requests_waiting_are_bounded() {
+    let port = test_port(4);
+    let l = listener(port, true);
+    let ids: Vec<_> = (0..ACCEPT_PENDING_MAX + 2)
+        .map(|_| half_open_request(port))
+        .collect();
+    for (k, &id) in ids.iter().enumerate().take(2) {
+        assert_eq!(
+            next_event(id),
+            Some(abi::RDMA_CM_EVENT_REJECTED),
+            "request {k}, among the oldest"
+        );
+    }
+    // The newest is still answered and waiting: nothing came for it.
+    // SAFETY: the live synchronous id's own channel.
+    let fd = unsafe { (*(*ids[ids.len() - 1]).channel).fd };
+    assert!(!wait_readable(&[fd], 0)[0]);
+    // SAFETY: our listener and ids, each closed once.
+    unsafe {
+        assert_eq!(rclose(l), 0);
+        for id in ids {
+            cmid::rdma_destroy_id(id);
+        }
     }
 }
