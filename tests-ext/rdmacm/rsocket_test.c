@@ -32,6 +32,11 @@
  *   many      8 connections at once on one listener, each carrying its own pattern
  *   closewait rclose while another thread waits in rrecv on the socket: that thread
  *             returns (end of stream or EBADF), later calls EBADF, the peer reads 0
+ *   halfopen  a connection request that never completes its handshake (an rdma_cm id
+ *             without a QP takes the listener's REP and never sends the RTU) does not
+ *             stall a non-blocking listener: a legitimate rconnect is accepted within a
+ *             bounded number of polls, carries data, and raccept never returns the
+ *             half-open one
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -51,6 +56,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 
 static int failures;
@@ -698,13 +704,106 @@ static int run_closewait(void)
 	return 0;
 }
 
+/* ---- halfopen ---------------------------------------------------------------------- */
+
+/* A connection request to the listener on `port` that never completes: a synchronous id
+ * without a QP sends the REQ with rsockets' connection data (version 1, credits, a
+ * target SGL of 2 entries, a 4 KiB buffer) and takes the REP as CONNECT_RESPONSE, but
+ * never calls rdma_establish, so no RTU goes out. NULL on failure. */
+static struct rdma_cm_id *half_open(uint16_t port)
+{
+	struct sockaddr_in a = addr_of(port);
+	struct rdma_conn_param p;
+	struct rdma_cm_id *id;
+	uint8_t cd[40];
+	uint16_t credits = htons(64);
+	uint32_t sgl = htonl(2), len = htonl(4096);
+
+	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP))
+		return NULL;
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&a, 2000) ||
+	    rdma_resolve_route(id, 2000))
+		goto err;
+	memset(cd, 0, sizeof cd);
+	cd[0] = 1;
+	memcpy(cd + 2, &credits, 2);
+	memcpy(cd + 20, &sgl, 4);
+	memcpy(cd + 36, &len, 4);
+	memset(&p, 0, sizeof p);
+	p.private_data = cd;
+	p.private_data_len = sizeof cd;
+	p.responder_resources = 1;
+	p.initiator_depth = 1;
+	p.flow_control = 1;
+	p.retry_count = 7;
+	p.rnr_retry_count = 7;
+	p.qp_num = 0xabcdef;
+	if (rdma_connect(id, &p) || !id->event || id->event->event != RDMA_CM_EVENT_CONNECT_RESPONSE)
+		goto err;
+	return id;
+err:
+	rdma_destroy_id(id);
+	return NULL;
+}
+
+static int run_halfopen(void)
+{
+	uint16_t port = port_base() + 7;
+	struct sockaddr_in a = addr_of(port);
+	struct rdma_cm_id *half;
+	int l, c, s = -1, i, err = -1, connected = 0;
+	socklen_t len = sizeof err;
+	uint8_t b[16];
+	ssize_t r;
+
+	l = listener(port, SOCK_NONBLOCK);
+	CHECK(l >= 0, "listener: %s", strerror(errno));
+	half = half_open(port);
+	CHECK(half, "the half-open request: %s", strerror(errno));
+	pass("a request that never sends its RTU got the listener's REP");
+
+	c = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	CHECK(c >= 0, "rsocket");
+	r = rconnect(c, (struct sockaddr *)&a, sizeof a);
+	CHECK(r == 0 || errno == EINPROGRESS, "rconnect: %zd %s", r, strerror(errno));
+	/* 20 rounds of two 250 ms polls at most (the half-open request's REP times out
+	 * only after a minute) */
+	for (i = 0; i < 20 && (s < 0 || !connected); i++) {
+		struct pollfd p = { .fd = l, .events = POLLIN };
+		struct pollfd q = { .fd = c, .events = POLLOUT };
+
+		if (s < 0 && rpoll(&p, 1, 250) == 1 && (p.revents & POLLIN))
+			s = raccept(l, NULL, NULL);
+		if (!connected && rpoll(&q, 1, 250) == 1 && (q.revents & POLLOUT))
+			connected = 1;
+	}
+	CHECK(s >= 0 && connected, "the listener stalled: accepted %d, connected %d", s, connected);
+	CHECK(rgetsockopt(c, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0, "SO_ERROR %d", err);
+	r = raccept(l, NULL, NULL);
+	CHECK(r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), "a second raccept: %zd %s", r,
+	      strerror(errno));
+	pass("a legitimate rconnect is accepted behind it; raccept never returns the half-open one");
+
+	memset(b, 0x3c, sizeof b);
+	CHECK(rfcntl(s, F_SETFL, 0) == 0 && rfcntl(c, F_SETFL, 0) == 0, "F_SETFL");
+	CHECK(rsend(c, b, sizeof b, 0) == sizeof b, "rsend: %s", strerror(errno));
+	memset(b, 0, sizeof b);
+	CHECK(read_all(s, b, sizeof b) == 0 && b[0] == 0x3c && b[15] == 0x3c, "the bytes");
+	pass("the accepted connection carries data");
+	rclose(c);
+	rclose(s);
+	rclose(l);
+	rdma_destroy_id(half);
+	return 0;
+}
+
 static const struct {
 	const char *name;
 	int (*run)(void);
 } groups[] = {
 	{ "stream", run_stream },   { "nonblock", run_nonblock }, { "refused", run_refused },
 	{ "options", run_options }, { "iomap", run_iomap },       { "many", run_many },
-	{ "closewait", run_closewait },
+	{ "closewait", run_closewait }, { "halfopen", run_halfopen },
 };
 
 int main(int argc, char **argv)

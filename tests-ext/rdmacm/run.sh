@@ -282,7 +282,8 @@ if [ -x "$CT" ]; then
 fi
 
 # rsockets: rsocket_test.c (streams, half close, non-blocking calls with rpoll, refused
-# connects, options, riowrite into riomap regions, many connections), one group per process.
+# connects, options, riowrite into riomap regions, many connections, a half-open request
+# that must not stall the listener), one group per process.
 RST="$OUT/rsocket_test"
 timeout 120 gcc -O1 -Wall -Werror -o "$RST" "$HERE/rsocket_test.c" -lrdmacm -lpthread \
   > "$RST.build.log" 2>&1
