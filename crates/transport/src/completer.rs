@@ -144,6 +144,7 @@ pub(crate) fn fail(
 /// SRQ keeps its WQEs).
 pub(crate) fn flush(qp: &mut QpCtx, env: &mut Nic, now: u64) {
     qp.state = QpState::Err;
+    crate::keepalive::disarm(qp);
     let sq = std::mem::take(&mut qp.sq);
     for w in &sq {
         let status = w.status.unwrap_or(WcStatus::WrFlushErr);
@@ -495,6 +496,18 @@ pub(crate) fn handle_response(
     // unacknowledged one it is stale (a late duplicate) or forged, and acting on it, a
     // fatal NAK above all, would end a working connection.
     let Some(oldest) = qp.oldest_unacked() else {
+        let ack = matches!(h.aeth.map(|a| a.syndrome), Some(Syndrome::Ack { .. }));
+        if ack && crate::keepalive::answers_probe(qp, p) {
+            // The peer answered a keepalive probe (which the caller counted as hearing
+            // from it): nothing to complete.
+            env.stats.keepalive_acks += 1;
+            trace!(
+                qpn = format_args!("{:#x}", qp.qpn),
+                psn = p,
+                "keepalive probe answered"
+            );
+            return;
+        }
         dropped!(
             trace,
             env,
@@ -962,6 +975,10 @@ fn read_answers_resend(qp: &mut QpCtx, first: u32) {
 
 /// Fire due timers of one QP.
 pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
+    if crate::keepalive::on_timer(qp, env, now) {
+        crate::gsi::peer_lost(env, qp.qpn);
+        return;
+    }
     if qp.req.rnr_until.is_some_and(|t| t <= now) {
         qp.req.rnr_until = None;
         trace!(qpn = format_args!("{:#x}", qp.qpn), "RNR wait over");

@@ -54,6 +54,20 @@ pub(crate) struct Gsi {
     next_psn: u32,
     /// A connection manager takes the inbox ([`Rnic::set_gsi_consumer`]).
     consumer: bool,
+    /// QPs whose peer the keepalive found lost, for the connection manager
+    /// ([`Rnic::take_lost_peer`]); each QP at most once, as it is in ERR after.
+    lost: VecDeque<crate::verbs::Qpn>,
+}
+
+/// QP `qpn`'s peer was found lost (see [`crate::keepalive`]): the connection manager is
+/// told, which disconnects the connection the QP serves; with none, the consumer gets
+/// the QP's fatal event.
+pub(crate) fn peer_lost(env: &mut Nic, qpn: crate::verbs::Qpn) {
+    if env.gsi.consumer {
+        env.gsi.lost.push_back(qpn);
+    } else {
+        env.ctx.push_event(crate::verbs::AsyncEvent::QpFatal(qpn));
+    }
 }
 
 /// A packet to QP1 not taken: count it and say why.
@@ -127,12 +141,34 @@ impl Rnic {
         self.env.gsi.consumer = on;
         if !on {
             self.env.gsi.inbox.clear();
+            // Nobody will disconnect their connections: their QPs' consumers hear it.
+            while let Some(qpn) = self.env.gsi.lost.pop_front() {
+                self.raise_qp_fatal(qpn);
+            }
         }
     }
 
-    /// Whether a MAD waits in the QP1 inbox (a runtime signals its CM with this).
+    /// Whether a MAD or a lost-peer notice ([`Rnic::take_lost_peer`]) waits for the
+    /// connection manager (a runtime signals its CM with this).
     pub fn gsi_pending(&self) -> bool {
-        !self.env.gsi.inbox.is_empty()
+        !self.env.gsi.inbox.is_empty() || !self.env.gsi.lost.is_empty()
+    }
+
+    /// The oldest QP whose peer the keepalive found lost ([`crate::keepalive`]) while a
+    /// connection manager takes the GSI: the QP is in ERR already, and the CM ends the
+    /// connection it serves as the peer's DREQ would have.
+    pub fn take_lost_peer(&mut self) -> Option<crate::verbs::Qpn> {
+        self.env.gsi.lost.pop_front()
+    }
+
+    /// Raise QP `qpn`'s `IBV_EVENT_QP_FATAL` (if the QP still exists): how a lost peer
+    /// is reported for a QP no connection manager serves.
+    pub fn raise_qp_fatal(&mut self, qpn: crate::verbs::Qpn) {
+        if self.qps.contains_key(&qpn) {
+            self.env
+                .ctx
+                .push_event(crate::verbs::AsyncEvent::QpFatal(qpn));
+        }
     }
 
     /// Send a MAD from QP1 to QP `dst_qpn` (1 for a CM) at `dst`, on our UDP port, with IP

@@ -29,6 +29,7 @@ mod cc;
 pub use cc::DEFAULT_RX_BUFFER;
 mod completer;
 mod gsi;
+mod keepalive;
 mod objects;
 mod qp;
 mod requester;
@@ -46,6 +47,7 @@ use softrdma_wire::{self as wire, Addrs, Headers};
 use verbs::{QpState, QpType, SendFlags, WcStatus};
 
 pub use gsi::{GsiMad, GSI_INBOX_MAX};
+pub use keepalive::{Keepalive, KeepalivePolicy};
 pub use softrdma_verbs as verbs;
 
 /// Counters (for `softrdma stats`).
@@ -118,6 +120,13 @@ pub struct Stats {
     /// nothing open answers them (REJ "invalid service ID", SIDR_REP "unsupported",
     /// DREP), the rest dropped.
     pub gsi_unserved: u64,
+    /// Keepalive probes sent on idle RC connections ([`Keepalive`]).
+    pub keepalive_probes: u64,
+    /// Acknowledgements of keepalive probes received.
+    pub keepalive_acks: u64,
+    /// RC connections whose peer left keepalive probes unanswered: failed, their peers
+    /// taken for dead.
+    pub peers_lost: u64,
 }
 
 /// What a datagram is, for a runtime deciding when to send it (it may hold plain ACKs
@@ -220,6 +229,8 @@ pub(crate) struct Nic {
     pub held_bytes: usize,
     /// Bytes of receive buffer the device's socket has (see [`Rnic::set_rx_buffer`]).
     pub rx_buffer: usize,
+    /// Liveness checks of idle RC connections (see [`Rnic::set_keepalive`]).
+    pub keepalive: KeepalivePolicy,
 }
 
 impl Nic {
@@ -363,6 +374,9 @@ pub struct Rnic {
     /// The QPs' timer deadlines, kept in step with `qps` by [`Rnic::sync_timer`] after
     /// every call that may change them.
     timers: timers::Timers,
+    /// The QPs' keepalive deadlines ([`keepalive`]), kept apart so that [`Rnic::in_flight`]
+    /// still tells a device whether requests are in flight.
+    ka_timers: timers::Timers,
     /// Bumped whenever a multicast group gains its first QP or loses its last one.
     mcast_generation: u64,
 }
@@ -402,9 +416,11 @@ impl Rnic {
                 gsi: gsi::Gsi::default(),
                 held_bytes: 0,
                 rx_buffer: cc::DEFAULT_RX_BUFFER,
+                keepalive: KeepalivePolicy::OFF,
             },
             qps: BTreeMap::new(),
             timers: timers::Timers::default(),
+            ka_timers: timers::Timers::default(),
             mcast_generation: 0,
         }
     }
@@ -418,6 +434,13 @@ impl Rnic {
     /// [`DEFAULT_RX_BUFFER`] until told.
     pub fn set_rx_buffer(&mut self, bytes: usize) {
         self.env.rx_buffer = bytes;
+    }
+    /// How idle RC connections check that their peer is alive ([`Keepalive`]): QPs take
+    /// the policy's setting for their peer (same host: a loopback address or one of
+    /// this device's; else remote) when they enter RTS. The engine starts with
+    /// [`KeepalivePolicy::OFF`].
+    pub fn set_keepalive(&mut self, policy: KeepalivePolicy) {
+        self.env.keepalive = policy;
     }
     /// Our address of the other IP version, if the device has one (GID index 1).
     pub fn alt_addr(&self) -> Option<SocketAddr> {
@@ -447,6 +470,7 @@ impl Rnic {
             sq: VecDeque::new(),
             req: ReqState::default(),
             resp: RespState::default(),
+            ka: keepalive::KaState::default(),
         };
         self.qps.insert(qpn, ctx);
         Ok(qpn)
@@ -459,6 +483,7 @@ impl Rnic {
             qp.resp.held.clear(&mut self.env.held_bytes);
         }
         self.timers.set(qpn, None);
+        self.ka_timers.set(qpn, None);
         Ok(())
     }
 
@@ -529,6 +554,7 @@ impl Rnic {
         }
         qp.peer = peer;
         if new == QpState::Reset {
+            keepalive::disarm(qp);
             qp.sq.clear();
             qp.req = ReqState::default();
             qp.resp.held.clear(&mut self.env.held_bytes);
@@ -563,6 +589,17 @@ impl Rnic {
         if new == QpState::Sqd && old != QpState::Sqd {
             qp.req.sqd_notified = false;
             completer::check_drained(qp, &mut self.env);
+        }
+        if new == QpState::Rts && old == QpState::Rtr {
+            let local = qp.peer.is_some_and(|p| {
+                let ip = p.ip().to_canonical();
+                ip.is_loopback()
+                    || same_ip(ip, self.env.addr.ip())
+                    || self.env.alt.is_some_and(|a| same_ip(a, ip))
+            });
+            let policy = self.env.keepalive;
+            let cfg = if local { policy.local } else { policy.remote };
+            keepalive::arm(qp, cfg, now);
         }
         if new == QpState::Rts {
             requester::run(qp, &mut self.env, now);
@@ -810,6 +847,7 @@ impl Rnic {
         if !admit(qp, env, info, &h, src) {
             return;
         }
+        keepalive::heard(qp, now);
         if info.is_request {
             responder::handle_request(qp, env, now, &addrs, tos, &h, payload, data.len());
         } else {
@@ -857,6 +895,7 @@ impl Rnic {
             env.stats.dropped += 1;
             return;
         };
+        keepalive::heard(qp, now);
         match m {
             Ext::SackPermit(_) => sack::on_permit(qp, env),
             Ext::Sack(b, bits) => {
@@ -1015,26 +1054,45 @@ impl Rnic {
         self.env.recycle(buf);
     }
 
-    /// Earliest timer deadline (retransmission, RNR wait), if any. O(log QPs): the device
+    /// Earliest timer deadline (retransmission, RNR wait, keepalive), if any. O(log QPs): the device
     /// asks after every step.
     pub fn poll_timeout(&self) -> Option<u64> {
         let first = self.timers.first();
-        // The index must agree with a scan of every QP: debug builds (every test of the
-        // engine and the device) check it on every call.
+        let ka = self.ka_timers.first();
+        // The indexes must agree with a scan of every QP: debug builds (every test of the
+        // engine and the device) check them on every call.
         #[cfg(debug_assertions)]
-        assert_eq!(
-            first,
-            self.qps.values().filter_map(timers::deadline).min(),
-            "timer index out of step with the QPs"
-        );
-        first
+        {
+            assert_eq!(
+                first,
+                self.qps.values().filter_map(timers::deadline).min(),
+                "timer index out of step with the QPs"
+            );
+            assert_eq!(
+                ka,
+                self.qps.values().filter_map(|q| q.ka.deadline).min(),
+                "keepalive index out of step with the QPs"
+            );
+        }
+        [first, ka].into_iter().flatten().min()
+    }
+
+    /// Whether a QP has requests in flight or waits out an RNR NAK (a retransmission
+    /// timer is armed): a device holds the datagrams of new posts back to leave together
+    /// then. Keepalive timers, which idle connections have, do not count.
+    pub fn in_flight(&self) -> bool {
+        self.timers.first().is_some()
     }
 
     /// Fire the timers due at `now`: an RNR wait ends (resend), a local ACK timeout fires
     /// (go back to the oldest unacknowledged packet, or RETRY_EXC_ERR when out of retries).
     /// Only QPs with a due deadline are visited, in QP number order.
     pub fn handle_timeout(&mut self, now: u64) {
-        for qpn in self.timers.due(now) {
+        let mut due = self.timers.due(now);
+        due.extend(self.ka_timers.due(now));
+        due.sort_unstable();
+        due.dedup();
+        for qpn in due {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 completer::on_timers(qp, &mut self.env, now);
             }
@@ -1045,8 +1103,9 @@ impl Rnic {
     /// Re-read QP `qpn`'s timer deadlines into the index (after anything that may have
     /// armed, moved or cleared them).
     fn sync_timer(&mut self, qpn: verbs::Qpn) {
-        let d = self.qps.get(&qpn).and_then(timers::deadline);
-        self.timers.set(qpn, d);
+        let qp = self.qps.get(&qpn);
+        self.timers.set(qpn, qp.and_then(timers::deadline));
+        self.ka_timers.set(qpn, qp.and_then(|q| q.ka.deadline));
     }
 
     /// Poll completions.

@@ -627,6 +627,8 @@ pub(crate) struct QpCtx {
     pub sq: VecDeque<SendWqe>,
     pub req: ReqState,
     pub resp: RespState,
+    /// Liveness of the peer while the connection is idle ([`crate::keepalive`]).
+    pub ka: crate::keepalive::KaState,
 }
 
 impl QpCtx {

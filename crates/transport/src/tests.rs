@@ -2674,3 +2674,216 @@ fn responses_past_a_lost_atomic_ack_are_kept() {
         "asked again from past the responses kept: {read_requests:?}"
     );
 }
+
+/// Keepalive settings for the tests: lost 1 s after the last word (250 ms idle, then
+/// 5 probes 150 ms apart), whatever the peer's address.
+const KA: Keepalive = Keepalive::LOCAL;
+
+/// Two RC QPs connected with keepalive `KA` on both sides, one SEND exchanged (so the
+/// connection has carried traffic), `b` with a receive posted for later.
+fn keepalive_pair(now: &mut u64) -> (Node, Node) {
+    let mut a = Node::new("10.0.0.1", 1);
+    let mut b = Node::new("10.0.0.2", 2);
+    for n in [&mut a, &mut b] {
+        n.nic.set_keepalive(KeepalivePolicy {
+            local: Some(KA),
+            remote: Some(KA),
+        });
+        n.create(QpType::Rc);
+    }
+    let cfg = Cfg::default();
+    connect(&mut a, &b, QpType::Rc, &cfg, cfg.psn_a, cfg.psn_b);
+    connect(&mut b, &a, QpType::Rc, &cfg, cfg.psn_b, cfg.psn_a);
+    b.post_recv(1, 0, 100);
+    a.write(0, b"hello");
+    a.send(*now, 1, SendOp::Send, vec![a.sge(0, 5)]).unwrap();
+    run_for(&mut a, &mut b, now, 1_000_000, Faults::default(), 0, false);
+    assert_eq!(a.wcs()[0].status, WcStatus::Success);
+    assert_eq!(b.wcs()[0].status, WcStatus::Success);
+    (a, b)
+}
+
+/// Run both nodes on a network with `faults` (seed `seed`) for `span` ns of virtual time,
+/// or until `a`'s QP fails; with `b_dead`, nothing `b` sends arrives (the process is
+/// gone). Returns whether `a`'s QP failed.
+fn run_for(
+    a: &mut Node,
+    b: &mut Node,
+    now: &mut u64,
+    span: u64,
+    faults: Faults,
+    seed: u64,
+    b_dead: bool,
+) -> bool {
+    let drop = RefCell::new(move |from_a: bool, _: &Transmit| b_dead && !from_a);
+    let a_qpn = a.qpn;
+    let mut sim = Sim::new(Network::new(seed, faults));
+    sim.now = *now;
+    sim.add(Side {
+        node: a,
+        is_a: true,
+        drop: &drop,
+    });
+    sim.add(Side {
+        node: b,
+        is_a: false,
+        drop: &drop,
+    });
+    let failed = sim.run_until(now.saturating_add(span), |s| {
+        s.endpoints[0].node.nic.query_qp(a_qpn).unwrap().qp_state == verbs::QpState::Err
+    });
+    *now = sim.now;
+    failed
+}
+
+/// A peer that dies (nothing it would send arrives any more) while its partner only
+/// waits to receive is found lost within the keepalive's bound: the waiting receive
+/// completes with WR_FLUSH_ERR, and the QP's fatal event is raised (no connection manager
+/// takes the loss here). Before keepalive, the receive waited forever: nothing was in
+/// flight, so no timer ran.
+#[test]
+fn a_silent_peer_is_lost_within_the_keepalive_bound() {
+    let mut now = 0;
+    let (mut a, mut b) = keepalive_pair(&mut now);
+    a.post_recv(7, 0, 100);
+    let died = now;
+    let lost = run_for(
+        &mut a,
+        &mut b,
+        &mut now,
+        60 * KA.bound_ns(),
+        Faults::default(),
+        0,
+        true,
+    );
+    assert!(lost, "the peer was never found lost");
+    assert!(
+        now - died <= KA.bound_ns(),
+        "found lost {} ms after the last word, past the bound",
+        (now - died) / 1_000_000
+    );
+    let w = a.wcs();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!((w[0].wr_id, w[0].status), (7, WcStatus::WrFlushErr));
+    let s = a.nic.stats();
+    assert_eq!(
+        (s.keepalive_probes, s.keepalive_acks, s.peers_lost),
+        (u64::from(KA.probes), 0, 1)
+    );
+    assert_eq!(a.nic.next_event(), Some(verbs::AsyncEvent::QpFatal(a.qpn)));
+    assert_eq!(
+        a.nic.take_lost_peer(),
+        None,
+        "no connection manager to tell"
+    );
+}
+
+/// With a connection manager taking the GSI, a lost peer is reported to it (which ends
+/// the connection) instead of as the QP's fatal event.
+#[test]
+fn a_lost_peer_is_told_to_the_connection_manager() {
+    let mut now = 0;
+    let (mut a, mut b) = keepalive_pair(&mut now);
+    a.nic.set_gsi_consumer(true);
+    assert!(run_for(
+        &mut a,
+        &mut b,
+        &mut now,
+        60 * KA.bound_ns(),
+        Faults::default(),
+        0,
+        true
+    ));
+    assert!(a.nic.gsi_pending());
+    assert_eq!(a.nic.take_lost_peer(), Some(a.qpn));
+    assert_eq!(a.nic.take_lost_peer(), None);
+    assert!(!a.nic.gsi_pending());
+    assert_eq!(a.nic.next_event(), None);
+}
+
+/// A live peer that stays idle for ten minutes of virtual time answers every probe, over
+/// a perfect link and over one that loses 3% of the packets (a probe or its answer lost
+/// is made up by the next probe): never found lost. The probes change nothing on either
+/// side: a SEND afterwards lands in the receive posted before the idle time.
+#[test]
+fn a_live_idle_peer_is_never_lost() {
+    for (loss, seed) in [(0.0, 0), (0.03, 1), (0.03, 2)] {
+        let mut now = 0;
+        let (mut a, mut b) = keepalive_pair(&mut now);
+        b.post_recv(2, 256, 100);
+        let faults = Faults {
+            loss,
+            ..Faults::default()
+        };
+        let idle = 600_000_000_000;
+        let failed = run_for(&mut a, &mut b, &mut now, idle, faults, seed, false);
+        assert!(!failed, "loss {loss}: a live peer was found lost");
+        for n in [&a, &b] {
+            assert_eq!(n.nic.query_qp(n.qpn).unwrap().qp_state, verbs::QpState::Rts);
+            let s = n.nic.stats();
+            assert_eq!(s.peers_lost, 0, "loss {loss}: {s:?}");
+            // About one probe per idle time, at least.
+            assert!(
+                s.keepalive_probes >= idle / KA.bound_ns(),
+                "loss {loss}: {s:?}"
+            );
+            assert!(s.keepalive_acks > 0, "loss {loss}: {s:?}");
+        }
+        assert_eq!(a.wcs(), vec![], "the probes completed nothing");
+        assert_eq!(b.wcs(), vec![], "the probes completed nothing");
+        a.write(0, b"still here");
+        a.send(now, 3, SendOp::Send, vec![a.sge(0, 10)]).unwrap();
+        run_for(
+            &mut a,
+            &mut b,
+            &mut now,
+            10_000_000_000,
+            Faults::default(),
+            0,
+            false,
+        );
+        assert_eq!(a.wcs()[0].status, WcStatus::Success);
+        let w = b.wcs();
+        assert_eq!(
+            (w[0].wr_id, w[0].status, w[0].byte_len),
+            (2, WcStatus::Success, 10)
+        );
+        assert_eq!(b.read(256, 10), b"still here");
+    }
+}
+
+/// The probe is a duplicate the responder acknowledges without executing: a zero-length
+/// RDMA WRITE ONLY with AckReq at the PSN before the next, answered by an ACK of that PSN,
+/// which the prober takes as the answer and completes nothing with.
+#[test]
+fn the_probe_is_an_acknowledged_duplicate() {
+    use wire::Headers;
+    let mut now = 0;
+    let (mut a, mut b) = keepalive_pair(&mut now);
+    let next = a.nic.qps[&a.qpn].req.next_psn;
+    now += KA.idle_ns;
+    a.nic.handle_timeout(now);
+    let t = a.nic.poll_transmit(now).expect("a probe");
+    assert!(a.nic.poll_transmit(now).is_none());
+    let (h, payload) = Headers::parse(&t.data).unwrap();
+    assert_eq!(h.bth.opcode, wire::Opcode::RC_RDMA_WRITE_ONLY);
+    assert_eq!(h.bth.psn, wire::psn::sub(next, 1));
+    assert!(h.bth.ack_req);
+    assert_eq!(h.reth.map(|r| r.dma_len), Some(0));
+    assert!(payload.is_empty());
+    let dup = b.nic.stats().duplicates;
+    b.nic.handle_datagram(now, t.src, t.dst, &t.data);
+    assert_eq!(b.nic.stats().duplicates, dup + 1);
+    let ack = b.nic.poll_transmit(now).expect("an ACK");
+    let (h, _) = Headers::parse(&ack.data).unwrap();
+    assert_eq!(h.bth.opcode, wire::Opcode::RC_ACKNOWLEDGE);
+    assert_eq!(h.bth.psn, wire::psn::sub(next, 1));
+    a.nic.handle_datagram(now, ack.src, ack.dst, &ack.data);
+    assert_eq!(a.nic.stats().keepalive_acks, 1);
+    // Heard from: the next probe waits for another idle time.
+    assert_eq!(a.nic.poll_timeout(), Some(now + KA.interval_ns));
+    a.nic.handle_timeout(now + KA.interval_ns);
+    assert!(a.nic.poll_transmit(now).is_none());
+    assert_eq!(a.nic.poll_timeout(), Some(now + KA.idle_ns));
+    assert_eq!((a.wcs(), b.wcs()), (vec![], vec![]));
+}

@@ -17,8 +17,9 @@ pub(crate) struct Timers {
     of: HashMap<Qpn, u64>,
 }
 
-/// A QP's earliest deadline: its local ACK timeout, its round-trip retransmission timer
-/// or the end of its RNR wait.
+/// A QP's earliest deadline of those that mean requests in flight: its local ACK
+/// timeout, its round-trip retransmission timer or the end of its RNR wait. (Its
+/// keepalive's, which idle QPs have, is indexed apart: see [`crate::Rnic::in_flight`].)
 pub(crate) fn deadline(qp: &QpCtx) -> Option<u64> {
     [qp.req.rto, qp.req.rto_fast, qp.req.rnr_until]
         .into_iter()
