@@ -102,6 +102,12 @@ fn print_record(r: &Record) {
         get("sack_resends")
     );
     outln!(
+        "  keepalive probes {}  answered {}  peers lost {}",
+        get("keepalive_probes"),
+        get("keepalive_acks"),
+        get("peers_lost")
+    );
+    outln!(
         "  READ re-executions {}  refused {}",
         get("read_replays"),
         get("read_replays_refused")

@@ -10,6 +10,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use softrdma_transport::{Keepalive, KeepalivePolicy};
+
 use crate::{statsfile, DEFAULT_SPIN, ROCE_PORT};
 
 /// Name of the default device.
@@ -231,6 +233,49 @@ pub struct DeviceConfig {
     /// `::1` beside 127.0.0.x), as GID index 1, when that address and port are free;
     /// `SOFTRDMA_DUAL_STACK=0` turns it off.
     pub dual_stack: bool,
+    /// How idle RC connections check that their peer is alive, so that a peer killed
+    /// without a word (SIGKILL, a crash) is noticed ([`KeepalivePolicy`]): by default a
+    /// peer on this host within a second, one elsewhere within 20 s. From
+    /// `SOFTRDMA_KEEPALIVE` and `SOFTRDMA_KEEPALIVE_LOCAL` ([`keepalive_from_env`]).
+    pub keepalive: KeepalivePolicy,
+}
+
+/// The keepalive policy the environment asks for: `SOFTRDMA_KEEPALIVE=IDLE_MS,INTERVAL_MS,PROBES`
+/// sets it for every peer (`0` turns it off), `SOFTRDMA_KEEPALIVE_LOCAL` (same form) then
+/// for peers on this host alone; unset, [`KeepalivePolicy::DEFAULT`]. A malformed value
+/// is ignored with a warning (the default stays).
+pub fn keepalive_from_env() -> KeepalivePolicy {
+    keepalive_from(
+        std::env::var("SOFTRDMA_KEEPALIVE").ok().as_deref(),
+        std::env::var("SOFTRDMA_KEEPALIVE_LOCAL").ok().as_deref(),
+    )
+}
+
+fn keepalive_from(all: Option<&str>, local: Option<&str>) -> KeepalivePolicy {
+    let mut p = KeepalivePolicy::DEFAULT;
+    let parse = |var: &str, v: &str| match Keepalive::parse(v) {
+        Ok(k) => Some(k),
+        Err(e) => {
+            tracing::warn!(variable = var, error = %e, "ignored");
+            None
+        }
+    };
+    if let Some(k) = all
+        .filter(|v| !v.is_empty())
+        .and_then(|v| parse("SOFTRDMA_KEEPALIVE", v))
+    {
+        p = KeepalivePolicy {
+            local: k,
+            remote: k,
+        };
+    }
+    if let Some(k) = local
+        .filter(|v| !v.is_empty())
+        .and_then(|v| parse("SOFTRDMA_KEEPALIVE_LOCAL", v))
+    {
+        p.local = k;
+    }
+    p
 }
 
 impl DeviceConfig {
@@ -251,6 +296,7 @@ impl DeviceConfig {
             seed: None,
             stats_dir: statsfile::default_dir(),
             dual_stack: dual_stack_wanted(),
+            keepalive: keepalive_from_env(),
         }
     }
     /// The configuration of a configured device: an entry of the device list that
@@ -303,5 +349,40 @@ mod tests {
         assert_eq!(e.origin, "f:2");
         assert!(e.msg.contains("4791 differs from a's 5000"), "{}", e.msg);
         assert!(parse_config("a 1.2.3.4:5000\nb 1.2.3.5:5000\n", "f").is_ok());
+    }
+
+    #[test]
+    fn keepalive_settings() {
+        let d = KeepalivePolicy::DEFAULT;
+        assert_eq!(keepalive_from(None, None), d);
+        assert_eq!(keepalive_from(Some(""), Some("")), d);
+        assert_eq!(keepalive_from(Some("0"), None), KeepalivePolicy::OFF);
+        let k = Keepalive {
+            idle_ns: 1_000_000,
+            interval_ns: 2_000_000,
+            probes: 3,
+        };
+        assert_eq!(
+            keepalive_from(Some("1,2,3"), None),
+            KeepalivePolicy {
+                local: Some(k),
+                remote: Some(k)
+            }
+        );
+        assert_eq!(
+            keepalive_from(None, Some("off")),
+            KeepalivePolicy {
+                local: None,
+                remote: d.remote
+            }
+        );
+        assert_eq!(
+            keepalive_from(Some("0"), Some("1,2,3")),
+            KeepalivePolicy {
+                local: Some(k),
+                remote: None
+            }
+        );
+        assert_eq!(keepalive_from(Some("bad"), Some("1,2")), d);
     }
 }

@@ -37,6 +37,10 @@
 //!   beside the device socket ([`Device::attach_mcast`]; `mcast` says why this needs no
 //!   setup between processes on one host).
 //! - Time is nanoseconds since the device opened, from a monotonic clock.
+//! - Idle RC connections check that their peer is alive ([`DeviceConfig::keepalive`],
+//!   `SOFTRDMA_KEEPALIVE`): a peer killed without a word is found lost within about a
+//!   second on this host, 20 s elsewhere; the QP fails and the connection manager hears
+//!   of it ([`Device::take_lost_peer`]) to end the connection, as the peer's DREQ would.
 //! - `SOFTRDMA_PCAP=FILE` (or [`DeviceConfig::pcap`]) traces every datagram sent and
 //!   received as a pcap file.
 //! - Every open device publishes its counters for `softrdma stats` to a file ([`statsfile`]);
@@ -81,7 +85,9 @@ use std::time::{Duration, Instant};
 use softrdma_net::udp;
 pub use softrdma_net::udp::Stats as DriverStats;
 use softrdma_transport::verbs::{AsyncEvent, ChannelId, Gid};
-pub use softrdma_transport::{verbs, GsiMad, Rnic, Stats as EngineStats, Transmit};
+pub use softrdma_transport::{
+    verbs, GsiMad, Keepalive, KeepalivePolicy, Rnic, Stats as EngineStats, Transmit,
+};
 use softrdma_wire::cm::MAD_LEN;
 use softrdma_wire::icrc::IpIdCache;
 use softrdma_wire::pcap::PcapWriter;
@@ -161,6 +167,7 @@ impl Device {
         if let Ok(b) = link.recv_buffer_size() {
             rnic.set_rx_buffer(b);
         }
+        rnic.set_keepalive(cfg.keepalive);
         // The port's active MTU is its link's, as rxe sets it from its netdev's: 4096 on
         // loopback, 1024 on a 1500-byte Ethernet (the engine's 1024 when the interface
         // is not found). It cannot exceed the port's maximum, 4096.
@@ -344,7 +351,7 @@ impl Device {
         let sh = &*self.shared;
         let mut core = sh.lock();
         let now = sh.now();
-        let busy = core.rnic.poll_timeout().is_some();
+        let busy = core.rnic.in_flight();
         let r = f(&mut core.rnic, now);
         let flush = if busy { Flush::Hold } else { Flush::Due };
         core.after_step_with(sh, now, true, flush);
@@ -612,8 +619,25 @@ impl Device {
         mad
     }
 
-    /// An eventfd readable while MADs wait in the QP1 inbox, for a connection manager
-    /// thread to block on with poll(2) (the progress thread receives the MADs). Owned by
+    /// Take the oldest QP whose peer the keepalive found lost while a connection manager
+    /// takes this device's MADs ([`Rnic::take_lost_peer`]): the QP is in ERR, and the
+    /// CM ends the connection it serves. [`Device::mad_fd`] is readable while one waits.
+    pub fn take_lost_peer(&self) -> Option<verbs::Qpn> {
+        let sh = &*self.shared;
+        let mut core = sh.lock();
+        let qpn = core.rnic.take_lost_peer();
+        core.signal_mads(sh);
+        qpn
+    }
+
+    /// Raise QP `qpn`'s fatal event (`IBV_EVENT_QP_FATAL`), for a lost peer no
+    /// connection of the CM's was found for ([`Rnic::raise_qp_fatal`]).
+    pub fn raise_qp_fatal(&self, qpn: verbs::Qpn) {
+        self.call(|rnic, _| rnic.raise_qp_fatal(qpn));
+    }
+
+    /// An eventfd readable while MADs (or lost-peer notices, [`Device::take_lost_peer`])
+    /// wait in the QP1 inbox, for a connection manager thread to block on with poll(2) (the progress thread receives the MADs). Owned by
     /// the device.
     pub fn mad_fd(&self) -> BorrowedFd<'_> {
         self.shared.mad_fd.as_fd()
