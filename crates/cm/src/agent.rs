@@ -5,7 +5,8 @@
 //!
 //! Calls run on the caller's thread under the agent's lock ([`Agent::call`]); what they
 //! produce (MADs, events) leaves before the call returns, so a REQ is on the wire when
-//! `connect` returns. The thread only handles what arrives and what times out.
+//! `connect` returns. The thread only handles what arrives and what times out, and the
+//! peers the device's keepalive found lost ([`Cma::peer_lost`]).
 //!
 //! Each MAD reaches the CM with the IP address and QP it came from: the CM takes a message
 //! for a connection only from that connection's peer ([`crate::ib`]).
@@ -344,6 +345,13 @@ fn run(sh: &Shared) {
                 qpn: m.src_qpn,
             };
             cma.handle_mad(now, from, &m.mad);
+        }
+        // Peers the device's keepalive found lost: their connections end as if the
+        // peer had disconnected; a QP no connection uses gets its fatal event instead.
+        while let Some(qpn) = sh.dev.take_lost_peer() {
+            if !cma.peer_lost(sh.dev.now(), qpn) {
+                sh.dev.raise_qp_fatal(qpn);
+            }
         }
         let now = sh.dev.now();
         if cma.poll_timeout().is_some_and(|t| t <= now) {

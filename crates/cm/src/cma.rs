@@ -1112,6 +1112,51 @@ impl Cma {
         Ok(())
     }
 
+    /// The device found local QP `qpn`'s peer lost: its keepalive probes went
+    /// unanswered (the peer process died without a word, or the path is gone), and the
+    /// QP is in ERR. The connection the QP serves ends as the peer's DREQ would have
+    /// ended it, as Linux ends it when a dead process's rdma_cm file closes: its id gets
+    /// DISCONNECTED (status 0), and a DREQ goes out (a peer alive after all learns the
+    /// connection is over; unanswered, it times out into timewait). Returns whether a
+    /// connection of this CM uses the QP.
+    pub fn peer_lost(&mut self, now: u64, qpn: u32) -> bool {
+        let comms = self.ib.conns_of_qp(qpn & 0xFF_FFFF);
+        let mut found = false;
+        for comm in comms {
+            let Some(&id) = self.by_comm.get(&comm) else {
+                continue;
+            };
+            found = true;
+            match self.ib.state(comm) {
+                Some(ib::State::RepSent | ib::State::MraRepRcvd) => {
+                    let _ = self.ib.establish(comm);
+                    let _ = self.ib.send_dreq(now, comm, &[]);
+                }
+                Some(ib::State::Established) => {
+                    let _ = self.ib.send_dreq(now, comm, &[]);
+                }
+                _ => {}
+            }
+            // What establishing queued (ESTABLISHED) is reported before DISCONNECTED.
+            self.drain_ib(now);
+            let Some(i) = self.ids.get_mut(&id) else {
+                continue;
+            };
+            if i.disconnected {
+                continue;
+            }
+            i.disconnected = true;
+            i.state = IdState::Disconnect;
+            self.push(
+                id,
+                EventType::Disconnected,
+                0,
+                EventParam::Conn(ConnParam::default()),
+            );
+        }
+        found
+    }
+
     /// The QP saw its first packet before the RTU (the QP's COMM_EST event): the
     /// connection is established.
     pub fn establish(&mut self, now: u64, id: IdHandle) -> Result<()> {

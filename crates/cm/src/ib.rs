@@ -455,6 +455,29 @@ impl IbCm {
         self.conns.get(&id).map(|c| c.peer)
     }
 
+    /// The connections local QP `qpn` serves, from the REP until timewait (a QP number
+    /// in timewait may already serve a new connection).
+    pub fn conns_of_qp(&self, qpn: u32) -> Vec<CommId> {
+        let mut v: Vec<CommId> = self
+            .conns
+            .values()
+            .filter(|c| {
+                c.local_qpn == qpn
+                    && matches!(
+                        c.state,
+                        State::RepSent
+                            | State::MraRepRcvd
+                            | State::Established
+                            | State::DreqSent
+                            | State::DreqRcvd
+                    )
+            })
+            .map(|c| c.local_id)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Number of connections (in any state, timewait included).
     pub fn len(&self) -> usize {
         self.conns.len()

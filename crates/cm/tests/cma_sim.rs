@@ -346,6 +346,41 @@ fn wildcard_listener_is_found_at_127_0_0_1_and_connects() {
     }
 }
 
+/// The device found the client QP's peer lost (its keepalive probes unanswered): the
+/// client's id gets DISCONNECTED at once, status 0, as the peer's DREQ would have given
+/// it, and a DREQ goes out, from which a server alive after all learns that the
+/// connection is over. A QP no connection uses is not the CM's.
+#[test]
+fn a_lost_peer_disconnects_its_connection() {
+    let mut sim = pair(2, faults(0.0, 0.0, 0.0));
+    serve(&mut sim, 7002);
+    let (id, sid) = establish(&mut sim, 7002);
+    let now = sim.now;
+    assert!(!sim.endpoints[0].cma.peer_lost(now, 0x333));
+    assert!(sim.endpoints[0].cma.peer_lost(now, 0x111));
+    let ev = sim.endpoints[0]
+        .take(EventType::Disconnected)
+        .expect("DISCONNECTED at once");
+    assert_eq!((ev.id, ev.status), (id, 0));
+    let ev = wait_for(&mut sim, 1, EventType::Disconnected);
+    assert_eq!(ev.id, sid);
+    // Told again (a second notice), nothing more happens.
+    let now = sim.now;
+    sim.endpoints[0].cma.peer_lost(now, 0x111);
+    let now = sim.now;
+    sim.endpoints[0].cma.disconnect(now, id).unwrap();
+    sim.endpoints[1].cma.disconnect(now, sid).unwrap();
+    sim.run_to_idle(3600 * SEC);
+    for n in &mut sim.endpoints {
+        n.collect();
+        assert!(
+            n.events.iter().all(|e| e.event == EventType::TimewaitExit),
+            "{:?}",
+            n.events
+        );
+    }
+}
+
 #[test]
 fn disconnect_from_the_server_side() {
     let mut sim = pair(2, faults(0.0, 0.0, 0.0));
