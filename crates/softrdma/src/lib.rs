@@ -122,3 +122,4 @@ pub use softrdma_transport::verbs::{
     SendOp, SendWr, Sge, SrqId, UdDest, WcDetail, WcError, WcFlags, WcOpcode, WcStatus,
     WorkCompletion,
 };
+pub use softrdma_transport::{Keepalive, KeepalivePolicy};
