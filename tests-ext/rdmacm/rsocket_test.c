@@ -37,6 +37,11 @@
  *             stall a non-blocking listener: a legitimate rconnect is accepted within a
  *             bounded number of polls, carries data, and raccept never returns the
  *             half-open one
+ *   peerdeath the peer, a forked process (its own device), is killed with SIGKILL while
+ *             this side waits in rrecv with nothing in flight: rrecv returns 0 (end of stream) or -1 with
+ *             ECONNRESET, as rdma-core's does when the dead process's kernel sends its
+ *             DREQ (softrdma's device keepalive finds the silent peer lost); an alarm
+ *             fails the group if rrecv still waits after 15 s
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -55,6 +60,8 @@
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
+#include <signal.h>
 #include <unistd.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
@@ -797,6 +804,78 @@ static int run_halfopen(void)
 	return 0;
 }
 
+/* ---- peerdeath -------------------------------------------------------------------- */
+
+static int peerdeath_sock;
+static ssize_t peerdeath_ret;
+static int peerdeath_errno;
+
+static void *peerdeath_reader(void *p)
+{
+	char b[16];
+
+	(void)p;
+	errno = 0;
+	peerdeath_ret = rrecv(peerdeath_sock, b, sizeof b, 0);
+	peerdeath_errno = errno;
+	return NULL;
+}
+
+static void peerdeath_alarm(int sig)
+{
+	static const char msg[] = "FAIL: peerdeath (rrecv still waits 15 s after the peer was killed)\n";
+
+	(void)sig;
+	if (write(1, msg, sizeof msg - 1) < 0)
+		_exit(1);
+	_exit(1);
+}
+
+static int run_peerdeath(void)
+{
+	uint16_t port = port_base() + 8;
+	int ready[2], l, s;
+	pthread_t t;
+	char b[1];
+	pid_t pid;
+
+	CHECK(pipe(ready) == 0, "pipe: %s", strerror(errno));
+	/* Forked before any rsocket call: the child opens a device of its own. */
+	pid = fork();
+	CHECK(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		close(ready[0]);
+		l = listener(port, 0);
+		if (l < 0 || write(ready[1], "L", 1) != 1)
+			_exit(1);
+		s = raccept(l, NULL, NULL);
+		if (s < 0 || write(ready[1], "A", 1) != 1)
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	close(ready[1]);
+	CHECK(read(ready[0], b, 1) == 1 && b[0] == 'L', "the peer did not listen");
+	peerdeath_sock = connect_to(port);
+	CHECK(peerdeath_sock >= 0, "rconnect: %s", strerror(errno));
+	CHECK(read(ready[0], b, 1) == 1 && b[0] == 'A', "the peer did not accept");
+	pthread_create(&t, NULL, peerdeath_reader, NULL);
+	/* The reader settles in rrecv (what it sends on the way, credits, is acknowledged
+	 * by the live peer): then nothing is in flight when the peer dies. */
+	usleep(500000);
+	CHECK(kill(pid, SIGKILL) == 0, "kill: %s", strerror(errno));
+	CHECK(waitpid(pid, NULL, 0) == pid, "waitpid: %s", strerror(errno));
+	signal(SIGALRM, peerdeath_alarm);
+	alarm(15);
+	pthread_join(t, NULL);
+	alarm(0);
+	CHECK(peerdeath_ret == 0 || (peerdeath_ret == -1 && peerdeath_errno == ECONNRESET),
+	      "rrecv returned %zd (%s)", peerdeath_ret, strerror(peerdeath_errno));
+	rclose(peerdeath_sock);
+	pass("an idle rrecv returns (0 or ECONNRESET) once the peer process is killed with SIGKILL");
+	return 0;
+}
+
 static const struct {
 	const char *name;
 	int (*run)(void);
@@ -804,6 +883,7 @@ static const struct {
 	{ "stream", run_stream },   { "nonblock", run_nonblock }, { "refused", run_refused },
 	{ "options", run_options }, { "iomap", run_iomap },       { "many", run_many },
 	{ "closewait", run_closewait }, { "halfopen", run_halfopen },
+	{ "peerdeath", run_peerdeath },
 };
 
 int main(int argc, char **argv)

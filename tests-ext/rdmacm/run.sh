@@ -283,7 +283,8 @@ fi
 
 # rsockets: rsocket_test.c (streams, half close, non-blocking calls with rpoll, refused
 # connects, options, riowrite into riomap regions, many connections, a half-open request
-# that must not stall the listener), one group per process.
+# that must not stall the listener, a peer killed with SIGKILL while the other waits in
+# rrecv), one group per process.
 RST="$OUT/rsocket_test"
 timeout 120 gcc -O1 -Wall -Werror -o "$RST" "$HERE/rsocket_test.c" -lrdmacm -lpthread \
   > "$RST.build.log" 2>&1
