@@ -154,7 +154,7 @@ impl Rnic {
         !self.env.gsi.inbox.is_empty() || !self.env.gsi.lost.is_empty()
     }
 
-    /// The oldest QP whose peer the keepalive found lost ([`crate::keepalive`]) while a
+    /// The oldest QP whose peer the keepalive found lost ([`crate::Keepalive`]) while a
     /// connection manager takes the GSI: the QP is in ERR already, and the CM ends the
     /// connection it serves as the peer's DREQ would have.
     pub fn take_lost_peer(&mut self) -> Option<crate::verbs::Qpn> {
