@@ -183,7 +183,7 @@ static int stream_server(struct server_arg *a)
 	socklen_t plen = sizeof peer;
 	uint8_t *buf = a->buf, peek[16];
 	int s, i;
-	ssize_t r;
+	ssize_t r, first;
 	struct iovec iov[1];
 
 	s = raccept(a->lsock, (struct sockaddr *)&peer, &plen);
@@ -191,13 +191,19 @@ static int stream_server(struct server_arg *a)
 	CHECK(plen == sizeof peer && peer.sin_family == AF_INET, "raccept address len %u", plen);
 
 	/* MSG_PEEK: the first bytes, twice, then read for real. */
+	/* rsockets' peek takes what has arrived and ignores MSG_WAITALL (rdma-core's rrecv
+	 * leaves its loop after one peek), and the client sends 1, 2, 4, ... bytes: the
+	 * first peek may see fewer than 16, the second at least what the first saw. */
 	r = rrecv(s, peek, sizeof peek, MSG_PEEK | MSG_WAITALL);
 	CHECK(r > 0, "peek: %zd %s", r, strerror(errno));
 	for (i = 0; i < r; i++)
 		CHECK(peek[i] == pattern(i, 1), "peeked byte %d is %u", i, peek[i]);
+	first = r < 4 ? r : 4;
 	memset(peek, 0, sizeof peek);
 	r = rrecv(s, peek, 4, MSG_PEEK);
-	CHECK(r == 4 && peek[0] == pattern(0, 1) && peek[3] == pattern(3, 1), "second peek %zd", r);
+	CHECK(r >= first && r <= 4, "second peek %zd, the first saw %zd", r, first);
+	for (i = 0; i < r; i++)
+		CHECK(peek[i] == pattern(i, 1), "second peek: byte %d is %u", i, peek[i]);
 
 	/* the first half by rrecv, then rread and rreadv */
 	CHECK(read_all(s, buf, STREAM_LEN / 2) == 0, "rrecv: %s", strerror(errno));
