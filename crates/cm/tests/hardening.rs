@@ -13,87 +13,24 @@
 //!   connection is.
 //! - The source address in the rdma_cm header must be the packet's.
 
-use std::io;
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use softrdma_cm::cma::{Cma, CmaEvent, ConnParam, EventType, IdHandle, PortSpace, Reservation};
+use softrdma_cm::cma::{Cma, CmaEvent, ConnParam, EventType, IdHandle};
 use softrdma_cm::ib::{self, CommId, EventKind, IbCm, Peer, State};
 use softrdma_wire::cm::{
-    msg_response, port_space, rej_reason, service_id, CmMsg, CmPath, CmaHeader, Dreq, Ids, Mra,
-    Rej, Rep, Req,
+    msg_response, port_space, rej_reason, service_id, CmMsg, CmaHeader, Dreq, Ids, Mra, Rej,
 };
 use softrdma_wire::SplitMix64;
+
+use common::{ip, rep, req, OneHost};
 
 const SEC: u64 = 1_000_000_000;
 const SID: u64 = 0x0106_0000_0000_1b58;
 
-fn ip(x: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, x))
-}
-
 fn gsi(x: u8) -> Peer {
     Peer::gsi(ip(x))
-}
-
-/// A REQ as rdma_cm sends it (the sender's CM fills in the comm ID and CA GUID; a forged
-/// one sets them itself).
-fn req(service_id: u64, qpn: u32, src: IpAddr, dst: IpAddr) -> Req {
-    let mut private_data = [0u8; 92];
-    CmaHeader {
-        src_port: 40000,
-        src,
-        dst,
-    }
-    .emit(&mut private_data)
-    .unwrap();
-    Req {
-        local_comm_id: 0,
-        service_id,
-        local_ca_guid: 0,
-        local_qkey: 0,
-        local_qpn: qpn,
-        responder_resources: 1,
-        local_eecn: 0,
-        initiator_depth: 1,
-        remote_eecn: 0,
-        remote_cm_response_timeout: 20,
-        transport_service_type: 0,
-        e2e_flow_control: false,
-        starting_psn: 1,
-        local_cm_response_timeout: 20,
-        retry_count: 7,
-        pkey: 0xFFFF,
-        path_mtu: 3,
-        rdc_exists: false,
-        rnr_retry_count: 7,
-        max_cm_retries: 15,
-        srq: false,
-        extended_transport_type: 0,
-        primary: CmPath::default(),
-        alternate: CmPath::default(),
-        sap_supported: false,
-        private_data,
-    }
-}
-
-fn rep(qpn: u32) -> Rep {
-    Rep {
-        local_comm_id: 0,
-        remote_comm_id: 0,
-        local_qkey: 0,
-        local_qpn: qpn,
-        local_eecn: 0,
-        starting_psn: 7,
-        responder_resources: 1,
-        initiator_depth: 1,
-        target_ack_delay: 0,
-        failover_accepted: 0,
-        e2e_flow_control: false,
-        rnr_retry_count: 7,
-        srq: false,
-        local_ca_guid: 0,
-        private_data: [0; 196],
-    }
 }
 
 fn parse(mad: &[u8]) -> CmMsg {
@@ -119,7 +56,7 @@ fn established() -> (IbCm, CommId, IbCm, CommId) {
     let mut a = IbCm::new(0xA, 15, 1);
     let mut b = IbCm::new(0xB, 15, 2);
     b.listen(SID).unwrap();
-    let ca = a.send_req(0, gsi(7), req(SID, 0x111, ip(3), ip(7)), 14);
+    let ca = a.send_req(0, gsi(7), req(SID, 0x111, 1, ip(3), ip(7)), 14);
     let (_, m) = a.poll_transmit().unwrap();
     b.handle_mad(1_000, gsi(3), &m);
     let Some(ib::Event {
@@ -129,7 +66,7 @@ fn established() -> (IbCm, CommId, IbCm, CommId) {
     else {
         panic!("no REQ event")
     };
-    b.send_rep(2_000, cb, rep(0x222)).unwrap();
+    b.send_rep(2_000, cb, rep(0x222, 7)).unwrap();
     let (_, m) = b.poll_transmit().unwrap();
     a.handle_mad(3_000, gsi(7), &m);
     assert!(matches!(events(&mut a)[..], [EventKind::RepReceived(_)]));
@@ -143,7 +80,7 @@ fn established() -> (IbCm, CommId, IbCm, CommId) {
 /// A REQ that reuses `a`'s CA GUID and QPN (a stale-connection REQ if it comes from `a`)
 /// for `service`.
 fn stale_req(service: u64, qpn: u32) -> [u8; 256] {
-    let mut r = req(service, qpn, ip(3), ip(7));
+    let mut r = req(service, qpn, 1, ip(3), ip(7));
     r.local_comm_id = 0x5EED;
     r.local_ca_guid = 0xA;
     CmMsg::Req(Box::new(r)).emit(0x77)
@@ -280,7 +217,7 @@ fn the_peers_response_timeout_and_retries_are_capped() {
     // The longest a REQ may ask: 4.096 µs × 2^31 per try, 15 retries (37 hours).
     let mut b = IbCm::new(0xB, 15, 2);
     b.listen(SID).unwrap();
-    let mut r = req(SID, 0x111, ip(3), ip(7));
+    let mut r = req(SID, 0x111, 1, ip(3), ip(7));
     r.local_cm_response_timeout = 31;
     r.remote_cm_response_timeout = 31;
     r.max_cm_retries = 15;
@@ -288,7 +225,7 @@ fn the_peers_response_timeout_and_retries_are_capped() {
     r.local_comm_id = 1;
     b.handle_mad(0, gsi(3), &CmMsg::Req(Box::new(r)).emit(1));
     let id = b.poll_event().unwrap().id;
-    b.send_rep(0, id, rep(0x222)).unwrap();
+    b.send_rep(0, id, rep(0x222, 7)).unwrap();
     while b.poll_transmit().is_some() {}
     let mut tries = 1;
     let gave_up = run_timers(&mut b, |cm| {
@@ -303,13 +240,13 @@ fn the_peers_response_timeout_and_retries_are_capped() {
     // (2^24 × 4.096 µs) plus the path's ACK timeout, whatever it asks.
     let mut b = IbCm::new(0xB, 15, 2);
     b.listen(SID).unwrap();
-    let mut r = req(SID, 0x111, ip(3), ip(7));
+    let mut r = req(SID, 0x111, 1, ip(3), ip(7));
     r.local_cm_response_timeout = 31;
     r.primary.local_ack_timeout = 31;
     r.local_comm_id = 1;
     b.handle_mad(0, gsi(3), &CmMsg::Req(Box::new(r)).emit(1));
     let id = b.poll_event().unwrap().id;
-    b.send_rep(0, id, rep(0x222)).unwrap();
+    b.send_rep(0, id, rep(0x222, 7)).unwrap();
     while b.poll_transmit().is_some() {}
     let mra = CmMsg::Mra(Box::new(Mra {
         ids: Ids {
@@ -353,7 +290,7 @@ fn half_open_connections_are_capped_per_device() {
     let mut r = SplitMix64::new(5);
     let flood = 100_000;
     for k in 0..flood {
-        let mut q = req(SID, r.next_u64() as u32 & 0xFF_FFFF, ip(66), ip(7));
+        let mut q = req(SID, r.next_u64() as u32 & 0xFF_FFFF, 1, ip(66), ip(7));
         q.local_comm_id = r.next_u64() as u32;
         q.local_ca_guid = r.next_u64();
         let from = Peer::gsi(IpAddr::V4(Ipv4Addr::from(r.next_u64() as u32)));
@@ -361,7 +298,7 @@ fn half_open_connections_are_capped_per_device() {
         // A consumer that accepts every other one: REP sent, the RTU never comes.
         while let Some(e) = b.poll_event() {
             if k % 2 == 0 {
-                let _ = b.send_rep(k, e.id, rep(0x300));
+                let _ = b.send_rep(k, e.id, rep(0x300, 7));
             }
         }
         while b.poll_transmit().is_some() {}
@@ -374,79 +311,12 @@ fn half_open_connections_are_capped_per_device() {
     assert!(b.stats().refused > 0);
 }
 
-/// A port reservation: port space, address, device, listening.
-type Bound = (u16, SocketAddr, SocketAddr, bool);
-
-/// A host's port space for devices on one host: every loopback address is the host's, a
-/// listener is found at its port.
-#[derive(Clone, Default)]
-struct Host {
-    listeners: std::sync::Arc<std::sync::Mutex<Vec<Bound>>>,
-}
-
-struct Res {
-    host: Host,
-    ps: u16,
-    addr: SocketAddr,
-}
-
-impl Reservation for Res {
-    fn port(&self) -> u16 {
-        self.addr.port()
-    }
-    fn set_listening(&mut self, on: bool) -> io::Result<()> {
-        for l in self.host.listeners.lock().unwrap().iter_mut() {
-            if l.0 == self.ps && l.1 == self.addr {
-                l.3 = on;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl PortSpace for Host {
-    fn bind(
-        &mut self,
-        ps: u16,
-        addr: SocketAddr,
-        device: SocketAddr,
-        _reuse: bool,
-        _afonly: bool,
-    ) -> io::Result<Box<dyn Reservation>> {
-        let mut l = self.listeners.lock().unwrap();
-        let port = if addr.port() == 0 {
-            40000 + l.len() as u16
-        } else {
-            addr.port()
-        };
-        let addr = SocketAddr::new(addr.ip(), port);
-        l.push((ps, addr, device, false));
-        Ok(Box::new(Res {
-            host: self.clone(),
-            ps,
-            addr,
-        }))
-    }
-    fn lookup(&self, ps: u16, dst: SocketAddr) -> Option<SocketAddr> {
-        let l = self.listeners.lock().unwrap();
-        l.iter()
-            .find(|x| x.0 == ps && x.3 && x.1.port() == dst.port())
-            .map(|x| x.2)
-    }
-    fn is_local(&self, ip: IpAddr) -> bool {
-        ip.is_loopback()
-    }
-    fn has_device(&self, _ip: IpAddr) -> bool {
-        true
-    }
-}
-
 const PORT: u16 = 7471;
 
 /// A server's CM at 127.0.0.7 with a listener on the wildcard address at `PORT`
 /// (backlog 8), and a client's at 127.0.0.3 on the same host.
 fn server_and_client() -> (Cma, IdHandle, Cma) {
-    let host = Host::default();
+    let host = OneHost::default();
     let mut s = Cma::new(SocketAddr::new(ip(7), 4791), 0xB, 7, Box::new(host.clone()));
     let l = s.create_id(1, port_space::TCP, None).unwrap();
     s.bind(l, SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT))
@@ -514,6 +384,7 @@ fn junk_req(r: &mut SplitMix64, k: u64) -> ([u8; 256], Peer) {
     let mut q = req(
         service_id(port_space::TCP, PORT),
         r.next_u64() as u32 & 0xFF_FFFF,
+        1,
         from_ip,
         ip(7),
     );
@@ -593,6 +464,7 @@ fn the_source_in_the_rdma_cm_header_must_be_the_packets() {
     let mut q = req(
         service_id(port_space::TCP, PORT),
         0x111,
+        1,
         IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)),
         ip(7),
     );

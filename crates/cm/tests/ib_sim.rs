@@ -4,81 +4,29 @@
 //! RTU or DREP included); a REQ to a service nobody listens on is rejected with reason 8;
 //! a peer that never answers gives ReqError after the retries.
 
+mod common;
+
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 use proptest::prelude::*;
 use softrdma_cm::ib::{CommId, EventKind, IbCm, Peer, State, MRA_FLAG_DELAY};
 use softrdma_net::sim::{Endpoint, Faults, Network, Packet, Sim};
-use softrdma_wire::cm::{rej_reason, CmPath, CmaHeader, Rep, Req};
+use softrdma_wire::cm::{rej_reason, Rep};
+
+use common::{ip, req};
+
+/// A REP whose private data the requester checks.
+fn rep(qpn: u32, psn: u32) -> Rep {
+    Rep {
+        private_data: [0xAB; 196],
+        ..common::rep(qpn, psn)
+    }
+}
 
 const SERVICE: u64 = 0x0106_0000_0000_1234;
 const PORT: u16 = 4791;
 const SEC: u64 = 1_000_000_000;
-
-fn ip(x: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, x))
-}
-
-/// A REQ as rdma_cm sends it for an RC QP (the CM fills in the IDs).
-fn req(service_id: u64, qpn: u32, psn: u32, src: IpAddr, dst: IpAddr) -> Req {
-    let mut private_data = [0u8; 92];
-    CmaHeader {
-        src_port: 40000,
-        src,
-        dst,
-    }
-    .emit(&mut private_data)
-    .unwrap();
-    Req {
-        local_comm_id: 0,
-        service_id,
-        local_ca_guid: 0,
-        local_qkey: 0,
-        local_qpn: qpn,
-        responder_resources: 1,
-        local_eecn: 0,
-        initiator_depth: 1,
-        remote_eecn: 0,
-        remote_cm_response_timeout: 20,
-        transport_service_type: 0,
-        e2e_flow_control: false,
-        starting_psn: psn,
-        local_cm_response_timeout: 20,
-        retry_count: 7,
-        pkey: 0xFFFF,
-        path_mtu: 3,
-        rdc_exists: false,
-        rnr_retry_count: 7,
-        max_cm_retries: 15,
-        srq: false,
-        extended_transport_type: 0,
-        primary: CmPath::default(),
-        alternate: CmPath::default(),
-        sap_supported: false,
-        private_data,
-    }
-}
-
-fn rep(qpn: u32, psn: u32) -> Rep {
-    Rep {
-        local_comm_id: 0,
-        remote_comm_id: 0,
-        local_qkey: 0,
-        local_qpn: qpn,
-        local_eecn: 0,
-        starting_psn: psn,
-        responder_resources: 1,
-        initiator_depth: 1,
-        target_ack_delay: 0,
-        failover_accepted: 0,
-        e2e_flow_control: false,
-        rnr_retry_count: 7,
-        srq: false,
-        local_ca_guid: 0,
-        private_data: [0xAB; 196],
-    }
-}
 
 /// What one side saw of one connection.
 #[derive(Debug, Default, Clone)]

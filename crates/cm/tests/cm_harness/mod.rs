@@ -20,19 +20,22 @@
 //!   established connection on either side (ids, protocol states, events), even after
 //!   whatever it made either side send was delivered.
 
-use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
+// Beside this directory, so that the fuzz target, which takes this file by its path,
+// finds it too.
+#[path = "../common/mod.rs"]
+mod common;
 
-use softrdma_cm::cma::{
-    Cma, CmaEvent, ConnParam, EventType, IdHandle, IdState, PortSpace, Reservation,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use softrdma_cm::cma::{Cma, CmaEvent, ConnParam, EventType, IdHandle, IdState};
 use softrdma_cm::ib::{CommId, Peer, State};
 use softrdma_wire::cm::{
     port_space, rej_reason, service_id, CmMsg, CmPath, CmaHeader, Dreq, Ids, Mra, Rej, Rep, Req,
     MAD_LEN,
 };
 use softrdma_wire::SplitMix64;
+
+use common::{ip, OneHost};
 
 /// The listener's port.
 const PORT: u16 = 7471;
@@ -42,10 +45,6 @@ const BACKLOG: i32 = 8;
 const HALF_OPEN: usize = 8;
 /// Genuine MADs kept for mutated replays.
 const KEEP: usize = 32;
-
-fn ip(x: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, x))
-}
 
 /// Addresses that are nobody's peer.
 fn stranger(k: u8) -> Peer {
@@ -58,70 +57,6 @@ fn stranger(k: u8) -> Peer {
     Peer {
         ip,
         qpn: if k & 0x10 != 0 { 1 } else { u32::from(k) },
-    }
-}
-
-type Bound = (u16, SocketAddr, SocketAddr, bool);
-
-/// One host's port space in memory.
-#[derive(Clone, Default)]
-struct Host(Arc<Mutex<Vec<Bound>>>);
-
-struct Res {
-    host: Host,
-    ps: u16,
-    addr: SocketAddr,
-}
-
-impl Reservation for Res {
-    fn port(&self) -> u16 {
-        self.addr.port()
-    }
-    fn set_listening(&mut self, on: bool) -> io::Result<()> {
-        let mut l = self.host.0.lock().unwrap_or_else(|p| p.into_inner());
-        for b in l.iter_mut() {
-            if b.0 == self.ps && b.1 == self.addr {
-                b.3 = on;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl PortSpace for Host {
-    fn bind(
-        &mut self,
-        ps: u16,
-        addr: SocketAddr,
-        device: SocketAddr,
-        _reuse: bool,
-        _afonly: bool,
-    ) -> io::Result<Box<dyn Reservation>> {
-        let mut l = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let port = if addr.port() == 0 {
-            40000 + (l.len() % 20000) as u16
-        } else {
-            addr.port()
-        };
-        let addr = SocketAddr::new(addr.ip(), port);
-        l.push((ps, addr, device, false));
-        Ok(Box::new(Res {
-            host: self.clone(),
-            ps,
-            addr,
-        }))
-    }
-    fn lookup(&self, ps: u16, dst: SocketAddr) -> Option<SocketAddr> {
-        let l = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        l.iter()
-            .find(|b| b.0 == ps && b.3 && b.1.port() == dst.port())
-            .map(|b| b.2)
-    }
-    fn is_local(&self, ip: IpAddr) -> bool {
-        ip.is_loopback()
-    }
-    fn has_device(&self, _ip: IpAddr) -> bool {
-        true
     }
 }
 
@@ -275,7 +210,7 @@ fn req_to_listener(r: &mut SplitMix64, src: IpAddr) -> Req {
 
 impl World {
     fn new(seed: u64) -> World {
-        let host = Host::default();
+        let host = OneHost::default();
         let mut server = Cma::new(
             SocketAddr::new(ip(7), 4791),
             0xB,
