@@ -110,8 +110,13 @@ fn a_killed_peer_is_seen_as_a_disconnect() {
         .unwrap();
     let wc = cq.wait(GIVE_UP).expect("the SEND's completion");
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success), "{wc:?}");
+    // Both sides have the same idle timer, so either may probe first, and a side that
+    // hears the other's probe has no reason to probe itself: ours answered (each probe is
+    // a duplicate to its responder, and no packet was resent), or the peer answered ours.
     let s = dev.stats().engine;
-    assert!(s.keepalive_probes > 0 && s.keepalive_acks > 0, "{s:?}");
+    let ours_answered = s.keepalive_probes > 0 && s.keepalive_acks > 0;
+    let theirs_answered = s.retransmits == 0 && s.duplicates > 0;
+    assert!(ours_answered || theirs_answered, "{s:?}");
     assert_eq!(s.peers_lost, 0, "{s:?}");
 
     // SIGKILL: the peer sends nothing more, no DREQ.
