@@ -22,7 +22,7 @@ use std::time::Duration;
 use rustix::event::EventfdFlags;
 use softrdma_device::{poll_readable, Device, EventFd};
 
-use crate::cma::{self, Cma, CmaEvent, IdHandle, McastJoin, PortSpace};
+use crate::cma::{self, Cma, CmaEvent, IdHandle, McastJoin, PortSpace, Timeouts};
 use crate::ib::Peer;
 
 /// Where a CM delivers events for the ids that name it: a queue and a file descriptor
@@ -185,6 +185,9 @@ impl std::fmt::Debug for EventChannel {
 
 struct Shared {
     dev: Arc<Device>,
+    /// The process that started the agent: a child forked from it holds a copy of the
+    /// agent but not its thread.
+    pid: u32,
     cma: Mutex<Cma>,
     channels: Mutex<HashMap<u32, Weak<ChanInner>>>,
     wake: EventFd,
@@ -257,6 +260,7 @@ impl Agent {
             channels: Mutex::new(HashMap::new()),
             wake: EventFd::new()?,
             stop: AtomicBool::new(false),
+            pid: std::process::id(),
         });
         sh.dev.set_mad_consumer(true);
         let t = Arc::clone(&sh);
@@ -267,6 +271,33 @@ impl Agent {
             sh,
             thread: Some(thread),
         })
+    }
+
+    /// The CM of `dev`, one per device in a process whichever face asks: the running
+    /// one, or one started now over the host's port registry, with the timeouts of
+    /// [`timeouts_from_env`]. Every face gets its CM here, so a device has one CM with
+    /// one policy.
+    pub fn for_device(dev: &Arc<Device>) -> io::Result<Arc<Agent>> {
+        static AGENTS: Mutex<Vec<Weak<Agent>>> = Mutex::new(Vec::new());
+        let mut all = AGENTS.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        let pid = std::process::id();
+        let found = all
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|a| Arc::ptr_eq(&a.sh.dev, dev) && a.sh.pid == pid);
+        if let Some(a) = found {
+            return Ok(a);
+        }
+        let reg = softrdma_device::registry::Registry::open_default()
+            .map_err(|e| io::Error::new(e.kind(), format!("the rdma_cm port registry: {e}")))?;
+        let ports = crate::host::HostPorts::new(reg, dev.addr().port());
+        let a = Agent::start(Arc::clone(dev), Box::new(ports), softrdma_device::os_seed())?;
+        let t = timeouts_from_env();
+        a.call(|c, _| c.set_timeouts(t));
+        let a = Arc::new(a);
+        all.push(Arc::downgrade(&a));
+        Ok(a)
     }
 
     /// The device.
@@ -320,6 +351,14 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        if self.sh.pid != std::process::id() {
+            // Inherited by fork: the thread is not in this process, and joining it would
+            // wait forever. The parent's agent is left as it is.
+            if let Some(t) = self.thread.take() {
+                std::mem::forget(t);
+            }
+            return;
+        }
         self.sh.stop.store(true, Ordering::SeqCst);
         self.sh.wake.set();
         if let Some(t) = self.thread.take() {
@@ -327,6 +366,33 @@ impl Drop for Agent {
         }
         self.sh.dev.set_mad_consumer(false);
     }
+}
+
+/// The CM timeouts a device's CM starts with: the defaults (Linux's), changed by
+/// `SOFTRDMA_CM_RETRIES` (0-15, how often a REQ, REP or DREQ is sent again; Linux: 15)
+/// and `SOFTRDMA_CM_RESPONSE_TIMEOUT` (8-31, the IBTA exponent of the wait for an
+/// answer, 4.096 µs × 2^t; Linux: 20), so that a program or test can learn that a peer
+/// is unreachable in well under Linux's minute. A value out of range is reported on
+/// stderr and ignored.
+pub fn timeouts_from_env() -> Timeouts {
+    let mut t = Timeouts::default();
+    let read = |name: &str, lo: u8, hi: u8| -> Option<u8> {
+        let v = std::env::var(name).ok()?;
+        match v.trim().parse::<u8>() {
+            Ok(n) if (lo..=hi).contains(&n) => Some(n),
+            _ => {
+                eprintln!("softrdma: {name}={v:?} is not in {lo}..={hi}; ignored");
+                None
+            }
+        }
+    };
+    if let Some(r) = read("SOFTRDMA_CM_RETRIES", 0, 15) {
+        t.max_retries = r;
+    }
+    if let Some(r) = read("SOFTRDMA_CM_RESPONSE_TIMEOUT", 8, 31) {
+        t.cm_response = r;
+    }
+    t
 }
 
 /// The agent's thread: wait for a MAD, a wake-up or the next CM timer; handle it.

@@ -84,7 +84,7 @@ impl std::fmt::Display for CmaError {
 
 impl std::error::Error for CmaError {}
 
-fn err(errno: i32, msg: &'static str) -> CmaError {
+pub(crate) fn err(errno: i32, msg: &'static str) -> CmaError {
     CmaError { errno, msg }
 }
 
@@ -940,8 +940,8 @@ impl Cma {
     /// (REJ "consumer reject", 28, without private data; a SIDR_REP "rejected" for UD)
     /// and the error returned, as Linux's `rdma_accept` does: the peer learns at once
     /// instead of waiting out the MRA's service timeout.
-    pub fn accept(&mut self, now: u64, id: IdHandle, p: &ConnParam, qkey: u32) -> Result<()> {
-        let r = self.try_accept(now, id, p, qkey);
+    pub fn accept(&mut self, now: u64, id: IdHandle, p: &ConnParam) -> Result<()> {
+        let r = self.try_accept(now, id, p);
         if let Err(e) = r {
             let passive = self.id(id).ok().and_then(|i| i.comm).is_some_and(|c| {
                 matches!(
@@ -957,8 +957,11 @@ impl Cma {
         r
     }
 
-    fn try_accept(&mut self, now: u64, id: IdHandle, p: &ConnParam, qkey: u32) -> Result<()> {
+    fn try_accept(&mut self, now: u64, id: IdHandle, p: &ConnParam) -> Result<()> {
         let i = self.id(id)?;
+        // The port space decides the Q_Key a SIDR_REP names, as the kernel's
+        // `cma_set_qkey` does for an IP-addressed id (only AF_IB ids take the caller's).
+        let qkey = ud_qkey(i.ps);
         let Some(comm) = i.comm else {
             return Err(err(errno::EINVAL, "no connection request to accept"));
         };
@@ -1322,7 +1325,8 @@ impl Cma {
                 } else {
                     a.qp_access_flags = if connected {
                         let mut f = Access::REMOTE_WRITE;
-                        if i.responder_resources > 0 {
+                        // UC carries no READs or atomics: a UC QP may not be granted them.
+                        if i.service == Service::Rc && i.responder_resources > 0 {
                             f |= Access::REMOTE_READ | Access::REMOTE_ATOMIC;
                         }
                         f

@@ -7,12 +7,15 @@
 //!   machine driven by MADs and explicit time.
 //! - [`agent`]: a device's CM with its thread (MADs from the device's QP1, timers) and
 //!   the event channels programs wait on.
+//! - [`conn`]: librdmacm's steps around the CM's messages (READ/atomic depths against
+//!   the device's limits, the QP readied from the REQ/REP, the RTU), for every face.
 //! - [`host`]: the host-wide port space of a real device, over the device registry.
 
 #![warn(missing_docs)]
 
 pub mod agent;
 pub mod cma;
+pub mod conn;
 pub mod host;
 pub mod ib;
 

@@ -108,7 +108,7 @@ fn connect_accept_disconnect_between_two_devices() {
     let (srv_rts, _) = b
         .call(|c, _| c.init_qp_attr(req.id, softrdma_verbs::QpState::Rts))
         .unwrap();
-    b.call(|c, now| c.accept(now, req.id, &conn(0x5678, b"pong"), 0))
+    b.call(|c, now| c.accept(now, req.id, &conn(0x5678, b"pong")))
         .unwrap();
 
     let resp = next(&cha, EventType::ConnectResponse);
@@ -133,7 +133,7 @@ fn connect_accept_disconnect_between_two_devices() {
     assert_eq!(srv_rtr.path_mtu, want);
     // …and it is the PSN the REP announced.
     assert_eq!(rtr.rq_psn, srv_rts.sq_psn);
-    a.call(|c, now| c.accept(now, id, &ConnParam::default(), 0))
+    a.call(|c, now| c.accept(now, id, &ConnParam::default()))
         .unwrap();
     next(&chb, EventType::Established);
 

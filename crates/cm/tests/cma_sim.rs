@@ -17,7 +17,7 @@ use softrdma_cm::cma::{
 };
 use softrdma_cm::ib::Peer;
 use softrdma_net::sim::{Endpoint, Faults, Network, Packet, Sim};
-use softrdma_verbs::{AhAttr, Gid, GlobalRoute, Mtu, QpAttrMask, QpState};
+use softrdma_verbs::{Access, AhAttr, Gid, GlobalRoute, Mtu, QpAttrMask, QpState};
 use softrdma_wire::cm::{port_space, rej_reason, CmMsg};
 
 const SEC: u64 = 1_000_000_000;
@@ -294,7 +294,7 @@ fn establish(sim: &mut Sim<Node>, port: u16) -> (IdHandle, IdHandle) {
     let now = sim.now;
     sim.endpoints[1]
         .cma
-        .accept(now, sid, &param(0x222, b"welcome"), 0)
+        .accept(now, sid, &param(0x222, b"welcome"))
         .unwrap();
     let resp = wait_for(sim, 0, EventType::ConnectResponse);
     let EventParam::Conn(rp) = &resp.param else {
@@ -317,7 +317,7 @@ fn establish(sim: &mut Sim<Node>, port: u16) -> (IdHandle, IdHandle) {
     let now = sim.now;
     sim.endpoints[0]
         .cma
-        .accept(now, id, &ConnParam::default(), 0)
+        .accept(now, id, &ConnParam::default())
         .unwrap();
     wait_for(sim, 1, EventType::Established);
     (id, sid)
@@ -492,7 +492,7 @@ fn two_listeners_on_one_port_conflict_and_private_data_is_limited() {
     let req = wait_for(&mut sim, 1, EventType::ConnectRequest);
     let e = sim.endpoints[1]
         .cma
-        .accept(sim.now, req.id, &param(2, &[0; 197]), 0)
+        .accept(sim.now, req.id, &param(2, &[0; 197]))
         .unwrap_err();
     assert_eq!(e.errno, errno::EINVAL);
     // Linux's rdma_accept rejects a request it fails to accept: the client hears at once
@@ -558,7 +558,7 @@ fn ud_ids_resolve_the_peer_qp_with_sidr() {
     let now = sim.now;
     sim.endpoints[1]
         .cma
-        .accept(now, req.id, &param(0x444, b"ud welcome"), UDP_QKEY)
+        .accept(now, req.id, &param(0x444, b"ud welcome"))
         .unwrap();
     let est = wait_for(&mut sim, 0, EventType::Established);
     let EventParam::Ud(up) = est.param else {
@@ -631,7 +631,7 @@ fn ack_timeout_is_for_rc_ids() {
     let now = sim.now;
     sim.endpoints[1]
         .cma
-        .accept(now, req.id, &param(2, b""), 0)
+        .accept(now, req.id, &param(2, b""))
         .unwrap();
     wait_for(&mut sim, 0, EventType::ConnectResponse);
     let (rts, m) = sim.endpoints[0].cma.init_qp_attr(id, QpState::Rts).unwrap();
@@ -662,7 +662,7 @@ fn the_clients_tos_is_the_traffic_class_of_both_address_vectors() {
     let (srtr, _) = s.init_qp_attr(req.id, QpState::Rtr).unwrap();
     assert_eq!(srtr.ah_attr.grh.traffic_class, 32);
     let now = sim.now;
-    s.accept(now, req.id, &param(2, b""), 0).unwrap();
+    s.accept(now, req.id, &param(2, b"")).unwrap();
     wait_for(&mut sim, 0, EventType::ConnectResponse);
     let (crtr, _) = sim.endpoints[0].cma.init_qp_attr(id, QpState::Rtr).unwrap();
     assert_eq!(crtr.ah_attr.grh.traffic_class, 32);
@@ -687,7 +687,7 @@ fn the_clients_path_mtu_is_both_qps_path_mtu() {
     assert!(sm.contains(QpAttrMask::PATH_MTU));
     assert_eq!(srtr.path_mtu, Mtu::Mtu4096);
     let now = sim.now;
-    s.accept(now, req.id, &param(2, b""), 0).unwrap();
+    s.accept(now, req.id, &param(2, b"")).unwrap();
     wait_for(&mut sim, 0, EventType::ConnectResponse);
     let (crtr, _) = sim.endpoints[0].cma.init_qp_attr(id, QpState::Rtr).unwrap();
     assert_eq!(crtr.path_mtu, Mtu::Mtu4096);
@@ -775,7 +775,7 @@ fn backlog_holds_requests_back_until_there_is_room() {
     let now = sim.now;
     sim.endpoints[1]
         .cma
-        .accept(now, first.id, &param(10, b""), 0)
+        .accept(now, first.id, &param(10, b""))
         .unwrap();
     let second = wait_for(&mut sim, 1, EventType::ConnectRequest);
     let qpn = |e: &CmaEvent| match &e.param {
@@ -995,5 +995,53 @@ proptest! {
         }
         prop_assert_eq!(seen[&0], 0, "a second DISCONNECTED");
         prop_assert_eq!(seen[&1], 0, "a second DISCONNECTED");
+    }
+}
+
+/// A UC QP carries no READs or atomics: whatever responder resources a UC connection
+/// names, the CM grants its QP remote writes only; an RC QP with responder resources
+/// gets READ and atomic access too.
+#[test]
+fn only_rc_qps_are_granted_read_and_atomic_access() {
+    for (service, port) in [(Service::Uc, 7201u16), (Service::Rc, 7202)] {
+        let mut sim = pair(21, faults(0.0, 0.0, 0.0));
+        let s = &mut sim.endpoints[1].cma;
+        let l = s.create_id(1, port_space::IB, Some(service)).unwrap();
+        s.bind(l, SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port))
+            .unwrap();
+        s.listen(l, 8).unwrap();
+        let c = &mut sim.endpoints[0].cma;
+        let id = c.create_id(1, port_space::IB, Some(service)).unwrap();
+        c.resolve_addr(id, None, SocketAddr::new(ip(1), port))
+            .unwrap();
+        assert!(sim.endpoints[0].take(EventType::AddrResolved).is_some());
+        sim.endpoints[0].cma.resolve_route(id).unwrap();
+        assert!(sim.endpoints[0].take(EventType::RouteResolved).is_some());
+        let mut p = param(0x111, b"");
+        p.responder_resources = 4;
+        p.initiator_depth = 4;
+        let now = sim.now;
+        sim.endpoints[0].cma.connect(now, id, &p).unwrap();
+        let req = wait_for(&mut sim, 1, EventType::ConnectRequest);
+        let mut a = param(0x222, b"");
+        a.responder_resources = 4;
+        a.initiator_depth = 4;
+        let now = sim.now;
+        sim.endpoints[1].cma.accept(now, req.id, &a).unwrap();
+        wait_for(&mut sim, 0, EventType::ConnectResponse);
+        for (node, h) in [(0, id), (1, req.id)] {
+            let (init, m) = sim.endpoints[node]
+                .cma
+                .init_qp_attr(h, QpState::Init)
+                .unwrap();
+            assert!(m.contains(QpAttrMask::ACCESS_FLAGS));
+            let rc = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+            let want = if service == Service::Rc {
+                rc
+            } else {
+                Access::REMOTE_WRITE
+            };
+            assert_eq!(init.qp_access_flags, want, "{service:?} node {node}");
+        }
     }
 }

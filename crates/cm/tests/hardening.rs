@@ -440,11 +440,10 @@ fn a_flood_of_refused_reqs_leaves_nothing_and_a_client_connects_in_it() {
                 .iter()
                 .find(|e| e.event == EventType::ConnectRequest)
                 .expect("the genuine REQ gets through");
-            s.accept(k, req.id, &conn_param(0x222), 0).unwrap();
+            s.accept(k, req.id, &conn_param(0x222)).unwrap();
             let (ce, _) = pump(k, &mut c, &mut s);
             assert!(ce.iter().any(|e| e.event == EventType::ConnectResponse));
-            c.accept(k, client.unwrap(), &ConnParam::default(), 0)
-                .unwrap();
+            c.accept(k, client.unwrap(), &ConnParam::default()).unwrap();
             let (_, se) = pump(k, &mut c, &mut s);
             assert!(se.iter().any(|e| e.event == EventType::Established));
             // The established connection is the only one left.
@@ -521,7 +520,7 @@ fn rejected_and_timed_out_connections_leave_the_tables() {
         .iter()
         .find(|e| e.event == EventType::ConnectRequest)
         .unwrap();
-    s.accept(0, req.id, &conn_param(0x222), 0).unwrap();
+    s.accept(0, req.id, &conn_param(0x222)).unwrap();
     while s.poll_transmit().is_some() {}
     let mut unreachable = false;
     let mut tries = 0;

@@ -70,8 +70,7 @@ use std::time::{Duration, Instant};
 
 use softrdma_cm::agent::{self, Agent};
 use softrdma_cm::cma::{CmaEvent, EventParam, Service};
-use softrdma_cm::host::HostPorts;
-use softrdma_device::registry::Registry;
+use softrdma_cm::conn::{self, Depth, RdLimits, Ready};
 use softrdma_transport::verbs::{QpAttr, QpAttrMask, QpState, QpType};
 use softrdma_wire::cm::{port_space, rej_reason};
 
@@ -95,27 +94,16 @@ const DEFAULT_RD_ATOMIC: u8 = 16;
 /// pingpong examples use.
 const DEFAULT_MIN_RNR_TIMER: u8 = 12;
 
-/// The device's CM, started on first use.
+/// The device's CM ([`Agent::for_device`]: one per device, whichever face asks).
 fn agent_of(dev: &Device) -> Result<Arc<Agent>> {
     let mut slot = dev.inner.cm.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(a) = slot.as_ref() {
         return Ok(Arc::clone(a));
     }
-    let reg = Registry::open_default().map_err(|e| {
-        let msg = format!("rdma_cm port registry: {e}");
-        Error::io(e, libc::EACCES, msg)
-    })?;
-    let ports = HostPorts::new(reg, dev.addr().port());
-    let a = Agent::start(
-        Arc::clone(&dev.inner.dev),
-        Box::new(ports),
-        softrdma_device::os_seed(),
-    )
-    .map_err(|e| {
+    let a = Agent::for_device(&dev.inner.dev).map_err(|e| {
         let msg = format!("starting the CM of {}: {e}", dev.name());
         Error::io(e, libc::EIO, msg)
     })?;
-    let a = Arc::new(a);
     *slot = Some(Arc::clone(&a));
     Ok(a)
 }
@@ -452,12 +440,7 @@ impl CmId {
     /// answer with [`UDP_QKEY`] in the UDP port space). On the connecting side after
     /// CONNECT_RESPONSE: send the RTU.
     pub fn accept(&self, p: &ConnParam) -> Result<()> {
-        let qkey = if self.ps == PortSpace::Udp {
-            UDP_QKEY
-        } else {
-            0
-        };
-        self.call(|c, now, h| c.accept(now, h, p, qkey))
+        self.call(|c, now, h| c.accept(now, h, p))
     }
     /// `rdma_reject`: refuse a connection request with up to [`MAX_REJECT_PRIVATE`] bytes
     /// of private data (REJ reason 28, consumer reject).
@@ -524,28 +507,9 @@ impl CmId {
         qp.modify(&attr, mask)
     }
 
-    /// librdmacm's `ucma_modify_qp_rtr` and `ucma_modify_qp_rts`: INIT again (the access
-    /// flags depend on the negotiated resources, known only now), RTR and RTS, with the
-    /// READ/atomic depths this side settled on and its RNR timer.
-    fn ready_qp(
-        &self,
-        qp: &QueuePair,
-        responder: Option<u8>,
-        initiator: Option<u8>,
-        min_rnr_timer: u8,
-    ) -> Result<()> {
-        self.modify_qp(qp, QpState::Init)?;
-        let (mut a, m) = self.init_qp_attr(QpState::Rtr)?;
-        if let Some(r) = responder {
-            a.max_dest_rd_atomic = r;
-        }
-        a.min_rnr_timer = min_rnr_timer.min(31);
-        qp.modify(&a, m)?;
-        let (mut a, m) = self.init_qp_attr(QpState::Rts)?;
-        if let Some(i) = initiator {
-            a.max_rd_atomic = i;
-        }
-        qp.modify(&a, m)
+    /// Move `qp` with the CM layer's attributes, for its steps ([`conn`]).
+    fn modifier<'a>(qp: &'a QueuePair) -> impl FnMut(&QpAttr, QpAttrMask) -> Result<()> + 'a {
+        move |a, m| qp.modify(a, m)
     }
 }
 
@@ -753,18 +717,6 @@ fn conn_param(qp: &QueuePair, private_data: &[u8], rr: u8, id: u8) -> ConnParam 
     }
 }
 
-/// The device's READ/atomic limits (`max_qp_rd_atom`, `max_qp_init_rd_atom`) for a QP
-/// of type `t`, for clamping what a program asks: UC carries no READs or atomics, and
-/// offering them would grant the QP access it cannot have.
-fn rd_atomic_limits(dev: &Device, t: QpType) -> (u8, u8) {
-    if t != QpType::Rc {
-        return (0, 0);
-    }
-    let a = dev.query_device();
-    let c = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
-    (c(a.max_qp_rd_atom), c(a.max_qp_init_rd_atom))
-}
-
 /// Connect a new QP of `init`'s type to the server at `addr` (`rdma_resolve_addr`,
 /// `rdma_resolve_route`, `rdma_create_qp`, `rdma_connect`, and on the server's answer
 /// RTR, RTS and the RTU, as librdmacm does). The QP is ready to post on when this
@@ -828,13 +780,11 @@ pub(crate) fn send_connect(
 ) -> Result<QueuePair> {
     let qp = id.create_qp(pd, init)?;
     prepare(&qp)?;
-    let (max_rr, max_id) = rd_atomic_limits(pd.device(), init.qp_type);
-    let mut p = conn_param(
-        &qp,
-        &opts.private_data,
-        opts.responder_resources.min(max_rr),
-        opts.initiator_depth.min(max_id),
+    let (rr, depth) = RdLimits::of(&pd.device().inner.dev).offer(
+        Depth::AtMost(opts.responder_resources),
+        Depth::AtMost(opts.initiator_depth),
     );
+    let mut p = conn_param(&qp, &opts.private_data, rr, depth);
     p.retry_count = opts.retry_count.min(7);
     p.rnr_retry_count = opts.rnr_retry_count.min(7);
     p.srq = u8::from(init.srq.is_some());
@@ -858,13 +808,19 @@ pub(crate) fn connected(
             Ok(Connection::new(id, qp, ev.private_data().to_vec(), ud))
         }
         (EventType::ConnectResponse, t) if t != QpType::Ud => {
-            // The depths init_qp_attr gives are already the lower of both sides'.
-            id.ready_qp(&qp, None, None, opts.min_rnr_timer)
-                .and_then(|()| id.accept(&ConnParam::default()))
-                .map_err(|e| {
-                    let msg = format!("completing the connection to {addr}: {}", e.message());
-                    e.with_message(msg)
-                })?;
+            // The depths the CM gives are already the lower of both sides'.
+            let ready = Ready {
+                min_rnr_timer: Some(opts.min_rnr_timer),
+                ..Ready::default()
+            };
+            let agent = &id.chan.agent;
+            conn::complete_connect(agent, id.handle, Some(ready), CmId::modifier(&qp), || {
+                let _ = qp.to_error();
+            })
+            .map_err(|e| {
+                let msg = format!("completing the connection to {addr}: {}", e.message());
+                e.with_message(msg)
+            })?;
             Ok(Connection::new(id, qp, ev.private_data().to_vec(), None))
         }
         _ => Err(event_error(ev, CONNECTING, addr)),
@@ -906,17 +862,30 @@ impl ConnectRequest {
             }
             EventParam::None => return Err(Error::invalid("not a connection request")),
         };
-        let (max_rr, max_id) = rd_atomic_limits(pd.device(), init.qp_type);
-        let rr = opts
-            .responder_resources
-            .min(client.responder_resources)
-            .min(max_rr);
-        let depth = opts.initiator_depth.min(client.initiator_depth).min(max_id);
-        id.ready_qp(&qp, Some(rr), Some(depth), opts.min_rnr_timer)?;
+        let (rr, depth) = RdLimits::of(&pd.device().inner.dev).settle(
+            Depth::AtMost(opts.responder_resources),
+            Depth::AtMost(opts.initiator_depth),
+            client.responder_resources,
+            client.initiator_depth,
+        );
+        let ready = Ready {
+            responder: Some(rr),
+            initiator: Some(depth),
+            min_rnr_timer: Some(opts.min_rnr_timer),
+        };
         let mut p = conn_param(&qp, &opts.private_data, rr, depth);
         p.rnr_retry_count = opts.rnr_retry_count.min(7);
         p.srq = u8::from(init.srq.is_some());
-        id.accept(&p)?;
+        conn::accept(
+            &id.chan.agent,
+            id.handle,
+            Some(ready),
+            &p,
+            CmId::modifier(&qp),
+            || {
+                let _ = qp.to_error();
+            },
+        )?;
         Ok(Answered::AwaitRtu(Connection::new(
             id,
             qp,

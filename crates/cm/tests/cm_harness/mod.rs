@@ -295,11 +295,11 @@ impl World {
             .map(|(_, e)| e.id)
             .expect("request");
         self.server
-            .accept(now, sid, &conn_param(0x222), 0)
+            .accept(now, sid, &conn_param(0x222))
             .expect("accept");
         self.pump();
         self.client
-            .accept(now, id, &ConnParam::default(), 0)
+            .accept(now, id, &ConnParam::default())
             .expect("rtu");
         let ev = self.pump();
         assert!(
@@ -376,7 +376,7 @@ impl World {
                     self.policy = self.policy.wrapping_add(1);
                     match self.policy % 3 {
                         0 => {
-                            let _ = self.server.accept(now, e.id, &conn_param(0x300), 0);
+                            let _ = self.server.accept(now, e.id, &conn_param(0x300));
                         }
                         1 => {
                             let _ = self.server.reject(now, e.id, b"no");

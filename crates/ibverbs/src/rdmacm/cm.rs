@@ -12,9 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use softrdma_cm::agent::Agent;
-use softrdma_cm::cma::{Cma, CmaError, IdHandle, Timeouts};
-use softrdma_cm::host::HostPorts;
-use softrdma_device::registry::Registry;
+use softrdma_cm::cma::{Cma, CmaError, IdHandle};
 
 use super::abi;
 use super::id::CmId;
@@ -23,7 +21,7 @@ use crate::{pd, sys, zeroed};
 
 /// The CM of this process.
 pub(crate) struct Cm {
-    agent: Agent,
+    agent: Arc<Agent>,
     /// The context ids use (`id->verbs`), kept open for the life of the process.
     ctx: usize,
     /// The PD every id starts with (`id->pd`).
@@ -46,31 +44,6 @@ pub(crate) fn errno(e: CmaError) -> c_int {
     e.errno
 }
 
-/// The CM timeouts from the environment: `SOFTRDMA_CM_RETRIES` (0-15, how often a REQ,
-/// REP or DREQ is sent again; Linux: 15) and `SOFTRDMA_CM_RESPONSE_TIMEOUT` (8-31, the
-/// IBTA exponent of the wait for an answer, 4.096 µs × 2^t; Linux: 20), so that a program
-/// or test can learn that a peer is unreachable in well under Linux's minute.
-fn timeouts_from_env() -> Timeouts {
-    let mut t = Timeouts::default();
-    let read = |name: &str, lo: u8, hi: u8| -> Option<u8> {
-        let v = std::env::var(name).ok()?;
-        match v.trim().parse::<u8>() {
-            Ok(n) if (lo..=hi).contains(&n) => Some(n),
-            _ => {
-                eprintln!("librdmacm (softrdma): {name}={v:?} is not in {lo}..={hi}; ignored");
-                None
-            }
-        }
-    };
-    if let Some(r) = read("SOFTRDMA_CM_RETRIES", 0, 15) {
-        t.max_retries = r;
-    }
-    if let Some(r) = read("SOFTRDMA_CM_RESPONSE_TIMEOUT", 8, 31) {
-        t.cm_response = r;
-    }
-    t
-}
-
 /// The process's CM, started on first use.
 pub(crate) fn get() -> Result<Arc<Cm>, c_int> {
     let mut g = lock(&CM);
@@ -85,16 +58,10 @@ pub(crate) fn get() -> Result<Arc<Cm>, c_int> {
     let ctx = *super::devices::contexts()?.first().ok_or(libc::ENODEV)?;
     // SAFETY: `contexts` returns live contexts of this library, never closed.
     let c = unsafe { Ctx::from_ptr(ctx) }.ok_or(libc::ENODEV)?;
-    let dev = Arc::clone(&c.shared.dev);
-    let reg = Registry::open_default().map_err(|e| {
-        eprintln!("librdmacm (softrdma): opening the port registry: {e}");
+    let agent = Agent::for_device(&c.shared.dev).map_err(|e| {
+        eprintln!("librdmacm (softrdma): starting the CM: {e}");
         e.raw_os_error().unwrap_or(libc::EIO)
     })?;
-    let ports = HostPorts::new(reg, dev.addr().port());
-    let agent = Agent::start(dev, Box::new(ports), softrdma_device::os_seed())
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-    let t = timeouts_from_env();
-    agent.call(|c, _| c.set_timeouts(t));
     // SAFETY: `ctx` is a live context of this library.
     let pd = unsafe { pd::ibv_alloc_pd(ctx) };
     if pd.is_null() {

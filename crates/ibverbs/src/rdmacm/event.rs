@@ -8,6 +8,7 @@
 use std::ffi::c_int;
 
 use softrdma_cm::cma::{CmaEvent, ConnParam, EventParam, EventType, UdParam};
+use softrdma_cm::conn::{self, Ready};
 
 use super::abi;
 use super::id::{self, channel_of, id_of, CmId};
@@ -114,17 +115,14 @@ unsafe fn new_conn_id(
     Ok(child)
 }
 
-/// librdmacm's `ucma_process_conn_resp`: move the QP to RTR and RTS with what the REP
-/// carried, then send the RTU. On failure the QP goes to ERR.
+/// librdmacm's `ucma_process_conn_resp`: the CM layer's step on CONNECT_RESPONSE (the
+/// QP to RTR and RTS with what the REP carried, then the RTU; on failure the QP to ERR).
 fn conn_resp(me: &CmId) -> Result<(), c_int> {
-    let max = abi::RDMA_MAX_RESP_RES as u8;
-    let r = qp::modify_qp_rtr(me, max)
-        .and_then(|()| qp::modify_qp_rts(me, max))
-        .and_then(|()| me.model(|c, now, h| c.accept(now, h, &ConnParam::default(), 0)));
-    if r.is_err() {
+    let ready = qp::ready_if_qp(me, Ready::default());
+    conn::complete_connect(me.cm.agent(), me.handle, ready, qp::modifier(me), || {
         let _ = qp::modify_qp_err(me);
-    }
-    r
+    })
+    .map_err(|qp::Errno(e)| e)
 }
 
 /// Turn the model's event into the program's, or `None` when librdmacm would not report

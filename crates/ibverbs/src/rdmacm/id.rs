@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use softrdma_cm::agent::EventChannel;
 use softrdma_cm::cma::{self, Cma, ConnParam, IdHandle, IdOption, Service};
+use softrdma_cm::conn::{self, Depth, RdLimits, Ready};
 use softrdma_cm::rej_reason;
 
 use super::abi;
@@ -548,25 +549,22 @@ pub unsafe extern "C" fn rdma_listen(id: *mut abi::rdma_cm_id, backlog: c_int) -
     })
 }
 
-/// The device's limits on READ/atomic resources (`max_qp_rd_atom`, `max_qp_init_rd_atom`).
-fn device_limits(cm: &Cm) -> (u8, u8) {
-    // SAFETY: the CM's context is live for the life of the process.
-    match unsafe { crate::device::Ctx::from_ptr(cm.ctx()) } {
-        Some(ctx) => {
-            let a = crate::device::device_attr(ctx);
-            let clamp = |v: c_int| u8::try_from(v.clamp(0, 255)).unwrap_or(u8::MAX);
-            (clamp(a.max_qp_rd_atom), clamp(a.max_qp_init_rd_atom))
-        }
-        None => (0, 0),
-    }
+/// The device's READ/atomic limits, for the CM layer's depth rules.
+fn limits(cm: &Cm) -> RdLimits {
+    RdLimits::of(cm.agent().device())
+}
+
+/// A depth field of the program's `rdma_conn_param` (none: as much as may be had).
+fn depth(v: Option<u8>) -> Depth {
+    v.map_or(Depth::Most, Depth::from_c)
 }
 
 /// librdmacm's `ucma_valid_param`: in the TCP port space an id without a QP needs
-/// parameters, and resources may not exceed the device's `limits` (`device_limits`).
+/// parameters, and the depths asked must fit the device ([`RdLimits::check`]).
 fn valid_param(
     me: &CmId,
     param: Option<&abi::rdma_conn_param>,
-    (max_resp, max_init): (u8, u8),
+    lim: RdLimits,
 ) -> Result<(), c_int> {
     if me.c.ps != abi::RDMA_PS_TCP {
         return Ok(());
@@ -578,22 +576,11 @@ fn valid_param(
             Ok(())
         };
     };
-    let max = abi::RDMA_MAX_RESP_RES as u8;
-    if (p.responder_resources != max && p.responder_resources > max_resp)
-        || (p.initiator_depth != max && p.initiator_depth > max_init)
-    {
-        return Err(libc::EINVAL);
-    }
-    Ok(())
-}
-
-/// A depth the program set in its `rdma_conn_param`, or `otherwise` where it has none or
-/// left the field at `RDMA_MAX_RESP_RES`, which asks for as much as there is.
-fn asked(v: Option<u8>, otherwise: u8) -> u8 {
-    match v {
-        Some(v) if v != abi::RDMA_MAX_RESP_RES as u8 => v,
-        _ => otherwise,
-    }
+    lim.check(
+        Depth::from_c(p.responder_resources),
+        Depth::from_c(p.initiator_depth),
+    )
+    .map_err(cm::errno)
 }
 
 /// The model's parameters from the program's and the id's, as
@@ -663,13 +650,15 @@ pub unsafe extern "C" fn rdma_connect(
         let r = unsafe {
             with_id(id, |me| {
                 let param = conn_param.as_ref();
-                let (max_resp, max_init) = device_limits(&me.cm);
-                valid_param(me, param, (max_resp, max_init))?;
+                let lim = limits(&me.cm);
+                valid_param(me, param, lim)?;
                 let (qp_num, srq) = qp_of(me, param);
                 let cp = {
                     let mut g = me.lock();
-                    g.initiator_depth = asked(param.map(|p| p.initiator_depth), max_init);
-                    g.responder_resources = asked(param.map(|p| p.responder_resources), max_resp);
+                    (g.responder_resources, g.initiator_depth) = lim.offer(
+                        depth(param.map(|p| p.responder_resources)),
+                        depth(param.map(|p| p.initiator_depth)),
+                    );
                     let cp = to_model(&g, param, qp_num, srq);
                     g.connect.clear();
                     cp
@@ -692,32 +681,42 @@ pub unsafe extern "C" fn rdma_accept(
         let r = unsafe {
             with_id(id, |me| {
                 let param = conn_param.as_ref();
-                let (max_resp, max_init) = device_limits(&me.cm);
-                valid_param(me, param, (max_resp, max_init))?;
+                let lim = limits(&me.cm);
+                valid_param(me, param, lim)?;
                 if me.c.qp.is_null() && param.is_none() {
                     return Err(libc::EINVAL);
                 }
-                let (init_depth, resp_res) = {
+                let (resp_res, init_depth) = {
                     let mut g = me.lock();
-                    let (init, resp) = (g.initiator_depth, g.responder_resources);
-                    g.initiator_depth = asked(param.map(|p| p.initiator_depth), init.min(max_init));
-                    g.responder_resources =
-                        asked(param.map(|p| p.responder_resources), resp.min(max_resp));
-                    (g.initiator_depth, g.responder_resources)
+                    // What the request offered, seen from this side (set with its event).
+                    let settled = lim.settle(
+                        depth(param.map(|p| p.responder_resources)),
+                        depth(param.map(|p| p.initiator_depth)),
+                        g.responder_resources,
+                        g.initiator_depth,
+                    );
+                    (g.responder_resources, g.initiator_depth) = settled;
+                    settled
                 };
-                let ud = me.c.qp_type == sys::IBV_QPT_UD;
-                if !ud {
-                    qp::modify_qp_rtr(me, resp_res)?;
-                    qp::modify_qp_rts(me, init_depth)?;
-                }
+                let ready = (me.c.qp_type != sys::IBV_QPT_UD).then_some(Ready {
+                    responder: Some(resp_res),
+                    initiator: Some(init_depth),
+                    min_rnr_timer: None,
+                });
+                let ready = ready.and_then(|r| qp::ready_if_qp(me, r));
                 let (qp_num, srq) = qp_of(me, param);
                 let cp = to_model(&me.lock(), param, qp_num, srq);
-                let qkey = cma::UDP_QKEY;
-                let r = me.model(|c, now, h| c.accept(now, h, &cp, qkey));
-                if r.is_err() {
-                    let _ = qp::modify_qp_err(me);
-                }
-                r
+                conn::accept(
+                    me.cm.agent(),
+                    me.handle,
+                    ready,
+                    &cp,
+                    qp::modifier(me),
+                    || {
+                        let _ = qp::modify_qp_err(me);
+                    },
+                )
+                .map_err(|qp::Errno(e)| e)
             })
         };
         done(r.map(|()| {
@@ -869,7 +868,8 @@ pub unsafe extern "C" fn rdma_establish(id: *mut abi::rdma_cm_id) -> c_int {
                     if !me.c.qp.is_null() {
                         return Err(libc::EINVAL);
                     }
-                    me.model(|c, now, h| c.accept(now, h, &ConnParam::default(), 0))
+                    conn::complete_connect(me.cm.agent(), me.handle, None, qp::modifier(me), || {})
+                        .map_err(|qp::Errno(e)| e)
                 })
             }
             .map(|()| 0),

@@ -6,6 +6,8 @@
 
 use std::ffi::{c_int, c_void};
 
+use softrdma_cm::cma::CmaError;
+use softrdma_cm::conn::Ready;
 use softrdma_device::verbs::{QpAttr, QpAttrMask, QpState};
 
 use super::abi;
@@ -65,34 +67,27 @@ fn modify(qp: *mut sys::ibv_qp, a: &mut sys::ibv_qp_attr, mask: c_int) -> Result
     }
 }
 
-/// librdmacm's `ucma_modify_qp_rtr`: INIT again with the connection's access rights,
-/// then RTR (with `resp_res` as the responder resources unless it is RDMA_MAX_RESP_RES).
-pub(crate) fn modify_qp_rtr(me: &CmId, resp_res: u8) -> Result<(), c_int> {
-    let qp = me.c.qp;
-    if qp.is_null() {
-        return Ok(());
+/// An errno from a step of the CM layer ([`softrdma_cm::conn`]).
+pub(crate) struct Errno(pub(crate) c_int);
+
+impl From<CmaError> for Errno {
+    fn from(e: CmaError) -> Errno {
+        Errno(e.errno)
     }
-    let (mut a, m) = attr_for(me, QpState::Init)?;
-    modify(qp, &mut a, m)?;
-    let (mut a, m) = attr_for(me, QpState::Rtr)?;
-    if resp_res != abi::RDMA_MAX_RESP_RES as u8 {
-        a.max_dest_rd_atomic = resp_res;
-    }
-    modify(qp, &mut a, m)
 }
 
-/// librdmacm's `ucma_modify_qp_rts` (with `init_depth` as the initiator depth unless it
-/// is RDMA_MAX_INIT_DEPTH).
-pub(crate) fn modify_qp_rts(me: &CmId, init_depth: u8) -> Result<(), c_int> {
-    let qp = me.c.qp;
-    if qp.is_null() {
-        return Ok(());
+/// `ibv_modify_qp` on the id's QP with the CM layer's attributes, for its steps. Only
+/// for an id with a QP.
+pub(crate) fn modifier(me: &CmId) -> impl FnMut(&QpAttr, QpAttrMask) -> Result<(), Errno> + '_ {
+    move |a, m| {
+        let mut c = qp_attr_to_c(a);
+        modify(me.c.qp, &mut c, m.bits() as c_int).map_err(Errno)
     }
-    let (mut a, m) = attr_for(me, QpState::Rts)?;
-    if init_depth != abi::RDMA_MAX_INIT_DEPTH as u8 {
-        a.max_rd_atomic = init_depth;
-    }
-    modify(qp, &mut a, m)
+}
+
+/// `ready` for an id with a QP; None for one whose program moves its own QP.
+pub(crate) fn ready_if_qp(me: &CmId, ready: Ready) -> Option<Ready> {
+    (!me.c.qp.is_null()).then_some(ready)
 }
 
 /// Move the id's QP to ERR (it flushes its work requests).
