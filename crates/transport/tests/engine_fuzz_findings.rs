@@ -1,8 +1,8 @@
 //! Engine bugs the fuzz harness (`engine_fuzz`) found, each reproduced directly with
 //! hand-driven packets, kept as regression tests.
 
-mod common;
 use common::*;
+use softrdma_testkit as common;
 
 /// An RC requester retransmitting a multi-packet WQE stops in the middle of it (here at
 /// the outbox bound; in the harness at an RNR wait), then an ACK from the first

@@ -1,8 +1,8 @@
 //! Error scenarios: statuses on both sides, QP states, flushes in order, and nothing
 //! written at the target.
 
-mod common;
 use common::*;
+use softrdma_testkit as common;
 
 const LW: Access = Access::LOCAL_WRITE;
 

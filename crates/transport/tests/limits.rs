@@ -3,8 +3,8 @@
 //! (forged with `Headers::emit` + `icrc::seal`) answered with the right error or dropped,
 //! and the IP TOS of a UD datagram reported in its GRH.
 
-mod common;
 use common::*;
+use softrdma_testkit as common;
 
 use std::net::SocketAddr;
 

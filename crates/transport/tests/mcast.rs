@@ -3,8 +3,8 @@
 //! datagram on the wire is a RoCEv2 multicast UD SEND (DQPN 0xFFFFFF to the group's IP,
 //! ICRC sealed for it).
 
-mod common;
 use common::*;
+use softrdma_testkit as common;
 use std::net::SocketAddr;
 
 const LW: Access = Access::LOCAL_WRITE;

@@ -7,8 +7,8 @@
 //! `SOFTRDMA_PROPTEST_CASES` raises the number of cases, `SOFTRDMA_PROPTEST_OPS` the
 //! operations per case.
 
-mod common;
 use common::*;
+use softrdma_testkit as common;
 
 use common::Rng;
 use proptest::prelude::*;

@@ -1,8 +1,8 @@
 //! RC end to end over the sim network: every opcode, bytes in target memory and every
 //! field of every completion on both sides.
 
-mod common;
 use common::*;
+use softrdma_testkit as common;
 
 const LW: Access = Access::LOCAL_WRITE;
 

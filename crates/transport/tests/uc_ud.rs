@@ -1,7 +1,7 @@
 //! UC and UD end to end over the sim network, and shared receive queues.
 
-mod common;
 use common::*;
+use softrdma_testkit as common;
 
 const LW: Access = Access::LOCAL_WRITE;
 

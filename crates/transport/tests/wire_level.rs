@@ -2,8 +2,8 @@
 //! default P_Key, the rxe UDP source port of its QP; AckReq on the last packet of each
 //! request; PSNs consecutive across the 24-bit wrap.
 
-mod common;
 use common::*;
+use softrdma_testkit as common;
 
 use wire::Opcode as Op;
 

@@ -1,10 +1,9 @@
-//! Shared harness of the transport end-to-end tests: `Rnic` devices on the `sim`
-//! network, registered buffers, connected QPs, completion polling in virtual time,
-//! packet capture, and expected-completion builders.
+//! softrdma's test support, for the tests of every crate above the transport: `Rnic`
+//! devices on the `sim` network, registered buffers, connected QPs, completion polling
+//! in virtual time, packet capture, and expected-completion builders. Dev-only: never a
+//! dependency of a library.
 //!
 //! Every wait is bounded by a virtual deadline; nothing here reads a real clock.
-
-#![allow(dead_code)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
@@ -130,6 +129,10 @@ impl Mem {
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Copy out `len` bytes at `off`.
     pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
         assert!(off + len <= self.len, "read {off}+{len} past {}", self.len);
@@ -207,6 +210,10 @@ impl Mr {
     /// Length of the region.
     pub fn len(&self) -> usize {
         self.info.length as usize
+    }
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
     /// SGE for `len` bytes at `off`.
     pub fn sge(&self, off: usize, len: usize) -> Sge {
