@@ -48,6 +48,7 @@ pub mod frame;
 pub mod icrc;
 pub mod pcap;
 pub mod psn;
+pub mod rsocket;
 
 pub use headers::{
     Aeth, AtomicAckEth, AtomicEth, Bth, Deth, Headers, NakCode, Reth, Syndrome,

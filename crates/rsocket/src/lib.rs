@@ -1,0 +1,21 @@
+//! rsockets, softrdma's layer for rdma-core's stream socket protocol over RDMA
+//! (`<rdma/rsocket.h>`, protocol version 1), below the faces that offer it.
+//!
+//! - [`conn`]: one connected socket's protocol (buffers, credits, offers, control
+//!   messages, direct writes) as a sans-IO state machine: it asks for work requests
+//!   and is told of completions; its wire formats are `softrdma_wire::rsocket`.
+//! - [`config`]: the sizes a socket is made with, from rsockets' defaults and rdma-core's
+//!   configuration directory.
+//! - [`region`]: the memory the RNIC reads and writes for a connection.
+//!
+//! The C face (`rsocket`, `rsend`, …) and the Rust face drive [`conn::Conn`] over a
+//! CM id and an RC QP; tests drive it over the transport on the `sim` network.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod conn;
+pub mod region;
+
+pub use config::Config;
+pub use conn::{Conn, Keys, Phase, Post, Shutdown};
