@@ -76,6 +76,16 @@ pub struct CmaError {
     pub msg: &'static str,
 }
 
+impl From<CmaError> for std::io::Error {
+    /// The errno's kind, with the CM's message.
+    fn from(e: CmaError) -> std::io::Error {
+        std::io::Error::new(
+            std::io::Error::from_raw_os_error(e.errno).kind(),
+            e.to_string(),
+        )
+    }
+}
+
 impl std::fmt::Display for CmaError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} (errno {})", self.msg, self.errno)

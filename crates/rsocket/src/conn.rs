@@ -215,13 +215,15 @@ pub struct Conn {
 
 impl Conn {
     /// A connection's buffers for `cfg` (whose depths already fit the device: see
-    /// [`Config::fit_device`]); ENOMEM when memory is short.
+    /// [`Config::fit_device`]); ENOMEM when memory is short. Its first posts fill the
+    /// receive queue: post them once the QP is made (in INIT), before the connection
+    /// data goes, so that the peer's first messages find receives.
     pub fn new(cfg: Config) -> Result<Conn, i32> {
         let region = |n: usize| Region::new(n).ok_or(libc::ENOMEM);
         let sbuf = region(cfg.sbuf_size as usize + SGE_LEN * CTRL_SIZE as usize)?;
         let target = region(SGE_LEN * SGL_SIZE + IOMAP_LEN * usize::from(cfg.iomap_size))?;
         let rbuf = region(cfg.rbuf_size as usize)?;
-        Ok(Conn {
+        let mut c = Conn {
             cfg,
             phase: Phase::Ready,
             readable: false,
@@ -250,7 +252,11 @@ impl Conn {
             rmsg: MsgRing::new(usize::from(cfg.rq_size)),
             iomaps: Vec::new(),
             posts: VecDeque::new(),
-        })
+        };
+        for _ in 0..cfg.rq_size {
+            c.post_recv();
+        }
+        Ok(c)
     }
 
     /// The sizes it was made with.
@@ -289,8 +295,8 @@ impl Conn {
         }
     }
 
-    /// Take the peer's connection data (rsockets' `rs_save_conn_data`) and fill the
-    /// receive queue: the connection is up in both directions.
+    /// Take the peer's connection data (rsockets' `rs_save_conn_data`): the connection
+    /// is up in both directions.
     pub fn start(&mut self, peer: &ConnData) {
         self.remote_sgl = peer.target_sgl;
         self.remote_sge = 1 % peer.target_sgl.length.max(1);
@@ -308,9 +314,6 @@ impl Conn {
         self.phase = Phase::Connected;
         self.readable = true;
         self.writable = true;
-        for _ in 0..self.cfg.rq_size {
-            self.post_recv();
-        }
     }
 
     /// The next work request to post, oldest first.
@@ -913,7 +916,7 @@ mod tests {
     }
 
     #[test]
-    fn a_started_connection_fills_its_receive_queue_and_offers_its_buffer() {
+    fn a_new_connection_fills_its_receive_queue_and_a_started_one_may_send() {
         let mut c = Conn::new(small()).unwrap();
         c.set_keys(Keys {
             send_lkey: 1,
@@ -924,13 +927,15 @@ mod tests {
         assert_eq!((d.credits, d.target_sgl.key, d.data_buf.key), (16, 2, 3));
         assert_eq!(d.data_buf.length, c.config().rbuf_size / 2);
         assert_eq!(d.target_sgl.addr, c.regions()[1].addr());
-        c.start(&d);
         let mut recvs = 0;
         while let Some(p) = c.poll_post() {
             assert!(matches!(p, Post::Recv(_)));
             recvs += 1;
         }
         assert_eq!(recvs, 16);
+        assert!(!c.can_send(), "no peer yet");
+        c.start(&d);
+        assert!(c.poll_post().is_none(), "the receives went before");
         assert!(
             c.can_send(),
             "the peer's first offer and credits are in place"

@@ -7,6 +7,8 @@
 //! - [`config`]: the sizes a socket is made with, from rsockets' defaults and rdma-core's
 //!   configuration directory.
 //! - [`region`]: the memory the RNIC reads and writes for a connection.
+//! - [`socket`]: the driver: a [`Socket`] (and its [`Listener`]) runs a connection over
+//!   a device's verbs and CM, posting, polling and waiting; every face sits on it.
 //!
 //! The C face (`rsocket`, `rsend`, …) and the Rust face drive [`conn::Conn`] over a
 //! CM id and an RC QP; tests drive it over the transport on the `sim` network.
@@ -16,6 +18,8 @@
 pub mod config;
 pub mod conn;
 pub mod region;
+pub mod socket;
 
 pub use config::Config;
 pub use conn::{Conn, Keys, Phase, Post, Shutdown};
+pub use socket::{Listener, Socket};

@@ -96,6 +96,7 @@ mod mr;
 mod pd;
 mod pins;
 mod qp;
+pub mod rsocket;
 pub mod tcp;
 #[cfg(feature = "tokio")]
 pub mod tokio_support;
