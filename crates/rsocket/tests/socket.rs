@@ -106,3 +106,39 @@ fn nonblocking_calls_say_eagain_and_nobody_listening_is_refused() {
     assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED));
     drop(client);
 }
+
+/// rstream's ping-pong: a 16-byte sync each way, then each side in turn sends a transfer
+/// the other echoes, many more times than the receive queue is deep.
+#[test]
+fn ping_pong_past_many_credit_rounds() {
+    let (client, server, _l) = pair();
+    let server = Arc::new(server);
+    let s2 = Arc::clone(&server);
+    let echo = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65536];
+        let mut total = 0usize;
+        loop {
+            let n = s2.recv(&mut buf, false, false).expect("echo recv");
+            if n == 0 {
+                return total;
+            }
+            assert_eq!(s2.send(&buf[..n], false).expect("echo send"), n);
+            total += n;
+        }
+    });
+    const N: usize = 65536;
+    let mut buf = vec![0u8; N];
+    for round in 0..300u32 {
+        let msg = pattern(round as u8, N);
+        assert_eq!(client.send(&msg, false).unwrap(), N);
+        let mut got = 0;
+        while got < N {
+            let n = client.recv(&mut buf[got..], false, false).unwrap();
+            assert!(n > 0, "round {round}: end of stream");
+            got += n;
+        }
+        assert!(buf == msg, "round {round}");
+    }
+    client.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(echo.join().unwrap(), N * 300);
+}
