@@ -230,18 +230,21 @@ impl Side {
         // INIT now, so receives can be posted before the peer is known.
         qp.to_init(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC)
             .map_err(|e| format!("failed to modify QP to INIT: {e}"))?;
+        // The first PSN the engine drew for the QP (DESIGN decision 7).
+        let psn = qp.endpoint().psn;
         Ok(Side {
             qp: SideQp::Own(qp),
             cq: r.cq,
             mr: r.mr,
             half: r.half,
-            psn: session::random_psn(),
+            psn,
             memory_wait: false,
         })
     }
     fn local(&self) -> Peer {
         Peer {
-            // The CLI's exchange carries its own PSN, drawn as ibv_rc_pingpong does.
+            // The PSN the side sends from: the engine's draw for its own QP, the CM's
+            // for a connected one.
             qp: RemoteQp {
                 psn: self.psn,
                 ..self.qp.endpoint().remote_qp()

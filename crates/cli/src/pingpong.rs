@@ -247,7 +247,7 @@ impl Setup<'_> {
             .map(|q| Dest {
                 lid: self.lid,
                 qpn: q.qpn(),
-                psn: session::random_psn(),
+                psn: q.endpoint().psn,
                 gid: my_gid,
             })
             .collect();

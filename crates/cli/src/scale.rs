@@ -133,8 +133,8 @@ impl Side {
                 .map_err(|e| format!("couldn't create QP {i} of {n}: {e}"))?;
             qp.to_init(Access::REMOTE_WRITE | Access::REMOTE_READ)
                 .map_err(|e| format!("couldn't modify QP {i} to INIT: {e}"))?;
+            psns.push(qp.endpoint().psn);
             qps.push(qp);
-            psns.push(session::random_psn());
         }
         let create = t.elapsed();
         let mem1 = mem_now();

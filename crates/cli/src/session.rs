@@ -1,7 +1,6 @@
-//! What every command that runs traffic needs: its device, PSNs, MTUs, completion
+//! What every command that runs traffic needs: its device, MTUs, completion
 //! polling with a back-off and deadline, and error lines for failed completions.
 
-use std::io::Read;
 use std::time::{Duration, Instant};
 
 use softrdma::{CompletionQueue, Device, DeviceAddr, DeviceConfig, Mtu, WcStatus, WorkCompletion};
@@ -37,27 +36,6 @@ pub fn device_config(opts: &DevOpts) -> CmdResult<DeviceConfig> {
 pub fn open_device(opts: &DevOpts) -> CmdResult<Device> {
     let cfg = device_config(opts)?;
     Device::open_with(&cfg).map_err(|e| format!("cannot open device: {e}"))
-}
-
-/// 32 random bits (from the kernel; the clock if that fails).
-pub fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok()
-    {
-        return u32::from_ne_bytes(b);
-    }
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
-        .unwrap_or(0);
-    t ^ std::process::id().rotate_left(16)
-}
-
-/// A random 24-bit PSN, as the pingpong examples draw it.
-pub fn random_psn() -> u32 {
-    random_u32() & 0xff_ffff
 }
 
 /// Path MTU from its byte count.

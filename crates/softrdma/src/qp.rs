@@ -253,13 +253,6 @@ pub struct QueuePair {
     rq_pins: Arc<WorkQueuePins>,
 }
 
-/// A random 24-bit first PSN from the kernel's generator: with the QPN (random too) it
-/// is what an off-path sender would have to guess to inject into a connection.
-fn random_psn() -> u32 {
-    let s = softrdma_device::os_seed();
-    u32::from_le_bytes([s.0[0], s.0[1], s.0[2], 0])
-}
-
 impl std::fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueuePair")
@@ -295,10 +288,10 @@ impl QueuePair {
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
         };
-        let (qpn, cap) = dev.call(|r, _| {
+        let (qpn, cap, psn) = dev.call(|r, _| {
             let qpn = r.create_qp(attr)?;
             let cap = r.qp_init_attr(qpn).ok().map(|i| i.cap).unwrap_or(attr.cap);
-            Ok((qpn, cap))
+            Ok((qpn, cap, r.random_psn()))
         })?;
         let charges = match Self::charge_cqs(init, &cap) {
             Ok(c) => c,
@@ -323,7 +316,7 @@ impl QueuePair {
             qpn,
             qp_type: init.qp_type,
             cap,
-            psn: AtomicU32::new(random_psn()),
+            psn: AtomicU32::new(psn),
         })
     }
 
@@ -605,7 +598,8 @@ impl QueuePair {
         self.modify(&a, QpAttrMask::STATE)?;
         // A new connection, a new first PSN: packets of the old one still in flight
         // must not fall in the new one's window.
-        self.psn.store(random_psn(), Ordering::Relaxed);
+        let psn = self.device().rt().inspect(|r| r.random_psn());
+        self.psn.store(psn, Ordering::Relaxed);
         Ok(())
     }
 }

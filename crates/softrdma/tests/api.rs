@@ -357,3 +357,28 @@ fn set_access_changes_what_peers_may_do_and_keeps_the_keys() {
     assert_eq!(wc.result(), Ok(()));
     assert_eq!(b.mr.to_vec(0, 64).unwrap(), vec![7u8; 64]);
 }
+
+/// The PSNs a QP sends from come from the device's key generator, as its keys and QP
+/// numbers do (DESIGN decision 7): a device opened with a seed draws the same ones again,
+/// and a reset draws a new one from the same stream.
+#[test]
+fn first_psns_come_from_the_devices_key_generator() {
+    let draws = || {
+        let mut cfg = DeviceConfig::new("api-seed", DeviceAddr::AutoLoopback(4791));
+        cfg.seed = Some(0x5eed);
+        let dev = Device::open_with(&cfg).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(8, None).unwrap();
+        let qp = pd
+            .create_qp(&QpInit::new(QpType::Rc, &cq).depth(4, 4))
+            .unwrap();
+        let first = qp.endpoint();
+        qp.to_init(ALL).unwrap();
+        qp.reset().unwrap();
+        (first.qpn, first.psn, qp.endpoint().psn)
+    };
+    let (qpn, psn, after_reset) = draws();
+    assert_eq!(draws(), (qpn, psn, after_reset));
+    assert!(psn <= 0xff_ffff && after_reset <= 0xff_ffff);
+    assert_ne!(psn, after_reset, "a reset draws a new first PSN");
+}

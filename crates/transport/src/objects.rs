@@ -33,6 +33,8 @@ macro_rules! delegate_ref {
 }
 
 delegate_mut! {
+    /// A random 24-bit first PSN from the key generator, for every face (DESIGN decision 7).
+    fn random_psn() -> u32;
     /// Set port 1's active MTU, the largest UD message (EINVAL above its `max_mtu`).
     fn set_active_mtu(mtu: Mtu) -> verbs::Result<()>;
     /// Allocate a protection domain.

@@ -155,6 +155,13 @@ impl Context {
         Err(enomem("no free key"))
     }
 
+    /// A random 24-bit first PSN, drawn from the key generator. With the QPN it is what an
+    /// off-path sender must guess to inject into a connection (DESIGN decision 7), so
+    /// every face takes it from here, never from a generator or a clock of its own.
+    pub fn random_psn(&mut self) -> u32 {
+        self.rng.next_u32() & limits::MASK24
+    }
+
     /// Queue an async event.
     pub fn push_event(&mut self, ev: AsyncEvent) {
         self.events.push_back(ev);
