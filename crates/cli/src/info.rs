@@ -69,7 +69,7 @@ pub fn devices(json: bool) -> CmdResult {
                     addr: d.addr.to_string(),
                     auto: d.auto,
                     gid: gid_text(&d.gid),
-                    gid_wire: crate::exch::gid_to_wire(&d.gid),
+                    gid_wire: softrdma::pingpong::gid_to_hex(&d.gid),
                 })
                 .collect(),
         });

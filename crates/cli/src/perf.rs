@@ -33,10 +33,10 @@ use softrdma::{
     WcStatus, WorkCompletion,
 };
 
-use crate::exch::{gid_to_wire, wire_to_gid};
 use crate::session::{self, Poller};
 use crate::{cmconn, output, tcp};
 use crate::{stats, CmdResult, PerfArgs, PerfTest};
+use softrdma::pingpong::{gid_from_hex, gid_to_hex};
 
 const MAGIC: &str = "softrdma-perf 1";
 const MAX_SIZE: u32 = 8 << 20;
@@ -298,7 +298,7 @@ fn peer_fields(p: &Peer) -> String {
         "qpn={:x} psn={:x} gid={} addr={:x} rkey={:x} len={}",
         p.qp.qpn,
         p.qp.psn,
-        gid_to_wire(&p.qp.gid),
+        gid_to_hex(&p.qp.gid),
         p.mem.addr,
         p.mem.rkey,
         p.mem.len
@@ -317,7 +317,7 @@ fn hex(words: &[&str], key: &str) -> CmdResult<u64> {
 }
 
 fn parse_peer(words: &[&str]) -> CmdResult<Peer> {
-    let gid = wire_to_gid(field(words, "gid")?).ok_or("peer's gid is malformed")?;
+    let gid = gid_from_hex(field(words, "gid")?).ok_or("peer's gid is malformed")?;
     Ok(Peer {
         qp: RemoteQp {
             gid,

@@ -35,8 +35,8 @@ use softrdma::{
     QpInit, QpType, QueuePair, RemoteMemory, RemoteQp, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::exch::{gid_to_wire, wire_to_gid};
 use crate::{output, session, tcp, CmdResult, ScaleArgs};
+use softrdma::pingpong::{gid_from_hex, gid_to_hex};
 
 const MAGIC: &str = "softrdma-scale 1";
 /// Bytes each operation moves.
@@ -346,7 +346,7 @@ fn serve(a: &ScaleArgs, dev: &Device, n: usize, timeout: Duration) -> CmdResult 
             "the client asked for {want} QPs; this server has {n}"
         ));
     }
-    let gid = wire_to_gid(field(rest, "gid")?).ok_or("malformed gid")?;
+    let gid = gid_from_hex(field(rest, "gid")?).ok_or("malformed gid")?;
     let t = Instant::now();
     side.connect_all(&mut r, gid)?;
     let connect = t.elapsed();
@@ -362,7 +362,7 @@ fn serve(a: &ScaleArgs, dev: &Device, n: usize, timeout: Duration) -> CmdResult 
     writeln!(
         w,
         "{MAGIC} ok gid={} addr={:x} rkey={:x} create_ns={} rss0={} rss1={} anon0={} anon1={}",
-        gid_to_wire(&dev.gid()),
+        gid_to_hex(&dev.gid()),
         m.addr,
         m.rkey,
         side.create.as_nanos(),
@@ -477,7 +477,7 @@ fn client(
     writeln!(
         w,
         "{MAGIC} n={n} gid={} addr={:x} rkey={:x}",
-        gid_to_wire(&dev.gid()),
+        gid_to_hex(&dev.gid()),
         m.addr,
         m.rkey
     )
@@ -491,7 +491,7 @@ fn client(
     if let Some(e) = rest.trim().strip_prefix("error ") {
         return Err(format!("server: {e}"));
     }
-    let gid = wire_to_gid(field(rest, "gid")?).ok_or("malformed gid")?;
+    let gid = gid_from_hex(field(rest, "gid")?).ok_or("malformed gid")?;
     let remote = RemoteMemory {
         addr: hex(rest, "addr")?,
         rkey: hex(rest, "rkey")? as u32,

@@ -11,6 +11,7 @@ use std::net::Ipv6Addr;
 
 use softrdma_transport::verbs::{Gid, Mtu};
 
+use crate::pingpong;
 use crate::qp::RemoteQp;
 use crate::{Error, ErrorKind, QueuePair, RemoteMemory, Result};
 
@@ -54,7 +55,7 @@ const MEMORY: usize = 8 + 4 + 8;
 /// Flag: the body carries memory.
 const HAS_MEMORY: u8 = 1;
 /// Bytes of an `ibv_*_pingpong` address message, NUL included.
-pub const PINGPONG_MSG_LEN: usize = 52;
+pub const PINGPONG_MSG_LEN: usize = pingpong::MSG_LEN;
 
 fn malformed(what: impl std::fmt::Display) -> Error {
     Error::new(libc::EPROTO, format!("not a softrdma endpoint: {what}"))
@@ -232,56 +233,35 @@ impl Endpoint {
     }
 
     /// The address message of rdma-core's `ibv_rc_pingpong` (and `ibv_uc_`, `ibv_ud_`
-    /// pingpong): `sprintf("%04x:%06x:%06x:%s", lid, qpn, psn, gid)` with LID 0 (RoCE has
-    /// none) and the GID as 32 hex digits in wire order, 51 characters. The programs
-    /// send it as a 52-byte buffer, NUL included ([`PINGPONG_MSG_LEN`]); memory and MTU
-    /// are not part of it.
+    /// pingpong), see [`pingpong`](crate::pingpong): LID 0 (RoCE has none), 51
+    /// characters. The programs send it as a 52-byte buffer, NUL included
+    /// ([`PINGPONG_MSG_LEN`]); memory and MTU are not part of it.
     pub fn to_pingpong_string(&self) -> String {
-        let gid: String = self.gid.0.iter().map(|b| format!("{b:02x}")).collect();
-        format!(
-            "{:04x}:{:06x}:{:06x}:{gid}",
-            0,
-            self.qpn & 0xff_ffff,
-            self.psn & 0xff_ffff
-        )
+        self.pingpong_address().to_text()
     }
 
-    /// Parse a pingpong address message, as `sscanf("%x:%x:%x:%s")` reads it; text
-    /// after a NUL is ignored, so the 52-byte buffer can be given whole. The MTU is the
-    /// default 1024 (the programs' `-m` default) and there is no memory. Anything else
-    /// is [`ErrorKind::Protocol`].
+    /// Parse a pingpong address message ([`pingpong::Address::parse`]); text after a NUL
+    /// is ignored, so the 52-byte buffer can be given whole. The MTU is the default 1024
+    /// (the programs' `-m` default) and there is no memory. Anything malformed is
+    /// [`ErrorKind::Protocol`].
     pub fn parse_pingpong(msg: &[u8]) -> Result<Endpoint> {
-        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let text = std::str::from_utf8(&msg[..end])
-            .map_err(|_| malformed("the pingpong address is not text"))?;
-        let bad = || malformed(format!("malformed pingpong address {text:?}"));
-        let mut f = text.splitn(4, ':');
-        let mut field = || f.next().ok_or_else(bad);
-        let _lid = u16::from_str_radix(field()?, 16).map_err(|_| bad())?;
-        let qpn = u32::from_str_radix(field()?, 16).map_err(|_| bad())?;
-        let psn = u32::from_str_radix(field()?, 16).map_err(|_| bad())?;
-        let g = field()?;
-        if g.len() < 32 || !g.is_ascii() {
-            return Err(bad());
-        }
-        let mut gid = [0u8; 16];
-        for (i, b) in gid.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
-        if qpn > 0xff_ffff || psn > 0xff_ffff {
-            return Err(bad());
-        }
-        Ok(Endpoint::new(Gid(gid), qpn, psn))
+        let a = pingpong::Address::parse(msg)?;
+        Ok(Endpoint::new(a.gid, a.qpn, a.psn))
     }
 
     /// The 52-byte buffer the pingpong programs write: [`Endpoint::to_pingpong_string`]
     /// and a NUL.
     pub fn to_pingpong_msg(&self) -> [u8; PINGPONG_MSG_LEN] {
-        let mut m = [0u8; PINGPONG_MSG_LEN];
-        let s = self.to_pingpong_string();
-        let n = s.len().min(PINGPONG_MSG_LEN - 1);
-        m[..n].copy_from_slice(&s.as_bytes()[..n]);
-        m
+        self.pingpong_address().to_msg()
+    }
+
+    fn pingpong_address(&self) -> pingpong::Address {
+        pingpong::Address {
+            lid: 0,
+            qpn: self.qpn,
+            psn: self.psn,
+            gid: self.gid,
+        }
     }
 
     /// The GID as an IPv6 address (`::ffff:a.b.c.d` for an IPv4 device), for messages.

@@ -94,6 +94,7 @@ mod endpoint;
 mod error;
 mod mr;
 mod pd;
+pub mod pingpong;
 mod pins;
 mod qp;
 pub mod rsocket;

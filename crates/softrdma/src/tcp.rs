@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use softrdma_transport::verbs::Access;
 
 use crate::endpoint::{lower_mtu, PINGPONG_MSG_LEN};
+use crate::pingpong;
 use crate::{Endpoint, Error, ErrorKind, PathOptions, QueuePair, RemoteMemory, Result};
 
 /// The default TCP port of the exchange: `ibv_rc_pingpong`'s.
@@ -268,7 +269,8 @@ fn pingpong(
                 .map_err(io("reading the server's address"))?;
             let peer = with_mtu(Endpoint::parse_pingpong(&msg)?);
             qp.ready_to(&peer, path)?;
-            s.write_all(b"done\0").map_err(io("sending \"done\""))?;
+            s.write_all(pingpong::DONE)
+                .map_err(io("sending \"done\""))?;
             Ok(peer)
         }
         Role::Server => {
@@ -280,7 +282,7 @@ fn pingpong(
             qp.ready_to(&peer, path)?;
             s.write_all(&local.to_pingpong_msg())
                 .map_err(io("sending our address"))?;
-            let mut done = [0u8; 5];
+            let mut done = [0u8; pingpong::DONE.len()];
             s.read_exact(&mut done)
                 .map_err(io("reading the client's \"done\""))?;
             Ok(peer)
