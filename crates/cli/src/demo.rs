@@ -86,7 +86,7 @@ impl Drop for ChildGuard {
     }
 }
 
-fn wait_one(side: &Side, poller: &mut Poller, want: WcOpcode) -> CmdResult<WorkCompletion> {
+fn wait_one(side: &Side, poller: &Poller, want: WcOpcode) -> CmdResult<WorkCompletion> {
     let mut wcs = [WorkCompletion::default(); 1];
     loop {
         poller.poll(&side.cq, &mut wcs)?;
@@ -182,7 +182,7 @@ pub fn run(json: bool) -> CmdResult {
             run.remote.qp.qpn
         );
     }
-    let mut poller = Poller::new(TIMEOUT);
+    let poller = Poller::new(TIMEOUT);
     let mut trips = Vec::new();
     let half = side.half;
     let buf_err = |e: softrdma::Error| format!("buffer access: {e}");
@@ -196,7 +196,7 @@ pub fn run(json: bool) -> CmdResult {
             [side.mr.sge(half..half + msg.len()).map_err(buf_err)?],
         ))
         .map_err(|e| format!("couldn't post send: {e}"))?;
-    let wc = wait_one(&side, &mut poller, WcOpcode::Recv)?;
+    let wc = wait_one(&side, &poller, WcOpcode::Recv)?;
     let t_send = us(t0.elapsed());
     let echoed = side.mr.to_vec(0, wc.byte_len as usize).map_err(buf_err)?;
     if echoed != msg {
@@ -223,7 +223,7 @@ pub fn run(json: bool) -> CmdResult {
     )
     .and_then(|w| side.qp.post_send(w))
     .map_err(|e| format!("couldn't post write: {e}"))?;
-    wait_one(&side, &mut poller, WcOpcode::RdmaWrite)?;
+    wait_one(&side, &poller, WcOpcode::RdmaWrite)?;
     let t_write = us(t0.elapsed());
     trips.push((
         "WRITE",
@@ -241,7 +241,7 @@ pub fn run(json: bool) -> CmdResult {
     )
     .and_then(|w| side.qp.post_send(w))
     .map_err(|e| format!("couldn't post read: {e}"))?;
-    wait_one(&side, &mut poller, WcOpcode::RdmaRead)?;
+    wait_one(&side, &poller, WcOpcode::RdmaRead)?;
     let t_read = us(t0.elapsed());
     let back = side.mr.to_vec(2048, data.len()).map_err(buf_err)?;
     if back != data {
@@ -264,7 +264,7 @@ pub fn run(json: bool) -> CmdResult {
     )
     .and_then(|w| side.qp.post_send(w))
     .map_err(|e| format!("couldn't post atomic: {e}"))?;
-    wait_one(&side, &mut poller, WcOpcode::FetchAdd)?;
+    wait_one(&side, &poller, WcOpcode::FetchAdd)?;
     let t_fa = us(t0.elapsed());
     let old = side.mr.read_u64(half + 256).map_err(buf_err)?;
     trips.push((

@@ -475,9 +475,9 @@ fn serve_test(
         Test::Perf(PerfTest::SendLat) | Test::Demo => serve_recv(side, ctl, true),
         Test::Perf(PerfTest::WriteLat) => {
             serve_write_lat(side, remote, sizes, iters, timeout)?;
-            wait_done(side, ctl, timeout)
+            wait_done(side, ctl)
         }
-        _ => wait_done(side, ctl, timeout),
+        _ => wait_done(side, ctl),
     }
 }
 
@@ -520,7 +520,7 @@ impl CmCtl<'_> {
     }
 }
 
-fn wait_done(side: &Side, ctl: &mut Ctl<'_>, timeout: Duration) -> CmdResult {
+fn wait_done(side: &Side, ctl: &mut Ctl<'_>) -> CmdResult {
     match ctl {
         Ctl::Tcp(r) => {
             // The run may be long: no timeout; a vanished client closes the connection.
@@ -533,7 +533,6 @@ fn wait_done(side: &Side, ctl: &mut Ctl<'_>, timeout: Duration) -> CmdResult {
         }
         Ctl::Cm(c) => {
             // The run may be long: no limit while the client answers the probes.
-            let mut poller = Poller::new(timeout);
             let mut wcs = [WorkCompletion::default(); 16];
             loop {
                 if c.done()? {
@@ -551,7 +550,6 @@ fn wait_done(side: &Side, ctl: &mut Ctl<'_>, timeout: Duration) -> CmdResult {
                     // Bounded: the probe ends the wait within its retries.
                     let _ = c.conn.wait_disconnected(Some(Duration::from_millis(50)));
                 }
-                poller.progress();
             }
         }
     }
@@ -595,13 +593,13 @@ fn done_arrived(ctl: &mut Ctl<'_>) -> CmdResult<bool> {
 /// Ends at the client's "done" or disconnect (or with an error when the client vanishes).
 fn serve_recv(side: &Side, ctl: &mut Ctl<'_>, echo: bool) -> CmdResult {
     let mut wcs = [WorkCompletion::default(); 64];
-    let mut last_check = Instant::now();
-    let mut poller = Poller::new(Duration::MAX);
     loop {
-        let n = side
-            .cq
-            .poll(&mut wcs)
-            .map_err(|e| format!("poll CQ failed: {e}"))?;
+        // Not after every completion: the check costs system calls, and a SEND arriving
+        // meanwhile would wait for them.
+        let n = session::poll_within(&side.cq, &mut wcs, DONE_CHECK)?;
+        if n == 0 && done_arrived(ctl)? {
+            return Ok(());
+        }
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 return Err(gone(wc));
@@ -616,31 +614,15 @@ fn serve_recv(side: &Side, ctl: &mut Ctl<'_>, echo: bool) -> CmdResult {
                 side.post_recvs(1)?;
             }
         }
-        if n > 0 {
-            poller.progress();
-        } else {
-            poller.idle()?;
-        }
-        // Not on every empty poll: the check costs system calls, and a SEND arriving
-        // meanwhile would wait for them.
-        if n == 0 && last_check.elapsed() > Duration::from_millis(20) {
-            last_check = Instant::now();
-            if done_arrived(ctl)? {
-                return Ok(());
-            }
-        }
     }
 }
 
+/// How long a serving loop waits for completions before it looks for the client's "done".
+const DONE_CHECK: Duration = Duration::from_millis(20);
+
 /// Wait until `side`'s byte at `at` equals `v`, draining send completions meanwhile
 /// (each one taken off `outstanding`).
-fn wait_byte(
-    side: &Side,
-    at: usize,
-    v: u8,
-    poller: &mut Poller,
-    outstanding: &mut u32,
-) -> CmdResult {
+fn wait_byte(side: &Side, at: usize, v: u8, poller: &Poller, outstanding: &mut u32) -> CmdResult {
     if side.memory_wait {
         // As perftest's ib_write_lat: collect the send completions first (polling the CQ),
         // then watch nothing but the byte, so the device's progress thread alone delivers
@@ -648,36 +630,35 @@ fn wait_byte(
         while *outstanding > 0 {
             wait_wc(side, poller, false, outstanding)?;
         }
+        let deadline = Instant::now() + poller.timeout();
         let mut spins = 0u32;
         loop {
             if side.read_byte(at)? == v {
-                poller.progress();
                 return Ok(());
             }
             spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 {
-                poller.check_timeout()?;
+            if spins % 4096 == 0 && Instant::now() > deadline {
+                return Err(format!(
+                    "the peer's write did not arrive within {} s: the peer is gone or unreachable",
+                    poller.timeout().as_secs()
+                ));
             }
             std::hint::spin_loop();
         }
     }
     let mut wcs = [WorkCompletion::default(); 16];
     loop {
-        if side.read_byte(at)? == v {
-            poller.progress();
+        // The peer's WRITE completes nothing here: wait for the byte or a send completion.
+        let n = poller.poll_or(&side.cq, &mut wcs, || Ok(side.read_byte(at)? == v))?;
+        if n == 0 {
             return Ok(());
         }
-        let n = side
-            .cq
-            .poll(&mut wcs)
-            .map_err(|e| format!("poll CQ failed: {e}"))?;
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 return Err(session::wc_error(wc));
             }
             *outstanding = outstanding.saturating_sub(1);
         }
-        poller.idle()?;
     }
 }
 
@@ -692,7 +673,7 @@ fn serve_write_lat(
     iters: u32,
     timeout: Duration,
 ) -> CmdResult {
-    let mut poller = Poller::new(timeout);
+    let poller = Poller::new(timeout);
     let mut seq = 0u64;
     let mut outstanding = 0u32;
     for &size in sizes {
@@ -701,9 +682,9 @@ fn serve_write_lat(
             let v = lat_value(seq);
             seq += 1;
             while outstanding >= SQ_DEPTH / 2 {
-                wait_wc(side, &mut poller, false, &mut outstanding)?;
+                wait_wc(side, &poller, false, &mut outstanding)?;
             }
-            wait_byte(side, size - 1, v, &mut poller, &mut outstanding)?;
+            wait_byte(side, size - 1, v, &poller, &mut outstanding)?;
             side.mr
                 .write(side.half + size - 1, &[v])
                 .map_err(|e| format!("writing the buffer: {e}"))?;
@@ -857,7 +838,7 @@ fn run_bw(
     let mut posted = 0u64;
     let mut done = 0u64;
     let mut wcs = [WorkCompletion::default(); 64];
-    let mut poller = Poller::new(timeout);
+    let poller = Poller::new(timeout);
     let mut progress = Progress::new();
     // (time, completed) samples for the peak.
     let mut samples: Vec<(Instant, u64)> = Vec::new();
@@ -932,7 +913,7 @@ fn lat_row(size: u32, mut t: Vec<f64>) -> LatRow {
 /// send-side completion seen is taken off `outstanding`.
 fn wait_wc(
     side: &Side,
-    poller: &mut Poller,
+    poller: &Poller,
     want_recv: bool,
     outstanding: &mut u32,
 ) -> CmdResult<WorkCompletion> {
@@ -966,7 +947,7 @@ fn run_lat(
     seq: &mut u64,
     timeout: Duration,
 ) -> CmdResult<LatRow> {
-    let mut poller = Poller::new(timeout);
+    let poller = Poller::new(timeout);
     let mut progress = Progress::new();
     let mut t = Vec::with_capacity(iters as usize);
     let sz = size as usize;
@@ -984,7 +965,7 @@ fn run_lat(
                     .and_then(|w| side.qp.post_send(w))
                     .map_err(|e| format!("couldn't post write: {e}"))?;
                 outstanding += 1;
-                wait_byte(side, sz - 1, v, &mut poller, &mut outstanding)?;
+                wait_byte(side, sz - 1, v, &poller, &mut outstanding)?;
                 t.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
             }
             PerfTest::SendLat => {
@@ -992,7 +973,7 @@ fn run_lat(
                     .post_send(wr::send(1, [side.send_sge(sz)?]))
                     .map_err(|e| format!("couldn't post send: {e}"))?;
                 outstanding += 1;
-                wait_wc(side, &mut poller, true, &mut outstanding)?;
+                wait_wc(side, &poller, true, &mut outstanding)?;
                 t.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
                 side.post_recvs(1)?;
             }
@@ -1002,7 +983,7 @@ fn run_lat(
                     .map_err(|e| format!("couldn't post read: {e}"))?;
                 outstanding += 1;
                 while outstanding > 0 {
-                    wait_wc(side, &mut poller, false, &mut outstanding)?;
+                    wait_wc(side, &poller, false, &mut outstanding)?;
                 }
                 t.push(t0.elapsed().as_secs_f64() * 1e6);
             }
@@ -1012,14 +993,14 @@ fn run_lat(
                     .map_err(|e| format!("couldn't post atomic: {e}"))?;
                 outstanding += 1;
                 while outstanding > 0 {
-                    wait_wc(side, &mut poller, false, &mut outstanding)?;
+                    wait_wc(side, &poller, false, &mut outstanding)?;
                 }
                 t.push(t0.elapsed().as_secs_f64() * 1e6);
             }
         }
         // Send completions of the ping-pong tests: collect them before the queue fills.
         while outstanding >= SQ_DEPTH / 2 {
-            wait_wc(side, &mut poller, false, &mut outstanding)?;
+            wait_wc(side, &poller, false, &mut outstanding)?;
         }
         progress.show(size, i as u64 + 1, iters);
     }

@@ -619,7 +619,7 @@ pub fn run(a: &PingpongArgs) -> CmdResult {
     let (mut rcnt, mut scnt) = (0u32, 0u32);
     let mut num_cq_events = 0u32;
     let mut wcs = vec![WorkCompletion::default(); (a.rx_depth + nqp) as usize];
-    let mut poller = Poller::new(timeout);
+    let poller = Poller::new(timeout);
     let refill_at = nqp;
     while rcnt < a.iters || scnt < a.iters {
         let ne = match &channel {

@@ -201,7 +201,7 @@ impl Side {
     ) -> CmdResult<Vec<WorkCompletion>> {
         let mut out = Vec::with_capacity(n);
         let mut buf = [WorkCompletion::default(); 64];
-        let mut poller = session::Poller::new(timeout);
+        let poller = session::Poller::new(timeout);
         while out.len() < n {
             let k = poller.poll(&self.cq, &mut buf)?;
             for wc in &buf[..k] {

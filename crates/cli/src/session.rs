@@ -1,7 +1,7 @@
-//! What every command that runs traffic needs: its device, MTUs, completion
-//! polling with a back-off and deadline, and error lines for failed completions.
+//! What every command that runs traffic needs: its device, MTUs, waiting for
+//! completions with the device's policy and an idle limit, and error lines for failed completions.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use softrdma::{CompletionQueue, Device, DeviceAddr, DeviceConfig, Mtu, WcStatus, WorkCompletion};
 
@@ -69,57 +69,66 @@ pub fn wc_error(wc: &WorkCompletion) -> String {
     )
 }
 
-/// Poll loop with a back-off: spin briefly, then yield, then nap — and a deadline that
-/// is pushed forward by every completion.
+/// Waiting for completions with the device's policy ([`CompletionQueue::wait_or`]: spin
+/// driving progress, then block until a datagram or a completion), every face alike, and
+/// an idle limit: an error once nothing happened for `timeout`.
 pub struct Poller {
-    idle_since: Instant,
     timeout: Duration,
 }
 
 impl Poller {
     pub fn new(timeout: Duration) -> Poller {
-        Poller {
-            idle_since: Instant::now(),
-            timeout,
-        }
+        Poller { timeout }
     }
-    /// Poll `cq` into `wcs`; waits (with back-off) until at least one completion or the
-    /// idle timeout.
-    pub fn poll(&mut self, cq: &CompletionQueue, wcs: &mut [WorkCompletion]) -> CmdResult<usize> {
-        loop {
-            let n = cq.poll(wcs).map_err(|e| format!("poll CQ failed: {e}"))?;
-            if n > 0 {
-                self.idle_since = Instant::now();
-                return Ok(n);
+    /// How long a wait may find nothing before it is an error.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    /// Take up to `wcs.len()` completions of `cq`, at least one, waiting for them; an
+    /// error once none came within the timeout.
+    pub fn poll(&self, cq: &CompletionQueue, wcs: &mut [WorkCompletion]) -> CmdResult<usize> {
+        self.poll_or(cq, wcs, || Ok(false))
+    }
+    /// Like [`Poller::poll`], or 0 as soon as `ready` says so (an error of `ready` ends
+    /// the wait too).
+    pub fn poll_or(
+        &self,
+        cq: &CompletionQueue,
+        wcs: &mut [WorkCompletion],
+        mut ready: impl FnMut() -> CmdResult<bool>,
+    ) -> CmdResult<usize> {
+        let mut failed = None;
+        let r = cq.wait_or(wcs, self.timeout, || match ready() {
+            Ok(r) => r,
+            Err(e) => {
+                failed = Some(e);
+                true
             }
-            self.idle()?;
+        });
+        if let Some(e) = failed {
+            return Err(e);
         }
-    }
-    /// One back-off step; an error once idle for longer than the timeout.
-    pub fn idle(&mut self) -> CmdResult {
-        self.check_timeout()?;
-        let e = self.idle_since.elapsed();
-        if e < Duration::from_micros(100) {
-            std::hint::spin_loop();
-        } else if e < Duration::from_millis(5) {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-        Ok(())
-    }
-    /// An error once idle for longer than the timeout (no back-off).
-    pub fn check_timeout(&self) -> CmdResult {
-        if self.idle_since.elapsed() > self.timeout {
-            return Err(format!(
+        match r {
+            Ok(n) => Ok(n),
+            Err(e) if e.is_timeout() => Err(format!(
                 "no completion for {} s: the peer is gone or unreachable",
                 self.timeout.as_secs()
-            ));
+            )),
+            Err(e) => Err(format!("poll CQ failed: {e}")),
         }
-        Ok(())
     }
-    /// Note progress made outside `poll`.
-    pub fn progress(&mut self) {
-        self.idle_since = Instant::now();
+}
+
+/// Take up to `wcs.len()` completions of `cq`, waiting for them with the device's policy
+/// for no longer than `wait`: 0 when none came.
+pub fn poll_within(
+    cq: &CompletionQueue,
+    wcs: &mut [WorkCompletion],
+    wait: Duration,
+) -> CmdResult<usize> {
+    match cq.wait_or(wcs, wait, || false) {
+        Ok(n) => Ok(n),
+        Err(e) if e.is_timeout() => Ok(0),
+        Err(e) => Err(format!("poll CQ failed: {e}")),
     }
 }

@@ -368,19 +368,37 @@ impl CompletionQueue {
     }
     /// Wait for at least one completion and return up to `out.len()` (at least 1).
     fn wait_into(&self, out: &mut [WorkCompletion], timeout: Duration) -> Result<usize> {
+        self.wait_or(out, timeout, || false)
+    }
+    /// Wait as [`CompletionQueue::wait`] does for completions (up to `out.len()`, at least
+    /// one, returned as a count) or until `ready` returns true (0 then), whichever comes
+    /// first; ETIMEDOUT after `timeout`. `ready` runs whenever the device may have changed
+    /// (a datagram handled, a completion made): a program that watches its own memory for
+    /// a peer's RDMA WRITE, which completes nothing on this side, waits with the device's
+    /// policy instead of a poll loop of its own.
+    pub fn wait_or(
+        &self,
+        out: &mut [WorkCompletion],
+        timeout: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<usize> {
+        if out.is_empty() {
+            return Err(Error::invalid("no room for a completion"));
+        }
         let mut err = None;
-        let r = self
-            .inner
-            .dev
-            .rt()
-            .wait_for(Some(timeout), || match self.poll_quick(out) {
+        let r = self.inner.dev.rt().wait_for(Some(timeout), || {
+            if ready() {
+                return Some(0);
+            }
+            match self.poll_quick(out) {
                 Ok(0) => None,
                 Ok(n) => Some(n),
                 Err(e) => {
                     err = Some(e);
                     Some(0)
                 }
-            });
+            }
+        });
         match (err, r) {
             (Some(e), _) => Err(e),
             (None, Some(n)) => Ok(n),

@@ -382,3 +382,31 @@ fn first_psns_come_from_the_devices_key_generator() {
     assert!(psn <= 0xff_ffff && after_reset <= 0xff_ffff);
     assert_ne!(psn, after_reset, "a reset draws a new first PSN");
 }
+
+/// `wait_or` ends when the watched condition holds (here a peer's WRITE, which completes
+/// nothing on its target), with completions when they come first, and at the timeout.
+#[test]
+fn wait_or_ends_on_the_condition_a_completion_or_the_timeout() {
+    let (a, b) = rc_pair();
+    let mut wcs = [WorkCompletion::default(); 4];
+    let e = b
+        .cq
+        .wait_or(&mut wcs, Duration::from_millis(20), || false)
+        .unwrap_err();
+    assert!(e.is_timeout(), "{e}");
+    a.mr.write(8, &[7]).unwrap();
+    let w = wr::write(1, [a.mr.sge(8..9).unwrap()], &b.mr.remote(), 8).unwrap();
+    a.qp.post_send(w).unwrap();
+    let mut seen = [0u8];
+    let n = b
+        .cq
+        .wait_or(&mut wcs, T, || {
+            b.mr.read(8, &mut seen).unwrap();
+            seen[0] == 7
+        })
+        .unwrap();
+    assert_eq!((n, seen[0]), (0, 7));
+    let n = a.cq.wait_or(&mut wcs, T, || false).unwrap();
+    assert_eq!((n, wcs[0].opcode), (1, WcOpcode::RdmaWrite));
+    assert!(b.cq.is_empty().unwrap());
+}
