@@ -40,18 +40,8 @@ pub fn open_device(opts: &DevOpts) -> CmdResult<Device> {
 
 /// Path MTU from its byte count.
 pub fn mtu_of(bytes: u32) -> CmdResult<Mtu> {
-    Ok(match bytes {
-        256 => Mtu::Mtu256,
-        512 => Mtu::Mtu512,
-        1024 => Mtu::Mtu1024,
-        2048 => Mtu::Mtu2048,
-        4096 => Mtu::Mtu4096,
-        _ => {
-            return Err(format!(
-                "invalid MTU {bytes} (256, 512, 1024, 2048 or 4096)"
-            ))
-        }
-    })
+    Mtu::from_bytes(bytes)
+        .ok_or_else(|| format!("invalid MTU {bytes} (256, 512, 1024, 2048 or 4096)"))
 }
 
 /// An error line for a failed completion.

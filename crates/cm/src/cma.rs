@@ -35,7 +35,7 @@ use softrdma_wire::cm::{
 };
 use softrdma_wire::{KeyRng, Seed};
 
-use crate::ib::{self, fill, CommId, EventKind, IbCm, Peer, MRA_FLAG_DELAY};
+use crate::ib::{self, zero_padded, CommId, EventKind, IbCm, Peer, MRA_FLAG_DELAY};
 
 /// Errno values the model returns (Linux's numbers, which the C face passes on).
 pub mod errno {
@@ -1021,7 +1021,7 @@ impl Cma {
                     rnr_retry_count: p.rnr_retry_count.min(7),
                     srq: p.srq != 0,
                     local_ca_guid: 0,
-                    private_data: fill(&p.private_data),
+                    private_data: zero_padded(&p.private_data),
                 };
                 self.ib
                     .send_rep(now, comm, rep)

@@ -392,7 +392,7 @@ pub struct IbCm {
 /// Longest private data of each message (its field in the MAD).
 pub use softrdma_wire::cm::private_len;
 
-pub(crate) use softrdma_wire::cm::fill;
+pub(crate) use softrdma_wire::cm::zero_padded;
 
 /// A REJ of message `rejected` with `reason`, additional information `ari` (at most 72
 /// bytes) and `private` data.
@@ -660,7 +660,7 @@ impl IbCm {
         let msg = CmMsg::Rtu(Box::new(Ids {
             local_comm_id: c.local_id,
             remote_comm_id: c.remote_id,
-            private_data: fill(private),
+            private_data: zero_padded(private),
         }));
         self.emit(peer, &msg, tid);
         Ok(())
@@ -742,7 +742,7 @@ impl IbCm {
             ids: Ids {
                 local_comm_id: c.local_id,
                 remote_comm_id: c.remote_id,
-                private_data: fill(private),
+                private_data: zero_padded(private),
             },
             remote_qpn: c.remote_qpn,
         }));
@@ -1186,7 +1186,7 @@ impl IbCm {
     fn on_rej(&mut self, now: u64, from: Peer, rej: Box<Rej>) -> bool {
         let remote = rej.local_comm_id;
         let id = if rej.reason == rej_reason::TIMEOUT {
-            let guid = u64::from_be_bytes(fill(&rej.ari[..8]));
+            let guid = u64::from_be_bytes(zero_padded(&rej.ari[..8]));
             self.remote_ids.get(&(from, guid, remote)).copied()
         } else if rej.message_rejected == msg_response::REQ {
             self.find(from, rej.remote_comm_id, 0)
@@ -1288,7 +1288,7 @@ impl IbCm {
             State::Established => CmMsg::Rtu(Box::new(Ids {
                 local_comm_id: c.local_id,
                 remote_comm_id: c.remote_id,
-                private_data: fill(&c.private),
+                private_data: zero_padded(&c.private),
             })),
             State::MraRepSent => mra_of(c, msg_response::REP),
             _ => return true,
@@ -1435,7 +1435,7 @@ fn mra_of(c: &Conn, mraed: u8) -> CmMsg {
         ids: Ids {
             local_comm_id: c.local_id,
             remote_comm_id: c.remote_id,
-            private_data: fill(&c.private),
+            private_data: zero_padded(&c.private),
         },
         message_mraed: mraed,
         service_timeout: c.service_timeout,
@@ -1446,7 +1446,7 @@ fn drep_of(c: &Conn) -> CmMsg {
     CmMsg::Drep(Box::new(Ids {
         local_comm_id: c.local_id,
         remote_comm_id: c.remote_id,
-        private_data: fill(&c.private),
+        private_data: zero_padded(&c.private),
     }))
 }
 

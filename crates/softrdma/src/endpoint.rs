@@ -414,18 +414,12 @@ mod serde_impl {
             if r.qpn > 0xff_ffff || r.psn > 0xff_ffff {
                 return Err(D::Error::custom("QPN and PSN are 24-bit numbers"));
             }
-            let mtu = match r.mtu {
-                256 => Mtu::Mtu256,
-                512 => Mtu::Mtu512,
-                1024 => Mtu::Mtu1024,
-                2048 => Mtu::Mtu2048,
-                4096 => Mtu::Mtu4096,
-                n => {
-                    return Err(D::Error::custom(format!(
-                        "MTU {n} is none of 256, 512, 1024, 2048, 4096"
-                    )))
-                }
-            };
+            let mtu = Mtu::from_bytes(u32::from(r.mtu)).ok_or_else(|| {
+                D::Error::custom(format!(
+                    "MTU {} is none of 256, 512, 1024, 2048, 4096",
+                    r.mtu
+                ))
+            })?;
             Ok(Endpoint {
                 gid: Gid(r.gid.octets()),
                 qpn: r.qpn,

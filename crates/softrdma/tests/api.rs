@@ -389,18 +389,16 @@ fn first_psns_come_from_the_devices_key_generator() {
 fn wait_or_ends_on_the_condition_a_completion_or_the_timeout() {
     let (a, b) = rc_pair();
     let mut wcs = [WorkCompletion::default(); 4];
-    let e = b
-        .cq
-        .wait_or(&mut wcs, Duration::from_millis(20), || false)
-        .unwrap_err();
+    let e =
+        b.cq.wait_or(&mut wcs, Duration::from_millis(20), || false)
+            .unwrap_err();
     assert!(e.is_timeout(), "{e}");
     a.mr.write(8, &[7]).unwrap();
     let w = wr::write(1, [a.mr.sge(8..9).unwrap()], &b.mr.remote(), 8).unwrap();
     a.qp.post_send(w).unwrap();
     let mut seen = [0u8];
-    let n = b
-        .cq
-        .wait_or(&mut wcs, T, || {
+    let n =
+        b.cq.wait_or(&mut wcs, T, || {
             b.mr.read(8, &mut seen).unwrap();
             seen[0] == 7
         })

@@ -7,7 +7,9 @@
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 
-use softrdma_wire::cm::{answer_without_cm, GSI_QKEY, GSI_QPN, MAD_LEN};
+use softrdma_wire::cm::{
+    msg_response, rej_reason, CmMsg, Rej, SidrRep, GSI_QKEY, GSI_QPN, MAD_LEN,
+};
 use softrdma_wire::{psn, Bth, Deth, Headers, Opcode};
 
 use crate::{Nic, Rnic};
@@ -126,6 +128,28 @@ pub(crate) fn receive(env: &mut Nic, src: SocketAddr, tos: u8, h: &Headers, payl
     });
 }
 
+/// What a CM that has nothing (no listener, no connection) answers to the MAD `mad`, as
+/// the Linux CM does for every RoCE device whether or not a program uses rdma_cm: a REQ
+/// gets a REJ "invalid service ID" (8), a SIDR_REQ a SIDR_REP "unsupported", a DREQ a
+/// DREP (so a peer stops asking); anything else, and what does not parse, gets nothing.
+fn answer_without_cm(mad: &[u8]) -> Option<[u8; MAD_LEN]> {
+    let (h, msg) = CmMsg::parse(mad).ok()?;
+    let answer = match msg {
+        CmMsg::Req(req) => CmMsg::Rej(Box::new(Rej::new(
+            0,
+            req.local_comm_id,
+            msg_response::REQ,
+            rej_reason::INVALID_SERVICE_ID,
+            &[],
+            &[],
+        ))),
+        CmMsg::SidrReq(req) => CmMsg::SidrRep(Box::new(SidrRep::unsupported(&req))),
+        CmMsg::Dreq(dreq) => CmMsg::Drep(Box::new(dreq.drep())),
+        _ => return None,
+    };
+    Some(answer.emit(h.tid))
+}
+
 impl Rnic {
     /// The oldest MAD received on QP1 and not yet taken.
     pub fn take_gsi(&mut self) -> Option<GsiMad> {
@@ -135,7 +159,7 @@ impl Rnic {
     /// Whether a connection manager takes the MADs QP1 receives ([`Rnic::take_gsi`]).
     /// Until one does (and after it stops), the GSI keeps no inbox: it answers a REQ,
     /// SIDR_REQ or DREQ as a CM with no listener and no connection would
-    /// ([`answer_without_cm`]), drops the rest and counts them all in
+    /// (`answer_without_cm`), drops the rest and counts them all in
     /// [`Stats::gsi_unserved`](crate::Stats::gsi_unserved). Stopping empties the inbox.
     pub fn set_gsi_consumer(&mut self, on: bool) {
         self.env.gsi.consumer = on;
@@ -203,6 +227,9 @@ mod tests {
     use super::*;
     use crate::tests::{pump, Node};
     use crate::TransmitKind;
+    use softrdma_wire::cm::{
+        port_space, private_len, service_id, sidr_status, CmPath, Dreq, Ids, Req, Rtu, SidrReq,
+    };
     use softrdma_wire::{icrc, udp_src_port, Addrs, DEFAULT_PKEY, ROCEV2_UDP_PORT};
 
     const A: &str = "10.0.0.1";
@@ -406,5 +433,100 @@ mod tests {
         b.nic.handle_datagram(0, src, dst, &data);
         assert!(b.nic.gsi_pending());
         assert_eq!(b.nic.stats().gsi_dropped, extra as u64);
+    }
+
+    /// A REQ as rdma_cm sends one.
+    fn req() -> Req {
+        Req {
+            local_comm_id: 0xA1B2_C3D4,
+            service_id: service_id(port_space::TCP, 7174),
+            local_ca_guid: 0x0011_2233_4455_6677,
+            local_qkey: 0,
+            local_qpn: 0x12_3456,
+            responder_resources: 16,
+            local_eecn: 0,
+            initiator_depth: 15,
+            remote_eecn: 0,
+            remote_cm_response_timeout: 20,
+            transport_service_type: 0,
+            e2e_flow_control: true,
+            starting_psn: 0xAB_CDEF,
+            local_cm_response_timeout: 19,
+            retry_count: 7,
+            pkey: 0xFFFF,
+            path_mtu: 5,
+            rdc_exists: false,
+            rnr_retry_count: 6,
+            max_cm_retries: 15,
+            srq: true,
+            extended_transport_type: 0,
+            primary: CmPath::default(),
+            alternate: CmPath::default(),
+            sap_supported: true,
+            private_data: [0; private_len::REQ],
+        }
+    }
+
+    #[test]
+    fn a_cm_with_nothing_open_refuses_requests_and_answers_disconnects() {
+        let tid = 0x1122_3344_5566_7788;
+        let answer = |m: CmMsg| answer_without_cm(&m.emit(tid)).map(|a| CmMsg::parse(&a).unwrap());
+
+        let (h, rej) = answer(CmMsg::Req(Box::new(req()))).expect("a REQ is answered");
+        assert_eq!(h.tid, tid);
+        let CmMsg::Rej(rej) = rej else {
+            panic!("not a REJ: {rej:?}")
+        };
+        assert_eq!((rej.local_comm_id, rej.remote_comm_id), (0, 0xA1B2_C3D4));
+        assert_eq!(rej.message_rejected, msg_response::REQ);
+        assert_eq!(rej.reason, rej_reason::INVALID_SERVICE_ID);
+        assert_eq!(rej.rejected_info_length, 0);
+
+        let sidr = SidrReq {
+            request_id: 77,
+            pkey: 0xFFFF,
+            service_id: service_id(port_space::UDP, 7174),
+            private_data: [3; private_len::SIDR_REQ],
+        };
+        let (_, rep) = answer(CmMsg::SidrReq(Box::new(sidr))).expect("a SIDR_REQ is answered");
+        let CmMsg::SidrRep(rep) = rep else {
+            panic!("not a SIDR_REP: {rep:?}")
+        };
+        assert_eq!((rep.request_id, rep.status), (77, sidr_status::UNSUPPORTED));
+        assert_eq!(rep.service_id, service_id(port_space::UDP, 7174));
+        assert_eq!((rep.qpn, rep.qkey), (0, 0));
+
+        let dreq = Dreq {
+            ids: Ids {
+                local_comm_id: 5,
+                remote_comm_id: 9,
+                private_data: [0; private_len::DREQ],
+            },
+            remote_qpn: 0x11,
+        };
+        let (_, drep) = answer(CmMsg::Dreq(Box::new(dreq))).expect("a DREQ is answered");
+        let CmMsg::Drep(drep) = drep else {
+            panic!("not a DREP: {drep:?}")
+        };
+        assert_eq!((drep.local_comm_id, drep.remote_comm_id), (9, 5));
+
+        // Answers and what cannot be parsed get nothing.
+        let rtu = Rtu {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            private_data: [0; private_len::RTU],
+        };
+        assert!(answer(CmMsg::Rtu(Box::new(rtu))).is_none());
+        let rej = Rej::new(
+            1,
+            2,
+            msg_response::REQ,
+            rej_reason::CONSUMER_REJECT,
+            &[],
+            b"no",
+        );
+        assert!(answer(CmMsg::Rej(Box::new(rej))).is_none());
+        assert!(answer_without_cm(&[0u8; MAD_LEN]).is_none());
+        assert!(answer_without_cm(&[1u8; 12]).is_none());
     }
 }

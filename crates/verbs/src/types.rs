@@ -185,6 +185,18 @@ impl Mtu {
     pub fn bytes(self) -> usize {
         128 << (self as u32)
     }
+    /// From its byte count (256, 512, 1024, 2048 or 4096), as a user or a peer states
+    /// it: the one parser of MTUs in bytes, so that every face accepts the same ones.
+    pub fn from_bytes(n: u32) -> Option<Mtu> {
+        Some(match n {
+            256 => Mtu::Mtu256,
+            512 => Mtu::Mtu512,
+            1024 => Mtu::Mtu1024,
+            2048 => Mtu::Mtu2048,
+            4096 => Mtu::Mtu4096,
+            _ => return None,
+        })
+    }
     /// From the `IBV_MTU_*` value.
     pub fn from_raw(v: u32) -> Option<Mtu> {
         Some(match v {
@@ -851,4 +863,25 @@ pub enum AsyncEvent {
     PortActive(u8),
     /// The device failed.
     DeviceFatal,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mtu;
+
+    #[test]
+    fn mtus_parse_from_their_byte_counts_and_nothing_else() {
+        for m in [
+            Mtu::Mtu256,
+            Mtu::Mtu512,
+            Mtu::Mtu1024,
+            Mtu::Mtu2048,
+            Mtu::Mtu4096,
+        ] {
+            assert_eq!(Mtu::from_bytes(m.bytes() as u32), Some(m));
+        }
+        for n in [0, 1, 5, 128, 1000, 1500, 8192, u32::MAX] {
+            assert_eq!(Mtu::from_bytes(n), None, "{n}");
+        }
+    }
 }

@@ -630,7 +630,7 @@ pub mod sidr_status {
 
 /// `data` at the start of an `N`-byte field, the rest zero (longer data is cut): how a
 /// message's fixed-size private data is made from a program's shorter buffer.
-pub fn fill<const N: usize>(data: &[u8]) -> [u8; N] {
+pub fn zero_padded<const N: usize>(data: &[u8]) -> [u8; N] {
     let mut a = [0u8; N];
     let n = data.len().min(N);
     a[..n].copy_from_slice(&data[..n]);
@@ -656,8 +656,8 @@ impl Rej {
             message_rejected: rejected,
             rejected_info_length: info as u8,
             reason,
-            ari: fill(&ari[..info]),
-            private_data: fill(private),
+            ari: zero_padded(&ari[..info]),
+            private_data: zero_padded(private),
         }
     }
 
@@ -788,7 +788,7 @@ impl SidrRep {
             service_id: 0,
             qkey,
             additional_info: [0; INFO_LEN],
-            private_data: fill(private),
+            private_data: zero_padded(private),
         }
     }
 }
@@ -812,28 +812,6 @@ impl Dreq {
             private_data: [0; private_len::DREP],
         }
     }
-}
-
-/// What a CM that has nothing (no listener, no connection) answers to the MAD `mad`, as
-/// the Linux CM does for every RoCE device whether or not a program uses rdma_cm: a REQ
-/// gets a REJ "invalid service ID" (8), a SIDR_REQ a SIDR_REP "unsupported", a DREQ a
-/// DREP (so a peer stops asking); anything else, and what does not parse, gets nothing.
-pub fn answer_without_cm(mad: &[u8]) -> Option<[u8; MAD_LEN]> {
-    let (h, msg) = CmMsg::parse(mad).ok()?;
-    let answer = match msg {
-        CmMsg::Req(req) => CmMsg::Rej(Box::new(Rej::new(
-            0,
-            req.local_comm_id,
-            msg_response::REQ,
-            rej_reason::INVALID_SERVICE_ID,
-            &[],
-            &[],
-        ))),
-        CmMsg::SidrReq(req) => CmMsg::SidrRep(Box::new(SidrRep::unsupported(&req))),
-        CmMsg::Dreq(dreq) => CmMsg::Drep(Box::new(dreq.drep())),
-        _ => return None,
-    };
-    Some(answer.emit(h.tid))
 }
 
 /// A CM message.
@@ -1280,69 +1258,6 @@ mod tests {
         assert_eq!(split_service_id(0x0106_1C06), Some((port_space::TCP, 7174)));
         assert_eq!(split_service_id(0x1_0106_1C06), None);
         assert_eq!(split_service_id(0x0206_1C06), None);
-    }
-
-    #[test]
-    fn a_cm_with_nothing_open_refuses_requests_and_answers_disconnects() {
-        let tid = 0x1122_3344_5566_7788;
-        let answer = |m: CmMsg| answer_without_cm(&m.emit(tid)).map(|a| CmMsg::parse(&a).unwrap());
-
-        let (h, rej) = answer(CmMsg::Req(Box::new(req()))).expect("a REQ is answered");
-        assert_eq!(h.tid, tid);
-        let CmMsg::Rej(rej) = rej else {
-            panic!("not a REJ: {rej:?}")
-        };
-        assert_eq!((rej.local_comm_id, rej.remote_comm_id), (0, 0xA1B2_C3D4));
-        assert_eq!(rej.message_rejected, msg_response::REQ);
-        assert_eq!(rej.reason, rej_reason::INVALID_SERVICE_ID);
-        assert_eq!(rej.rejected_info_length, 0);
-
-        let sidr = SidrReq {
-            request_id: 77,
-            pkey: 0xFFFF,
-            service_id: service_id(port_space::UDP, 7174),
-            private_data: [3; private_len::SIDR_REQ],
-        };
-        let (_, rep) = answer(CmMsg::SidrReq(Box::new(sidr))).expect("a SIDR_REQ is answered");
-        let CmMsg::SidrRep(rep) = rep else {
-            panic!("not a SIDR_REP: {rep:?}")
-        };
-        assert_eq!((rep.request_id, rep.status), (77, sidr_status::UNSUPPORTED));
-        assert_eq!(rep.service_id, service_id(port_space::UDP, 7174));
-        assert_eq!((rep.qpn, rep.qkey), (0, 0));
-
-        let dreq = Dreq {
-            ids: Ids {
-                local_comm_id: 5,
-                remote_comm_id: 9,
-                private_data: [0; private_len::DREQ],
-            },
-            remote_qpn: 0x11,
-        };
-        let (_, drep) = answer(CmMsg::Dreq(Box::new(dreq))).expect("a DREQ is answered");
-        let CmMsg::Drep(drep) = drep else {
-            panic!("not a DREP: {drep:?}")
-        };
-        assert_eq!((drep.local_comm_id, drep.remote_comm_id), (9, 5));
-
-        // Answers and what cannot be parsed get nothing.
-        let rtu = Rtu {
-            local_comm_id: 1,
-            remote_comm_id: 2,
-            private_data: [0; private_len::RTU],
-        };
-        assert!(answer(CmMsg::Rtu(Box::new(rtu))).is_none());
-        let rej = Rej::new(
-            1,
-            2,
-            msg_response::REQ,
-            rej_reason::CONSUMER_REJECT,
-            &[],
-            b"no",
-        );
-        assert!(answer(CmMsg::Rej(Box::new(rej))).is_none());
-        assert!(answer_without_cm(&[0u8; MAD_LEN]).is_none());
-        assert!(answer_without_cm(&[1u8; 12]).is_none());
     }
 
     #[test]

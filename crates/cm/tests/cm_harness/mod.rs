@@ -554,7 +554,7 @@ impl World {
                 rnr_retry_count: 7,
                 srq: false,
                 local_ca_guid: guid,
-                private_data: softrdma_wire::cm::fill(&[]),
+                private_data: softrdma_wire::cm::zero_padded(&[]),
             })),
             _ => {
                 // The client's own REQ again, or a new one from its QP (stale).
