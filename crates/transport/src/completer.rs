@@ -211,7 +211,7 @@ pub(crate) fn rewind(qp: &mut QpCtx) {
     qp.req.sr_hole = None;
     qp.req.sack.forget();
     // Karn: the resent packets' acknowledgements may answer the first copies.
-    qp.req.cc.on_resend();
+    qp.req.rtt.on_resend();
     // Finished READs and atomics waiting behind an unfinished one keep their places
     // in the window (see `release_rd`); the others are counted again as they are resent.
     for w in qp.sq.iter_mut() {
@@ -343,7 +343,9 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static st
     // response) as often as a congested path, and a cut at each collapsed the window.
     if let Some(oldest) = qp.oldest_unacked() {
         let high = qp.req.high_psn;
-        qp.req.cc.on_loss_of(oldest, high);
+        if qp.req.cc.on_loss_of(oldest, high, &qp.req.rtt) {
+            qp.req.rtt.on_resend();
+        }
     }
     rewind(qp);
     qp.req.retrying = true;
@@ -398,8 +400,8 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
     qp.req.sack.note(k, now);
     // A peer that sends SACKs shows with them whether the loss was a run (see
     // `sack::on_sack`); the round trip judges only for one that does not.
-    if cut && !qp.req.sack.peer_sacks {
-        qp.req.cc.on_loss_of(k, high);
+    if cut && !qp.req.sack.peer_sacks && qp.req.cc.on_loss_of(k, high, &qp.req.rtt) {
+        qp.req.rtt.on_resend();
     }
     qp.req.sr_sent_at = now;
     // The round-trip timer now waits for the answer to this resend, not for progress
@@ -425,7 +427,7 @@ fn resend_lost_read_request(
     k: u32,
     from_nak: bool,
 ) -> bool {
-    if qp.req.peer_holds != Some(true) && !(from_nak && qp.req.cc.has_sample()) {
+    if qp.req.peer_holds != Some(true) && !(from_nak && qp.req.rtt.has_sample()) {
         return false;
     }
     let Some(w) = qp.unfinished_at(k) else {
@@ -456,8 +458,8 @@ fn sr_answered(qp: &mut QpCtx, now: u64, p: u32, nak: bool) -> bool {
         return false;
     }
     qp.req.sr_hole = None;
-    if !qp.req.cc.has_sample() {
-        qp.req.cc.on_rtt(now.saturating_sub(qp.req.sr_sent_at));
+    if !qp.req.rtt.has_sample() {
+        qp.req.rtt.on_sample(now.saturating_sub(qp.req.sr_sent_at));
     }
     let next = psn::add(k, 1);
     let learn = qp.req.sr_from_nak;
@@ -535,7 +537,7 @@ pub(crate) fn handle_response(
         h.aeth.map(|a| a.syndrome),
         Some(Syndrome::Nak(_) | Syndrome::RnrNak { .. })
     );
-    qp.req.cc.on_answer(p, inclusive, now);
+    qp.req.rtt.on_answer(p, inclusive, now);
     let mut progress = false;
     match info.kind {
         OpKind::Acknowledge => {
@@ -615,7 +617,7 @@ pub(crate) fn handle_response(
                     rewind(qp);
                     // The resend waits for the RNR timer: an answer to it measures that
                     // wait, not the round trip.
-                    qp.req.cc.probe = None;
+                    qp.req.rtt.stop_timing();
                     qp.req.rnr_until = Some(now.saturating_add(rnr_timer_ns(timer)));
                     return;
                 }
@@ -774,7 +776,11 @@ fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
         return;
     }
     let una = qp.oldest_unacked().unwrap_or(qp.req.high_psn);
-    let acked = qp.req.cc.advance(una, now);
+    let acked = qp.req.cc.advance(una, now, &qp.req.rtt);
+    if acked > 0 {
+        qp.req.rtt.on_acked_below(una, now);
+        qp.req.rtt.on_progress();
+    }
     qp.req.cc.on_acked(acked);
     if progress {
         renew_retries(qp);
@@ -865,9 +871,11 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
         }
         if let Some(q) = congested {
             let high = qp.req.high_psn;
-            qp.req.cc.on_congestion_loss(q, high);
+            if qp.req.cc.on_congestion_loss(q, high, &qp.req.rtt) {
+                qp.req.rtt.on_resend();
+            }
         }
-        qp.req.cc.on_resend();
+        qp.req.rtt.on_resend();
         // The round-trip timer now waits for the answer to these requests.
         qp.req.rto_fast = None;
         qp.arm_timers(now);
@@ -990,10 +998,15 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         qp.req.rto_fast = None;
         if matches!(qp.state, QpState::Rts | QpState::Sqd) && outstanding(qp) {
             env.stats.rtt_timeouts += 1;
-            let (srtt, min_rtt, backoff) = qp.req.cc.estimate();
+            let rtt = &qp.req.rtt;
+            let (srtt, min_rtt, backoff) = (rtt.smoothed(), rtt.min(), rtt.backoff());
             let cwnd = qp.req.cc.cwnd;
             // Cut and backed off only when the path has gone quiet.
-            let cut = qp.req.cc.on_rtt_timeout(now);
+            let cut = qp.req.cc.on_rtt_timeout(now, &qp.req.rtt);
+            if cut {
+                qp.req.rtt.on_resend();
+                qp.req.rtt.back_off();
+            }
             debug!(
                 qpn = format_args!("{:#x}", qp.qpn),
                 psn = qp.oldest_unacked(),
@@ -1048,6 +1061,8 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         }
         env.stats.timeouts += 1;
         qp.req.cc.on_timeout();
+        qp.req.rtt.stop_timing();
+        qp.req.rtt.back_off();
         debug!(
             qpn = format_args!("{:#x}", qp.qpn),
             psn = qp.oldest_unacked(),

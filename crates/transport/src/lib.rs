@@ -34,6 +34,7 @@ mod objects;
 mod qp;
 mod requester;
 mod responder;
+mod rtt;
 mod sack;
 #[cfg(test)]
 mod tests;

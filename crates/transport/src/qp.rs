@@ -170,11 +170,13 @@ pub(crate) struct ReqState {
     pub rnr_left: u8,
     /// Local ACK timeout deadline (from the last progress; spends a retry when it fires).
     pub rto: Option<u64>,
-    /// Retransmission deadline from the measured round trip ([`crate::cc`]): resends
+    /// Retransmission deadline from the measured round trip ([`crate::rtt`]): resends
     /// early, spends no retry.
     pub rto_fast: Option<u64>,
-    /// Congestion window and round-trip estimate.
+    /// Congestion window.
     pub cc: crate::cc::Cc,
+    /// Round-trip estimate and the round-trip timer's backoff.
+    pub rtt: crate::rtt::RttEstimator,
     /// Waiting after an RNR NAK until then.
     pub rnr_until: Option<u64>,
     /// A go-back-N started by a response is under way (cleared by progress).
@@ -693,7 +695,7 @@ impl QpCtx {
             self.req.rto = limit.map(|t| now.saturating_add(t));
         }
         if self.req.rto_fast.is_none() {
-            self.req.rto_fast = self.req.cc.rto(limit).map(|t| now.saturating_add(t));
+            self.req.rto_fast = self.req.rtt.rto(limit).map(|t| now.saturating_add(t));
         }
     }
 }

@@ -343,7 +343,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         if is_rc {
             if asks_ack {
                 // A READ is timed to its first response: a round trip, not the transfer.
-                qp.req.cc.maybe_probe(pkt_psn, now, resend);
+                qp.req.rtt.time(pkt_psn, now, resend);
             }
             qp.arm_timers(now);
         }

@@ -152,7 +152,7 @@ pub(crate) fn maybe_permit(qp: &mut QpCtx, env: &mut Nic, now: u64) {
 /// How long a resent hole is given before a SACK that still shows it missing resends it
 /// again: a round trip and its variation.
 fn resend_guard(qp: &QpCtx) -> u64 {
-    qp.req.cc.resend_guard().unwrap_or(RESEND_GUARD_NS)
+    qp.req.rtt.resend_guard().unwrap_or(RESEND_GUARD_NS)
 }
 
 /// Whether packet `q` was resent so recently that evidence of it missing may predate
@@ -188,7 +188,7 @@ pub(crate) fn resend_due(qp: &QpCtx, q: u32, now: u64, newest: Option<u64>) -> b
 /// responses received twice in one run, of 4,225 asked), the second answer arriving
 /// after the READ completed.
 pub(crate) fn read_part_due(qp: &QpCtx, q: u32, now: u64, newest: Option<u64>) -> bool {
-    let guard = qp.req.cc.rto_base().unwrap_or(RESEND_GUARD_NS);
+    let guard = qp.req.rtt.rto_base().unwrap_or(RESEND_GUARD_NS);
     due_after(qp, q, now, newest, guard)
 }
 
@@ -379,8 +379,8 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
             burst,
             "holes resent from a SACK"
         );
-        if congested {
-            qp.req.cc.on_congestion_loss(q, high);
+        if congested && qp.req.cc.on_congestion_loss(q, high, &qp.req.rtt) {
+            qp.req.rtt.on_resend();
         }
         // The round-trip timer now waits for the answer to these resends.
         qp.req.rto_fast = None;

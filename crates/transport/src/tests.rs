@@ -2322,7 +2322,7 @@ fn reads_losing_a_request(holds: bool, lose_nak: bool) -> (Node, Node, Vec<u32>,
         Network::new(0, link.clone()),
         |_, _| false,
     );
-    assert!(a.nic.qps[&a.qpn].req.cc.has_sample());
+    assert!(a.nic.qps[&a.qpn].req.rtt.has_sample());
     if !holds {
         b.nic.qps.get_mut(&b.qpn).unwrap().peer_port = None;
     }
