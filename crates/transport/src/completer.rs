@@ -5,6 +5,7 @@
 use softrdma_wire::{psn, Headers, NakCode, OpKind, Position, Syndrome};
 use tracing::{debug, trace, warn};
 
+use crate::cc::Loss;
 use crate::qp::{rnr_timer_ns, QpCtx, ReqState, SendWqe};
 use crate::requester;
 use crate::verbs::{
@@ -342,10 +343,7 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static st
     // a selective repeat: a go-back-N answers one lost packet (a READ's request, a
     // response) as often as a congested path, and a cut at each collapsed the window.
     if let Some(oldest) = qp.oldest_unacked() {
-        let high = qp.req.high_psn;
-        if qp.req.cc.on_loss_of(oldest, high, &qp.req.rtt) {
-            qp.req.rtt.on_resend();
-        }
+        qp.req.lost(Loss::Packet(oldest));
     }
     rewind(qp);
     qp.req.retrying = true;
@@ -400,8 +398,8 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
     qp.req.sack.note(k, now);
     // A peer that sends SACKs shows with them whether the loss was a run (see
     // `sack::on_sack`); the round trip judges only for one that does not.
-    if cut && !qp.req.sack.peer_sacks && qp.req.cc.on_loss_of(k, high, &qp.req.rtt) {
-        qp.req.rtt.on_resend();
+    if cut && !qp.req.sack.peer_sacks {
+        qp.req.lost(Loss::Packet(k));
     }
     qp.req.sr_sent_at = now;
     // The round-trip timer now waits for the answer to this resend, not for progress
@@ -776,12 +774,7 @@ fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
         return;
     }
     let una = qp.oldest_unacked().unwrap_or(qp.req.high_psn);
-    let acked = qp.req.cc.advance(una, now, &qp.req.rtt);
-    if acked > 0 {
-        qp.req.rtt.on_acked_below(una, now);
-        qp.req.rtt.on_progress();
-    }
-    qp.req.cc.on_acked(acked);
+    qp.req.acked_to(una, now);
     if progress {
         renew_retries(qp);
         qp.req.rto = None;
@@ -870,10 +863,7 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
             qp.req.sack.resent.retain(|&q, _| !psn::lt(q, oldest));
         }
         if let Some(q) = congested {
-            let high = qp.req.high_psn;
-            if qp.req.cc.on_congestion_loss(q, high, &qp.req.rtt) {
-                qp.req.rtt.on_resend();
-            }
+            qp.req.lost(Loss::Run(q));
         }
         qp.req.rtt.on_resend();
         // The round-trip timer now waits for the answer to these requests.
@@ -1000,13 +990,9 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             env.stats.rtt_timeouts += 1;
             let rtt = &qp.req.rtt;
             let (srtt, min_rtt, backoff) = (rtt.smoothed(), rtt.min(), rtt.backoff());
-            let cwnd = qp.req.cc.cwnd;
+            let cwnd = qp.req.cc.window();
             // Cut and backed off only when the path has gone quiet.
-            let cut = qp.req.cc.on_rtt_timeout(now, &qp.req.rtt);
-            if cut {
-                qp.req.rtt.on_resend();
-                qp.req.rtt.back_off();
-            }
+            let cut = qp.req.lost(Loss::RttTimeout(now));
             debug!(
                 qpn = format_args!("{:#x}", qp.qpn),
                 psn = qp.oldest_unacked(),
@@ -1060,9 +1046,7 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             return;
         }
         env.stats.timeouts += 1;
-        qp.req.cc.on_timeout();
-        qp.req.rtt.stop_timing();
-        qp.req.rtt.back_off();
+        qp.req.lost(Loss::AckTimeout);
         debug!(
             qpn = format_args!("{:#x}", qp.qpn),
             psn = qp.oldest_unacked(),

@@ -576,10 +576,10 @@ impl Rnic {
         if mask.contains(M::SQ_PSN) && !qp.sq.iter().any(|w| w.started) {
             qp.req.next_psn = qp.attr.sq_psn & wire::psn::MASK;
             qp.req.high_psn = qp.req.next_psn;
-            qp.req.cc.una = qp.req.next_psn;
+            qp.req.una = qp.req.next_psn;
         }
         if mask.contains(M::PATH_MTU) {
-            qp.req.cc.set_mtu(qp.mtu(), self.env.rx_buffer);
+            qp.req.cc.on_path(qp.mtu(), self.env.rx_buffer);
         }
         if mask.contains(M::RETRY_CNT) || (new == QpState::Rts && old == QpState::Rtr) {
             qp.req.retry_left = qp.attr.retry_cnt;

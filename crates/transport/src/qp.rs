@@ -8,24 +8,17 @@ use std::net::SocketAddr;
 use softrdma_wire::ext::{SackBitmap, SACK_SPAN};
 use softrdma_wire::{psn, Headers};
 
+use crate::cc::{Controller, Loss};
 use crate::verbs::{QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, WcDetail, WcError, WcStatus};
 
 /// Packets sent without AckReq before the requester asks for an ACK anyway (rxe's
 /// RXE_MAX_PKT_PER_ACK), so that long messages get acknowledged as they go.
 pub(crate) const MAX_PKT_PER_ACK: u32 = 64;
 
-/// Request packets in flight at most at path MTU 4096 (sent, and neither acknowledged
-/// nor shown held by a SACK), so a huge message is paced by the ACKs rather than queued
-/// whole. 512 full-MTU packets are about what a 4 MiB socket receive buffer holds (each
-/// 4 KiB datagram costs 6-8 KiB of it): with more in flight the receiver's buffer
-/// overflows, and every drop costs a sequence NAK and a resend. Smaller packets cost
-/// less of it, and more of them may be in flight (`cc::ceiling_for`).
-pub(crate) const MAX_INFLIGHT_PSNS: i32 = 512;
-
 /// PSNs past the oldest unacknowledged one a requester may have sent, and past the
 /// expected one a responder holds (see [`Held`]); far inside the 2^23 PSN window.
 ///
-/// Why more than [`MAX_INFLIGHT_PSNS`]: a lost packet holds the oldest PSN for the round
+/// Why more than the congestion window's ceiling (`cc::ceiling_for`): a lost packet holds the oldest PSN for the round
 /// trip its repair takes, while the packets after it leave the socket buffers for the
 /// responder's hold. With the send bounded by the in-flight limit from the oldest PSN, a
 /// sender on a lossy path stopped at every loss for that round trip, its pipe empty
@@ -36,7 +29,7 @@ pub(crate) const HOLD_SPAN: i32 = softrdma_wire::ext::SACK_SPAN as i32;
 /// Datagrams the outbox holds before requesters stop producing more until it drains
 /// (they continue from `poll_transmit`), so that a long message is built a batch at a
 /// time, into buffers still in cache when the driver sends them, instead of a whole
-/// window (up to MAX_INFLIGHT_PSNS packets) at post time.
+/// window at post time.
 pub(crate) const OUTBOX_MAX: usize = 256;
 
 /// Go-back-N recoveries between two tries of a selective resend on a peer that did not
@@ -173,8 +166,11 @@ pub(crate) struct ReqState {
     /// Retransmission deadline from the measured round trip ([`crate::rtt`]): resends
     /// early, spends no retry.
     pub rto_fast: Option<u64>,
-    /// Congestion window.
-    pub cc: crate::cc::Cc,
+    /// Congestion controller.
+    pub cc: Box<dyn Controller>,
+    /// The oldest unacknowledged PSN as of the last acknowledgement, to count what the
+    /// next one acknowledges.
+    pub una: u32,
     /// Round-trip estimate and the round-trip timer's backoff.
     pub rtt: crate::rtt::RttEstimator,
     /// Waiting after an RNR NAK until then.
@@ -208,6 +204,44 @@ pub(crate) struct ReqState {
     pub sqd_notified: bool,
     /// Stopped at a full outbox; queued in `Nic::tx_wait` to continue when it drains.
     pub tx_wait: bool,
+}
+
+impl ReqState {
+    /// Tell the congestion controller of `loss`; returns whether it cut the window. A
+    /// cut is followed by a resend, whose answer may answer the timed packet's second
+    /// copy (Karn, `RttEstimator::on_resend`); a cut by the round-trip timer (a path
+    /// gone quiet) and a local ACK timeout also back the timer off, and the latter ends
+    /// the timing whatever was measured.
+    pub fn lost(&mut self, loss: Loss) -> bool {
+        let cut = self.cc.on_loss(loss, &self.rtt);
+        match loss {
+            Loss::AckTimeout => {
+                self.rtt.stop_timing();
+                self.rtt.back_off();
+            }
+            Loss::RttTimeout(_) if cut => {
+                self.rtt.on_resend();
+                self.rtt.back_off();
+            }
+            _ if cut => self.rtt.on_resend(),
+            _ => {}
+        }
+        cut
+    }
+
+    /// The oldest unacknowledged PSN is now `una` (at `now`): the packets before it were
+    /// acknowledged, which the controller counts, a timed one among them measures the
+    /// round trip, and the timer's backoff ends.
+    pub fn acked_to(&mut self, una: u32, now: u64) {
+        let n = psn::diff(una, self.una);
+        if n <= 0 {
+            return;
+        }
+        self.una = una;
+        self.cc.on_acked(now, n as u32, &self.rtt);
+        self.rtt.on_acked_below(una, now);
+        self.rtt.on_progress();
+    }
 }
 
 /// A READ or atomic the responder executed, kept for duplicate requests. A READ keeps

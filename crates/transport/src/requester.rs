@@ -110,7 +110,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             // window, what is in flight (packets a SACK showed held are not; counted
             // only when it matters, as this runs for every packet).
             let out = psn::diff(next, base);
-            let cwnd = qp.req.cc.cwnd as i32;
+            let cwnd = qp.req.cc.window() as i32;
             if out >= HOLD_SPAN {
                 break;
             }
@@ -212,7 +212,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 // must say the READ's whole length, which its PSNs follow); after that, a
                 // resent one asks for a window's worth (see `SendWqe::read_req_end`).
                 let end = if k > 0 && psn::lt(pkt_psn, qp.req.high_psn) {
-                    k.saturating_add(qp.req.cc.cwnd.max(1)).min(w.npkts)
+                    k.saturating_add(qp.req.cc.window().max(1)).min(w.npkts)
                 } else {
                     w.npkts
                 };
@@ -305,7 +305,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                     // The responder ACKs only what asks for it: ask at least four times
                     // per window, or a window smaller than MAX_PKT_PER_ACK (after loss)
                     // would stall, full of packets no ACK will answer until a timeout.
-                    let every = MAX_PKT_PER_ACK.min((qp.req.cc.cwnd / 4).max(1));
+                    let every = MAX_PKT_PER_ACK.min((qp.req.cc.window() / 4).max(1));
                     bth.ack_req = last || qp.req.noack_pkts >= every;
                     if bth.ack_req {
                         qp.req.noack_pkts = 0;
@@ -339,6 +339,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         }
         if psn::ge(end_psn, qp.req.high_psn) {
             qp.req.high_psn = psn::add(end_psn, 1);
+            qp.req.cc.on_sent(qp.req.high_psn);
         }
         if is_rc {
             if asks_ack {

@@ -281,7 +281,7 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
     // The answer to a SACK_PERMIT comes when nothing may be outstanding any more.
     if !qp.req.sack.peer_sacks {
         qp.req.sack.peer_sacks = true;
-        qp.req.cc.undo_rtt_cut();
+        qp.req.cc.on_peer_sacks();
     }
     let Some(oldest) = qp.oldest_unacked() else {
         return;
@@ -374,13 +374,13 @@ pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: Sac
             qpn = format_args!("{:#x}", qp.qpn),
             from = q,
             resent,
-            cwnd = qp.req.cc.cwnd,
+            cwnd = qp.req.cc.window(),
             outstanding = psn::diff(high, oldest),
             burst,
             "holes resent from a SACK"
         );
-        if congested && qp.req.cc.on_congestion_loss(q, high, &qp.req.rtt) {
-            qp.req.rtt.on_resend();
+        if congested {
+            qp.req.lost(crate::cc::Loss::Run(q));
         }
         // The round-trip timer now waits for the answer to these resends.
         qp.req.rto_fast = None;

@@ -223,6 +223,17 @@ pub(crate) fn pair(t: QpType, cfg: &Cfg) -> (Node, Node) {
     (a, b)
 }
 
+/// Give `n`'s QP a congestion controller whose window and slow-start threshold start at
+/// `w` packets, under the ceiling of the QP's path.
+fn set_window(n: &mut Node, w: u32) {
+    use crate::cc::Controller;
+    let rx = n.nic.env.rx_buffer;
+    let q = n.nic.qps.get_mut(&n.qpn).unwrap();
+    let mut cc = crate::cc::Reno::with_window(w);
+    cc.on_path(q.mtu(), rx);
+    q.req.cc = Box::new(cc);
+}
+
 /// Virtual time a run may take before it counts as hung.
 const RUN_LIMIT: u64 = 60_000_000_000;
 
@@ -245,9 +256,11 @@ fn the_window_ceiling_follows_the_path_mtu_and_the_receive_buffer() {
         };
         connect(&mut a, &b, QpType::Rc, &cfg, 0, 0);
         connect(&mut b, &a, QpType::Rc, &cfg, 0, 0);
-        let c = &a.nic.qps[&a.qpn].req.cc;
-        assert_eq!(c.cwnd, c.ceiling, "a new connection starts at its ceiling");
-        (c.ceiling, a, b)
+        let w = a.nic.qps[&a.qpn].req.cc.window();
+        let rx = rx.unwrap_or(crate::cc::DEFAULT_RX_BUFFER);
+        let c = crate::cc::ceiling_for(mtu.bytes(), rx);
+        assert_eq!(w, c, "a new connection starts at its ceiling");
+        (w, a, b)
     };
     assert_eq!(ceiling(None, Mtu::Mtu1024).0, 2048);
     assert_eq!(ceiling(None, Mtu::Mtu4096).0, 512);
@@ -1107,7 +1120,7 @@ fn big_write_is_paced_and_completes() {
     while a.nic.poll_transmit(now).is_some() {
         queued += 1;
     }
-    let ceiling = a.nic.qps[&a.qpn].req.cc.ceiling as usize;
+    let ceiling = a.nic.qps[&a.qpn].req.cc.window() as usize;
     assert!(queued <= ceiling, "{queued}");
     // Start over with delivery (the ones taken above are lost: retransmitted on timeout).
     pump(&mut a, &mut b, &mut now, |_, _| false);
@@ -2023,11 +2036,7 @@ fn a_sack_resends_the_holes_with_enough_held_past_them() {
 fn packets_a_sack_shows_held_leave_the_window_at_once() {
     let cfg = Cfg::default();
     let (mut a, b) = pair(QpType::Rc, &cfg);
-    {
-        let cc = &mut a.nic.qps.get_mut(&a.qpn).unwrap().req.cc;
-        cc.cwnd = 8;
-        cc.ssthresh = 8;
-    }
+    set_window(&mut a, 8);
     let sent = write_unsent(&mut a, &b, &pattern(32 * 1024, 8));
     assert_eq!(sent.len(), 8, "the window's worth");
     let b_port = wire::udp_src_port(b.qpn);
@@ -2055,7 +2064,7 @@ fn runs_of_losses_cut_the_window_and_isolated_ones_do_not() {
         let (out, data) = write_sent_undelivered(&mut a, &b, 5, 32);
         let b_port = wire::udp_src_port(b.qpn);
         let mut now = 0;
-        let cwnd = a.nic.qps[&a.qpn].req.cc.cwnd;
+        let cwnd = a.nic.qps[&a.qpn].req.cc.window();
         let held: Vec<u32> = (1..32).filter(|d| !holes.contains(d)).collect();
         let resent = inject_sack(&mut a, &b, b_port, now, cfg.psn_a, &held);
         let want: Vec<u32> = holes
@@ -2063,7 +2072,7 @@ fn runs_of_losses_cut_the_window_and_isolated_ones_do_not() {
             .map(|&d| wire::psn::add(cfg.psn_a, d))
             .collect();
         assert_eq!(resent, want, "every hole resent at once");
-        let after = a.nic.qps[&a.qpn].req.cc.cwnd;
+        let after = a.nic.qps[&a.qpn].req.cc.window();
         if cut {
             assert!(
                 after < cwnd,
@@ -2103,7 +2112,7 @@ fn a_hole_at_the_oldest_psn_does_not_stop_the_send() {
         a.send(0, 100 + id, op, vec![a.sge(0, BUF)]).unwrap();
     }
     let hole = wire::psn::add(a.nic.qps[&a.qpn].req.next_psn, 10);
-    let far = a.nic.qps[&a.qpn].req.cc.ceiling as i32 + 64;
+    let far = a.nic.qps[&a.qpn].req.cc.window() as i32 + 64;
     let mut now = 1_000_000_000;
     let link = Faults {
         delay_ns: 20_000,
@@ -2162,7 +2171,7 @@ fn a_sequence_nak_from_a_sack_peer_leaves_the_window_to_the_sacks() {
         q.peer_port = Some(out[0].src.port());
         q.resp.sack_peer = sacks;
         a.nic.qps.get_mut(&a.qpn).unwrap().req.sack.peer_sacks = sacks;
-        let cwnd = a.nic.qps[&a.qpn].req.cc.cwnd;
+        let cwnd = a.nic.qps[&a.qpn].req.cc.window();
         let mut now = 0;
         for t in &out[1..] {
             b.nic.handle_datagram(now, t.src, t.dst, &t.data);
@@ -2184,7 +2193,7 @@ fn a_sequence_nak_from_a_sack_peer_leaves_the_window_to_the_sacks() {
         let s = a.nic.stats();
         assert_eq!((s.naks_rcvd_seq, s.retransmits), (1, 1), "{s:?}");
         assert!(!sacks || b.nic.stats().sacks_sent > 0);
-        let after = a.nic.qps[&a.qpn].req.cc.cwnd;
+        let after = a.nic.qps[&a.qpn].req.cc.window();
         if sacks {
             assert_eq!(after, cwnd, "one isolated loss from a SACK peer");
         } else {
@@ -2417,11 +2426,7 @@ fn read_responses_past_a_missing_one_leave_the_window() {
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
     let data = pattern(BUF, 6);
     b.write(0, &data);
-    {
-        let cc = &mut a.nic.qps.get_mut(&a.qpn).unwrap().req.cc;
-        cc.cwnd = 8;
-        cc.ssthresh = 8;
-    }
+    set_window(&mut a, 8);
     let mut now = 0;
     let first = a.nic.qps[&a.qpn].req.next_psn;
     for i in 0..4usize {
@@ -2490,7 +2495,7 @@ fn runs_of_lost_read_responses_cut_the_window_and_isolated_ones_do_not() {
         });
         assert_eq!(r.a.read(0, BUF), r.data);
         let q = &r.a.nic.qps[&r.a.qpn];
-        (q.req.cc.cwnd, r.a.nic.stats().rtt_timeouts)
+        (q.req.cc.window(), r.a.nic.stats().rtt_timeouts)
     };
     let isolated: Vec<u32> = (1..=8).map(|i| i * 25).collect();
     // read_losing's path MTU is 256.
@@ -2564,7 +2569,7 @@ fn a_go_back_n_on_a_path_without_a_queue_keeps_the_window() {
         "each time the hole and the 31 after it"
     );
     assert_eq!(
-        q.req.cc.cwnd,
+        q.req.cc.window(),
         crate::cc::ceiling_for(1024, crate::cc::DEFAULT_RX_BUFFER)
     );
 }
@@ -2598,7 +2603,7 @@ fn the_first_sack_undoes_a_cut_the_round_trip_alone_made() {
     assert!(q.req.sack.peer_sacks, "b answered the SACK_PERMIT");
     assert_eq!(a.nic.stats().retransmits, 1, "the hole alone");
     assert_eq!(
-        q.req.cc.cwnd,
+        q.req.cc.window(),
         crate::cc::ceiling_for(1024, crate::cc::DEFAULT_RX_BUFFER)
     );
 }
