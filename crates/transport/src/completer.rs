@@ -7,6 +7,7 @@ use tracing::{debug, trace, warn};
 
 use crate::cc::Loss;
 use crate::qp::{rnr_timer_ns, QpCtx, ReqState, SendWqe};
+use crate::recovery::Repeat;
 use crate::requester;
 use crate::verbs::{
     AsyncEvent, QpState, SendFlags, WcDetail, WcError, WcOpcode, WcStatus, WorkCompletion,
@@ -208,9 +209,7 @@ pub(crate) fn rewind(qp: &mut QpCtx) {
     qp.req.offset = 0;
     qp.req.noack_pkts = 0;
     qp.req.rto = None;
-    qp.req.rto_fast = None;
-    qp.req.sr_hole = None;
-    qp.req.sack.forget();
+    qp.req.rec.on_go_back_n();
     // Karn: the resent packets' acknowledgements may answer the first copies.
     qp.req.rtt.on_resend();
     // Finished READs and atomics waiting behind an unfinished one keep their places
@@ -268,7 +267,7 @@ fn ack_upto(qp: &mut QpCtx, p: u32, inclusive: bool) -> Acked {
                 // A READ the responder executed, some of whose responses are missing:
                 // those were lost, and are asked for alone (after the response at hand).
                 w.read_whole_sent = true;
-                req.read_repair_due = true;
+                req.rec.read_repair_needed();
                 continue;
             }
             if covered {
@@ -304,7 +303,7 @@ fn use_retry(qp: &mut QpCtx, env: &mut Nic, now: u64, cause: &'static str) -> bo
 
 /// Progress: a later loss is a new one, with its own go-back-N and a fresh retry count.
 fn renew_retries(qp: &mut QpCtx) {
-    qp.req.retrying = false;
+    qp.req.rec.on_progress();
     qp.req.retry_left = qp.attr.retry_cnt;
     qp.req.rnr_left = qp.attr.rnr_retry;
 }
@@ -316,7 +315,7 @@ fn on_lost_response(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
         renew_retries(qp);
     }
     if retry_from_response(qp, env, now, "response past a lost READ/atomic response") {
-        after(qp, env, now, false);
+        after_response(qp, env, now, false);
     }
 }
 
@@ -326,7 +325,7 @@ fn on_lost_response(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
 /// rxe does with `started_retry`; otherwise one loss would burn several retries. False if
 /// the QP failed for lack of retries. `why` names the evidence, for the log.
 fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static str) -> bool {
-    if qp.req.retrying {
+    if qp.req.rec.is_retrying() {
         return true;
     }
     if !use_retry(qp, env, now, "retry count exceeded after a loss") {
@@ -346,7 +345,7 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static st
         qp.req.lost(Loss::Packet(oldest));
     }
     rewind(qp);
-    qp.req.retrying = true;
+    qp.req.rec.start_retry();
     true
 }
 
@@ -359,22 +358,14 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static st
 /// nothing was sent after `k`, or `k` is a READ or atomic request. `cut`: the loss
 /// counts against the window here (the round-trip timer counted it already).
 fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) -> bool {
-    if qp.req.retrying || qp.req.rnr_until.is_some() {
-        return false;
-    }
-    if qp.req.peer_holds == Some(false) {
-        if qp.req.sr_probe_in > 0 {
-            qp.req.sr_probe_in -= 1;
-            return false;
+    let rnr_wait = qp.req.rnr_until.is_some();
+    match qp.req.rec.selective_repeat(k, now, rnr_wait, &qp.req.rtt) {
+        Repeat::GoBackN => return false,
+        Repeat::InFlight => {
+            qp.arm_timers(now);
+            return true;
         }
-        // Ask again (the answer to this resend decides, see `sr_answered`).
-        qp.req.sr_probe_in = crate::qp::SR_RETRY_AFTER;
-    }
-    if qp.req.sr_hole == Some(k) || crate::sack::recently_resent(qp, k, now) {
-        // The same loss reported again, or resent for a SACK: its resend is on its way
-        // (and if that is lost too, the round-trip timer or a later SACK resends it).
-        qp.arm_timers(now);
-        return true;
+        Repeat::Resend => {}
     }
     let high = qp.req.high_psn;
     if !psn::lt(psn::add(k, 1), high)
@@ -393,18 +384,9 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
         psn = k,
         "selective repeat"
     );
-    qp.req.sr_hole = Some(k);
-    qp.req.sr_from_nak = cut;
-    qp.req.sack.note(k, now);
-    // A peer that sends SACKs shows with them whether the loss was a run (see
-    // `sack::on_sack`); the round trip judges only for one that does not.
-    if cut && !qp.req.sack.peer_sacks {
+    if qp.req.rec.hole_resent(k, now, cut) {
         qp.req.lost(Loss::Packet(k));
     }
-    qp.req.sr_sent_at = now;
-    // The round-trip timer now waits for the answer to this resend, not for progress
-    // that the hole held up since the last acknowledgement.
-    qp.req.rto_fast = None;
     qp.arm_timers(now);
     true
 }
@@ -417,7 +399,7 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
 /// rest, as an ACK of a resent packet does (see [`sr_answered`]); only the round-trip
 /// timer does, when nothing follows them (see [`on_timers`]). Without a measure that
 /// would be the local ACK timeout, and a resend the timer made is not a question asked
-/// (`sr_from_nak`), so nothing would be learnt from it.
+/// (no sequence NAK named the packet), so nothing would be learnt from it.
 fn resend_lost_read_request(
     qp: &mut QpCtx,
     env: &mut Nic,
@@ -425,7 +407,7 @@ fn resend_lost_read_request(
     k: u32,
     from_nak: bool,
 ) -> bool {
-    if qp.req.peer_holds != Some(true) && !(from_nak && qp.req.rtt.has_sample()) {
+    if !qp.req.rec.may_resend_read_request(from_nak, &qp.req.rtt) {
         return false;
     }
     let Some(w) = qp.unfinished_at(k) else {
@@ -438,40 +420,12 @@ fn resend_lost_read_request(
     requester::resend_read_part(qp, env, now, k, 0, n)
 }
 
-/// The peer's answer to the selective resend of the hole `k`, if this response (an ACK
-/// of `p`, or a NAK at `p`, which acknowledges what precedes `p`) is it. An ACK of `k`
-/// itself, with packets after `k` sent, says the peer kept none of them (an IBTA
-/// responder drops what follows a gap): returns true, and the caller goes back N from
-/// `k + 1`. Anything further says it held them.
-///
-/// Until the round trip has been measured, the answer measures it: under steady loss
-/// the timed packet rarely gets through without a hole before it, and without a
-/// measure a lost resend would wait for the local ACK timeout.
+/// The peer's answer to the selective resend of the hole, if this response (an ACK of
+/// `p`, or a NAK at `p`) is it: true when the peer kept nothing past the hole, and the
+/// caller goes back N (see `Recovery::answered`).
 fn sr_answered(qp: &mut QpCtx, now: u64, p: u32, nak: bool) -> bool {
-    let Some(k) = qp.req.sr_hole else {
-        return false;
-    };
-    let filled = if nak { psn::lt(k, p) } else { psn::le(k, p) };
-    if !filled {
-        return false;
-    }
-    qp.req.sr_hole = None;
-    if !qp.req.rtt.has_sample() {
-        qp.req.rtt.on_sample(now.saturating_sub(qp.req.sr_sent_at));
-    }
-    let next = psn::add(k, 1);
-    let learn = qp.req.sr_from_nak;
-    if !nak && p == k && psn::lt(next, qp.req.high_psn) {
-        if learn && qp.req.peer_holds != Some(true) {
-            qp.req.peer_holds = Some(false);
-            qp.req.sr_probe_in = crate::qp::SR_RETRY_AFTER;
-        }
-        return true;
-    }
-    if learn && (!nak || p != next) {
-        qp.req.peer_holds = Some(true);
-    }
-    false
+    let high = qp.req.high_psn;
+    qp.req.rec.answered(p, nak, high, now, &mut qp.req.rtt)
 }
 
 /// A response (ACK, NAK, READ response, atomic ACK) for an RC QP, from UDP port
@@ -562,7 +516,7 @@ pub(crate) fn handle_response(
                             }
                         }
                     }
-                    if dropped_rest && !qp.req.retrying {
+                    if dropped_rest && !qp.req.rec.is_retrying() {
                         // The resent hole arrived, nothing after it did: go back N from
                         // there (the retry was spent on the hole).
                         debug!(
@@ -575,7 +529,7 @@ pub(crate) fn handle_response(
                             return;
                         }
                         rewind(qp);
-                        qp.req.retrying = true;
+                        qp.req.rec.start_retry();
                     }
                 }
                 Syndrome::RnrNak { timer } => {
@@ -748,13 +702,13 @@ pub(crate) fn handle_response(
             return;
         }
     }
-    after(qp, env, now, progress);
+    after_response(qp, env, now, progress);
 }
 
 /// After a response: ask for what READs are missing, complete what finished, re-arm
 /// the timer, keep sending.
-fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
-    if std::mem::take(&mut qp.req.read_repair_due) {
+fn after_response(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
+    if qp.req.rec.take_read_repair() {
         let whole: Vec<u32> = qp
             .sq
             .iter()
@@ -778,11 +732,11 @@ fn after(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
     if progress {
         renew_retries(qp);
         qp.req.rto = None;
-        qp.req.rto_fast = None;
+        qp.req.rec.disarm_rtt_timer();
     }
     if !outstanding(qp) {
         qp.req.rto = None;
-        qp.req.rto_fast = None;
+        qp.req.rec.disarm_rtt_timer();
     } else {
         qp.arm_timers(now);
     }
@@ -829,21 +783,23 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
     };
     let newest_arrived = qp
         .req
-        .sack
-        .newest_arrived(|q| psn::le(first, q) && psn::le(q, last) && arrived(q));
+        .rec
+        .newest_resend_arrived(|q| psn::le(first, q) && psn::le(q, last) && arrived(q));
     let mut asked = false;
     let mut congested = None;
     for (k, n) in runs {
         let q = psn::add(first, k);
-        if !crate::sack::read_part_due(qp, q, now, newest_arrived) {
+        if !qp
+            .req
+            .rec
+            .read_part_due(q, now, newest_arrived, &qp.req.rtt)
+        {
             continue;
         }
-        let fresh = !qp.req.sack.resent.contains_key(&q);
         if !requester::resend_read_part(qp, env, now, first, k, n) {
             return;
         }
-        // Lost responses tell congestion from random loss as a SACK's holes do.
-        if fresh && qp.req.sack.note_hole(n >= 2) {
+        if qp.req.rec.read_part_asked(q, n, now) {
             congested.get_or_insert(q);
         }
         debug!(
@@ -852,22 +808,18 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
             packets = n,
             "READ responses asked for again"
         );
-        // Every packet of the run: once its first arrives, the rest is no fresh hole.
-        for i in 0..n {
-            qp.req.sack.note(psn::add(q, i), now);
-        }
         asked = true;
     }
     if asked {
         if let Some(oldest) = qp.oldest_unacked() {
-            qp.req.sack.resent.retain(|&q, _| !psn::lt(q, oldest));
+            qp.req.rec.forget_resent_before(oldest);
         }
         if let Some(q) = congested {
             qp.req.lost(Loss::Run(q));
         }
         qp.req.rtt.on_resend();
         // The round-trip timer now waits for the answer to these requests.
-        qp.req.rto_fast = None;
+        qp.req.rec.disarm_rtt_timer();
         qp.arm_timers(now);
     }
 }
@@ -950,25 +902,8 @@ fn read_response(
         // stays).
         rewind(qp);
     }
-    read_answers_resend(qp, first);
+    qp.req.rec.on_read_response(first);
     true
-}
-
-/// A response of the READ starting at `first` arrived while the selective resend of
-/// `sr_hole` awaits its answer. Past the resent packet, it shows that the peer executed
-/// what followed the gap without a resend: it held it (an IBTA responder drops what
-/// follows a gap, and the PSNs sent after the resend do not follow in order what it
-/// expects). The READ analogue of [`sr_answered`], which reads ACKs and NAKs.
-fn read_answers_resend(qp: &mut QpCtx, first: u32) {
-    let Some(k) = qp.req.sr_hole else {
-        return;
-    };
-    if psn::lt(k, first) {
-        qp.req.sr_hole = None;
-        if qp.req.sr_from_nak {
-            qp.req.peer_holds = Some(true);
-        }
-    }
 }
 
 /// Fire due timers of one QP.
@@ -984,64 +919,44 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             requester::run(qp, env, now);
         }
     }
-    if qp.req.rto_fast.is_some_and(|t| t <= now) && qp.req.rto.map_or(true, |t| t > now) {
-        qp.req.rto_fast = None;
-        if matches!(qp.state, QpState::Rts | QpState::Sqd) && outstanding(qp) {
-            env.stats.rtt_timeouts += 1;
-            let rtt = &qp.req.rtt;
-            let (srtt, min_rtt, backoff) = (rtt.smoothed(), rtt.min(), rtt.backoff());
-            let cwnd = qp.req.cc.window();
-            // Cut and backed off only when the path has gone quiet.
-            let cut = qp.req.lost(Loss::RttTimeout(now));
-            debug!(
-                qpn = format_args!("{:#x}", qp.qpn),
-                psn = qp.oldest_unacked(),
-                cwnd,
-                srtt_us = srtt / 1000,
-                min_rtt_us = min_rtt / 1000,
-                backoff,
-                cut,
-                "retransmission timer (round trip) expired; resending"
-            );
-            // The local ACK timeout keeps running from the last progress.
-            let rto = qp.req.rto;
-            let oldest = qp.oldest_unacked();
-            if let (Some(k), Some(o)) = (qp.req.sr_hole, oldest) {
-                if psn::lt(k, o) && qp.req.sr_from_nak && qp.req.peer_holds != Some(true) {
-                    // The selective resend of `k` was answered (a READ's request: its
-                    // responses came), and nothing after it since: the peer dropped
-                    // what followed the gap. Go back N (and ask again now and then).
-                    qp.req.peer_holds = Some(false);
-                    qp.req.sr_probe_in = crate::qp::SR_RETRY_AFTER;
+    let running = matches!(qp.state, QpState::Rts | QpState::Sqd) && outstanding(qp);
+    if qp.req.rec.take_rtt_expiry(now, qp.req.rto) && running {
+        env.stats.rtt_timeouts += 1;
+        let rtt = &qp.req.rtt;
+        let (srtt, min_rtt, backoff) = (rtt.smoothed(), rtt.min(), rtt.backoff());
+        let cwnd = qp.req.cc.window();
+        // Cut and backed off only when the path has gone quiet.
+        let cut = qp.req.lost(Loss::RttTimeout(now));
+        debug!(
+            qpn = format_args!("{:#x}", qp.qpn),
+            psn = qp.oldest_unacked(),
+            cwnd,
+            srtt_us = srtt / 1000,
+            min_rtt_us = min_rtt / 1000,
+            backoff,
+            cut,
+            "retransmission timer (round trip) expired; resending"
+        );
+        // The local ACK timeout keeps running from the last progress.
+        let rto = qp.req.rto;
+        let oldest = qp.oldest_unacked();
+        if let Some(k) = qp.req.rec.on_rtt_timeout(oldest) {
+            if selective_repeat(qp, env, now, k, false) {
+                qp.req.rto = rto;
+                if qp.state != QpState::Err {
+                    requester::run(qp, env, now);
                 }
+                return;
             }
-            // A peer that holds packets past a gap most likely lost only the oldest one
-            // (or its answer): resend that alone. The answer says whether more is
-            // missing (see `sr_answered`). So does it from a peer not known yet: the
-            // expiry may be spurious (a round trip stretched by scheduling), and a
-            // go-back-N would resend a whole window the peer has.
-            let holds = qp.req.peer_holds != Some(false) && !qp.req.retrying;
-            if let Some(k) = oldest.filter(|_| holds) {
-                // The timer's expiry is the evidence that the last resend was lost too.
-                qp.req.sr_hole = None;
-                qp.req.sack.resent.remove(&k);
-                if selective_repeat(qp, env, now, k, false) {
-                    qp.req.rto = rto;
-                    if qp.state != QpState::Err {
-                        requester::run(qp, env, now);
-                    }
-                    return;
-                }
-            }
-            rewind(qp);
-            qp.req.rto = rto;
-            qp.req.retrying = true;
-            requester::run(qp, env, now);
         }
+        rewind(qp);
+        qp.req.rto = rto;
+        qp.req.rec.start_retry();
+        requester::run(qp, env, now);
     }
     if qp.req.rto.is_some_and(|t| t <= now) {
         qp.req.rto = None;
-        qp.req.rto_fast = None;
+        qp.req.rec.disarm_rtt_timer();
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) || !outstanding(qp) {
             return;
         }
@@ -1060,7 +975,7 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             "retry count exceeded: no ACK before the timeout",
         ) {
             rewind(qp);
-            qp.req.retrying = true;
+            qp.req.rec.start_retry();
             requester::run(qp, env, now);
         }
     }

@@ -32,6 +32,7 @@ mod gsi;
 mod keepalive;
 mod objects;
 mod qp;
+mod recovery;
 mod requester;
 mod responder;
 mod rtt;
@@ -576,7 +577,7 @@ impl Rnic {
         if mask.contains(M::SQ_PSN) && !qp.sq.iter().any(|w| w.started) {
             qp.req.next_psn = qp.attr.sq_psn & wire::psn::MASK;
             qp.req.high_psn = qp.req.next_psn;
-            qp.req.una = qp.req.next_psn;
+            qp.req.rec.start_at(qp.req.next_psn);
         }
         if mask.contains(M::PATH_MTU) {
             qp.req.cc.on_path(qp.mtu(), self.env.rx_buffer);

@@ -9,6 +9,7 @@ use softrdma_wire::ext::{SackBitmap, SACK_SPAN};
 use softrdma_wire::{psn, Headers};
 
 use crate::cc::{Controller, Loss};
+use crate::recovery::Recovery;
 use crate::verbs::{QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, WcDetail, WcError, WcStatus};
 
 /// Packets sent without AckReq before the requester asks for an ACK anyway (rxe's
@@ -31,11 +32,6 @@ pub(crate) const HOLD_SPAN: i32 = softrdma_wire::ext::SACK_SPAN as i32;
 /// time, into buffers still in cache when the driver sends them, instead of a whole
 /// window at post time.
 pub(crate) const OUTBOX_MAX: usize = 256;
-
-/// Go-back-N recoveries between two tries of a selective resend on a peer that did not
-/// hold the last time (see [`ReqState::sr_probe_in`]). Against rxe each try costs the
-/// resent packet and a round trip before the go-back-N.
-pub(crate) const SR_RETRY_AFTER: u8 = 16;
 
 /// Atomic results remembered for duplicate detection, at least (more if
 /// max_dest_rd_atomic is larger).
@@ -163,43 +159,14 @@ pub(crate) struct ReqState {
     pub rnr_left: u8,
     /// Local ACK timeout deadline (from the last progress; spends a retry when it fires).
     pub rto: Option<u64>,
-    /// Retransmission deadline from the measured round trip ([`crate::rtt`]): resends
-    /// early, spends no retry.
-    pub rto_fast: Option<u64>,
     /// Congestion controller.
     pub cc: Box<dyn Controller>,
-    /// The oldest unacknowledged PSN as of the last acknowledgement, to count what the
-    /// next one acknowledges.
-    pub una: u32,
     /// Round-trip estimate and the round-trip timer's backoff.
     pub rtt: crate::rtt::RttEstimator,
     /// Waiting after an RNR NAK until then.
     pub rnr_until: Option<u64>,
-    /// A go-back-N started by a response is under way (cleared by progress).
-    pub retrying: bool,
-    /// The PSN a sequence NAK reported missing, resent alone: the answer to it shows
-    /// whether the peer held what followed (see `completer::selective_repeat`).
-    pub sr_hole: Option<u32>,
-    /// When the hole was resent.
-    pub sr_sent_at: u64,
-    /// An answer past a READ that is missing some of its responses showed that all of
-    /// them were sent: ask for the missing ones (see `completer::ask_read_holes`).
-    pub read_repair_due: bool,
-    /// The hole was named by a sequence NAK, so the answer to its resend tells whether
-    /// the peer holds what follows a gap. A resend by the round-trip timer teaches
-    /// nothing: the packets after it may simply have arrived in order.
-    pub sr_from_nak: bool,
-    /// Whether the peer holds packets past a gap: unknown until a selective resend is
-    /// answered, then `Some(false)` (an IBTA responder, rxe: go back N at once) or
-    /// `Some(true)` (a softrdma responder).
-    pub peer_holds: Option<bool>,
-    /// Losses to answer with a go-back-N before trying a selective resend again on a
-    /// peer that did not hold: a softrdma responder cannot hold before it has learnt the
-    /// requester's port (a loss of the connection's first packet looks like rxe), so
-    /// the question is asked again now and then ([`SR_RETRY_AFTER`]).
-    pub sr_probe_in: u8,
-    /// Selective acknowledgements from a softrdma responder ([`crate::sack`]).
-    pub sack: crate::sack::ReqSack,
+    /// Loss recovery: the round-trip timer, selective repeat, SACKs, READ repair.
+    pub rec: Recovery,
     /// SQ drained event already given for the current SQD period.
     pub sqd_notified: bool,
     /// Stopped at a full outbox; queued in `Nic::tx_wait` to continue when it drains.
@@ -233,12 +200,11 @@ impl ReqState {
     /// acknowledged, which the controller counts, a timed one among them measures the
     /// round trip, and the timer's backoff ends.
     pub fn acked_to(&mut self, una: u32, now: u64) {
-        let n = psn::diff(una, self.una);
-        if n <= 0 {
+        let n = self.rec.advance(una);
+        if n == 0 {
             return;
         }
-        self.una = una;
-        self.cc.on_acked(now, n as u32, &self.rtt);
+        self.cc.on_acked(now, n, &self.rtt);
         self.rtt.on_acked_below(una, now);
         self.rtt.on_progress();
     }
@@ -728,9 +694,8 @@ impl QpCtx {
         if self.req.rto.is_none() {
             self.req.rto = limit.map(|t| now.saturating_add(t));
         }
-        if self.req.rto_fast.is_none() {
-            self.req.rto_fast = self.req.rtt.rto(limit).map(|t| now.saturating_add(t));
-        }
+        let interval = self.req.rtt.rto(limit);
+        self.req.rec.arm_rtt_timer(now, interval);
     }
 }
 

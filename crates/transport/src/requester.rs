@@ -118,8 +118,8 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 let gone = match arrived {
                     Some((b, n)) if b == base => n,
                     _ => {
-                        let n = crate::sack::sacked_from(qp, base) as i32
-                            + qp.read_arrived_from(base) as i32;
+                        let n =
+                            qp.req.rec.sacked_from(base) as i32 + qp.read_arrived_from(base) as i32;
                         arrived = Some((base, n));
                         n
                     }

@@ -562,8 +562,7 @@ fn ack_past_lost_read_response_after_progress_renews_retries() {
     };
     let (mut a, mut b) = pair(QpType::Rc, &cfg);
     let req = &mut a.nic.qps.get_mut(&a.qpn).unwrap().req;
-    req.peer_holds = Some(false);
-    req.sr_probe_in = crate::qp::SR_RETRY_AFTER;
+    req.rec.learn_peer_drops();
     let p = cfg.psn_a;
     a.write(0, &pattern(64, 1));
     b.write(4096, &pattern(100, 2));
@@ -1458,10 +1457,10 @@ fn selective_repeat_resends_only_the_hole() {
     assert_eq!(sb.duplicates, 0);
     assert_eq!(b.nic.env.held_bytes, 0, "nothing stays held");
     let q = &a.nic.qps[&a.qpn];
-    assert_eq!(q.req.peer_holds, Some(true));
-    assert_eq!(q.req.sr_hole, None);
+    assert_eq!(q.req.rec.peer_holds(), Some(true));
+    assert_eq!(q.req.rec.hole(), None);
     // Having seen b hold, a asked for SACKs, and b's answer says it sends them.
-    assert!(q.req.sack.peer_sacks);
+    assert!(q.req.rec.peer_sacks());
     assert!(b.nic.qps[&b.qpn].resp.sack_peer);
 }
 
@@ -1478,7 +1477,7 @@ fn selective_repeat_falls_back_to_go_back_n() {
     assert_eq!(sa.naks_rcvd_seq, 1);
     assert_eq!(sa.retransmits, 32, "the hole, then the 31 packets after it");
     assert_eq!((sa.timeouts, sa.rtt_timeouts), (0, 0));
-    assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, Some(false));
+    assert_eq!(a.nic.qps[&a.qpn].req.rec.peer_holds(), Some(false));
 }
 
 /// Two WRITEs a → b over a link with a 20 µs one-way delay. The first (32 packets) loses
@@ -1534,8 +1533,8 @@ fn write_twice_losing(lost: &[u32]) -> (Node, Node, Vec<wire::Opcode>, Vec<(bool
     assert!(psns.is_empty());
     assert_eq!(b.read(0, first.len()), first);
     let q = &a.nic.qps[&a.qpn];
-    assert_eq!(q.req.peer_holds, Some(true));
-    assert!(q.req.sack.peer_sacks, "b answered the SACK_PERMIT");
+    assert_eq!(q.req.rec.peer_holds(), Some(true));
+    assert!(q.req.rec.peer_sacks(), "b answered the SACK_PERMIT");
     let base = wire::psn::add(cfg.psn_a, 32);
     a.write(4096, &second);
     let op2 = op(0);
@@ -1628,7 +1627,7 @@ fn no_sack_permit_to_a_peer_that_does_not_hold() {
     });
     assert!(lost);
     assert_eq!(b.read(0, data.len()), data);
-    assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, Some(false));
+    assert_eq!(a.nic.qps[&a.qpn].req.rec.peer_holds(), Some(false));
     assert_eq!(vendor, 0, "no extension message either way");
 }
 
@@ -1695,7 +1694,7 @@ fn a_peer_taken_for_one_that_does_not_hold_is_asked_again() {
     let (mut a, mut b) = pair(QpType::Rc, &cfg);
     let mut now = 0;
     let mut next = cfg.psn_a;
-    for round in 0..=u32::from(crate::qp::SR_RETRY_AFTER) + 1 {
+    for round in 0..=u32::from(crate::recovery::SR_RETRY_AFTER) + 1 {
         let data = pattern(16 * 1024, round as u8);
         a.write(0, &data);
         let op = SendOp::Write {
@@ -1720,10 +1719,10 @@ fn a_peer_taken_for_one_that_does_not_hold_is_asked_again() {
         let w = a.wcs();
         assert_eq!(w.len(), 1);
         assert_eq!(w[0].status, WcStatus::Success);
-        let holds = a.nic.qps[&a.qpn].req.peer_holds;
+        let holds = a.nic.qps[&a.qpn].req.rec.peer_holds();
         if round == 0 {
             assert_eq!(holds, Some(false), "the first loss looks like rxe");
-        } else if round <= u32::from(crate::qp::SR_RETRY_AFTER) {
+        } else if round <= u32::from(crate::recovery::SR_RETRY_AFTER) {
             assert_eq!(holds, Some(false), "round {round}: still going back N");
         } else {
             assert_eq!(holds, Some(true), "asked again, the peer holds");
@@ -1944,7 +1943,11 @@ fn a_spurious_round_trip_timeout_resends_only_the_oldest() {
     let resent: Vec<(u32, u32)> = sent.into_iter().filter(|&(_, n)| n > 1).collect();
     assert_eq!(resent.len(), 1, "only one PSN resent: {resent:?}");
     assert_eq!(resent[0].0, first);
-    assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, None, "nothing learnt");
+    assert_eq!(
+        a.nic.qps[&a.qpn].req.rec.peer_holds(),
+        None,
+        "nothing learnt"
+    );
 }
 
 /// a sends a WRITE of `packets` KiB (as many packets at MTU 1024) to b, none delivered,
@@ -2170,7 +2173,9 @@ fn a_sequence_nak_from_a_sack_peer_leaves_the_window_to_the_sacks() {
         let q = b.nic.qps.get_mut(&b.qpn).unwrap();
         q.peer_port = Some(out[0].src.port());
         q.resp.sack_peer = sacks;
-        a.nic.qps.get_mut(&a.qpn).unwrap().req.sack.peer_sacks = sacks;
+        if sacks {
+            a.nic.qps.get_mut(&a.qpn).unwrap().req.rec.sack_arrived();
+        }
         let cwnd = a.nic.qps[&a.qpn].req.cc.window();
         let mut now = 0;
         for t in &out[1..] {
@@ -2389,7 +2394,7 @@ fn a_lost_read_request_is_sent_again_alone_to_a_peer_that_holds() {
     assert_eq!(sb.read_replays, 0, "no READ executed twice");
     assert_eq!(sa.duplicates, 0);
     assert_eq!((sa.naks_rcvd_seq, sa.timeouts, sa.rtt_timeouts), (1, 0, 0));
-    assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, Some(true));
+    assert_eq!(a.nic.qps[&a.qpn].req.rec.peer_holds(), Some(true));
 }
 
 /// The same to a peer that drops what follows a gap: the resent request's responses
@@ -2401,7 +2406,7 @@ fn a_lost_read_request_to_a_peer_that_drops_then_goes_back_n() {
     assert_eq!(requests, psns(first, &[0, 1, 2, 3, 0, 1, 2, 3]));
     let sa = a.nic.stats();
     assert_eq!((sa.naks_rcvd_seq, sa.timeouts, sa.rtt_timeouts), (1, 0, 1));
-    assert_eq!(a.nic.qps[&a.qpn].req.peer_holds, Some(false));
+    assert_eq!(a.nic.qps[&a.qpn].req.rec.peer_holds(), Some(false));
 }
 
 /// The same with the sequence NAK lost too, so that only the round-trip timer finds
@@ -2559,7 +2564,7 @@ fn a_go_back_n_on_a_path_without_a_queue_keeps_the_window() {
     assert_eq!(a.wcs().len(), 3);
     let q = &a.nic.qps[&a.qpn];
     assert_eq!(
-        q.req.peer_holds,
+        q.req.rec.peer_holds(),
         Some(false),
         "b dropped what followed the gap"
     );
@@ -2599,8 +2604,12 @@ fn the_first_sack_undoes_a_cut_the_round_trip_alone_made() {
     assert_eq!(b.read(0, data.len()), data);
     assert_eq!(a.wcs().len(), 1);
     let q = &a.nic.qps[&a.qpn];
-    assert_eq!(q.req.peer_holds, Some(true), "b held what followed the gap");
-    assert!(q.req.sack.peer_sacks, "b answered the SACK_PERMIT");
+    assert_eq!(
+        q.req.rec.peer_holds(),
+        Some(true),
+        "b held what followed the gap"
+    );
+    assert!(q.req.rec.peer_sacks(), "b answered the SACK_PERMIT");
     assert_eq!(a.nic.stats().retransmits, 1, "the hole alone");
     assert_eq!(
         q.req.cc.window(),

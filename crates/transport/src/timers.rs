@@ -2,7 +2,7 @@
 //! costs O(log QPs) instead of a scan of every QP: the device asks for the next deadline
 //! after every step, and a device may carry tens of thousands of idle QPs.
 //!
-//! The protocol handlers keep setting `req.rto`, `req.rto_fast` and `req.rnr_until` on the QP;
+//! The protocol handlers keep setting `req.rto`, the round-trip timer and `req.rnr_until` on the QP;
 //! [`crate::Rnic`] re-reads a QP's deadline here after every call that may have changed it.
 
 use std::collections::{BTreeSet, HashMap};
@@ -21,7 +21,7 @@ pub(crate) struct Timers {
 /// timeout, its round-trip retransmission timer or the end of its RNR wait. (Its
 /// keepalive's, which idle QPs have, is indexed apart: see [`crate::Rnic::in_flight`].)
 pub(crate) fn deadline(qp: &QpCtx) -> Option<u64> {
-    [qp.req.rto, qp.req.rto_fast, qp.req.rnr_until]
+    [qp.req.rto, qp.req.rec.rtt_deadline(), qp.req.rnr_until]
         .into_iter()
         .flatten()
         .min()
