@@ -28,8 +28,10 @@ macro_rules! dropped {
 mod cc;
 pub use cc::DEFAULT_RX_BUFFER;
 mod completer;
+mod completion;
 mod gsi;
 mod keepalive;
+mod liveness;
 mod objects;
 mod qp;
 mod recovery;
@@ -556,7 +558,7 @@ impl Rnic {
         }
         qp.peer = peer;
         if new == QpState::Reset {
-            keepalive::disarm(qp);
+            liveness::disarm(qp);
             qp.sq.clear();
             qp.req = ReqState::default();
             qp.resp.held.clear(&mut self.env.held_bytes);
@@ -565,7 +567,7 @@ impl Rnic {
         }
         if new == QpState::Err {
             if old != QpState::Err {
-                completer::flush(qp, &mut self.env, now);
+                completion::flush(qp, &mut self.env, now);
             }
             return Ok(());
         }
@@ -590,7 +592,7 @@ impl Rnic {
         }
         if new == QpState::Sqd && old != QpState::Sqd {
             qp.req.sqd_notified = false;
-            completer::check_drained(qp, &mut self.env);
+            completion::check_drained(qp, &mut self.env);
         }
         if new == QpState::Rts && old == QpState::Rtr {
             let local = qp.peer.is_some_and(|p| {
@@ -601,7 +603,7 @@ impl Rnic {
             });
             let policy = self.env.keepalive;
             let cfg = if local { policy.local } else { policy.remote };
-            keepalive::arm(qp, cfg, now);
+            liveness::arm(qp, cfg, now);
         }
         if new == QpState::Rts {
             requester::run(qp, &mut self.env, now);
@@ -708,7 +710,7 @@ impl Rnic {
         self.env.ctx.post_recv(qpn, wr)?;
         if let Some(qp) = self.qps.get_mut(&qpn) {
             if qp.state == QpState::Err {
-                completer::flush_rq(qp, &mut self.env, now);
+                completion::flush_rq(qp, &mut self.env, now);
             }
         }
         self.sync_timer(qpn);
@@ -849,7 +851,7 @@ impl Rnic {
         if !admit(qp, env, info, &h, src) {
             return;
         }
-        keepalive::heard(qp, now);
+        liveness::heard(qp, now);
         if info.is_request {
             responder::handle_request(qp, env, now, &addrs, tos, &h, payload, data.len());
         } else {
@@ -897,7 +899,7 @@ impl Rnic {
             env.stats.dropped += 1;
             return;
         };
-        keepalive::heard(qp, now);
+        liveness::heard(qp, now);
         match m {
             Ext::SackPermit(_) => sack::on_permit(qp, env),
             Ext::Sack(b, bits) => {

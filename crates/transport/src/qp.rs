@@ -9,6 +9,7 @@ use softrdma_wire::ext::{SackBitmap, SACK_SPAN};
 use softrdma_wire::{psn, Headers};
 
 use crate::cc::{Controller, Loss};
+use crate::keepalive::KaState;
 use crate::recovery::Recovery;
 use crate::verbs::{QpAttr, QpState, QpType, RecvWr, SendOp, SendWr, WcDetail, WcError, WcStatus};
 
@@ -630,7 +631,7 @@ pub(crate) struct QpCtx {
     pub req: ReqState,
     pub resp: RespState,
     /// Liveness of the peer while the connection is idle ([`crate::keepalive`]).
-    pub ka: crate::keepalive::KaState,
+    pub ka: KaState,
 }
 
 impl QpCtx {

@@ -4,7 +4,7 @@
 
 use softrdma_wire::{psn, AtomicEth, Bth, Deth, Headers, Opcode, Reth};
 
-use crate::completer;
+use crate::completion;
 use crate::qp::{QpCtx, SendWqe, HOLD_SPAN, MAX_PKT_PER_ACK, OUTBOX_MAX};
 use crate::verbs::{PdId, QpState, QpType, SendFlags, SendOp, WcDetail, WcError, WcStatus};
 use crate::Nic;
@@ -145,7 +145,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             }
             // A WQE sent before (resent after a go-back-N) passed both checks then: the
             // READs and atomics still counted in the window now are ones after it that
-            // finished first (see `completer::release_rd`), which it must not wait for.
+            // finished first (see `completion::release_rd`), which it must not wait for.
             if !w.started && w.wr.flags.contains(SendFlags::FENCE) && rd_atomic > 0 {
                 break;
             }
@@ -161,7 +161,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 qp.req.cur += 1;
                 if let Err(s) = r {
                     w.status = Some(s);
-                    completer::fail(qp, env, now, None, "local invalidate failed");
+                    completion::fail(qp, env, now, None, "local invalidate failed");
                     return;
                 }
                 continue;
@@ -173,7 +173,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 qp.req.cur += 1;
                 if let Err(s) = r {
                     w.status = Some(s);
-                    completer::fail(qp, env, now, None, "memory window bind failed");
+                    completion::fail(qp, env, now, None, "memory window bind failed");
                     return;
                 }
                 continue;
@@ -194,7 +194,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         };
         let Some((dst, tos, dqpn)) = dst_tos else {
             w.status = Some(WcStatus::LocQpOpErr);
-            completer::fail(qp, env, now, None, "no destination for the work request");
+            completion::fail(qp, env, now, None, "no destination for the work request");
             return;
         };
         let is_rc = qp.qp_type == QpType::Rc;
@@ -216,7 +216,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 } else {
                     w.npkts
                 };
-                // Nor past responses that arrived already (see `completer::read_response`):
+                // Nor past responses that arrived already (see `completer`'s `read_response`):
                 // a request for exactly the missing ones is answered with just them.
                 let end = w
                     .read_ooo
@@ -292,7 +292,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 let p = pos(idx, w.npkts);
                 let Some(opcode) = data_opcode(qp.qp_type, &w.wr.op, p) else {
                     w.status = Some(WcStatus::LocQpOpErr);
-                    completer::fail(qp, env, now, None, "operation not valid for the QP type");
+                    completion::fail(qp, env, now, None, "operation not valid for the QP type");
                     return;
                 };
                 pkt_psn = psn::add(w.first_psn, idx);
@@ -316,7 +316,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 let sent = send_data(env, qp.qpn, dst, tos, bth, w, pd, offset, plen, p);
                 if let Err(s) = sent {
                     w.set_error(s);
-                    completer::fail(qp, env, now, None, "send data not read from local memory");
+                    completion::fail(qp, env, now, None, "send data not read from local memory");
                     return;
                 }
                 qp.req.offset = offset + plen;
@@ -350,7 +350,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         }
     }
     // UC/UD sends and local ops finish without a response: report them now.
-    completer::complete_front(qp, env, now);
+    completion::complete_front(qp, env, now);
 }
 
 /// Build and queue the SEND / WRITE data packet of `w` at byte `offset` (`plen` bytes, at
@@ -440,7 +440,7 @@ fn rc_dest(qp: &QpCtx) -> Option<(std::net::SocketAddr, u8, u32)> {
 
 /// Resend the one request packet with PSN `k` (a SEND or WRITE packet the peer reported
 /// missing), asking for an ACK, without moving the requester from where it is: the
-/// selective repeat of [`crate::completer`]. False, with nothing sent, when `k` is not a
+/// selective repeat of `crate::completer`. False, with nothing sent, when `k` is not a
 /// data packet of a WQE in flight (a READ or atomic request, or nothing); the caller
 /// then goes back N.
 pub(crate) fn resend_one(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32) -> bool {
@@ -474,7 +474,7 @@ pub(crate) fn resend_one(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32) -> boo
     let pd = qp.pd;
     if let Err(s) = send_data(env, qp.qpn, dst, tos, bth, w, pd, offset, plen, p) {
         w.set_error(s);
-        completer::fail(qp, env, now, None, "send data not read from local memory");
+        completion::fail(qp, env, now, None, "send data not read from local memory");
         return true;
     }
     env.stats.retransmits += 1;

@@ -7,7 +7,7 @@ use softrdma_wire::{
     Syndrome, AETH_CREDITS_INVALID, GRH_LEN,
 };
 
-use crate::completer;
+use crate::completion;
 use crate::qp::{
     HeldPkt, InMsg, Pending, QpCtx, ReplayBudget, Resource, ATOMIC_REPLAY_MIN, HOLD_SPAN,
     OUTBOX_MAX, READ_STREAMS_MAX,
@@ -227,7 +227,7 @@ pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                         msn,
                         Syndrome::Nak(NakCode::RemoteAccessError),
                     );
-                    completer::fail(
+                    completion::fail(
                         qp,
                         env,
                         now,
@@ -255,7 +255,7 @@ pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 qp.resp.pending.pop_front();
                 emit_aeth(qp, env, psn, msn, syndrome);
                 if fatal {
-                    completer::fail(qp, env, now, None, "fatal NAK sent");
+                    completion::fail(qp, env, now, None, "fatal NAK sent");
                     return;
                 }
             }
@@ -352,7 +352,7 @@ fn fatal_nak(
         flush_ack(qp, env);
         let msn = qp.resp.msn;
         emit_aeth(qp, env, p, msn, Syndrome::Nak(code));
-        completer::fail(qp, env, now, None, reason);
+        completion::fail(qp, env, now, None, reason);
     } else {
         qp.resp.fatal = true;
         let msn = qp.resp.msn;
