@@ -31,6 +31,6 @@ fn own_subscriber_stays_and_gets_the_events() {
         .find(|e| e.get("counter") == Some("malformed"))
         .unwrap_or_else(|| panic!("the program's subscriber saw only {evs:?}"));
     assert_eq!(e.level, tracing::Level::DEBUG);
-    assert_eq!(e.target, "softrdma_transport");
+    assert_eq!(e.target, "softrdma_transport::receive");
     assert_eq!(e.get("peer"), Some("10.0.0.1:49152"));
 }

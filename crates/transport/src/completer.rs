@@ -8,11 +8,11 @@ use tracing::{debug, trace};
 
 use crate::cc::Loss;
 use crate::completion::{complete_front, fail, mark_done};
+use crate::device_ctx::DeviceCtx;
 use crate::qp::{rnr_timer_ns, QpCtx};
 use crate::recovery::Repeat;
 use crate::requester;
 use crate::verbs::{QpState, WcDetail, WcError, WcStatus};
-use crate::Nic;
 
 /// Go back N: resend from the oldest unacknowledged packet (same PSNs, same segmentation).
 pub(crate) fn rewind(qp: &mut QpCtx) {
@@ -103,7 +103,7 @@ fn ack_upto(qp: &mut QpCtx, p: u32, inclusive: bool) -> Acked {
 }
 
 /// Count a transport retry; false (and the QP failed with RETRY_EXC_ERR) when none are left.
-fn use_retry(qp: &mut QpCtx, env: &mut Nic, now: u64, cause: &'static str) -> bool {
+fn use_retry(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, cause: &'static str) -> bool {
     if qp.req.retry_left == 0 {
         let e = WcError::new(WcStatus::RetryExcErr, WcDetail::RetryExceeded);
         fail(qp, env, now, Some(e), cause);
@@ -122,7 +122,7 @@ fn renew_retries(qp: &mut QpCtx) {
 
 /// A response arrived past a READ/atomic response that never did: keep the progress the
 /// acknowledgement made (it renews the retries, as rxe does) and ask again from the lost one.
-fn on_lost_response(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
+fn on_lost_response(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, progress: bool) {
     if progress {
         renew_retries(qp);
     }
@@ -136,7 +136,7 @@ fn on_lost_response(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
 /// loss (the ACKs and NAKs already on their way) is ignored until progress is made, as
 /// rxe does with `started_retry`; otherwise one loss would burn several retries. False if
 /// the QP failed for lack of retries. `why` names the evidence, for the log.
-fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static str) -> bool {
+fn retry_from_response(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, why: &'static str) -> bool {
     if qp.req.rec.is_retrying() {
         return true;
     }
@@ -169,7 +169,7 @@ fn retry_from_response(qp: &mut QpCtx, env: &mut Nic, now: u64, why: &'static st
 /// caller should go back N: the peer drops, a go-back-N or an RNR wait is under way,
 /// nothing was sent after `k`, or `k` is a READ or atomic request. `cut`: the loss
 /// counts against the window here (the round-trip timer counted it already).
-fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) -> bool {
+fn selective_repeat(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, k: u32, cut: bool) -> bool {
     let rnr_wait = qp.req.rnr_until.is_some();
     match qp.req.rec.selective_repeat(k, now, rnr_wait, &qp.req.rtt) {
         Repeat::GoBackN => return false,
@@ -214,7 +214,7 @@ fn selective_repeat(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32, cut: bool) 
 /// (no sequence NAK named the packet), so nothing would be learnt from it.
 fn resend_lost_read_request(
     qp: &mut QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     k: u32,
     from_nak: bool,
@@ -244,7 +244,7 @@ fn sr_answered(qp: &mut QpCtx, now: u64, p: u32, nak: bool) -> bool {
 /// `src_port` of the peer's address.
 pub(crate) fn handle_response(
     qp: &mut QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     src_port: u16,
     h: &Headers,
@@ -519,7 +519,7 @@ pub(crate) fn handle_response(
 
 /// After a response: ask for what READs are missing, complete what finished, re-arm
 /// the timer, keep sending.
-fn after_response(qp: &mut QpCtx, env: &mut Nic, now: u64, progress: bool) {
+fn after_response(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, progress: bool) {
     if qp.req.rec.take_read_repair() {
         let whole: Vec<u32> = qp
             .sq
@@ -566,7 +566,7 @@ const READ_HOLES_PER_ASK: usize = 8;
 /// one: the responses that arrived past it are in place already. A responder that drops
 /// the rest of its stream on such a request (one that answers every duplicate with the
 /// rest) is caught up by the round-trip timer, which goes back N.
-fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
+fn ask_read_holes(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, first: u32) {
     let Some(w) = qp.unfinished_at(first) else {
         return;
     };
@@ -641,7 +641,7 @@ fn ask_read_holes(qp: &mut QpCtx, env: &mut Nic, now: u64, first: u32) {
 /// are then asked for alone (see [`ask_read_holes`]). Returns progress.
 fn read_response(
     qp: &mut QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     h: &Headers,
     position: Position,
@@ -718,12 +718,12 @@ fn read_response(
     true
 }
 
-/// Fire due timers of one QP.
-pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
+/// Fire due timers of one QP. Returns true when the keepalive found the peer lost (the
+/// QP failed): the caller reports it.
+pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) -> bool {
     if crate::liveness::on_timer(qp, env, now) {
         fail(qp, env, now, None, "peer lost: keepalive probes unanswered");
-        crate::gsi::peer_lost(env, qp.qpn);
-        return;
+        return true;
     }
     if qp.req.rnr_until.is_some_and(|t| t <= now) {
         qp.req.rnr_until = None;
@@ -759,7 +759,7 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
                 if qp.state != QpState::Err {
                     requester::run(qp, env, now);
                 }
-                return;
+                return false;
             }
         }
         rewind(qp);
@@ -771,7 +771,7 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
         qp.req.rto = None;
         qp.req.rec.disarm_rtt_timer();
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) || !outstanding(qp) {
-            return;
+            return false;
         }
         env.stats.timeouts += 1;
         qp.req.lost(Loss::AckTimeout);
@@ -792,4 +792,5 @@ pub(crate) fn on_timers(qp: &mut QpCtx, env: &mut Nic, now: u64) {
             requester::run(qp, env, now);
         }
     }
+    false
 }

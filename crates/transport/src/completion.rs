@@ -5,11 +5,11 @@
 
 use tracing::warn;
 
+use crate::device_ctx::DeviceCtx;
 use crate::qp::{QpCtx, ReqState, SendWqe};
 use crate::verbs::{
     AsyncEvent, QpState, SendFlags, WcDetail, WcError, WcOpcode, WcStatus, WorkCompletion,
 };
-use crate::Nic;
 
 /// The send completion of a WQE.
 fn send_wc(qp: &QpCtx, w: &SendWqe, status: WcStatus) -> WorkCompletion {
@@ -57,7 +57,7 @@ pub(crate) fn release_rd(req: &mut ReqState, w: &mut SendWqe) {
 
 /// Pop finished WQEs from the front of the SQ and report them, in posting order.
 /// Successful ones only when signaled (or sq_sig_all); errors always.
-pub(crate) fn complete_front(qp: &mut QpCtx, env: &mut Nic, now: u64) {
+pub(crate) fn complete_front(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     let mut budget = qp.sq.len();
     while budget > 0 {
         budget -= 1;
@@ -96,7 +96,7 @@ pub(crate) fn complete_front(qp: &mut QpCtx, env: &mut Nic, now: u64) {
 }
 
 /// In SQD, tell the consumer once the SQ has nothing in flight.
-pub(crate) fn check_drained(qp: &mut QpCtx, env: &mut Nic) {
+pub(crate) fn check_drained(qp: &mut QpCtx, env: &mut DeviceCtx) {
     if qp.state == QpState::Sqd
         && !qp.req.sqd_notified
         && !qp.sq.iter().any(|w| w.started && !w.done)
@@ -113,7 +113,7 @@ pub(crate) fn check_drained(qp: &mut QpCtx, env: &mut Nic) {
 /// log.
 pub(crate) fn fail(
     qp: &mut QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     status: Option<WcError>,
     cause: &'static str,
@@ -141,7 +141,7 @@ pub(crate) fn fail(
 /// Flush a QP in ERR: every SQ WQE completes (its own error status, else WR_FLUSH_ERR),
 /// then the receive side (own RQ, and a receive WQE held for a message in progress; an
 /// SRQ keeps its WQEs).
-pub(crate) fn flush(qp: &mut QpCtx, env: &mut Nic, now: u64) {
+pub(crate) fn flush(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     qp.state = QpState::Err;
     crate::liveness::disarm(qp);
     let sq = std::mem::take(&mut qp.sq);
@@ -179,7 +179,7 @@ pub(crate) fn flush(qp: &mut QpCtx, env: &mut Nic, now: u64) {
 }
 
 /// Flush the QP's own receive queue with WR_FLUSH_ERR.
-pub(crate) fn flush_rq(qp: &mut QpCtx, env: &mut Nic, now: u64) {
+pub(crate) fn flush_rq(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     if qp.has_srq {
         return;
     }

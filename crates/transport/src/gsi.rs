@@ -12,7 +12,8 @@ use softrdma_wire::cm::{
 };
 use softrdma_wire::{psn, Bth, Deth, Headers, Opcode};
 
-use crate::{Nic, Rnic};
+use crate::device_ctx::DeviceCtx;
+use crate::Rnic;
 
 /// MADs the inbox holds at most, so a peer flooding QP1 costs under 300 KiB; what
 /// arrives past it is dropped and counted, as a UD packet finding no receive WQE is.
@@ -64,16 +65,16 @@ pub(crate) struct Gsi {
 /// QP `qpn`'s peer was found lost (see [`crate::keepalive`]): the connection manager is
 /// told, which disconnects the connection the QP serves; with none, the consumer gets
 /// the QP's fatal event.
-pub(crate) fn peer_lost(env: &mut Nic, qpn: crate::verbs::Qpn) {
-    if env.gsi.consumer {
-        env.gsi.lost.push_back(qpn);
+pub(crate) fn peer_lost(gsi: &mut Gsi, env: &mut DeviceCtx, qpn: crate::verbs::Qpn) {
+    if gsi.consumer {
+        gsi.lost.push_back(qpn);
     } else {
         env.ctx.push_event(crate::verbs::AsyncEvent::QpFatal(qpn));
     }
 }
 
 /// A packet to QP1 not taken: count it and say why.
-fn drop_gsi(env: &mut Nic, src: SocketAddr, h: &Headers, reason: &'static str) {
+fn drop_gsi(env: &mut DeviceCtx, src: SocketAddr, h: &Headers, reason: &'static str) {
     env.stats.gsi_dropped += 1;
     tracing::debug!(
         peer = %src,
@@ -90,7 +91,14 @@ fn drop_gsi(env: &mut Nic, src: SocketAddr, h: &Headers, reason: &'static str) {
 
 /// A checked datagram (ICRC right, headers parsed) to QP1: into the inbox if it is a MAD
 /// as the GSI takes them, else dropped and counted.
-pub(crate) fn receive(env: &mut Nic, src: SocketAddr, tos: u8, h: &Headers, payload: &[u8]) {
+pub(crate) fn receive(
+    gsi: &mut Gsi,
+    env: &mut DeviceCtx,
+    src: SocketAddr,
+    tos: u8,
+    h: &Headers,
+    payload: &[u8],
+) {
     if !crate::default_partition(h.bth.pkey) {
         return drop_gsi(env, src, h, "P_Key not in the default partition");
     }
@@ -106,20 +114,20 @@ pub(crate) fn receive(env: &mut Nic, src: SocketAddr, tos: u8, h: &Headers, payl
     let Ok(mad) = <[u8; MAD_LEN]>::try_from(payload) else {
         return drop_gsi(env, src, h, "payload is not one MAD");
     };
-    if !env.gsi.consumer {
+    if !gsi.consumer {
         // Nobody here runs a CM: answer as a Linux host's CM with nothing open does, so a
         // peer's connect is refused at once instead of timing out after a minute.
         env.stats.gsi_unserved += 1;
         if let Some(answer) = answer_without_cm(&mad) {
             let dst = SocketAddr::new(src.ip().to_canonical(), env.addr.port());
-            send(env, dst, deth.src_qp, tos, &answer);
+            send(gsi, env, dst, deth.src_qp, tos, &answer);
         }
         return;
     }
-    if env.gsi.inbox.len() >= GSI_INBOX_MAX {
+    if gsi.inbox.len() >= GSI_INBOX_MAX {
         return drop_gsi(env, src, h, "GSI inbox full");
     }
-    env.gsi.inbox.push_back(GsiMad {
+    gsi.inbox.push_back(GsiMad {
         src: src.ip().to_canonical(),
         src_qpn: deth.src_qp,
         tos,
@@ -153,7 +161,7 @@ fn answer_without_cm(mad: &[u8]) -> Option<[u8; MAD_LEN]> {
 impl Rnic {
     /// The oldest MAD received on QP1 and not yet taken.
     pub fn take_gsi(&mut self) -> Option<GsiMad> {
-        self.env.gsi.inbox.pop_front()
+        self.gsi.inbox.pop_front()
     }
 
     /// Whether a connection manager takes the MADs QP1 receives ([`Rnic::take_gsi`]).
@@ -162,11 +170,11 @@ impl Rnic {
     /// (`answer_without_cm`), drops the rest and counts them all in
     /// [`Stats::gsi_unserved`](crate::Stats::gsi_unserved). Stopping empties the inbox.
     pub fn set_gsi_consumer(&mut self, on: bool) {
-        self.env.gsi.consumer = on;
+        self.gsi.consumer = on;
         if !on {
-            self.env.gsi.inbox.clear();
+            self.gsi.inbox.clear();
             // Nobody will disconnect their connections: their QPs' consumers hear it.
-            while let Some(qpn) = self.env.gsi.lost.pop_front() {
+            while let Some(qpn) = self.gsi.lost.pop_front() {
                 self.raise_qp_fatal(qpn);
             }
         }
@@ -175,14 +183,14 @@ impl Rnic {
     /// Whether a MAD or a lost-peer notice ([`Rnic::take_lost_peer`]) waits for the
     /// connection manager (a runtime signals its CM with this).
     pub fn gsi_pending(&self) -> bool {
-        !self.env.gsi.inbox.is_empty() || !self.env.gsi.lost.is_empty()
+        !self.gsi.inbox.is_empty() || !self.gsi.lost.is_empty()
     }
 
     /// The oldest QP whose peer the keepalive found lost ([`crate::Keepalive`]) while a
     /// connection manager takes the GSI: the QP is in ERR already, and the CM ends the
     /// connection it serves as the peer's DREQ would have.
     pub fn take_lost_peer(&mut self) -> Option<crate::verbs::Qpn> {
-        self.env.gsi.lost.pop_front()
+        self.gsi.lost.pop_front()
     }
 
     /// Raise QP `qpn`'s `IBV_EVENT_QP_FATAL` (if the QP still exists): how a lost peer
@@ -202,14 +210,21 @@ impl Rnic {
     /// [`Rnic::poll_transmit`] as a request, which a runtime sends at once.
     pub fn send_gsi(&mut self, dst: IpAddr, dst_qpn: u32, tos: u8, mad: &[u8; MAD_LEN]) {
         let dst = SocketAddr::new(dst, self.env.addr.port());
-        send(&mut self.env, dst, dst_qpn, tos, mad);
+        send(&mut self.gsi, &mut self.env, dst, dst_qpn, tos, mad);
     }
 }
 
 /// [`Rnic::send_gsi`] to the device at `dst`.
-fn send(env: &mut Nic, dst: SocketAddr, dst_qpn: u32, tos: u8, mad: &[u8; MAD_LEN]) {
-    let pkt_psn = env.gsi.next_psn;
-    env.gsi.next_psn = psn::add(pkt_psn, 1);
+fn send(
+    gsi: &mut Gsi,
+    env: &mut DeviceCtx,
+    dst: SocketAddr,
+    dst_qpn: u32,
+    tos: u8,
+    mad: &[u8; MAD_LEN],
+) {
+    let pkt_psn = gsi.next_psn;
+    gsi.next_psn = psn::add(pkt_psn, 1);
     let mut bth = Bth::new(Opcode::UD_SEND_ONLY, dst_qpn, pkt_psn);
     // rxe sets AckReq on the last packet of a message of every QP type but UD and UC;
     // its GSI QP is a type of its own, so its MADs carry it (the receiver ignores it).

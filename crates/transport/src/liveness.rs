@@ -5,10 +5,10 @@
 use softrdma_wire::{psn, Bth, Headers, Opcode, Reth};
 use tracing::{debug, trace, warn};
 
+use crate::device_ctx::DeviceCtx;
 use crate::keepalive::{KaState, Keepalive};
 use crate::qp::QpCtx;
 use crate::verbs::{QpState, QpType};
-use crate::Nic;
 
 /// The QP entered RTS with settings `cfg`: the quiet time starts now.
 pub(crate) fn arm(qp: &mut QpCtx, cfg: Option<Keepalive>, now: u64) {
@@ -36,7 +36,7 @@ pub(crate) fn heard(qp: &mut QpCtx, now: u64) {
 
 /// The keepalive deadline has come (or not yet: nothing happens then). Returns true
 /// when the peer was declared lost: the caller fails the QP.
-pub(crate) fn on_timer(qp: &mut QpCtx, env: &mut Nic, now: u64) -> bool {
+pub(crate) fn on_timer(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) -> bool {
     let Some(d) = qp.ka.deadline else {
         return false;
     };
@@ -93,7 +93,7 @@ fn probe_psn(qp: &QpCtx) -> u32 {
     psn::sub(qp.req.next_psn, 1)
 }
 
-fn send_probe(qp: &mut QpCtx, env: &mut Nic) {
+fn send_probe(qp: &mut QpCtx, env: &mut DeviceCtx) {
     let Some(dst) = qp.peer else {
         return;
     };

@@ -170,7 +170,7 @@ pub(crate) struct ReqState {
     pub rec: Recovery,
     /// SQ drained event already given for the current SQD period.
     pub sqd_notified: bool,
-    /// Stopped at a full outbox; queued in `Nic::tx_wait` to continue when it drains.
+    /// Stopped at a full outbox; queued in `DeviceCtx::tx_wait` to continue when it drains.
     pub tx_wait: bool,
 }
 
@@ -589,7 +589,7 @@ pub(crate) struct RespState {
     /// `reads` (an evicted resource's entry goes with it), one per atomic replay entry,
     /// one ACK/NAK and one fatal NAK: a remote peer cannot make it grow.
     pub pending: VecDeque<Pending>,
-    /// Queued in `Nic::resp_wait` to continue `pending` when the outbox drains.
+    /// Queued in `DeviceCtx::resp_wait` to continue `pending` when the outbox drains.
     pub tx_wait: bool,
     /// A fatal NAK waits in `pending`: requests are dropped until it is sent and the QP
     /// fails.

@@ -5,9 +5,9 @@
 use softrdma_wire::{psn, AtomicEth, Bth, Deth, Headers, Opcode, Reth};
 
 use crate::completion;
+use crate::device_ctx::DeviceCtx;
 use crate::qp::{QpCtx, SendWqe, HOLD_SPAN, MAX_PKT_PER_ACK, OUTBOX_MAX};
 use crate::verbs::{PdId, QpState, QpType, SendFlags, SendOp, WcDetail, WcError, WcStatus};
-use crate::Nic;
 
 /// Position of packet `idx` among `n`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -66,7 +66,7 @@ fn npkts(len: usize, mtu: usize) -> u32 {
 
 /// Run the requester: send as much of the SQ as the rules allow. Every iteration either
 /// sends a packet, executes a local op, or advances past a WQE, and the budget bounds it.
-pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
+pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     let mut budget: usize = 1 << 22;
     let mut in_wqe = qp.req.offset > 0;
     // Packets past the oldest unacknowledged one that are in flight no more (held by
@@ -359,7 +359,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut Nic, now: u64) {
 /// inline data or its gather list.
 #[allow(clippy::too_many_arguments)]
 fn send_data(
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     qpn: u32,
     dst: std::net::SocketAddr,
     tos: u8,
@@ -443,7 +443,7 @@ fn rc_dest(qp: &QpCtx) -> Option<(std::net::SocketAddr, u8, u32)> {
 /// selective repeat of `crate::completer`. False, with nothing sent, when `k` is not a
 /// data packet of a WQE in flight (a READ or atomic request, or nothing); the caller
 /// then goes back N.
-pub(crate) fn resend_one(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32) -> bool {
+pub(crate) fn resend_one(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, k: u32) -> bool {
     let mtu = qp.mtu();
     let Some((dst, tos, dqpn)) = rc_dest(qp) else {
         return false;
@@ -488,7 +488,7 @@ pub(crate) fn resend_one(qp: &mut QpCtx, env: &mut Nic, now: u64, k: u32) -> boo
 /// duplicate against the original the same way). False when there is no such READ.
 pub(crate) fn resend_read_part(
     qp: &mut QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     first: u32,
     k: u32,

@@ -8,6 +8,7 @@ use softrdma_wire::{
 };
 
 use crate::completion;
+use crate::device_ctx::DeviceCtx;
 use crate::qp::{
     HeldPkt, InMsg, Pending, QpCtx, ReplayBudget, Resource, ATOMIC_REPLAY_MIN, HOLD_SPAN,
     OUTBOX_MAX, READ_STREAMS_MAX,
@@ -15,7 +16,6 @@ use crate::qp::{
 use crate::verbs::{
     Access, QpType, RecvWr, RemoteKeyError, WcError, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
-use crate::Nic;
 use tracing::{debug, trace};
 
 /// A request packet for this QP (service type, state and peer already checked), that
@@ -23,7 +23,7 @@ use tracing::{debug, trace};
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn handle_request(
     qp: &mut QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     addrs: &Addrs,
     tos: u8,
@@ -55,14 +55,14 @@ pub(crate) fn handle_request(
 // executed at once (without a fence, IBTA lets a later WRITE / SEND pass a READ).
 
 /// Send an ACK / NAK / RNR NAK now.
-fn emit_aeth(qp: &QpCtx, env: &mut Nic, psn: u32, msn: u32, syndrome: Syndrome) {
+fn emit_aeth(qp: &QpCtx, env: &mut DeviceCtx, psn: u32, msn: u32, syndrome: Syndrome) {
     let Some(dst) = qp.peer else { return };
     let mut h = Headers::new(Bth::new(Opcode::RC_ACKNOWLEDGE, qp.attr.dest_qp_num, psn));
     h.aeth = Some(Aeth { syndrome, msn });
     env.send(qp.qpn, dst, qp.attr.ah_attr.grh.traffic_class, &h, &[]);
 }
 
-fn emit_atomic_ack(qp: &QpCtx, env: &mut Nic, p: u32, orig: u64, msn: u32) {
+fn emit_atomic_ack(qp: &QpCtx, env: &mut DeviceCtx, p: u32, orig: u64, msn: u32) {
     let Some(dst) = qp.peer else { return };
     let mut h = Headers::new(Bth::new(
         Opcode::RC_ATOMIC_ACKNOWLEDGE,
@@ -120,7 +120,7 @@ fn enqueue(qp: &mut QpCtx, e: Pending) {
 
 /// Give a response: sent now when nothing waits ahead of it, queued otherwise; then
 /// send what the outbox has room for.
-fn respond(qp: &mut QpCtx, env: &mut Nic, now: u64, e: Pending) {
+fn respond(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, e: Pending) {
     if qp.resp.pending.is_empty() {
         match e {
             Pending::Aeth {
@@ -162,7 +162,7 @@ fn respond(qp: &mut QpCtx, env: &mut Nic, now: u64, e: Pending) {
 /// Send waiting responses in order while the outbox has room; if some remain, wait for
 /// `Rnic::poll_transmit` to drain the outbox (meanwhile a duplicate request for a
 /// waiting response replaces it, so floods do not grow the queue).
-pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
+pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     loop {
         let Some(front) = qp.resp.pending.front_mut() else {
             return;
@@ -268,7 +268,7 @@ pub(crate) fn send_waiting_responses(qp: &mut QpCtx, env: &mut Nic, now: u64) {
 }
 
 /// Send an ACK / NAK / RNR NAK with the current MSN (in order behind waiting responses).
-fn send_aeth(qp: &mut QpCtx, env: &mut Nic, now: u64, psn: u32, syndrome: Syndrome) {
+fn send_aeth(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, psn: u32, syndrome: Syndrome) {
     let msn = qp.resp.msn;
     respond(
         qp,
@@ -285,7 +285,7 @@ fn send_aeth(qp: &mut QpCtx, env: &mut Nic, now: u64, psn: u32, syndrome: Syndro
 
 /// Send the coalesced ACK now, if one waits (before any other response, to keep the
 /// response stream in PSN order); behind the waiting responses if there are some.
-pub(crate) fn flush_ack(qp: &mut QpCtx, env: &mut Nic) {
+pub(crate) fn flush_ack(qp: &mut QpCtx, env: &mut DeviceCtx) {
     if qp.resp.sack_due {
         crate::sack::send(qp, env);
     }
@@ -310,7 +310,7 @@ pub(crate) fn flush_ack(qp: &mut QpCtx, env: &mut Nic) {
 }
 
 /// Ask for an ACK of everything up to `p` (a later ACK replaces an earlier one).
-fn schedule_ack(qp: &mut QpCtx, env: &mut Nic, p: u32) {
+fn schedule_ack(qp: &mut QpCtx, env: &mut DeviceCtx, p: u32) {
     if qp.resp.ack.is_none() {
         env.ack_queue.push_back(qp.qpn);
     }
@@ -322,7 +322,7 @@ fn schedule_ack(qp: &mut QpCtx, env: &mut Nic, p: u32) {
 /// requests are dropped meanwhile). `reason` says what was wrong, for the log.
 fn fatal_nak(
     qp: &mut QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     code: NakCode,
     p: u32,
@@ -370,7 +370,7 @@ fn fatal_nak(
     }
 }
 
-fn rnr_nak(qp: &mut QpCtx, env: &mut Nic, now: u64, p: u32) {
+fn rnr_nak(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, p: u32) {
     env.stats.rnr_naks_sent += 1;
     let timer = qp.attr.min_rnr_timer & 0x1F;
     debug!(
@@ -422,7 +422,7 @@ fn read_resp_opcode(idx: u32, n: u32) -> Opcode {
 #[allow(clippy::too_many_arguments)]
 fn read_response(
     qp: &QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     p: u32,
     opcode: Opcode,
     msn: u32,
@@ -477,7 +477,14 @@ fn length_ok(position: Position, plen: usize, mtu: usize, has_payload: bool) -> 
     }
 }
 
-fn rc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, src_port: u16, h: &Headers, payload: &[u8]) {
+fn rc_request(
+    qp: &mut QpCtx,
+    env: &mut DeviceCtx,
+    now: u64,
+    src_port: u16,
+    h: &Headers,
+    payload: &[u8],
+) {
     let in_order = h.bth.psn == qp.resp.epsn;
     rc_request_one(qp, env, now, src_port, h, payload);
     if in_order && !qp.resp.held.is_empty() {
@@ -489,7 +496,7 @@ fn rc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, src_port: u16, h: &Header
 /// report where the next gap is: a NAK when packets past it are held (they show it is a
 /// loss, and the requester resends the missing one at once), an ACK of the last one
 /// executed otherwise.
-fn drain_held(qp: &mut QpCtx, env: &mut Nic, now: u64) {
+fn drain_held(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     let mut last = None;
     while let Some(pkt) = qp.resp.held.take(qp.resp.epsn, &mut env.held_bytes) {
         let before = qp.resp.epsn;
@@ -528,7 +535,7 @@ fn drain_held(qp: &mut QpCtx, env: &mut Nic, now: u64) {
 
 fn rc_request_one(
     qp: &mut QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     src_port: u16,
     h: &Headers,
@@ -685,7 +692,7 @@ fn rc_request_one(
 /// Complete a receive WQE for a finished SEND (or WRITE with immediate).
 fn complete_recv(
     qp: &QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     r: &RecvWr,
     h: &Headers,
@@ -709,7 +716,7 @@ fn complete_recv(
 /// SEND packet in sequence. Returns true if accepted (epsn advanced).
 fn rc_send(
     qp: &mut QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     h: &Headers,
     position: Position,
@@ -798,7 +805,7 @@ fn remote_error(e: RemoteKeyError) -> NakCode {
 /// WRITE packet in sequence. Returns true if accepted.
 fn rc_write(
     qp: &mut QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     h: &Headers,
     position: Position,
@@ -1010,7 +1017,7 @@ fn read_len_ok(len: usize, mtu: usize) -> bool {
     len <= MAX_MSG_LEN && len.div_ceil(mtu.max(1)) < (1 << 22)
 }
 
-fn rc_read(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
+fn rc_read(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, h: &Headers) {
     let p = h.bth.psn;
     let Some(reth) = h.reth else {
         fatal_nak(
@@ -1103,7 +1110,7 @@ fn rc_read(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
     );
 }
 
-fn rc_atomic(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
+fn rc_atomic(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, h: &Headers) {
     let p = h.bth.psn;
     let Some(a) = h.atomic_eth else {
         fatal_nak(
@@ -1184,7 +1191,7 @@ fn rc_atomic(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers) {
 /// resources are dropped. Nothing here grows state: a flood of duplicates costs
 /// responses, not memory, and a READ's re-executions send at most its budget
 /// (`qp::READ_REPLAY_FACTOR` times its packets, plus a few).
-fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind) {
+fn duplicate(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, h: &Headers, kind: OpKind) {
     let p = h.bth.psn;
     match kind {
         OpKind::Send | OpKind::Write => {
@@ -1317,7 +1324,7 @@ fn duplicate(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, kind: OpKind)
 // ---------------------------------------------------------------- UC
 
 /// UC: no ACKs. A gap abandons the message in progress; the next FIRST/ONLY resynchronises.
-fn uc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u8]) {
+fn uc_request(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, h: &Headers, payload: &[u8]) {
     let Some(info) = h.bth.opcode.info() else {
         return;
     };
@@ -1506,7 +1513,7 @@ fn uc_request(qp: &mut QpCtx, env: &mut Nic, now: u64, h: &Headers, payload: &[u
 #[allow(clippy::too_many_arguments)]
 fn ud_request(
     qp: &mut QpCtx,
-    env: &mut Nic,
+    env: &mut DeviceCtx,
     now: u64,
     addrs: &Addrs,
     tos: u8,

@@ -20,16 +20,16 @@ use softrdma_wire::{psn, Bth};
 use tracing::{debug, trace};
 
 use crate::cc::Loss;
+use crate::device_ctx::DeviceCtx;
 use crate::qp::QpCtx;
 use crate::recovery::{DUP_THRESH, RESENDS_PER_SACK};
 use crate::requester;
 use crate::verbs::{QpState, QpType};
-use crate::Nic;
 
 /// Requester: ask a peer that holds packets for SACKs, unless it sends them already
 /// (again after a round trip's worth of time while none answers, a few times at most:
 /// see `Recovery::permit_due`).
-pub(crate) fn maybe_permit(qp: &mut QpCtx, env: &mut Nic, now: u64) {
+pub(crate) fn maybe_permit(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     if qp.qp_type != QpType::Rc || !qp.req.rec.permit_due(now, &qp.req.rtt) {
         return;
     }
@@ -46,7 +46,7 @@ pub(crate) fn maybe_permit(qp: &mut QpCtx, env: &mut Nic, now: u64) {
 
 /// Responder: the requester asked for SACKs. Answer with one at once, which also tells
 /// it that this peer sends them.
-pub(crate) fn on_permit(qp: &mut QpCtx, env: &mut Nic) {
+pub(crate) fn on_permit(qp: &mut QpCtx, env: &mut DeviceCtx) {
     if qp.qp_type != QpType::Rc {
         return;
     }
@@ -56,7 +56,7 @@ pub(crate) fn on_permit(qp: &mut QpCtx, env: &mut Nic) {
 
 /// Responder: send a SACK (expected PSN, the packets held past it) to a requester that
 /// asked for them.
-pub(crate) fn send(qp: &mut QpCtx, env: &mut Nic) {
+pub(crate) fn send(qp: &mut QpCtx, env: &mut DeviceCtx) {
     qp.resp.sack_due = false;
     if !qp.resp.sack_peer {
         return;
@@ -82,7 +82,7 @@ pub(crate) fn send(qp: &mut QpCtx, env: &mut Nic) {
 /// Each of these costs a datagram on the return path and, on a host, a wake-up of
 /// whatever forwards it; a SACK for each of the packets after a hole, sent before, told
 /// the requester nothing it acts on (it waits for [`DUP_THRESH`] of them).
-pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32, ack_req: bool) {
+pub(crate) fn on_held(qp: &mut QpCtx, env: &mut DeviceCtx, p: u32, ack_req: bool) {
     if !qp.resp.sack_peer {
         return;
     }
@@ -104,7 +104,7 @@ pub(crate) fn on_held(qp: &mut QpCtx, env: &mut Nic, p: u32, ack_req: bool) {
 /// loss recovery says which holes to resend (`Recovery::on_sack`); they are resent here,
 /// at most [`RESENDS_PER_SACK`] of them, and a run of losses that shows congestion cuts
 /// the window.
-pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut Nic, now: u64, e: u32, bits: SackBitmap) {
+pub(crate) fn on_sack(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, e: u32, bits: SackBitmap) {
     if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
         return;
     }
