@@ -20,12 +20,12 @@ pub(crate) const MAX_PKT_PER_ACK: u32 = 64;
 /// PSNs past the oldest unacknowledged one a requester may have sent, and past the
 /// expected one a responder holds (see [`Held`]); far inside the 2^23 PSN window.
 ///
-/// Why more than the congestion window's ceiling (`cc::ceiling_for`): a lost packet holds the oldest PSN for the round
-/// trip its repair takes, while the packets after it leave the socket buffers for the
-/// responder's hold. With the send bounded by the in-flight limit from the oldest PSN, a
-/// sender on a lossy path stopped at every loss for that round trip, its pipe empty
-/// (at 1% loss it spent most of its time there). Packets a SACK shows held are not in
-/// flight, so the send goes on until this span.
+/// Why more than the congestion window's ceiling (`cc::ceiling_for`): a lost packet
+/// holds the oldest PSN for the round trip its repair takes, while the packets after it
+/// leave the socket buffers for the responder's hold. Were the send bounded by the
+/// window from the oldest PSN, a sender on a lossy path would stop at every loss for
+/// that round trip, its pipe empty. Packets a SACK shows held are not in flight, so the
+/// send goes on until this span.
 pub(crate) const HOLD_SPAN: i32 = softrdma_wire::ext::SACK_SPAN as i32;
 
 /// Datagrams the outbox holds before requesters stop producing more until it drains
@@ -242,11 +242,10 @@ pub(crate) enum Resource {
 /// a later PSN, which replaces the stream still under way, or for exactly the missing
 /// packets (a softrdma requester: they cost what they name). So 8 times a READ's packets
 /// cover a go-back-N requester whose READ's responses are lost whole at every timeout it
-/// may wait through, plus one READ's worth of sequence-driven resends. This crate's tests
-/// under 5-10% loss measure far less (a 512-packet READ: 1.04 times its packets; READs of
-/// 1 to 8 packets, which every go-back-N asks for whole: at most 10 times, which the
-/// slack covers), and the netns soak at 10% loss (tests-ext/impair) has none refused.
-/// Re-executions past the budget are refused, and one under way stops where the
+/// may wait through, plus one READ's worth of sequence-driven resends. Random loss alone
+/// costs far less: a long READ's re-executions at 5-10% loss come to about its own
+/// packets again, and READs of a few packets, which every go-back-N asks for whole, stay
+/// within the slack. Re-executions past the budget are refused, and one under way stops where the
 /// budget ends (dropped and counted), so one READ reflects at most this multiple of what
 /// its requester asked.
 pub(crate) const READ_REPLAY_FACTOR: u32 = 8;
@@ -371,9 +370,9 @@ pub(crate) struct HeldPkt {
 /// (at 1% loss about nine in ten wait behind some hole), and each is looked up several
 /// times (its neighbours for the SACK, the drain), so every lookup is an index. Beside it
 /// a bitmap of what is held, by PSN: every SACK reports up to [`HOLD_SPAN`] PSNs, and a
-/// walk over the slots themselves (the headers inline, some 150 bytes each) read hundreds
-/// of kilobytes per SACK. Boxing the slots instead cost more in the allocator than the
-/// walk had.
+/// walk over the slots themselves (the headers inline, some 150 bytes each) would read
+/// hundreds of kilobytes per SACK, while boxing the slots to make them small costs more
+/// in the allocator than that walk.
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     /// PSN of `slots[0]`.

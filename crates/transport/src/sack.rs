@@ -80,8 +80,8 @@ pub(crate) fn send(qp: &mut QpCtx, env: &mut DeviceCtx) {
 /// counts them in flight meanwhile, which stops its send while the path is empty.
 ///
 /// Each of these costs a datagram on the return path and, on a host, a wake-up of
-/// whatever forwards it; a SACK for each of the packets after a hole, sent before, told
-/// the requester nothing it acts on (it waits for [`DUP_THRESH`] of them).
+/// whatever forwards it; a SACK for each of the packets after a hole would tell the
+/// requester nothing it acts on (it waits for [`DUP_THRESH`] of them).
 pub(crate) fn on_held(qp: &mut QpCtx, env: &mut DeviceCtx, p: u32, ack_req: bool) {
     if !qp.resp.sack_peer {
         return;

@@ -2411,8 +2411,8 @@ fn a_lost_read_request_to_a_peer_that_drops_then_goes_back_n() {
 
 /// The same with the sequence NAK lost too, so that only the round-trip timer finds
 /// the loss: its resend is no question asked of the peer, so with a peer not known to
-/// hold it goes back N, as before, rather than send each READ's request again alone,
-/// an expiry each.
+/// hold it goes back N rather than send each READ's request again alone, an expiry
+/// each.
 #[test]
 fn a_lost_read_request_found_by_the_timer_goes_back_n_with_a_peer_not_known() {
     let (a, _b, requests, first) = reads_losing_a_request(false, true);

@@ -649,8 +649,8 @@ fn ud_grh_carries_the_received_tos() {
 /// A NAK aimed at a PSN the peer has already acknowledged (stale: a late copy, or forged
 /// by someone who saw an old packet) is outside the outstanding window and ignored,
 /// whatever its syndrome: the fatal ones (invalid request, remote access, remote
-/// operational, invalid RD request) used to end the connection. So are NAKs and ACKs
-/// for PSNs never sent. The transfer under way completes with its data.
+/// operational, invalid RD request) would end a working connection if acted on. So are
+/// NAKs and ACKs for PSNs never sent. The transfer under way completes with its data.
 #[test]
 fn nak_outside_the_outstanding_window_is_ignored() {
     let mut w = World::two(511);

@@ -109,7 +109,7 @@ pub(super) fn duplicate(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, h: &Heade
                         replay_end(h, p, *first_psn, *last_psn, *va, *rkey, *len, mtu);
                     // Only a part that stops short of the READ's end is sent beside its
                     // other streams: asked for up to the end, it is a go-back-N (an IBTA
-                    // requester's), which replaces them as before.
+                    // requester's), which replaces them.
                     let exact = exact && end != *last_psn;
                     let taken = replays.take(npkts);
                     Some((*first_psn, *va, *rkey, *len, end, exact, taken))
