@@ -25,10 +25,15 @@ macro_rules! dropped {
     }};
 }
 
-// The protocol core, each module below the ones that use it: `rtt`; `cc` (reads `rtt`);
-// `recovery` (reads `rtt`); `keepalive` (settings and per-QP state); `qp` (per-QP state,
-// holding those); `liveness`, `completion`, `requester`, `sack`, `responder`,
-// `completer`, `timers` (handlers over `qp` and the device context).
+// The protocol core imports only downwards, never the crate root:
+//   rtt, keepalive, stats, pool, transmit: nothing of the crate
+//   cc, recovery: rtt
+//   qp: cc, rtt, recovery, keepalive          device_ctx: keepalive, pool, stats, transmit
+//   liveness: qp, keepalive, device_ctx      completion: qp, liveness, device_ctx
+//   requester: qp, completion, device_ctx    sack: qp, cc, recovery, requester, device_ctx
+//   responder: qp, completion, sack, ...     completer: qp, cc, recovery, completion,
+//   timers: qp                                 requester, sack, liveness, device_ctx
+// Above it, `Rnic`'s faces: objects, modify, receive, schedule, gsi.
 mod cc;
 mod completer;
 mod completion;
@@ -46,6 +51,7 @@ mod requester;
 mod responder;
 mod rtt;
 mod sack;
+mod schedule;
 mod stats;
 #[cfg(test)]
 mod tests;
