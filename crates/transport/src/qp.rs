@@ -694,8 +694,10 @@ impl QpCtx {
         if self.req.rto.is_none() {
             self.req.rto = limit.map(|t| now.saturating_add(t));
         }
-        let interval = self.req.rtt.rto(limit);
-        self.req.rec.arm_rtt_timer(now, interval);
+        if self.req.rec.rtt_deadline().is_none() {
+            let interval = self.req.rtt.rto(limit);
+            self.req.rec.arm_rtt_timer(now, interval);
+        }
     }
 }
 
