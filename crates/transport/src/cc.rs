@@ -209,7 +209,7 @@ impl Reno {
         true
     }
 
-    /// A run of losses from `p` (see `sack::on_sack`): the window is cut whatever the
+    /// A run of losses from `p` (see `Recovery::on_sack`): the window is cut whatever the
     /// round trip, once per window of packets as for a single loss.
     fn run_lost(&mut self, p: u32, rtt: &RttEstimator) -> bool {
         if self.same_episode(p) {
@@ -231,7 +231,7 @@ impl Reno {
     /// backoff), the path is carrying the rest: the expiry is one lost packet (a resent
     /// one, the tail of what was sent, a READ's request for some of its responses, or
     /// their answer), which the caller resends, and nothing says the path is congested
-    /// (runs of losses do: see `sack::on_sack` and `completer::ask_read_holes`), so the
+    /// (runs of losses do: see `Recovery::on_sack` and `completer::read`), so the
     /// window stays. Otherwise the path has gone quiet: a loss.
     fn rtt_timeout(&mut self, now: u64, rtt: &RttEstimator) -> bool {
         let interval = rtt.rto_base().unwrap_or(RTO_MIN_NS);
@@ -302,7 +302,7 @@ impl Controller for Reno {
     }
 
     /// A cut that only the round trip judged is undone. The peer's SACKs show whether
-    /// losses come in runs, the sign of congestion that `sack::on_sack` cuts on; the
+    /// losses come in runs, the sign of congestion that `Recovery::on_sack` cuts on; the
     /// round trip on a host queues a window's worth whether or not anything overflows,
     /// so such a cut would hit the first random loss of every connection between
     /// softrdma peers (made before the SACKs were asked for), and the window would then

@@ -100,7 +100,7 @@ pub(crate) struct Recovery {
     /// The packet resent alone whose answer is awaited.
     hole: Option<Hole>,
     /// An answer past a READ that is missing some of its responses showed that all of
-    /// them were sent: ask for the missing ones (see `completer::ask_read_holes`).
+    /// them were sent: ask for the missing ones (see `completer::read::ask_read_holes`).
     read_repair_due: bool,
     /// Whether the peer holds packets past a gap: unknown until a selective resend is
     /// answered, then `Some(false)` (an IBTA responder, rxe: go back N at once) or

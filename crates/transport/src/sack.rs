@@ -3,7 +3,7 @@
 //! A softrdma responder holds the request packets that follow a gap (`qp::Held`); a
 //! sequence NAK can name only the first missing packet, so without more a requester
 //! repairs one hole per round trip. Once a requester knows its peer holds packets (see
-//! `completer::sr_answered`), it sends a SACK_PERMIT; from then on the responder sends a
+//! `Recovery::answered`), it sends a SACK_PERMIT; from then on the responder sends a
 //! SACK once a new hole has [`DUP_THRESH`] held packets past it, and the requester
 //! resends every packet the SACK shows missing at once.
 //!

@@ -9,7 +9,7 @@ const READ_HOLES_PER_ASK: usize = 8;
 /// Ask for the response packets the READ starting at `first` is missing before the last
 /// one that arrived (and after it, when every response was sent: `read_whole_sent`),
 /// each run of them in one request for exactly those packets, at most once per round
-/// trip (see `sack::recently_resent`). Instead of a go-back-N from the first missing
+/// trip (see `Recovery::read_part_due`). Instead of a go-back-N from the first missing
 /// one: the responses that arrived past it are in place already. A responder that drops
 /// the rest of its stream on such a request (one that answers every duplicate with the
 /// rest) is caught up by the round-trip timer, which goes back N.
@@ -34,7 +34,7 @@ pub(super) fn ask_read_holes(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, firs
     // The newest part asked again whose first response has arrived: a part asked before
     // it and still missing was lost again (the responder answers the requests in the
     // order they came), and is asked for at once rather than after a round trip (RACK's
-    // rule, `sack::resend_due`, as `sack::on_sack` applies it to resent packets).
+    // rule, as `Recovery::on_sack` applies it to resent packets).
     let (acked, last) = (w.acked_pkts, w.last_psn);
     let arrived = |q: u32| {
         let i = psn::diff(q, first);
