@@ -36,6 +36,7 @@ mod info;
 mod output;
 mod perf;
 mod pingpong;
+mod rcat;
 mod scale;
 mod session;
 mod stats;
@@ -89,6 +90,8 @@ enum Cmd {
     Run(cabi::RunArgs),
     /// Print the environment that makes verbs programs use softrdma (eval "$(softrdma env)")
     Env(cabi::EnvArgs),
+    /// A byte stream over rsockets, like nc over TCP (peers: rstream, librspreload, this)
+    Rsocket(rcat::RsocketArgs),
     /// (internal) the server half of `demo`
     #[command(hide = true, name = "__serve")]
     Serve(ServeArgs),
@@ -334,6 +337,7 @@ fn run(cli: Cli) -> CmdResult {
         Cmd::Serve(a) => demo::serve(a.sessions),
         Cmd::Run(a) => cabi::run(&a),
         Cmd::Env(a) => cabi::env(&a),
+        Cmd::Rsocket(a) => rcat::run(&a),
     }
 }
 

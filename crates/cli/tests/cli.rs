@@ -114,7 +114,7 @@ fn help_for_every_subcommand() {
     let o = run(&["--help"]);
     assert_ok(&o, "--help");
     for sub in [
-        "devices", "devinfo", "pingpong", "perf", "stats", "trace", "demo",
+        "devices", "devinfo", "pingpong", "perf", "stats", "trace", "demo", "rsocket",
     ] {
         assert!(text(&o.stdout).contains(sub), "--help lists {sub}");
         let o = run(&[sub, "--help"]);
@@ -1496,4 +1496,65 @@ fn euid() -> u32 {
                 .and_then(|u| u.parse().ok())
         })
         .unwrap_or(u32::MAX)
+}
+
+/// `softrdma rsocket`: a client's standard input reaches a listener's standard output
+/// byte for byte over rsockets, and an echo listener sends a client's bytes back.
+#[test]
+fn rsocket_carries_stdin_to_the_listeners_stdout_and_echoes() {
+    use std::io::Write;
+    let data: Vec<u8> = (0..700_001u32).map(|i| (i * 7 + i / 3) as u8).collect();
+    for echo in [false, true] {
+        let port = free_port().to_string();
+        let mut largs = vec!["rsocket", "listen", port.as_str()];
+        if echo {
+            largs.push("--echo");
+        }
+        let mut l = spawn(&largs);
+        // The listener says where it listens once bound: the client starts then.
+        let mut err = std::io::BufReader::new(l.stderr.take().expect("listener stderr"));
+        let mut first = String::new();
+        std::io::BufRead::read_line(&mut err, &mut first).expect("listener's first line");
+        assert!(first.contains("rsocket listening on 0.0.0.0:"), "{first}");
+        let drain =
+            std::thread::spawn(move || std::io::Read::read_to_end(&mut err, &mut Vec::new()));
+        let peer = format!("127.0.0.1:{port}");
+        let mut c = cmd(&["rsocket", "connect", &peer])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("spawn client");
+        let mut stdin = c.stdin.take().expect("stdin");
+        let d2 = data.clone();
+        let w = std::thread::spawn(move || stdin.write_all(&d2));
+        // Both sides' output is read while they run: a pipe that fills would stop them.
+        let read_all = |mut r: std::process::ChildStdout| {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                std::io::Read::read_to_end(&mut r, &mut v).map(|_| v)
+            })
+        };
+        let cr = read_all(c.stdout.take().expect("client stdout"));
+        let lr = read_all(l.stdout.take().expect("listener stdout"));
+        let co = finish(c, "rsocket connect");
+        w.join().unwrap().expect("client stdin");
+        let lo = finish(l, "rsocket listen");
+        assert_ok(&co, "rsocket connect");
+        assert_ok(&lo, "rsocket listen");
+        let c_out = cr.join().unwrap().expect("client stdout");
+        let l_out = lr.join().unwrap().expect("listener stdout");
+        let (got, what) = if echo {
+            (&c_out, "the echo the client printed")
+        } else {
+            (&l_out, "what the listener printed")
+        };
+        assert!(
+            *got == data,
+            "{what}: {} bytes, want {}",
+            got.len(),
+            data.len()
+        );
+        drain.join().unwrap().expect("listener stderr");
+    }
+    let o = run(&["rsocket", "connect", "127.0.0.1:1", "--timeout", "5"]);
+    one_line_error(&o, "connect to nobody");
 }
