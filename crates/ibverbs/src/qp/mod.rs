@@ -2,7 +2,7 @@
 //! `post` (`ibv_post_send`, `ibv_post_recv`, and `ibv_bind_mw`, a work request on the send
 //! queue) and `wr` (the `ibv_wr_*` API of `ibv_qp_ex`).
 
-mod post;
+pub(crate) mod post;
 mod wr;
 
 pub(crate) use post::{bind_mw, post_recv, post_send};

@@ -3,7 +3,11 @@
 //! `rpoll`/`rselect`, `rshutdown`, `rclose`, socket options, `rfcntl`, and the direct
 //! writes `riomap`/`riounmap`/`riowrite`. They let rdmacm-utils' `rstream`, `rcopy` and
 //! `riostream`, and socket programs preloaded with rsockets, run on softrdma, and talk
-//! to rdma-core's rsockets on another host (the protocol is in [`stream`]).
+//! to rdma-core's rsockets on another host.
+//!
+//! The protocol is the `softrdma-rsocket` crate's, which the Rust face uses too; this
+//! face keeps the socket table, the options, the errno and the connection steps through
+//! its own rdma_cm calls ([`stream`] drives the protocol over the socket's C objects).
 //!
 //! A stream rsocket is an RC connection made through this library's rdma_cm with a
 //! synchronous id, as rdma-core makes it: the socket's number is the id's event channel
@@ -25,10 +29,12 @@ use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use self::stream::{st, Config, IoMap, Stream};
+use self::stream::{Stage, Stream};
 use super::abi;
 use super::id as cmid;
 use crate::{guard, minus_one, mr, sys};
+use softrdma_rsocket::conn::{partial_result, Shutdown as How, TransferSizes};
+use softrdma_rsocket::Config;
 
 // The entry points `rpoll` and `rselect` live in `poll`.
 
@@ -46,7 +52,8 @@ const CONN_RETRIES: u32 = 6;
 fn wait_slice_ms() -> c_int {
     static V: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
-        stream::conf_value("wake_up_interval").map_or(500, |v| v.clamp(1, 60_000) as c_int)
+        softrdma_rsocket::config::conf_value("wake_up_interval")
+            .map_or(500, |v| v.clamp(1, 60_000) as c_int)
     })
 }
 
@@ -55,7 +62,7 @@ fn spin() -> Duration {
     static V: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
         Duration::from_micros(u64::from(
-            stream::conf_value("polling_time")
+            softrdma_rsocket::config::conf_value("polling_time")
                 .unwrap_or(10)
                 .min(1_000_000),
         ))
@@ -91,13 +98,13 @@ fn lookup(fd: c_int) -> Option<Arc<Rsock>> {
 type Test = fn(&Stream) -> bool;
 
 fn conn_have_rdata(s: &Stream) -> bool {
-    s.have_rdata() || s.state & st::READABLE == 0
+    s.have_rdata() || !s.readable()
 }
 fn conn_can_send(s: &Stream) -> bool {
-    s.can_send() || s.state & st::WRITABLE == 0
+    s.can_send() || !s.writable()
 }
 fn conn_can_send_ctrl(s: &Stream) -> bool {
-    s.ctrl_avail() || s.state & st::CONNECTED == 0
+    s.ctrl_avail() || !s.connected()
 }
 fn conn_all_sends_done(s: &Stream) -> bool {
     s.all_sends_done()
@@ -206,8 +213,8 @@ fn do_connect(s: &mut Stream, dst: Option<&[u8]>) -> Result<(), c_int> {
     match r {
         Ok(()) => Ok(()),
         Err(e) if e == libc::EAGAIN || e == libc::EWOULDBLOCK => Err(libc::EINPROGRESS),
-        Err(e) if s.state & st::OPENING != 0 || s.state <= st::BOUND => {
-            s.state = st::CONNECT_ERROR;
+        Err(e) if s.opening() || s.stage <= Stage::Bound => {
+            s.stage = Stage::ConnectError;
             s.err = e;
             Err(e)
         }
@@ -226,95 +233,105 @@ fn errno_of(rc: c_int) -> Result<(), c_int> {
 fn connect_steps(s: &mut Stream, dst: Option<&[u8]>) -> Result<(), c_int> {
     let id = s.id;
     loop {
-        match s.state {
-            st::INIT | st::BOUND => {
+        match s.stage {
+            Stage::Init | Stage::Bound => {
                 let Some(dst) = dst else {
                     return Err(libc::EINVAL);
                 };
-                s.state = st::RESOLVING_ADDR;
+                s.stage = Stage::ResolvingAddr;
                 let to = 1000 << s.retries.min(10);
                 s.retries += 1;
                 // SAFETY: the live id; `dst` holds a socket address (rconnect checked).
                 let rc = unsafe {
                     cmid::rdma_resolve_addr(id, std::ptr::null_mut(), dst.as_ptr() as *mut _, to)
                 };
-                match errno_of(rc) {
-                    Ok(()) => s.state = st::ADDR_RESOLVED,
-                    Err(e) => return Err(e),
+                errno_of(rc)?;
+                if start_route(s)? {
+                    return finish_connect(s);
                 }
             }
-            st::RESOLVING_ADDR => {
+            Stage::ResolvingAddr => {
                 // SAFETY: the live synchronous id.
                 match errno_of(unsafe { cmid::complete(id) }) {
-                    Ok(()) => s.state = st::ADDR_RESOLVED,
-                    Err(libc::ETIMEDOUT) if s.retries <= CONN_RETRIES => s.state = st::BOUND,
+                    Ok(()) => {
+                        if start_route(s)? {
+                            return finish_connect(s);
+                        }
+                    }
+                    Err(libc::ETIMEDOUT) if s.retries <= CONN_RETRIES => s.stage = Stage::Bound,
                     Err(e) => return Err(e),
                 }
             }
-            // The address is resolved: resolve the route.
-            st::ADDR_RESOLVED => {
-                s.retries = 0;
-                s.state = st::RESOLVING_ROUTE;
-                if let Some(route) = s.route.take() {
-                    // SAFETY: the live id; `route` holds the program's path records.
-                    let rc = unsafe {
-                        cmid::rdma_set_option(
-                            id,
-                            abi::RDMA_OPTION_IB,
-                            abi::RDMA_OPTION_IB_PATH,
-                            route.as_ptr() as *mut c_void,
-                            route.len(),
-                        )
-                    };
-                    errno_of(rc)?;
-                    // The route's event comes as resolving one's does.
-                    continue;
-                }
-                // SAFETY: the live id.
-                errno_of(unsafe { cmid::rdma_resolve_route(id, 1000) })?;
-                s.state = st::ROUTE_RESOLVED;
-            }
-            st::RESOLVING_ROUTE => {
+            Stage::ResolvingRoute => {
                 // SAFETY: the live synchronous id.
                 errno_of(unsafe { cmid::complete(id) })?;
-                s.state = st::ROUTE_RESOLVED;
-            }
-            // The route is resolved: make the QP and buffers and send the request.
-            st::ROUTE_RESOLVED => {
-                s.create_ep()?;
-                let cd = s.format_conn_data();
-                let mut p: abi::rdma_conn_param = crate::zeroed();
-                p.private_data = cd.as_ptr().cast();
-                p.private_data_len = cd.len() as u8;
-                p.flow_control = 1;
-                p.retry_count = 7;
-                p.rnr_retry_count = 7;
-                s.state = st::CONNECTING;
-                // SAFETY: the live id; `p` and `cd` live across the call.
-                errno_of(unsafe { cmid::rdma_connect(id, &mut p) })?;
+                send_request(s)?;
                 return finish_connect(s);
             }
-            st::CONNECTING => {
+            Stage::Connecting => {
                 // SAFETY: the live synchronous id.
                 errno_of(unsafe { cmid::complete(id) })?;
                 return finish_connect(s);
             }
-            st::ACCEPTING => {
+            Stage::Accepting => {
                 // SAFETY: as above.
                 errno_of(unsafe { cmid::complete(id) })?;
-                s.state = st::CONNECT_RDWR;
+                s.stage = Stage::Open;
                 return Ok(());
             }
-            st::CONNECT_ERROR | st::DISCONNECTED | st::ERROR => return Err(libc::ENOTCONN),
-            x => {
-                return if x & st::CONNECTED != 0 {
+            Stage::ConnectError => return Err(libc::ENOTCONN),
+            Stage::Open => {
+                return if s.connected() {
                     Ok(())
                 } else {
-                    Err(libc::EINVAL)
+                    Err(libc::ENOTCONN)
                 }
             }
+            Stage::Listening => return Err(libc::EINVAL),
         }
     }
+}
+
+/// The address is resolved: resolve the route (or take the one RDMA_ROUTE gave), and
+/// when that is done at once, send the request (true).
+fn start_route(s: &mut Stream) -> Result<bool, c_int> {
+    let id = s.id;
+    s.retries = 0;
+    s.stage = Stage::ResolvingRoute;
+    if let Some(route) = s.route.take() {
+        // SAFETY: the live id; `route` holds the program's path records.
+        let rc = unsafe {
+            cmid::rdma_set_option(
+                id,
+                abi::RDMA_OPTION_IB,
+                abi::RDMA_OPTION_IB_PATH,
+                route.as_ptr() as *mut c_void,
+                route.len(),
+            )
+        };
+        // The route's event comes as resolving one's does.
+        return errno_of(rc).map(|()| false);
+    }
+    // SAFETY: the live id.
+    errno_of(unsafe { cmid::rdma_resolve_route(id, 1000) })?;
+    send_request(s).map(|()| true)
+}
+
+/// The route is resolved: make the QP and buffers and send the request with this side's
+/// connection data.
+fn send_request(s: &mut Stream) -> Result<(), c_int> {
+    s.create_ep()?;
+    let cd = s.format_conn_data();
+    let mut p: abi::rdma_conn_param = crate::zeroed();
+    p.private_data = cd.as_ptr().cast();
+    p.private_data_len = cd.len() as u8;
+    p.flow_control = 1;
+    p.retry_count = 7;
+    p.rnr_retry_count = 7;
+    s.stage = Stage::Connecting;
+    // SAFETY: the live id; `p` and `cd` live across the call.
+    errno_of(unsafe { cmid::rdma_connect(s.id, &mut p) })?;
+    Ok(())
 }
 
 /// The connection is established: take the peer's connection data.
@@ -335,7 +352,7 @@ fn finish_connect(s: &mut Stream) -> Result<(), c_int> {
         }
     };
     s.save_conn_data(&data).map_err(|_| libc::ENOTSUP)?;
-    s.state = st::CONNECT_RDWR;
+    s.stage = Stage::Open;
     // From here only this library reads the channel (disconnects), without blocking.
     set_nonblock(s.cm_fd(), true);
     Ok(())
@@ -461,7 +478,7 @@ pub unsafe extern "C" fn rbind(
         // SAFETY: the socket's live id; `a` holds the address.
         let rc = unsafe { cmid::rdma_bind_addr(g.id, a.as_ptr() as *mut libc::sockaddr as *mut _) };
         if rc == 0 {
-            g.state = st::BOUND;
+            g.stage = Stage::Bound;
         }
         rc
     })
@@ -477,7 +494,7 @@ pub unsafe extern "C" fn rlisten(socket: c_int, backlog: c_int) -> c_int {
             Ok(g) => g,
             Err(e) => return minus_one(e),
         };
-        if g.state == st::LISTENING {
+        if g.stage == Stage::Listening {
             return 0;
         }
         // SAFETY: the socket's live id.
@@ -531,7 +548,7 @@ pub unsafe extern "C" fn rlisten(socket: c_int, backlog: c_int) -> c_int {
             stop_wr: stop[1],
             thread: Some(thread),
         });
-        g.state = st::LISTENING;
+        g.stage = Stage::Listening;
         0
     })
 }
@@ -611,7 +628,7 @@ impl AcceptJob {
             if r[0] {
                 // SAFETY: as above.
                 if let Some(s) = unsafe { self.accept_one(lid) } {
-                    if s.state & st::CONNECTED != 0 {
+                    if s.stage == Stage::Open {
                         self.queue(s);
                     } else {
                         if answered.len() >= ACCEPT_PENDING_MAX {
@@ -654,7 +671,7 @@ impl AcceptJob {
             drop_answered(a.s);
             return None;
         }
-        a.s.state = st::CONNECT_RDWR;
+        a.s.stage = Stage::Open;
         Some(a.s)
     }
 
@@ -714,11 +731,6 @@ impl AcceptJob {
         };
         let mut s = Stream::new(nid, cfg);
         (s.fs_flags, s.fd_flags) = (fs, fd_flags);
-        if data.len() < stream::CONN_DATA_LEN || data[0] != 1 {
-            reject(nid);
-            s.free();
-            return None;
-        }
         if s.create_ep().is_err() || s.save_conn_data(&data).is_err() {
             reject(nid);
             s.free();
@@ -734,7 +746,7 @@ impl AcceptJob {
         let rc = unsafe { cmid::rdma_accept(nid, &mut param) };
         // SAFETY: after a successful accept the id holds the event it took.
         if rc == 0 && unsafe { (*(*nid).event).event } == abi::RDMA_CM_EVENT_ESTABLISHED {
-            s.state = st::CONNECT_RDWR;
+            s.stage = Stage::Open;
         } else if rc == 0 {
             reject(nid);
             s.free();
@@ -742,7 +754,7 @@ impl AcceptJob {
         } else {
             let e = crate::errno_now();
             if e == libc::EAGAIN || e == libc::EWOULDBLOCK {
-                s.state = st::ACCEPTING;
+                s.stage = Stage::Accepting;
             } else {
                 reject(nid);
                 s.free();
@@ -811,7 +823,7 @@ pub unsafe extern "C" fn rconnect(
 /// A call on a socket whose connect is under way drives it on first (EAGAIN while it is
 /// not done, as rsockets answer).
 fn drive_connect(g: &mut Stream) -> Result<(), c_int> {
-    if g.state & st::OPENING != 0 {
+    if g.opening() {
         do_connect(g, None).map_err(|e| {
             if e == libc::EINPROGRESS {
                 libc::EAGAIN
@@ -853,27 +865,6 @@ impl Source<'_> {
             }
         }
     }
-
-    /// The next `n` bytes as one pointer, when they lie in one buffer (to go inline).
-    fn contiguous(&self, n: usize) -> Option<*const u8> {
-        let v = self.iov.get(self.i)?;
-        // SAFETY: within the program's buffer.
-        (v.iov_len - self.off >= n)
-            .then(|| unsafe { v.iov_base.cast::<u8>().add(self.off).cast_const() })
-    }
-
-    fn skip(&mut self, n: usize) {
-        let mut n = n;
-        while n > 0 && self.i < self.iov.len() {
-            let take = (self.iov[self.i].iov_len - self.off).min(n);
-            n -= take;
-            self.off += take;
-            if self.off == self.iov[self.i].iov_len {
-                self.i += 1;
-                self.off = 0;
-            }
-        }
-    }
 }
 
 /// Wait (unless non-blocking) until a send may go: ECONNRESET once the socket cannot
@@ -888,36 +879,10 @@ fn wait_send<'a>(
     }
     let nb = nonblocking(&g, flags);
     let (g, r) = rs.get_comp(g, nb, conn_can_send);
-    if r.is_ok() && g.state & st::WRITABLE == 0 {
+    if r.is_ok() && !g.writable() {
         return (g, Err(libc::ECONNRESET));
     }
     (g, r)
-}
-
-/// rsockets' transfer sizes: the first transfer of a call small, each next one twice the
-/// last, up to [`stream::MAX_TRANSFER`], so a large send starts moving at once.
-struct Ramp(u32);
-
-impl Ramp {
-    fn next(&mut self, left: usize) -> u32 {
-        if (self.0 as usize) < left {
-            let x = self.0;
-            if self.0 < stream::MAX_TRANSFER {
-                self.0 <<= 1;
-            }
-            x
-        } else {
-            left as u32
-        }
-    }
-}
-
-/// What a transfer loop returns: the bytes moved, or the error when none moved.
-fn moved(done: usize, err: Option<c_int>) -> Result<usize, c_int> {
-    match err {
-        Some(e) if done == 0 => Err(e),
-        _ => Ok(done),
-    }
 }
 
 /// Send any `riomap` offers not yet sent.
@@ -926,13 +891,14 @@ fn send_iomaps<'a>(
     mut g: MutexGuard<'a, Stream>,
     flags: c_int,
 ) -> (MutexGuard<'a, Stream>, Result<(), c_int>) {
-    while let Some(k) = g.iomaps.iter().position(|m| m.index.is_some() && !m.sent) {
+    while let Some(k) = g.iomap_to_send() {
         let (g2, r) = wait_send(rs, g, flags);
         g = g2;
         if let Err(e) = r {
             return (g, Err(e));
         }
-        if let Err(e) = g.send_one_iomap(k) {
+        g.send_iomap(k);
+        if let Some(e) = g.failed().then_some(g.err).filter(|&e| e != 0) {
             return (g, Err(e));
         }
     }
@@ -950,7 +916,7 @@ fn sendv(socket: c_int, iov: &[libc::iovec], flags: c_int) -> Result<isize, c_in
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
     let mut src = Source { iov, i: 0, off: 0 };
     let mut left = total;
-    let mut ramp = Ramp(stream::OLAP_START);
+    let mut sizes = TransferSizes::default();
     let mut err = None;
     while left > 0 {
         let (g2, r) = wait_send(&rs, g, flags);
@@ -959,23 +925,17 @@ fn sendv(socket: c_int, iov: &[libc::iovec], flags: c_int) -> Result<isize, c_in
             err = Some(e);
             break;
         }
-        let want = ramp.next(left);
-        let room = g.target_room();
-        let x = g.xfer_limit(want, room);
-        let inline = src.contiguous(x as usize);
-        let mut fill = |dst: *mut u8, n: usize| src.copy_to(dst, n);
-        let r = g.write_data(x, inline, &mut fill);
-        if inline.is_some() && x <= g.cfg.sq_inline {
-            src.skip(x as usize);
-        }
-        if let Err(e) = r {
-            err = Some(e);
+        let want = sizes.next(left);
+        let mut fill = |dst: &mut [u8]| src.copy_to(dst.as_mut_ptr(), dst.len());
+        let x = g.write_data(want, &mut fill);
+        if x == 0 {
+            err = Some(if g.err != 0 { g.err } else { libc::ECONNRESET });
             break;
         }
         left -= x as usize;
     }
     let sent = total - left;
-    moved(sent, err).map(|n| n as isize)
+    partial_result(sent, err).map(|n| n as isize)
 }
 
 #[no_mangle]
@@ -1082,19 +1042,20 @@ fn recv(socket: c_int, buf: *mut u8, len: usize, flags: c_int) -> Result<isize, 
                 break;
             }
         }
-        // SAFETY: within the caller's buffer of `len` bytes.
-        let dst = unsafe { buf.add(len - left) };
+        // SAFETY: the caller's buffer of `len` bytes, of which the last `left` are not
+        // filled yet; nothing else uses it during the call.
+        let dst = unsafe { std::slice::from_raw_parts_mut(buf.add(len - left), left) };
         if flags & libc::MSG_PEEK != 0 {
-            left -= g.read_data(dst, left, true);
+            left -= g.read_data(dst, true);
             break;
         }
-        left -= g.read_data(dst, left, false);
-        if !(left > 0 && flags & libc::MSG_WAITALL != 0 && g.state & st::READABLE != 0) {
+        left -= g.read_data(dst, false);
+        if !(left > 0 && flags & libc::MSG_WAITALL != 0 && g.readable()) {
             break;
         }
     }
     g.update_credits();
-    moved(len - left, err).map(|n| n as isize)
+    partial_result(len - left, err).map(|n| n as isize)
 }
 
 #[no_mangle]
@@ -1185,39 +1146,29 @@ fn shutdown(rs: &Rsock, how: c_int) -> Result<(), c_int> {
     keepalive_remove(rs.fd);
     let mut g = rs.open_lock()?;
     let mut res = Ok(());
-    if g.state & st::CONNECTED != 0 {
-        let ctrl = if how == libc::SHUT_RDWR {
-            g.state &= !(st::READABLE | st::WRITABLE);
-            Some(stream::CTRL_DISCONNECT)
-        } else if how == libc::SHUT_WR {
-            g.state &= !st::WRITABLE;
-            Some(if g.state & st::READABLE != 0 {
-                stream::CTRL_SHUTDOWN
-            } else {
-                stream::CTRL_DISCONNECT
-            })
-        } else {
-            g.state &= !st::READABLE;
-            (g.state & st::WRITABLE == 0).then_some(stream::CTRL_DISCONNECT)
+    if g.connected() {
+        let how = match how {
+            libc::SHUT_RDWR => How::Both,
+            libc::SHUT_WR => How::Write,
+            _ => How::Read,
         };
-        if let Some(ctrl) = ctrl {
-            if !g.ctrl_avail() {
-                let (g2, r) = rs.get_comp(g, false, conn_can_send_ctrl);
-                g = g2;
-                res = r;
-            }
-            if res.is_ok() && g.state & st::CONNECTED != 0 && g.ctrl_avail() {
-                res = g.send_ctrl(ctrl);
-            }
-        } else {
+        let Some(ctrl) = g.shutdown(how) else {
             return Ok(());
+        };
+        if !g.ctrl_avail() {
+            let (g2, r) = rs.get_comp(g, false, conn_can_send_ctrl);
+            g = g2;
+            res = r;
+        }
+        if res.is_ok() && g.connected() && g.ctrl_avail() {
+            g.send_ctrl(ctrl);
         }
     }
-    if g.state & st::CONNECTED != 0 {
+    if g.connected() {
         let (g2, _) = rs.get_comp(g, false, conn_all_sends_done);
         g = g2;
     }
-    if g.state & st::DISCONNECTED != 0 {
+    if g.disconnected() {
         // Flushing the receives wakes whoever polls the socket.
         g.flush();
     }
@@ -1227,7 +1178,7 @@ fn shutdown(rs: &Rsock, how: c_int) -> Result<(), c_int> {
 /// Close a socket: shut a connection down, stop a listener, free everything.
 fn close_socket(fd: c_int) -> bool {
     let Some(rs) = lookup(fd) else { return false };
-    let connected = rs.lock().state & st::CONNECTED != 0;
+    let connected = rs.lock().connected();
     if connected {
         let _ = shutdown(&rs, libc::SHUT_RDWR);
     }
@@ -1255,7 +1206,7 @@ fn close_socket(fd: c_int) -> bool {
     }
     table().remove(&fd);
     let mut g = rs.lock();
-    if g.has_ep() && g.state & (st::CONNECTED | st::DISCONNECTED) != 0 {
+    if g.has_ep() && (g.connected() || g.disconnected()) {
         // The CM's DREQ: a peer that still waits learns the connection is gone.
         // SAFETY: the live id (its channel is non-blocking: this does not wait).
         unsafe { cmid::rdma_disconnect(g.id) };
@@ -1402,7 +1353,7 @@ unsafe fn setsockopt(
                 )
             };
             // Once bound, a RoCE id's reuse cannot change; rsockets accept that quietly.
-            if rc != 0 && g.state == st::INIT {
+            if rc != 0 && g.stage == Stage::Init {
                 return Err(crate::errno_now());
             }
             bit(&mut g.so_opts, v != 0);
@@ -1418,7 +1369,7 @@ unsafe fn setsockopt(
             if !g.has_ep() && v > 0 {
                 g.cfg.sbuf_size = (v as u32)
                     .saturating_mul(2)
-                    .clamp(stream::SNDLOWAT << 1, 1 << 28);
+                    .clamp(softrdma_rsocket::config::SNDLOWAT << 1, 1 << 28);
             }
         }
         (libc::SOL_SOCKET, libc::SO_LINGER) => {
@@ -1506,7 +1457,7 @@ unsafe fn setsockopt(
             bit(&mut g.ipv6_opts, v != 0);
         }
         (SOL_RDMA, _) => {
-            if g.state >= st::OPENING {
+            if g.stage >= Stage::ResolvingAddr {
                 return Err(libc::EINVAL);
             }
             match optname {
@@ -1515,9 +1466,7 @@ unsafe fn setsockopt(
                 RDMA_INLINE => g.cfg.sq_inline = int()?.clamp(0, 0xFFFE) as u32,
                 RDMA_IOMAPSIZE => {
                     let v = int()?.clamp(0, 1 << 16) as u32;
-                    g.cfg.iomap_size =
-                        stream::scale_to_value(stream::value_to_scale(v, 8) & 0xFF, 8).min(0xFFFF)
-                            as u16;
+                    g.cfg.iomap_size = softrdma_rsocket::config::carried_iomap_size(v);
                 }
                 RDMA_ROUTE => {
                     if optval.is_null() || optlen == 0 {
@@ -1620,7 +1569,7 @@ unsafe fn getsockopt(
             // the rest zero, as rsockets report.
             // SAFETY: tcp_info is plain integers; all-zero is valid.
             let mut t: libc::tcp_info = unsafe { std::mem::zeroed() };
-            t.tcpi_state = if g.state & st::CONNECTED != 0 {
+            t.tcpi_state = if g.connected() {
                 1 // TCP_ESTABLISHED
             } else {
                 7 // TCP_CLOSE
@@ -1679,7 +1628,7 @@ pub unsafe extern "C" fn rfcntl(socket: c_int, cmd: c_int, arg: c_int) -> c_int 
             libc::F_SETFL => {
                 let on = arg & libc::O_NONBLOCK != 0;
                 if (g.fs_flags & libc::O_NONBLOCK != 0) != on {
-                    if g.state == st::LISTENING {
+                    if g.stage == Stage::Listening {
                         if let Some(l) = rs
                             .listener
                             .lock()
@@ -1688,7 +1637,7 @@ pub unsafe extern "C" fn rfcntl(socket: c_int, cmd: c_int, arg: c_int) -> c_int 
                         {
                             set_nonblock(l.queue_rd, on);
                         }
-                    } else if g.state < st::CONNECTED {
+                    } else if g.stage < Stage::Open {
                         set_nonblock(g.cm_fd(), on);
                     }
                 }
@@ -1725,15 +1674,6 @@ pub unsafe extern "C" fn riomap(
             return minus_one(libc::EINVAL) as libc::off_t;
         }
         let remote = prot & libc::PROT_WRITE != 0;
-        let index = if remote {
-            let used: Vec<usize> = g.iomaps.iter().filter_map(|m| m.index).collect();
-            match (0..g.remote_iomap_len() as usize).find(|i| !used.contains(i)) {
-                Some(i) => Some(i),
-                None => return minus_one(libc::ENOMEM) as libc::off_t,
-            }
-        } else {
-            None
-        };
         let mut access = sys::IBV_ACCESS_LOCAL_WRITE;
         if remote {
             access |= sys::IBV_ACCESS_REMOTE_WRITE;
@@ -1748,12 +1688,11 @@ pub unsafe extern "C" fn riomap(
         } else {
             offset
         };
-        g.iomaps.push(IoMap {
-            index,
-            offset: off as u64,
-            mr: m,
-            sent: !remote,
-        });
+        if let Err(e) = g.map_iomap(m, off as u64, remote) {
+            // SAFETY: registered above, used by nothing.
+            unsafe { mr::ibv_dereg_mr(m) };
+            return minus_one(e) as libc::off_t;
+        }
         off
     })
 }
@@ -1765,17 +1704,11 @@ pub unsafe extern "C" fn riounmap(socket: c_int, buf: *mut c_void, len: usize) -
             return minus_one(libc::EBADF);
         };
         let mut g = rs.lock();
-        // SAFETY: the regions are live.
-        let k = g
-            .iomaps
-            .iter()
-            .position(|m| unsafe { (*m.mr).addr == buf && (*m.mr).length == len });
-        let Some(k) = k else {
+        let Some(m) = g.unmap_iomap(buf, len) else {
             return minus_one(libc::EINVAL);
         };
-        let m = g.iomaps.remove(k);
-        // SAFETY: registered by riomap, removed from the list.
-        unsafe { mr::ibv_dereg_mr(m.mr) };
+        // SAFETY: registered by riomap, removed from the socket.
+        unsafe { mr::ibv_dereg_mr(m) };
         0
     })
 }
@@ -1814,42 +1747,42 @@ fn iowrite(
     let (mut g, r) = send_iomaps(&rs, g, flags);
     r?;
     let mut left = count;
-    let mut ramp = Ramp(stream::OLAP_START);
+    let mut sizes = TransferSizes::default();
     let mut err = None;
     while left > 0 {
-        let n = g.cfg.iomap_size as usize;
-        let found = (0..n)
-            .map(|i| g.target_iomap(i))
-            .find(|(o, sge)| offset >= *o && offset < o + u64::from(sge.length));
-        let Some((ioff, sge)) = found else { break };
+        if g.peer_iomap(offset).is_none() {
+            break;
+        }
         let (g2, r) = wait_send(&rs, g, flags);
         g = g2;
         if let Err(e) = r {
             err = Some(e);
             break;
         }
-        let want = ramp.next(left);
-        let room = (ioff + u64::from(sge.length) - offset).min(u64::from(u32::MAX)) as u32;
-        let x = g.xfer_limit(want, room);
+        let want = sizes.next(left);
         // SAFETY: within the caller's buffer of `count` bytes.
         let src = unsafe { buf.add(count - left) };
         let mut copied = 0usize;
-        let mut fill = |dst: *mut u8, n: usize| {
-            // SAFETY: the next `n` bytes of the caller's buffer (the transfer's pieces,
-            // in order).
-            unsafe { std::ptr::copy_nonoverlapping(src.add(copied), dst, n) };
-            copied += n;
+        let mut fill = |dst: &mut [u8]| {
+            // SAFETY: the next `dst.len()` bytes of the caller's buffer (the transfer's
+            // pieces, in order, within `left`).
+            unsafe { std::ptr::copy_nonoverlapping(src.add(copied), dst.as_mut_ptr(), dst.len()) };
+            copied += dst.len();
         };
-        let raddr = sge.addr + (offset - ioff);
-        if let Err(e) = g.write_direct(x, raddr, sge.key, Some(src), &mut fill) {
-            err = Some(e);
-            break;
+        match g.write_direct(offset, want, &mut fill) {
+            Some(0) => {
+                err = Some(if g.err != 0 { g.err } else { libc::ECONNRESET });
+                break;
+            }
+            Some(x) => {
+                left -= x as usize;
+                offset += u64::from(x);
+            }
+            None => break,
         }
-        left -= x as usize;
-        offset += u64::from(x);
     }
     let done = count - left;
-    moved(done, err)
+    partial_result(done, err)
 }
 
 /// Sockets with keepalives on: the next time each is due.

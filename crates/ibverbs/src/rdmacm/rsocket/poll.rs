@@ -8,7 +8,7 @@
 use std::ffi::c_int;
 use std::time::Instant;
 
-use super::stream::st;
+use super::stream::Stage;
 use super::{conn_have_rdata, do_connect, lookup, wait_slice_ms, Rsock};
 use crate::{guard, minus_one};
 
@@ -18,14 +18,12 @@ fn poll_rs(rs: &Rsock, events: i16) -> i16 {
     if g.closed() {
         return libc::POLLNVAL;
     }
-    if g.state & st::OPENING != 0 {
+    if g.opening() {
         if let Err(libc::EINPROGRESS) = do_connect(&mut g, None) {
             return 0;
         }
     }
-    if g.has_ep()
-        && (g.state & st::CONNECTED != 0 || g.state == st::DISCONNECTED || g.state & st::ERROR != 0)
-    {
+    if g.has_ep() && g.stage == Stage::Open {
         let (g2, _) = rs.get_comp(g, true, |_| true);
         g = g2;
         let mut r = 0;
@@ -38,16 +36,16 @@ fn poll_rs(rs: &Rsock, events: i16) -> i16 {
         // Hung up once the peer's data is all read: a reader that stops at POLLHUP
         // (as rdma-core's examples do) still gets every byte sent before the
         // disconnect. rdma-core's rsockets report POLLHUP at once.
-        if g.state == st::DISCONNECTED {
+        if g.disconnected() {
             if !g.have_rdata() {
                 r |= libc::POLLHUP;
             }
-        } else if g.state & st::CONNECTED == 0 {
+        } else if !g.connected() {
             r |= libc::POLLERR;
         }
         return r;
     }
-    if g.state == st::LISTENING {
+    if g.stage == Stage::Listening {
         drop(g);
         let q = rs
             .listener
@@ -65,7 +63,7 @@ fn poll_rs(rs: &Rsock, events: i16) -> i16 {
         unsafe { libc::poll(&mut p, 1, 0) };
         return p.revents;
     }
-    if g.state == st::CONNECT_ERROR {
+    if g.stage == Stage::ConnectError {
         return (events & (libc::POLLIN | libc::POLLOUT)) | libc::POLLERR;
     }
     0
@@ -77,7 +75,7 @@ fn wait_fds(rs: &Rsock, out: &mut Vec<c_int>) {
     if g.closed() {
         return;
     }
-    if g.state == st::LISTENING {
+    if g.stage == Stage::Listening {
         drop(g);
         if let Some(l) = rs
             .listener
@@ -89,7 +87,7 @@ fn wait_fds(rs: &Rsock, out: &mut Vec<c_int>) {
         }
         return;
     }
-    if g.has_ep() && g.state & st::CONNECTED != 0 {
+    if g.has_ep() && g.connected() {
         if !g.cq_armed {
             g.arm();
         }
@@ -103,13 +101,13 @@ fn wait_fds(rs: &Rsock, out: &mut Vec<c_int>) {
 /// Take the events that woke a wait, so the next look sees their effect.
 fn take_events(rs: &Rsock, ready: &[c_int]) {
     let mut g = rs.lock();
-    if g.closed() || g.state == st::LISTENING {
+    if g.closed() || g.stage == Stage::Listening {
         return;
     }
     if g.comp_fd().is_some_and(|fd| ready.contains(&fd)) {
         g.take_cq_event();
     }
-    if g.state & st::CONNECTED != 0 && ready.contains(&g.cm_fd()) {
+    if g.connected() && ready.contains(&g.cm_fd()) {
         g.take_cm_event();
     }
 }

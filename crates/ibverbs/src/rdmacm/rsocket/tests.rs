@@ -80,7 +80,7 @@ fn half_open_request(port: u16) -> *mut abi::rdma_cm_id {
         );
         assert_eq!(cmid::rdma_resolve_route(id, 2000), 0);
     }
-    let mut cd = [0u8; stream::CONN_DATA_LEN];
+    let mut cd = [0u8; softrdma_wire::rsocket::CONN_DATA_LEN];
     cd[0] = 1;
     cd[2..4].copy_from_slice(&64u16.to_be_bytes());
     cd[20..24].copy_from_slice(&2u32.to_be_bytes());
@@ -310,7 +310,7 @@ fn a_peer_past_its_credits_fails_the_connection() {
         let rs = lookup(c).expect("the client");
         let g = rs.lock();
         for i in 0..40 {
-            let r = g.post_msg(stream::msg(stream::OP_DATA, 0));
+            let r = g.post_past_credits();
             assert!(r.is_ok(), "message {i}: {r:?}");
         }
     }
