@@ -15,6 +15,7 @@
 #   rstream -S 1m -C $RS_XFERS -T v    (rsockets: connection data, WRITE WITH IMMEDIATE
 #                                 data, buffer offers and credits, shutdown; verified)
 #   riostream -S 64k -C $RS_XFERS -T v (rsockets' riomap offers and direct RDMA WRITEs)
+#   rstream against `softrdma rsocket listen --echo` (the Rust face, softrdma::rsocket)
 # A check passes when both sides exit 0 and the programs report their work (rping's
 # verified ping lines, "test complete", perftest's result row). Prints the guest's rxe
 # counters after each check, then "N passed, M failed"; exits 1 on any failure. Needs
@@ -221,6 +222,14 @@ for role in guest-server host-server; do
     "riostream -S 65536 -C $RS_XFERS -T v -p $PORT $( [ $role = guest-server ] || echo -s )" \
     "^custom +64k +$RS_XFERS +1 "
 done
+
+# The Rust face (softrdma::rsocket, through `softrdma rsocket listen --echo`) against
+# rdma-core's rstream: ping-pong iterations of 64 KiB, every byte checked by rstream (-T v),
+# each one crossing both ways through the Rust face's buffer offers and credits.
+pair "rsocket-rust-host-server" host-server \
+  "$SOFTRDMA_BIN rsocket listen $PORT --echo" \
+  "rstream -S 65536 -C 1 -I $RS_XFERS -T v -p $PORT -s" \
+  "(^custom +64k +1 +$RS_XFERS |: [0-9]+ bytes echoed)"
 
 timeout 20 "$RUN" console > "$OUT/console.log" 2>&1
 finish
