@@ -228,7 +228,7 @@ if [ -x "$RT" ]; then
   done
   group nodev SOFTRDMA_ADDR=not-an-address   # a configuration error leaves no device
   # A device listed but unable to open: its address is this host's, but another program
-  # holds its UDP port (an address that is not this host's is a configuration error now).
+  # holds its UDP port (an address that is not this host's is a configuration error: the nodev group).
   held=""
   for x in 250 249 248 247; do
     python3 -c "import socket,sys,time; s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.bind(('127.0.0.$x',4791)); print('bound',flush=True); time.sleep(120)" \

@@ -89,7 +89,7 @@ impl Error {
             source: None,
         }
     }
-    /// The same error, of kind `kind`; the errno stays, so the C face answers as before.
+    /// The same error, of kind `kind`; the errno stays, so the C face answers with the same errno.
     pub fn with_kind(mut self, kind: ErrorKind) -> Error {
         self.kind = kind;
         self

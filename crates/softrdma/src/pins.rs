@@ -45,7 +45,7 @@ pub(crate) fn enter(dev: &Device, lkey: u32, reg: &Arc<MrReg>) {
 ///
 /// Why: a region with a window bound to it cannot be deregistered (the verbs refuse it,
 /// EBUSY, as rxe does). Without this, dropping the region's last handle while a window
-/// was bound left the registration alive for good, outside anything the program holds:
+/// is bound would leave the registration alive for good, outside anything the program holds:
 /// peers could still write the memory (with the region's rkey or the window's) after the
 /// program took it back. Pinned at the post, whether or not the bind then succeeds;
 /// every region a window was ever bound to stays until the window goes, which is

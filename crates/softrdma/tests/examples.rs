@@ -74,7 +74,7 @@ fn cm_pingpong_self_test() {
     self_test("cm_pingpong");
 }
 
-/// `--help` prints the usage and exits 0 at once (it used to start a server and wait);
+/// `--help` prints the usage and exits 0 at once (it does not start a server and wait);
 /// an unknown option is one line and status 2.
 #[test]
 fn help_prints_usage_and_bad_options_fail() {

@@ -215,7 +215,8 @@ fn a_region_is_shared_by_its_clones() {
 /// A region a memory window is bound to stays registered after its last handle is
 /// dropped, and a peer reaches it through the window, until the window is dropped; then
 /// it is deregistered: a peer's WRITE with the region's rkey is refused, and its lkey at a
-/// post. (A region dropped while bound used to stay registered for good.)
+/// post. (The verbs refuse to deregister a region a window is bound to: without the
+/// window keeping it, the region would stay registered for good.)
 #[test]
 fn a_bound_window_keeps_its_region_until_the_window_goes() {
     let (a, b) = rc_pair();

@@ -5,7 +5,7 @@
 //! bijection of its state, trying the 2^32 completions of one observed rkey and keeping
 //! those whose successor yields the second observed rkey recovers the state, and with it
 //! every later rkey and QPN. The test first shows the attack works on a SplitMix64 key
-//! stream, then runs it on the keys a `Context` hands out (ChaCha20 since): no completion
+//! stream, then runs it on the keys a `Context` hands out (ChaCha20, whose output gives its key away to no such search): no completion
 //! fits, so nothing is predicted.
 //!
 //! 2^32 candidates per run: #[ignore]d in debug builds; `scripts/test` runs it with
@@ -97,9 +97,9 @@ fn inverse_and_unmix_undo_mix() {
 #[test]
 #[cfg_attr(debug_assertions, ignore = "2^32 candidates: run with --release")]
 fn observed_rkeys_do_not_predict_the_next() {
-    // The attack on the generator the keys used to come from.
-    let mut old = SplitMix64::new(0x0005_EED0_F01D_u64);
-    let k: Vec<u32> = (0..3).map(|_| rkey_of(old.next_u64())).collect();
+    // The attack works on a SplitMix64 key stream (the control: it must predict).
+    let mut weak = SplitMix64::new(0x0005_EED0_F01D_u64);
+    let k: Vec<u32> = (0..3).map(|_| rkey_of(weak.next_u64())).collect();
     let guesses = predict(k[0], k[1]);
     assert!(
         guesses.contains(&k[2]),
