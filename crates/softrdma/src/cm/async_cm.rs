@@ -16,9 +16,14 @@ use std::task::{ready, Context, Poll};
 
 use ::tokio::io::unix::AsyncFd;
 
+use softrdma_cm::cma::EventParam;
+
+use super::client::{connected, send_connect};
+use super::connection::event_error;
+use super::server::{rtu, Answered};
 use super::{
-    connected, event_error, rtu, send_connect, AcceptOptions, Answered, CmId, ConnectOptions,
-    ConnectRequest, Connection, Event, EventChannel, EventParam, EventType, Listener, PortSpace,
+    AcceptOptions, CmId, ConnectOptions, ConnectRequest, Connection, Event, EventChannel,
+    EventType, Listener, PortSpace,
 };
 use crate::tokio_support::register;
 use crate::{Error, ProtectionDomain, QpInit, QueuePair, Result};
