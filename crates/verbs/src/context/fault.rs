@@ -13,9 +13,9 @@
 //! it moves the instruction pointer to the routine's recovery exit, which returns "not
 //! done"; any other fault goes to the handler that was there before (or the default
 //! action), unchanged. This is the kernel's own exception-table technique for
-//! `copy_from_user`. It keeps the fast path a plain `rep movsb` (as fast as `memcpy` from
-//! 64 B to 1 MiB on this class of CPU), where `process_vm_readv`/`process_vm_writev` on
-//! our own pid, also fault-safe, cost about 1 µs a call (40x a 4 KiB copy).
+//! `copy_from_user`. It keeps the fast path a plain `rep movsb`, as fast as `memcpy`, where
+//! `process_vm_readv`/`process_vm_writev` on our own pid, also fault-safe, cost a system
+//! call per copy, many times the copy itself at the sizes the transport moves.
 //! No `setjmp`/`longjmp` is involved: the handler resumes the very routine that faulted,
 //! which owns no Rust state.
 //!
