@@ -22,7 +22,7 @@ use std::time::Duration;
 use rustix::event::EventfdFlags;
 use softrdma_device::{poll_readable, Device, EventFd};
 
-use crate::cma::{self, Cma, CmaEvent, IdHandle, McastJoin, PortSpace, Timeouts};
+use crate::cma::{self, Cma, CmaEvent, IdHandle, McastJoin, Ports, Timeouts};
 use crate::ib::Peer;
 
 /// Where a CM delivers events for the ids that name it: a queue and a file descriptor
@@ -234,7 +234,7 @@ impl Agent {
     /// Start the CM of `dev`, reserving ports in `ports`, with randomness from `seed`.
     pub fn start(
         dev: Arc<Device>,
-        ports: Box<dyn PortSpace>,
+        ports: Box<dyn Ports>,
         seed: impl Into<softrdma_wire::Seed>,
     ) -> io::Result<Agent> {
         let addr = dev.addr();

@@ -18,7 +18,7 @@
 //! the protocol's tables; an id that saw REJECTED or UNREACHABLE no longer names a
 //! connection. The header's port cannot be checked (nothing on the wire carries it).
 //!
-//! Ports are reserved host-wide through a [`PortSpace`] (the device's registry in a real
+//! Ports are reserved host-wide through a [`Ports`] (the device's registry in a real
 //! process, an in-memory one in tests), so that a server bound to the wildcard address
 //! in one process is found by a client in another at 127.0.0.1 or at the host's own
 //! addresses, and two servers on one port conflict with the errno Linux gives
@@ -28,6 +28,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use softrdma_device::ports::PortSpace;
 use softrdma_verbs::{self as verbs, Access, QpAttr, QpAttrMask, QpState};
 use softrdma_wire::cm::{
     port_space, private_len, rej_reason, service_id, CmPath, CmaHeader, Rep, Req, SidrRep, SidrReq,
@@ -262,11 +263,11 @@ pub enum IdOption {
     AckTimeout(u8),
 }
 
-/// A port reservation in a [`PortSpace`]; dropping it releases the port.
+/// A port reservation in a [`Ports`]; dropping it releases the port.
 pub trait Reservation: Send {
     /// The reserved port.
     fn port(&self) -> u16;
-    /// Start or stop being found by [`PortSpace::lookup`] (listen); Linux's conflict
+    /// Start or stop being found by [`Ports::lookup`] (listen); Linux's conflict
     /// rules are checked again when listening starts.
     fn set_listening(&mut self, on: bool) -> std::io::Result<()>;
     /// REUSEADDR set on the bound id: later binds and listens on the port count it. A
@@ -280,13 +281,15 @@ pub trait Reservation: Send {
     }
 }
 
-/// The host-wide rdma_cm port space (the device's registry, or a test double).
-pub trait PortSpace: Send {
+/// The host's rdma_cm port table, every port space of it (the device's registry, or a
+/// [`softrdma_device::ports::PortTable`] in memory for tests): the rules of
+/// [`softrdma_device::ports`] applied to the bindings of every process on the host.
+pub trait Ports: Send {
     /// Reserve `addr` (IP may be the wildcard, port 0 picks one) in port space `ps` for
     /// a device at `device`.
     fn bind(
         &mut self,
-        ps: u16,
+        ps: PortSpace,
         addr: SocketAddr,
         device: SocketAddr,
         reuse: bool,
@@ -294,7 +297,7 @@ pub trait PortSpace: Send {
     ) -> std::io::Result<Box<dyn Reservation>>;
     /// The device of the listener that serves `dst` in `ps`, if `dst` is this host's and
     /// someone listens there.
-    fn lookup(&self, ps: u16, dst: SocketAddr) -> Option<SocketAddr>;
+    fn lookup(&self, ps: PortSpace, dst: SocketAddr) -> Option<SocketAddr>;
     /// Whether `ip` is one of this host's addresses.
     fn is_local(&self, ip: IpAddr) -> bool;
     /// Whether a device (its CM) serves at `ip` on this host.
@@ -427,7 +430,7 @@ pub struct Cma {
     /// The MTU of the paths this device's ids resolve (see [`Cma::set_path_mtu`]).
     path_mtu: verbs::Mtu,
     ib: IbCm,
-    ports: Box<dyn PortSpace>,
+    ports: Box<dyn Ports>,
     timeouts: Timeouts,
     ids: HashMap<IdHandle, Id>,
     by_comm: HashMap<CommId, IdHandle>,
@@ -445,6 +448,11 @@ fn service_of(ps: u16, qp_type: Option<Service>) -> Result<Service> {
     }
 }
 
+/// The port space of an id's `ps`, which [`service_of`] vetted when the id was made.
+fn port_space_of(ps: u16) -> Result<PortSpace> {
+    PortSpace::from_raw(u32::from(ps)).ok_or_else(|| err(errno::EINVAL, "unknown port space"))
+}
+
 fn io_errno(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(errno::EINVAL)
 }
@@ -453,12 +461,7 @@ impl Cma {
     /// The CM of the device at `dev` (its UDP endpoint; the IP is its GID),
     /// `ca_guid` its node GUID, `seed` for IDs and starting PSNs, `ports` the host's port
     /// space.
-    pub fn new(
-        dev: SocketAddr,
-        ca_guid: u64,
-        seed: impl Into<Seed>,
-        ports: Box<dyn PortSpace>,
-    ) -> Cma {
+    pub fn new(dev: SocketAddr, ca_guid: u64, seed: impl Into<Seed>, ports: Box<dyn Ports>) -> Cma {
         let mut rng = KeyRng::new(seed);
         let ib_seed = rng.fork();
         Cma {
@@ -656,7 +659,7 @@ impl Cma {
         if !ip.is_unspecified() && !self.ports.is_local(ip) {
             return Err(err(errno::EADDRNOTAVAIL, "address is not this host's"));
         }
-        let (ps, reuse, afonly) = (i.ps, i.reuse, i.afonly);
+        let (ps, reuse, afonly) = (port_space_of(i.ps)?, i.reuse, i.afonly);
         let r = self
             .ports
             .bind(ps, SocketAddr::new(ip, addr.port()), dev, reuse, afonly)
@@ -716,7 +719,9 @@ impl Cma {
     fn peer_device_for(&self, ps: u16, dst: SocketAddr) -> (IpAddr, bool) {
         let ip = dst.ip();
         if ip.is_loopback() || self.ports.is_local(ip) {
-            if let Some(d) = self.ports.lookup(ps, dst) {
+            if let Some(d) =
+                PortSpace::from_raw(u32::from(ps)).and_then(|s| self.ports.lookup(s, dst))
+            {
                 return (d.ip(), true);
             }
         }
@@ -898,7 +903,8 @@ impl Cma {
         // rejects at once ("invalid service ID"), as Linux's does.
         if let Some(dst) = dst {
             let local = dst.ip().is_loopback() || self.ports.is_local(dst.ip());
-            if local && self.ports.lookup(ps, dst).is_none() && !self.ports.has_device(peer.ip) {
+            let listener = port_space_of(ps).map(|s| self.ports.lookup(s, dst));
+            if local && matches!(listener, Ok(None)) && !self.ports.has_device(peer.ip) {
                 // For a UD id it is the SIDR_REP "unsupported" a Linux host would send.
                 let (event, status, param) = if ud {
                     let param = UdParam {

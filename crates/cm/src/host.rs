@@ -4,11 +4,11 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 
-use softrdma_device::registry::{self, BindOptions, Binding, Registry};
+use softrdma_device::registry::{BindOptions, Binding, PortSpace, Registry};
 
-use crate::cma::{PortSpace, Reservation};
+use crate::cma::{Ports, Reservation};
 
-/// [`PortSpace`] over the device registry, for the device whose CM listens on UDP port
+/// [`Ports`] over the device registry, for the device whose CM listens on UDP port
 /// `device_port` (the port every softrdma device on the host shares).
 #[derive(Debug, Clone)]
 pub struct HostPorts {
@@ -38,15 +38,10 @@ impl Reservation for Binding {
     }
 }
 
-fn space(ps: u16) -> io::Result<registry::PortSpace> {
-    registry::PortSpace::from_raw(u32::from(ps))
-        .ok_or_else(|| io::Error::from_raw_os_error(crate::cma::errno::EINVAL))
-}
-
-impl PortSpace for HostPorts {
+impl Ports for HostPorts {
     fn bind(
         &mut self,
-        ps: u16,
+        ps: PortSpace,
         addr: SocketAddr,
         device: SocketAddr,
         reuse: bool,
@@ -57,11 +52,11 @@ impl PortSpace for HostPorts {
             af_only: afonly.then_some(true),
             dst: None,
         };
-        Ok(Box::new(self.reg.bind(space(ps)?, addr, device, opts)?))
+        Ok(Box::new(self.reg.bind(ps, addr, device, opts)?))
     }
 
-    fn lookup(&self, ps: u16, dst: SocketAddr) -> Option<SocketAddr> {
-        self.reg.lookup(space(ps).ok()?, dst).map(|l| l.device)
+    fn lookup(&self, ps: PortSpace, dst: SocketAddr) -> Option<SocketAddr> {
+        self.reg.lookup(ps, dst).map(|l| l.device)
     }
 
     fn is_local(&self, ip: IpAddr) -> bool {

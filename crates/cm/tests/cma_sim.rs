@@ -6,14 +6,15 @@
 //! reordering.
 
 use std::collections::HashMap;
-use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
 
+mod common;
+
+use common::{ip, OneHost};
 use proptest::prelude::*;
 use softrdma_cm::cma::{
-    errno, Cma, CmaEvent, ConnParam, EventParam, EventType, IdHandle, IdOption, McastJoin,
-    PortSpace, Reservation, Service, UDP_QKEY,
+    errno, Cma, CmaEvent, ConnParam, EventParam, EventType, IdHandle, IdOption, McastJoin, Service,
+    UDP_QKEY,
 };
 use softrdma_cm::ib::Peer;
 use softrdma_net::sim::{Endpoint, Faults, Network, Packet, Sim};
@@ -23,122 +24,6 @@ use softrdma_wire::cm::{port_space, rej_reason, CmMsg};
 const SEC: u64 = 1_000_000_000;
 const PORT: u16 = 4791;
 
-fn ip(x: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, x))
-}
-
-#[derive(Debug, Clone)]
-struct Entry {
-    ps: u16,
-    addr: SocketAddr,
-    device: SocketAddr,
-    listening: bool,
-    key: u64,
-}
-
-/// A host's port space in memory, shared by the devices of a test.
-#[derive(Clone, Default)]
-struct Host {
-    entries: Arc<Mutex<Vec<Entry>>>,
-    next: Arc<Mutex<u64>>,
-    devices: Vec<IpAddr>,
-}
-
-struct Res {
-    host: Host,
-    key: u64,
-    port: u16,
-}
-
-impl Reservation for Res {
-    fn port(&self) -> u16 {
-        self.port
-    }
-    fn set_listening(&mut self, on: bool) -> io::Result<()> {
-        let mut e = self.host.entries.lock().unwrap();
-        if let Some(x) = e.iter_mut().find(|x| x.key == self.key) {
-            x.listening = on;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Res {
-    fn drop(&mut self) {
-        self.host
-            .entries
-            .lock()
-            .unwrap()
-            .retain(|x| x.key != self.key);
-    }
-}
-
-impl PortSpace for Host {
-    fn bind(
-        &mut self,
-        ps: u16,
-        addr: SocketAddr,
-        device: SocketAddr,
-        _reuse: bool,
-        _afonly: bool,
-    ) -> io::Result<Box<dyn Reservation>> {
-        let mut e = self.entries.lock().unwrap();
-        let mut n = self.next.lock().unwrap();
-        *n += 1;
-        let port = if addr.port() == 0 {
-            (40000 + *n) as u16
-        } else {
-            addr.port()
-        };
-        // Linux's cma_check_port: a wildcard on either side is EADDRNOTAVAIL, the same
-        // address EADDRINUSE.
-        for x in e.iter().filter(|x| x.ps == ps && x.addr.port() == port) {
-            if x.addr.ip().is_unspecified() || addr.ip().is_unspecified() {
-                return Err(io::Error::from_raw_os_error(errno::EADDRNOTAVAIL));
-            }
-            if x.addr.ip() == addr.ip() {
-                return Err(io::Error::from_raw_os_error(errno::EADDRINUSE));
-            }
-        }
-        e.push(Entry {
-            ps,
-            addr: SocketAddr::new(addr.ip(), port),
-            device,
-            listening: false,
-            key: *n,
-        });
-        Ok(Box::new(Res {
-            host: self.clone(),
-            key: *n,
-            port,
-        }))
-    }
-    fn lookup(&self, ps: u16, dst: SocketAddr) -> Option<SocketAddr> {
-        let e = self.entries.lock().unwrap();
-        let hit = |exact: bool| {
-            e.iter()
-                .find(|x| {
-                    x.ps == ps
-                        && x.listening
-                        && x.addr.port() == dst.port()
-                        && if exact {
-                            x.addr.ip() == dst.ip()
-                        } else {
-                            x.addr.ip().is_unspecified()
-                        }
-                })
-                .map(|x| x.device)
-        };
-        hit(true).or_else(|| hit(false))
-    }
-    fn is_local(&self, ip: IpAddr) -> bool {
-        ip.is_loopback()
-    }
-    fn has_device(&self, ip: IpAddr) -> bool {
-        self.devices.contains(&ip)
-    }
-}
-
 struct Node {
     ip: IpAddr,
     cma: Cma,
@@ -146,7 +31,7 @@ struct Node {
 }
 
 impl Node {
-    fn new(x: u8, host: &Host, seed: u64) -> Node {
+    fn new(x: u8, host: &OneHost, seed: u64) -> Node {
         let dev = SocketAddr::new(ip(x), PORT);
         Node {
             ip: ip(x),
@@ -204,10 +89,7 @@ fn faults(loss: f64, dup: f64, reorder: f64) -> Faults {
 
 /// Client node 0 (127.0.0.3), server node 1 (127.0.0.7), both on one host.
 fn pair(seed: u64, f: Faults) -> Sim<Node> {
-    let host = Host {
-        devices: vec![ip(3), ip(7)],
-        ..Host::default()
-    };
+    let host = OneHost::with_devices(vec![ip(3), ip(7)]);
     let mut sim = Sim::new(Network::new(seed, f));
     sim.add(Node::new(3, &host, seed ^ 0x33));
     sim.add(Node::new(7, &host, seed ^ 0x77));
@@ -507,10 +389,7 @@ fn two_listeners_on_one_port_conflict_and_private_data_is_limited() {
 
 #[test]
 fn a_peer_that_never_answers_is_unreachable() {
-    let host = Host {
-        devices: vec![ip(3), ip(9)],
-        ..Host::default()
-    };
+    let host = OneHost::with_devices(vec![ip(3), ip(9)]);
     let mut sim = Sim::new(Network::new(6, faults(0.0, 0.0, 0.0)));
     sim.add(Node::new(3, &host, 1));
     // 127.0.0.9 has a device (so the host does not reject) that never answers.

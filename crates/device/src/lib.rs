@@ -63,6 +63,7 @@ mod mcast;
 pub mod netdev;
 mod pacing;
 mod poller;
+pub mod ports;
 mod progress;
 pub mod registry;
 pub mod rundir;

@@ -8,6 +8,12 @@
 //!
 //! # Rules (Linux `drivers/infiniband/core/cma.c`)
 //!
+//! The rules are pure functions in [`crate::ports`], which this store applies to the
+//! records it scans under its lock, and which [`crate::ports::PortTable`] applies in
+//! memory (the CM's tests). The store adds what needs the host: the files, the owners'
+//! liveness, reading `CAP_NET_BIND_SERVICE` and `bindv6only`, and whether a destination
+//! is an address of this host.
+//!
 //! "Any" below is cma.c's `cma_any_addr`: the zero network 0.0.0.0/8 or `::`, *and* the
 //! loopback addresses 127.0.0.0/8 and `::1` (`cma_zero_addr || cma_loopback_addr`). Two
 //! addresses are "the same" as in `cma_addr_cmp`: same family and address, and for IPv6
@@ -88,11 +94,9 @@
 //! a bind or listen (which hold the registry lock) removes it, as it removes unlocked
 //! files that are not records. Lookups take no lock and only skip such files.
 
-use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket};
-use std::ops::RangeInclusive;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -100,16 +104,14 @@ use std::time::{Duration, Instant};
 use rustix::fs::{flock, FlockOperation};
 use rustix::io::Errno;
 
+use crate::ports::{self, Bound, Ephemeral, HostFacts};
+pub use crate::ports::{BindOptions, PortSpace, EPHEMERAL_PORTS};
 use crate::rundir::{self, RunDir};
 use crate::sys;
 
 /// Environment variable naming the registry directory, so tests and unusual setups can
 /// keep their bindings apart from the user's.
 pub const CM_DIR_ENV: &str = "SOFTRDMA_CM_DIR";
-
-/// Ports handed out for port 0: Linux's default `net.ipv4.ip_local_port_range`, which
-/// `cma_alloc_any_port` draws from.
-pub const EPHEMERAL_PORTS: RangeInclusive<u16> = 32768..=60999;
 
 /// First line of a record: the format and its version.
 const MAGIC: &str = "softrdma-cm-binding 1";
@@ -119,63 +121,8 @@ const LOCK_FILE: &str = "lock";
 const MAX_RECORD: u64 = 4096;
 /// How long bind and listen wait for the registry lock before giving up.
 const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
-/// Ports below this need `CAP_NET_BIND_SERVICE` (cma.c: `PROT_SOCK`).
-const PROT_SOCK: u16 = 1024;
 /// The capability bit of `CAP_NET_BIND_SERVICE`.
 const CAP_NET_BIND_SERVICE: u32 = 10;
-
-/// An rdma_cm port space: ports are only shared within one, as in the kernel's per-space
-/// tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PortSpace {
-    /// `RDMA_PS_TCP` (0x0106): reliable connections.
-    Tcp,
-    /// `RDMA_PS_UDP` (0x0111): unreliable datagrams.
-    Udp,
-    /// `RDMA_PS_IB` (0x013F): any QP type.
-    Ib,
-    /// `RDMA_PS_IPOIB` (0x0002).
-    IpoIb,
-}
-
-impl PortSpace {
-    /// The `enum rdma_port_space` value, as the C API and the service ID carry it.
-    pub const fn raw(self) -> u32 {
-        match self {
-            PortSpace::Tcp => 0x0106,
-            PortSpace::Udp => 0x0111,
-            PortSpace::Ib => 0x013F,
-            PortSpace::IpoIb => 0x0002,
-        }
-    }
-
-    /// The port space of a C value; None for values the kernel refuses with
-    /// `EPROTONOSUPPORT` (`cma_select_inet_ps`).
-    pub const fn from_raw(v: u32) -> Option<PortSpace> {
-        match v {
-            0x0106 => Some(PortSpace::Tcp),
-            0x0111 => Some(PortSpace::Udp),
-            0x013F => Some(PortSpace::Ib),
-            0x0002 => Some(PortSpace::IpoIb),
-            _ => None,
-        }
-    }
-}
-
-/// The per-id options that change how a bind conflicts, as the CM id had them set when
-/// it bound.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BindOptions {
-    /// `RDMA_OPTION_ID_REUSEADDR`: share the port with other REUSEADDR bindings until
-    /// listening.
-    pub reuse_addr: bool,
-    /// `RDMA_OPTION_ID_AFONLY` if the program set it; None takes Linux's default (IPv4:
-    /// on; IPv6: `net.ipv6.bindv6only`).
-    pub af_only: Option<bool>,
-    /// The peer an active-side id will connect to: lets port-0 binds to different peers
-    /// share a source port, as `cma_port_is_unique` allows.
-    pub dst: Option<SocketAddr>,
-}
 
 /// A listener that a connection to some local address reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,48 +184,35 @@ impl Registry {
         device: SocketAddr,
         opts: BindOptions,
     ) -> io::Result<Binding> {
-        if let SocketAddr::V6(a) = addr {
-            if is_link_local(a.ip()) && a.scope_id() == 0 {
-                return Err(Errno::INVAL.into());
-            }
-        }
-        if addr.port() != 0 && addr.port() < PROT_SOCK && !may_bind_service_ports() {
-            return Err(Errno::ACCESS.into());
-        }
-        let afonly = opts.af_only.unwrap_or(match addr {
-            SocketAddr::V4(_) => true,
-            SocketAddr::V6(_) => bindv6only(),
-        });
+        let host = HostFacts {
+            may_bind_service_ports: addr.port() == 0
+                || addr.port() >= 1024
+                || may_bind_service_ports(),
+            bindv6only: addr.is_ipv6() && opts.af_only.is_none() && bindv6only(),
+        };
         let mut lock = RegistryLock::acquire(&self.dir)?;
         let live = scan(&self.dir)?;
-        let seq = live
-            .iter()
-            .map(|e| e.rec.seq)
-            .max()
-            .map_or(0, |s| s.saturating_add(1));
-        let mut rec = Record {
-            ps,
-            addr,
+        let bounds: Vec<&Bound> = live.iter().map(|e| &e.rec.b).collect();
+        let eph = Ephemeral {
+            range: EPHEMERAL_PORTS,
+            last: if addr.port() == 0 {
+                lock.last_port()
+            } else {
+                None
+            },
+            random: sys::random_seed(),
+        };
+        let b = ports::bind(ps, addr, opts, host, &bounds, eph)?;
+        let ephemeral = addr.port() == 0;
+        let rec = Record {
+            b,
             device,
-            dst: opts.dst,
-            listening: false,
-            reuse: opts.reuse_addr,
-            afonly,
-            seq,
             pid: std::process::id(),
         };
-        let ephemeral = addr.port() == 0;
-        if ephemeral {
-            let last = lock.last_port();
-            let port = alloc_any_port(EPHEMERAL_PORTS, last, sys::random_seed(), &rec, &live)?;
-            rec.addr.set_port(port);
-        } else {
-            check_port(&rec, &owners(&live, ps, addr.port(), None), rec.reuse)?;
-        }
         let stem = format!(
             "{:04x}-{}-{}-{:016x}",
             ps.raw(),
-            rec.addr.port(),
+            rec.b.addr.port(),
             rec.pid,
             sys::random_seed()
         );
@@ -286,7 +220,7 @@ impl Registry {
         if ephemeral {
             // Best effort, like the kernel's static: a lost note only risks handing the
             // port out twice in a row.
-            let _ = lock.set_last_port(rec.addr.port());
+            let _ = lock.set_last_port(rec.b.addr.port());
         }
         Ok(Binding {
             dir: Arc::clone(&self.dir),
@@ -305,7 +239,7 @@ impl Registry {
             return None;
         }
         let names = self.dir.files().ok()?;
-        let mut best: Option<((u8, u64), Listener)> = None;
+        let mut found: Vec<Record> = Vec::new();
         for name in names {
             if !is_record_name(&name) {
                 continue;
@@ -316,25 +250,18 @@ impl Registry {
             let Some(rec) = read_record(&mut f) else {
                 continue;
             };
-            if rec.ps != ps || rec.addr.port() != dst.port() || !rec.listening {
+            // The rules first: probing a record's lock is the dearer test.
+            if !ports::reaches(&rec.b, ps, dst) || !matches!(owned(&f), Ok(true)) {
                 continue;
             }
-            let Some(rank) = match_rank(&rec, dst.ip()) else {
-                continue;
-            };
-            if !matches!(owned(&f), Ok(true)) {
-                continue;
-            }
-            let key = (rank, rec.seq);
-            if best.as_ref().map_or(true, |(k, _)| key > *k) {
-                let l = Listener {
-                    device: rec.device,
-                    bound: rec.addr,
-                };
-                best = Some((key, l));
-            }
+            found.push(rec);
         }
-        best.map(|(_, l)| l)
+        let best = ports::lookup(found.iter().map(|r| &r.b), ps, dst)?;
+        let rec = found.iter().find(|r| std::ptr::eq(&r.b, best))?;
+        Some(Listener {
+            device: rec.device,
+            bound: rec.b.addr,
+        })
     }
 }
 
@@ -352,10 +279,10 @@ pub struct Binding {
 impl std::fmt::Debug for Binding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Binding")
-            .field("ps", &self.rec.ps)
-            .field("addr", &self.rec.addr)
+            .field("ps", &self.rec.b.ps)
+            .field("addr", &self.rec.b.addr)
             .field("device", &self.rec.device)
-            .field("listening", &self.rec.listening)
+            .field("listening", &self.rec.b.listening)
             .finish()
     }
 }
@@ -363,11 +290,11 @@ impl std::fmt::Debug for Binding {
 impl Binding {
     /// The bound port (the one picked, for port 0).
     pub fn port(&self) -> u16 {
-        self.rec.addr.port()
+        self.rec.b.addr.port()
     }
     /// The bound address with its port, as `rdma_get_local_addr` reports it.
     pub fn addr(&self) -> SocketAddr {
-        self.rec.addr
+        self.rec.b.addr
     }
     /// The owning device's CM endpoint.
     pub fn device(&self) -> SocketAddr {
@@ -375,19 +302,19 @@ impl Binding {
     }
     /// The port space of the binding.
     pub fn port_space(&self) -> PortSpace {
-        self.rec.ps
+        self.rec.b.ps
     }
     /// Whether lookups find this binding.
     pub fn is_listening(&self) -> bool {
-        self.rec.listening
+        self.rec.b.listening
     }
     /// Whether the binding shares its port with other REUSEADDR bindings.
     pub fn reuse_addr(&self) -> bool {
-        self.rec.reuse
+        self.rec.b.reuse
     }
     /// Whether the binding ignores bindings of the other address family.
     pub fn af_only(&self) -> bool {
-        self.rec.afonly
+        self.rec.b.afonly
     }
 
     /// REUSEADDR set on the bound id (`rdma_set_reuseaddr`, which Linux allows after bind
@@ -395,13 +322,13 @@ impl Binding {
     /// the binding itself is not checked again, as on Linux. The caller keeps the state
     /// rules (see the module docs).
     pub fn set_reuse_addr(&mut self, on: bool) -> io::Result<()> {
-        self.rewrite(|r| r.reuse = on)
+        self.rewrite(|r| r.b.reuse = on)
     }
 
     /// AFONLY set on the bound id (`rdma_set_afonly`, allowed until the id listens): as
     /// [`Binding::set_reuse_addr`].
     pub fn set_af_only(&mut self, on: bool) -> io::Result<()> {
-        self.rewrite(|r| r.afonly = on)
+        self.rewrite(|r| r.b.afonly = on)
     }
 
     fn rewrite(&mut self, f: impl FnOnce(&mut Record)) -> io::Result<()> {
@@ -423,22 +350,31 @@ impl Binding {
     /// listen (`EINVAL`). Stopping is for a listen that failed further on (Linux returns
     /// the id to the bound state); setting the current state again does nothing.
     pub fn set_listening(&mut self, on: bool) -> io::Result<()> {
-        if self.rec.listening == on {
+        if self.rec.b.listening == on {
             return Ok(());
         }
-        if on && self.rec.dst.is_some() {
+        if on && self.rec.b.dst.is_some() {
             return Err(Errno::INVAL.into());
         }
         let _lock = RegistryLock::acquire(&self.dir)?;
         let mut rec = self.rec.clone();
-        if on && rec.reuse {
-            let live = scan(&self.dir)?;
+        if on {
+            // Only a REUSEADDR binding is checked again, so only it needs the others.
+            let live = if rec.b.reuse {
+                scan(&self.dir)?
+            } else {
+                Vec::new()
+            };
             let own = format!("{}.bind", self.stem);
-            let others = owners(&live, rec.ps, rec.addr.port(), Some(&own));
-            check_port(&rec, &others, false)?;
-            rec.reuse = false;
+            let others: Vec<&Bound> = live
+                .iter()
+                .filter(|e| e.name != own)
+                .map(|e| &e.rec.b)
+                .collect();
+            rec.b = ports::listen(&rec.b, &others)?;
+        } else {
+            rec.b.listening = false;
         }
-        rec.listening = on;
         // The new record, locked, replaces the old one whole; the old file's lock goes
         // with its descriptor, after the rename.
         self.file = write_record(&self.dir, &self.stem, &rec)?;
@@ -455,33 +391,28 @@ impl Drop for Binding {
     }
 }
 
-/// One binding as its file holds it.
+/// One binding as its file holds it: the rules' view and who owns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Record {
-    ps: PortSpace,
-    addr: SocketAddr,
+    b: Bound,
     device: SocketAddr,
-    dst: Option<SocketAddr>,
-    listening: bool,
-    reuse: bool,
-    afonly: bool,
-    seq: u64,
     pid: u32,
 }
 
 impl Record {
     fn to_text(&self) -> String {
-        let dst = self.dst.map_or_else(|| "-".to_string(), |d| d.to_string());
+        let b = &self.b;
+        let dst = b.dst.map_or_else(|| "-".to_string(), |d| d.to_string());
         format!(
             "{MAGIC}\nps {:#06x}\naddr {}\ndevice {}\ndst {dst}\nlistening {}\nreuseaddr {}\n\
              afonly {}\nseq {}\npid {}\n",
-            self.ps.raw(),
-            self.addr,
+            b.ps.raw(),
+            b.addr,
             self.device,
-            u8::from(self.listening),
-            u8::from(self.reuse),
-            u8::from(self.afonly),
-            self.seq,
+            u8::from(b.listening),
+            u8::from(b.reuse),
+            u8::from(b.afonly),
+            b.seq,
             self.pid,
         )
     }
@@ -528,14 +459,16 @@ impl Record {
             return None;
         }
         Some(Record {
-            ps: ps?,
-            addr,
+            b: Bound {
+                ps: ps?,
+                addr,
+                dst: dst?,
+                listening: listening?,
+                reuse: reuse?,
+                afonly: afonly?,
+                seq: seq?,
+            },
             device: device?,
-            dst: dst?,
-            listening: listening?,
-            reuse: reuse?,
-            afonly: afonly?,
-            seq: seq?,
             pid: pid?,
         })
     }
@@ -651,23 +584,6 @@ fn scan(dir: &RunDir) -> io::Result<Vec<Entry>> {
     Ok(out)
 }
 
-/// The records on `port` in `ps`, newest first (the kernel's owner list order), leaving
-/// out the file named `except`.
-fn owners<'a>(
-    live: &'a [Entry],
-    ps: PortSpace,
-    port: u16,
-    except: Option<&str>,
-) -> Vec<&'a Record> {
-    let mut v: Vec<&Record> = live
-        .iter()
-        .filter(|e| e.rec.ps == ps && e.rec.addr.port() == port && Some(&*e.name) != except)
-        .map(|e| &e.rec)
-        .collect();
-    v.sort_by_key(|r| std::cmp::Reverse(r.seq));
-    v
-}
-
 /// Write `rec` to `.stem.tmp`, lock it, and rename it to `stem.bind`. Returns the open,
 /// locked file. Only under the registry lock: a scan would remove an unlocked
 /// temporary file.
@@ -686,129 +602,6 @@ fn write_record(dir: &RunDir, stem: &str, rec: &Record) -> io::Result<File> {
             Err(e)
         }
     }
-}
-
-/// cma.c `cma_any_addr`: the zero network or loopback.
-fn any_addr(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(a) => a.octets()[0] == 0 || a.is_loopback(),
-        IpAddr::V6(a) => a.is_unspecified() || a.is_loopback(),
-    }
-}
-
-fn is_link_local(a: &Ipv6Addr) -> bool {
-    a.segments()[0] & 0xffc0 == 0xfe80
-}
-
-/// cma.c `cma_addr_cmp(a, b) == 0`.
-fn same_addr(a: &SocketAddr, b: &SocketAddr) -> bool {
-    match (a, b) {
-        (SocketAddr::V4(a), SocketAddr::V4(b)) => a.ip() == b.ip(),
-        (SocketAddr::V6(a), SocketAddr::V6(b)) => {
-            a.ip() == b.ip() && (!is_link_local(b.ip()) || a.scope_id() == b.scope_id())
-        }
-        _ => false,
-    }
-}
-
-/// cma.c `cma_check_port`: may `new` join the bindings `owners` of its port (newest
-/// first)? `reuse` is the REUSEADDR the check runs with (off when listening).
-fn check_port(new: &Record, owners: &[&Record], reuse: bool) -> Result<(), Errno> {
-    for cur in owners {
-        if reuse && cur.reuse {
-            continue;
-        }
-        if new.afonly && cur.afonly && new.addr.is_ipv4() != cur.addr.is_ipv4() {
-            continue;
-        }
-        if any_addr(new.addr.ip()) || any_addr(cur.addr.ip()) {
-            return Err(Errno::ADDRNOTAVAIL);
-        }
-        if same_addr(&new.addr, &cur.addr) {
-            return Err(Errno::ADDRINUSE);
-        }
-    }
-    Ok(())
-}
-
-/// cma.c `cma_port_is_unique`: may a port-0 bind `new` share a port with `owners`? A
-/// missing destination is an any address with port 0.
-fn port_is_unique(new: &Record, owners: &[&Record]) -> Result<(), Errno> {
-    let port_of = |d: Option<SocketAddr>| d.map_or(0, |d| d.port());
-    let specific = |d: Option<SocketAddr>| d.filter(|d| !any_addr(d.ip()));
-    for cur in owners {
-        let (dport, cur_dport) = (port_of(new.dst), port_of(cur.dst));
-        if dport != 0 && cur_dport != 0 && dport != cur_dport {
-            continue;
-        }
-        if !any_addr(new.addr.ip()) && !any_addr(cur.addr.ip()) && !same_addr(&new.addr, &cur.addr)
-        {
-            continue;
-        }
-        if let (Some(d), Some(cd)) = (specific(new.dst), specific(cur.dst)) {
-            if !same_addr(&d, &cd) {
-                continue;
-            }
-        }
-        return Err(Errno::ADDRNOTAVAIL);
-    }
-    Ok(())
-}
-
-/// cma.c `cma_alloc_any_port`: a port of `range` for `new`, starting at a point that
-/// `random` picks, never `last` (the port handed out last).
-fn alloc_any_port(
-    range: RangeInclusive<u16>,
-    last: Option<u16>,
-    random: u64,
-    new: &Record,
-    live: &[Entry],
-) -> Result<u16, Errno> {
-    let (low, high) = (*range.start(), *range.end());
-    if low > high {
-        return Err(Errno::ADDRNOTAVAIL);
-    }
-    let mut by_port: HashMap<u16, Vec<&Record>> = HashMap::new();
-    for e in live.iter().filter(|e| e.rec.ps == new.ps) {
-        by_port.entry(e.rec.addr.port()).or_default().push(&e.rec);
-    }
-    for v in by_port.values_mut() {
-        v.sort_by_key(|r| std::cmp::Reverse(r.seq));
-    }
-    let mut remaining = u32::from(high - low) + 1;
-    // `remaining` is at most 65536, so the sum stays within u16.
-    let mut rover = low + (random % u64::from(remaining)) as u16;
-    loop {
-        if last != Some(rover) {
-            let free = by_port
-                .get(&rover)
-                .map_or(true, |o| port_is_unique(new, o).is_ok());
-            if free {
-                return Ok(rover);
-            }
-        }
-        remaining -= 1;
-        if remaining == 0 {
-            return Err(Errno::ADDRNOTAVAIL);
-        }
-        rover = if rover >= high { low } else { rover + 1 };
-    }
-}
-
-/// How well listener `l` matches destination `dst` (higher is better), or None if a
-/// connection to `dst` does not reach it (cma.c `cma_match_private_data`).
-fn match_rank(l: &Record, dst: IpAddr) -> Option<u8> {
-    let ip = l.addr.ip();
-    let exact = ip == dst;
-    let matches =
-        (any_addr(ip) && !l.afonly) || (ip.is_ipv4() == dst.is_ipv4() && (any_addr(ip) || exact));
-    matches.then_some(if exact {
-        2
-    } else if ip.is_unspecified() || matches!(ip, IpAddr::V4(a) if a.octets()[0] == 0) {
-        1
-    } else {
-        0
-    })
 }
 
 /// Whether `dst` is an address of this host: loopback, unspecified (which reaches this
@@ -924,38 +717,26 @@ mod tests {
 
     fn rec(addr: &str) -> Record {
         Record {
-            ps: TCP,
-            addr: sa(addr),
+            b: Bound {
+                ps: TCP,
+                addr: sa(addr),
+                dst: None,
+                listening: false,
+                reuse: false,
+                afonly: sa(addr).is_ipv4(),
+                seq: 0,
+            },
             device: sa(DEV),
-            dst: None,
-            listening: false,
-            reuse: false,
-            afonly: sa(addr).is_ipv4(),
-            seq: 0,
             pid: 1,
         }
     }
 
     #[test]
-    fn port_space_values() {
-        for ps in [
-            PortSpace::Tcp,
-            PortSpace::Udp,
-            PortSpace::Ib,
-            PortSpace::IpoIb,
-        ] {
-            assert_eq!(PortSpace::from_raw(ps.raw()), Some(ps));
-        }
-        assert_eq!(PortSpace::Tcp.raw(), 0x0106);
-        assert_eq!(PortSpace::from_raw(0x0107), None);
-    }
-
-    #[test]
     fn record_text_round_trip_and_bad_records() {
         let mut r = rec("[fe80::1%3]:7174");
-        r.dst = Some(sa("10.0.0.9:5000"));
-        r.listening = true;
-        r.seq = 12;
+        r.b.dst = Some(sa("10.0.0.9:5000"));
+        r.b.listening = true;
+        r.b.seq = 12;
         assert_eq!(Record::parse(&r.to_text()), Some(r.clone()));
         let r = rec("0.0.0.0:7174");
         let text = r.to_text();
@@ -981,136 +762,6 @@ mod tests {
         ] {
             assert_eq!(Record::parse(bad), None, "{bad:?}");
         }
-    }
-
-    #[test]
-    fn check_port_rules() {
-        let chk = |new: &Record, cur: &Record, reuse| check_port(new, &[cur], reuse);
-        // Loopback counts as any, like the zero network.
-        for (a, b, want) in [
-            ("192.0.2.1:7", "192.0.2.1:7", Err(Errno::ADDRINUSE)),
-            ("192.0.2.1:7", "192.0.2.2:7", Ok(())),
-            ("0.0.0.0:7", "192.0.2.1:7", Err(Errno::ADDRNOTAVAIL)),
-            ("192.0.2.1:7", "0.0.0.0:7", Err(Errno::ADDRNOTAVAIL)),
-            ("0.0.0.0:7", "0.0.0.0:7", Err(Errno::ADDRNOTAVAIL)),
-            ("127.0.0.1:7", "127.0.0.1:7", Err(Errno::ADDRNOTAVAIL)),
-            ("127.0.0.1:7", "127.0.0.2:7", Err(Errno::ADDRNOTAVAIL)),
-            ("0.1.2.3:7", "192.0.2.1:7", Err(Errno::ADDRNOTAVAIL)),
-            ("[::1]:7", "[2001:db8::1]:7", Err(Errno::ADDRNOTAVAIL)),
-            ("[2001:db8::1]:7", "[2001:db8::1]:7", Err(Errno::ADDRINUSE)),
-            ("[fe80::1%1]:7", "[fe80::1%2]:7", Ok(())),
-            ("[fe80::1%1]:7", "[fe80::1%1]:7", Err(Errno::ADDRINUSE)),
-            // IPv4 and IPv6 specific addresses never compare equal.
-            ("192.0.2.1:7", "[::ffff:192.0.2.1]:7", Ok(())),
-        ] {
-            assert_eq!(chk(&rec(a), &rec(b), false), want, "{a} vs {b}");
-        }
-        // REUSEADDR: only when both have it (and the check runs with it).
-        let (mut a, mut b) = (rec("192.0.2.1:7"), rec("192.0.2.1:7"));
-        a.reuse = true;
-        assert_eq!(chk(&a, &b, true), Err(Errno::ADDRINUSE));
-        b.reuse = true;
-        assert_eq!(chk(&a, &b, true), Ok(()));
-        assert_eq!(chk(&a, &b, false), Err(Errno::ADDRINUSE));
-        // AFONLY: other families are skipped only if both are AFONLY.
-        let v4 = rec("0.0.0.0:7");
-        let mut v6 = rec("[::]:7");
-        v6.afonly = false;
-        assert_eq!(chk(&v6, &v4, false), Err(Errno::ADDRNOTAVAIL));
-        assert_eq!(chk(&v4, &v6, false), Err(Errno::ADDRNOTAVAIL));
-        v6.afonly = true;
-        assert_eq!(chk(&v6, &v4, false), Ok(()));
-        let mut v4 = rec("0.0.0.0:7");
-        v4.afonly = false;
-        assert_eq!(chk(&v6, &v4, false), Err(Errno::ADDRNOTAVAIL));
-        // The first conflicting owner decides: the newest one comes first.
-        let (any, same) = (rec("0.0.0.0:7"), rec("192.0.2.1:7"));
-        let mut any = any;
-        any.reuse = false;
-        let new = rec("192.0.2.1:7");
-        assert_eq!(
-            check_port(&new, &[&same, &any], false),
-            Err(Errno::ADDRINUSE)
-        );
-        assert_eq!(
-            check_port(&new, &[&any, &same], false),
-            Err(Errno::ADDRNOTAVAIL)
-        );
-    }
-
-    #[test]
-    fn port_is_unique_rules() {
-        let with_dst = |src: &str, dst: Option<&str>| Record {
-            dst: dst.map(sa),
-            ..rec(src)
-        };
-        let uniq = |a: &Record, b: &Record| port_is_unique(a, &[b]);
-        let na = Err(Errno::ADDRNOTAVAIL);
-        // No destinations: only different specific sources share.
-        assert_eq!(uniq(&rec("0.0.0.0:0"), &rec("0.0.0.0:9")), na);
-        assert_eq!(uniq(&rec("192.0.2.1:0"), &rec("192.0.2.2:9")), Ok(()));
-        assert_eq!(uniq(&rec("192.0.2.1:0"), &rec("192.0.2.1:9")), na);
-        assert_eq!(uniq(&rec("127.0.0.1:0"), &rec("127.0.0.2:9")), na);
-        // Destinations: a different port or a different specific address shares.
-        let a = with_dst("0.0.0.0:0", Some("192.0.2.9:5000"));
-        assert_eq!(
-            uniq(&a, &with_dst("0.0.0.0:9", Some("192.0.2.9:5001"))),
-            Ok(())
-        );
-        assert_eq!(
-            uniq(&a, &with_dst("0.0.0.0:9", Some("192.0.2.8:5000"))),
-            Ok(())
-        );
-        assert_eq!(uniq(&a, &with_dst("0.0.0.0:9", Some("192.0.2.9:5000"))), na);
-        assert_eq!(uniq(&a, &with_dst("0.0.0.0:9", None)), na);
-        assert_eq!(uniq(&a, &with_dst("0.0.0.0:9", Some("127.0.0.1:5000"))), na);
-        // REUSEADDR plays no part.
-        let mut r = rec("0.0.0.0:9");
-        r.reuse = true;
-        let mut n = rec("0.0.0.0:0");
-        n.reuse = true;
-        assert_eq!(uniq(&n, &r), na);
-    }
-
-    #[test]
-    fn alloc_any_port_walks_the_range() {
-        let entry = |port: u16| Entry {
-            name: String::new(),
-            rec: rec(&format!("0.0.0.0:{port}")),
-        };
-        let new = rec("0.0.0.0:0");
-        // Every start lands inside the range.
-        for random in [0, 1, 4, 5, 1 << 40, u64::MAX] {
-            let p = alloc_any_port(10..=14, None, random, &new, &[]).unwrap();
-            assert!((10..=14).contains(&p), "{p}");
-        }
-        assert_eq!(alloc_any_port(10..=14, None, 2, &new, &[]), Ok(12));
-        // Used ports are passed over, upwards with wrap-around.
-        let used = [entry(12), entry(13), entry(14)];
-        assert_eq!(alloc_any_port(10..=14, None, 2, &new, &used), Ok(10));
-        // The port handed out last is skipped even if free.
-        assert_eq!(alloc_any_port(10..=14, Some(10), 2, &new, &used), Ok(11));
-        // Other port spaces do not count.
-        let mut udp = entry(12);
-        udp.rec.ps = PortSpace::Udp;
-        assert_eq!(alloc_any_port(10..=14, None, 2, &new, &[udp]), Ok(12));
-        // Nothing left.
-        let all: Vec<Entry> = (10..=14).map(entry).collect();
-        assert_eq!(
-            alloc_any_port(10..=14, None, 3, &new, &all),
-            Err(Errno::ADDRNOTAVAIL)
-        );
-        assert_eq!(
-            alloc_any_port(10..=10, Some(10), 0, &new, &[]),
-            Err(Errno::ADDRNOTAVAIL)
-        );
-        // A used port is shared when cma_port_is_unique allows it.
-        let spec = Entry {
-            name: String::new(),
-            rec: rec("192.0.2.1:10"),
-        };
-        let other = rec("192.0.2.2:0");
-        assert_eq!(alloc_any_port(10..=10, None, 0, &other, &[spec]), Ok(10));
     }
 
     #[test]
@@ -1372,8 +1023,8 @@ mod tests {
     fn stale_and_foreign_files_are_reclaimed() {
         let t = TempReg::new("stale");
         let mut r = rec("0.0.0.0:7174");
-        r.listening = true;
-        r.seq = 99;
+        r.b.listening = true;
+        r.b.seq = 99;
         let stale = plant(&t, "0106-7174-1-0.bind", &r);
         fs::write(t.reg.dir().join("junk.bind"), b"\xff\xfe not a record").unwrap();
         fs::write(t.reg.dir().join(".0106-7-1-0.tmp"), r.to_text()).unwrap();
@@ -1393,7 +1044,7 @@ mod tests {
         files.retain(|n| !n.starts_with("0106-7174-"));
         assert_eq!(files, vec!["held.bind".to_string(), "notes.txt".into()]);
         // seq continues from live records only.
-        assert_eq!(b.rec.seq, 0);
+        assert_eq!(b.rec.b.seq, 0);
     }
 
     #[test]
@@ -1447,7 +1098,7 @@ mod tests {
         w.set_listening(true).unwrap();
         // The rules let no other listener overlap this one; plant one that does.
         let mut r = rec("127.0.0.5:7174");
-        r.listening = true;
+        r.b.listening = true;
         r.device = sa("127.0.0.9:4791");
         let p = plant(&t, "0106-7174-1-0.bind", &r);
         let _h = hold(&p);

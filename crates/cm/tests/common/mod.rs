@@ -5,9 +5,10 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use softrdma_cm::cma::{PortSpace, Reservation};
+use softrdma_cm::cma::{Ports, Reservation};
+use softrdma_device::ports::{BindOptions, HostFacts, Key, PortSpace, PortTable};
 use softrdma_wire::cm::{CmPath, CmaHeader, Rep, Req};
 
 /// 127.0.0.`x`.
@@ -77,68 +78,98 @@ pub fn rep(qpn: u32, psn: u32) -> Rep {
     }
 }
 
-/// A port reservation: port space, address, device, listening.
-type Bound = (u16, SocketAddr, SocketAddr, bool);
+/// One host's port table in memory, for devices on one host, under the registry's rules
+/// ([`softrdma_device::ports`]): every loopback address is the host's and a listener is
+/// found as the registry finds it. Cloning shares the table.
+#[derive(Clone)]
+pub struct OneHost {
+    table: Arc<Mutex<PortTable<SocketAddr>>>,
+    /// The addresses devices serve at; None: every address has one.
+    devices: Option<Vec<IpAddr>>,
+}
 
-/// One host's port space in memory, for devices on one host: every loopback address is
-/// the host's, a listener is found at its port, binds never conflict.
-#[derive(Clone, Default)]
-pub struct OneHost(Arc<Mutex<Vec<Bound>>>);
+impl Default for OneHost {
+    fn default() -> Self {
+        OneHost {
+            table: Arc::new(Mutex::new(PortTable::new(HostFacts::default(), 1))),
+            devices: None,
+        }
+    }
+}
+
+impl OneHost {
+    /// A host where devices serve only at `devices` (the rest reject at once).
+    pub fn with_devices(devices: Vec<IpAddr>) -> OneHost {
+        OneHost {
+            devices: Some(devices),
+            ..OneHost::default()
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, PortTable<SocketAddr>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 struct Res {
     host: OneHost,
-    ps: u16,
-    addr: SocketAddr,
+    key: Key,
+    port: u16,
 }
 
 impl Reservation for Res {
     fn port(&self) -> u16 {
-        self.addr.port()
+        self.port
     }
     fn set_listening(&mut self, on: bool) -> io::Result<()> {
-        let mut l = self.host.0.lock().unwrap_or_else(|p| p.into_inner());
-        for b in l.iter_mut() {
-            if b.0 == self.ps && b.1 == self.addr {
-                b.3 = on;
-            }
-        }
-        Ok(())
+        Ok(self.host.table().set_listening(self.key, on)?)
+    }
+    fn set_reuse_addr(&mut self, on: bool) -> io::Result<()> {
+        Ok(self.host.table().set_reuse_addr(self.key, on)?)
+    }
+    fn set_af_only(&mut self, on: bool) -> io::Result<()> {
+        Ok(self.host.table().set_af_only(self.key, on)?)
     }
 }
 
-impl PortSpace for OneHost {
+impl Drop for Res {
+    fn drop(&mut self) {
+        self.host.table().release(self.key);
+    }
+}
+
+impl Ports for OneHost {
     fn bind(
         &mut self,
-        ps: u16,
+        ps: PortSpace,
         addr: SocketAddr,
         device: SocketAddr,
-        _reuse: bool,
-        _afonly: bool,
+        reuse: bool,
+        afonly: bool,
     ) -> io::Result<Box<dyn Reservation>> {
-        let mut l = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let port = if addr.port() == 0 {
-            40000 + (l.len() % 20000) as u16
-        } else {
-            addr.port()
+        let opts = BindOptions {
+            reuse_addr: reuse,
+            af_only: afonly.then_some(true),
+            dst: None,
         };
-        let addr = SocketAddr::new(addr.ip(), port);
-        l.push((ps, addr, device, false));
+        let (key, port) = {
+            let mut t = self.table();
+            let (key, b) = t.bind(ps, addr, opts, device)?;
+            (key, b.addr.port())
+        };
         Ok(Box::new(Res {
             host: self.clone(),
-            ps,
-            addr,
+            key,
+            port,
         }))
     }
-    fn lookup(&self, ps: u16, dst: SocketAddr) -> Option<SocketAddr> {
-        let l = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        l.iter()
-            .find(|b| b.0 == ps && b.3 && b.1.port() == dst.port())
-            .map(|b| b.2)
+    fn lookup(&self, ps: PortSpace, dst: SocketAddr) -> Option<SocketAddr> {
+        self.table().lookup(ps, dst).map(|(_, d)| *d)
     }
     fn is_local(&self, ip: IpAddr) -> bool {
         ip.is_loopback()
     }
-    fn has_device(&self, _ip: IpAddr) -> bool {
-        true
+    fn has_device(&self, ip: IpAddr) -> bool {
+        self.devices.as_ref().map_or(true, |d| d.contains(&ip))
     }
 }
