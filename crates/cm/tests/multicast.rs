@@ -20,7 +20,7 @@ use softrdma_device::verbs::{
     Access, CqId, PdId, QpAttr, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, SendFlags, SendOp,
     SendWr, Sge, UdDest, WcStatus, WorkCompletion,
 };
-use softrdma_device::{Device, DeviceAddr, DeviceConfig};
+use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig};
 use softrdma_wire::cm::port_space;
 
 /// Devices of this test share a UDP port of their own, away from other tests' devices
@@ -87,14 +87,14 @@ impl Qp {
             .into_iter()
             .map(|s| a.call(|c, _| c.init_qp_attr(id, s)).expect("init_qp_attr"))
             .collect();
-        let (pd, cq, qpn, lkey) = d.call(|r, now| {
-            let pd = r.alloc_pd().unwrap();
-            let (cq, _) = r.create_cq(64, None, false).unwrap();
+        let (pd, cq, qpn, lkey) = {
+            let pd = d.alloc_pd().unwrap();
+            let (cq, _) = d.create_cq(64, None, false).unwrap();
             let ptr = mem.as_mut_ptr();
             // SAFETY: the boxed slice lives in `Qp`, which the test keeps until its
             // devices are gone, and is read back only by copying.
             let mr =
-                unsafe { r.reg_mr(pd, ptr, mem.len(), ptr as u64, Access::LOCAL_WRITE) }.unwrap();
+                unsafe { d.reg_mr(pd, ptr, mem.len(), ptr as u64, Access::LOCAL_WRITE) }.unwrap();
             let cap = QpCap {
                 max_send_wr: 16,
                 max_recv_wr: 16,
@@ -102,7 +102,7 @@ impl Qp {
                 max_recv_sge: 1,
                 max_inline_data: 0,
             };
-            let qpn = r
+            let qpn = d
                 .create_qp(QpInitAttr {
                     qp_type: QpType::Ud,
                     pd,
@@ -112,12 +112,13 @@ impl Qp {
                     cap,
                     sq_sig_all: true,
                 })
-                .unwrap();
+                .unwrap()
+                .0;
             for (attr, mask) in &attrs {
-                r.modify_qp(now, qpn, attr, *mask).unwrap();
+                d.modify_qp(qpn, attr, *mask).unwrap();
             }
             (pd, cq, qpn, mr.lkey)
-        });
+        };
         Qp {
             pd,
             cq,
@@ -139,15 +140,14 @@ impl Qp {
         v
     }
     fn post_recvs(&self, d: &Device) {
-        d.call(|r, now| {
+        {
             for k in 0..SLOTS {
                 let sge = Sge {
                     addr: self.addr(k * SLOT),
                     length: SLOT as u32,
                     lkey: self.lkey,
                 };
-                r.post_recv(
-                    now,
+                d.post_recv(
                     self.qpn,
                     RecvWr {
                         wr_id: k as u64,
@@ -156,14 +156,12 @@ impl Qp {
                 )
                 .unwrap();
             }
-        });
+        };
     }
     /// Send [`N`] datagrams of 64 bytes (`tag + i` each) where a MULTICAST_JOIN's UD
     /// parameters say; returns them.
     fn send_to(&mut self, d: &Device, to: &UdParam, tag: u8) -> Vec<Vec<u8>> {
-        let ah = d
-            .call(|r, _| r.create_ah(self.pd, &to.ah_attr))
-            .expect("AH");
+        let ah = d.create_ah(self.pd, &to.ah_attr).expect("AH");
         let at = SLOTS * SLOT;
         let mut sent = Vec::new();
         for i in 0..N {
@@ -185,8 +183,7 @@ impl Qp {
                     remote_qkey: to.qkey,
                 }),
             };
-            d.post(|r, now| r.post_send(now, self.qpn, wr))
-                .expect("post");
+            d.post_send(self.qpn, wr).expect("post");
             let wc = wcs(d, self.cq, 1, Duration::from_secs(10));
             assert_eq!(wc.len(), 1, "send completion {i}");
             assert_eq!(wc[0].status, WcStatus::Success);
@@ -207,7 +204,7 @@ fn wcs(d: &Device, cq: CqId, n: usize, within: Duration) -> Vec<WorkCompletion> 
         }
         let r = d.wait_for(Some(left), || {
             let mut buf = [WorkCompletion::default(); 16];
-            let k = d.inspect(|r| r.poll_cq(cq, &mut buf)).unwrap();
+            let k = CqPoller::new(cq).take(d, &mut buf).unwrap();
             (k > 0).then(|| buf[..k].to_vec())
         });
         got.extend(r.unwrap_or_default());

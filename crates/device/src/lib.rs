@@ -1,7 +1,9 @@
 //! softrdma device runtime: the "NIC". Binds a protocol engine ([`Rnic`]) to a UDP driver.
 //!
-//! - Posting runs the requester in the caller's thread: [`Device::call`] locks the engine,
-//!   runs the caller's closure (post, poll, modify…), then sends what it produced.
+//! - Posting runs the requester in the caller's thread: [`Device::post_send`] locks the
+//!   engine, posts, then sends what it produced. Every verb a face carries out is an
+//!   operation of [`Device`] that ends its engine step as the verb needs (send now or
+//!   hold back, wake waiters or not): see `ops`.
 //! - A *progress step* receives a datagram batch from the socket (without holding the
 //!   engine lock: the receive half is a duplicate of the socket with its own lock), then
 //!   locks the engine, runs the responder and completer ([`Rnic::handle_datagram`]), fires
@@ -61,6 +63,7 @@ pub mod config;
 pub mod log;
 mod mcast;
 pub mod netdev;
+mod ops;
 mod pacing;
 mod poller;
 pub mod ports;
@@ -322,18 +325,6 @@ impl Device {
         self.publisher.as_ref().map(|p| p.file())
     }
 
-    /// Run `f` on the engine (with the current device time), then send what it produced and
-    /// update the channel and async-event fds. Posting, polling and modifying go through
-    /// here, so the requester runs in the caller's thread.
-    pub fn call<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> R) -> R {
-        let sh = &*self.shared;
-        let mut core = sh.lock();
-        let now = sh.now();
-        let r = f(&mut core.rnic, now);
-        core.after_step(sh, now, true);
-        r
-    }
-
     /// Send the datagrams held back by earlier posts and polls now. For a caller about to
     /// wait where the device does not see it (arming a CQ, then blocking on its channel's
     /// fd with poll(2)): what it waits for may depend on them.
@@ -341,41 +332,9 @@ impl Device {
         self.shared.flush_deferred();
     }
 
-    /// Like [`Device::call`] for posting send work requests. When the device already has
-    /// requests in flight (a retransmission timer is armed), the datagrams the post makes
-    /// are held back to leave with those of the next posts in one system call (and one
-    /// GSO message): a program that posts a burst and then polls pays one send for the
-    /// burst. They leave once a send batch is full, when a thread next drives progress
-    /// (polls an empty CQ, waits), before anyone blocks, or after `ACK_DEFER`. A post into
-    /// an idle pipe (a ping-pong) is sent at once.
-    pub fn post<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> R) -> R {
-        let sh = &*self.shared;
-        let mut core = sh.lock();
-        let now = sh.now();
-        let busy = core.rnic.in_flight();
-        let r = f(&mut core.rnic, now);
-        let flush = if busy { Flush::Hold } else { Flush::Due };
-        core.after_step_with(sh, now, true, flush);
-        r
-    }
-
-    /// Like [`Device::call`] for a closure that adds no completion, CQ event or async
-    /// event (takes or acknowledges events, arms a CQ): [`Device::generation`] stays, so
-    /// waiters are not woken for nothing; what the engine produced is still sent and the
-    /// fds are updated.
-    pub fn call_quiet<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> R) -> R {
-        let sh = &*self.shared;
-        let mut core = sh.lock();
-        let now = sh.now();
-        let r = f(&mut core.rnic, now);
-        core.after_step(sh, now, false);
-        r
-    }
-
-    /// Like [`Device::call`] for a closure that only reads or removes state (polls a CQ,
-    /// queries): it adds no completion, so [`Device::generation`] stays and nothing is
-    /// sent or signalled.
-    pub fn inspect<R>(&self, f: impl FnOnce(&mut Rnic) -> R) -> R {
+    /// Run `f` on the engine and nothing else: no send, no fd, no wake-up. For
+    /// [`CqPoller`], whose policy is its own, and steps that end themselves.
+    pub(crate) fn inspect<R>(&self, f: impl FnOnce(&mut Rnic) -> R) -> R {
         let mut core = self.shared.lock();
         f(&mut core.rnic)
     }
@@ -535,7 +494,9 @@ impl Device {
     /// `ibv_detach_mcast`: detach UD QP `qpn` from the multicast group `mgid`
     /// ([`Rnic::detach_mcast`]); the device leaves the group with its last QP.
     pub fn detach_mcast(&self, qpn: verbs::Qpn, mgid: Gid, mlid: u16) -> verbs::Result<()> {
-        self.call_quiet(|rnic, _| rnic.detach_mcast(qpn, mgid, mlid))
+        self.step(false, Flush::Due, |rnic, _| {
+            rnic.detach_mcast(qpn, mgid, mlid)
+        })
     }
 
     /// Give completion channel `ch` an eventfd, readable while the channel has events.
@@ -593,7 +554,9 @@ impl Device {
     /// `dst`, with IP TOS `tos`: how the connection manager talks to its peers. It leaves
     /// at once, as rxe's GSI QP would send it ([`Rnic::send_gsi`]).
     pub fn send_mad(&self, dst: IpAddr, dst_qpn: u32, tos: u8, mad: &[u8; MAD_LEN]) {
-        self.call_quiet(|rnic, _| rnic.send_gsi(dst, dst_qpn, tos, mad));
+        self.step(false, Flush::Due, |rnic, _| {
+            rnic.send_gsi(dst, dst_qpn, tos, mad)
+        });
     }
 
     /// Whether a connection manager takes this device's MADs ([`Device::take_mad`]):
@@ -634,7 +597,7 @@ impl Device {
     /// Raise QP `qpn`'s fatal event (`IBV_EVENT_QP_FATAL`), for a lost peer no
     /// connection of the CM's was found for ([`Rnic::raise_qp_fatal`]).
     pub fn raise_qp_fatal(&self, qpn: verbs::Qpn) {
-        self.call(|rnic, _| rnic.raise_qp_fatal(qpn));
+        self.step(true, Flush::Due, |rnic, _| rnic.raise_qp_fatal(qpn));
     }
 
     /// An eventfd readable while MADs (or lost-peer notices, [`Device::take_lost_peer`])

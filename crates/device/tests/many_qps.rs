@@ -98,7 +98,7 @@ fn two_thousand_connected_rc_qps_each_move_checked_data() {
             wr_id: i as u64,
             sg_list: vec![b.sge((QPS + i) * MSG)],
         };
-        b.host.dev.call(|r, now| r.post_recv(now, qpn, wr)).unwrap();
+        b.host.dev.post_recv(qpn, wr).unwrap();
     }
     let base = b.host.addr(0);
     for (i, &qpn) in a.qpns.iter().enumerate() {

@@ -13,7 +13,7 @@ use softrdma_device::verbs::{
     Access, AhAttr, CqId, Errno, Gid, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
     Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
 };
-use softrdma_device::{Device, DeviceAddr, DeviceConfig};
+use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig};
 
 const QKEY: u32 = 0x0123_4567;
 /// A GRH and up to 256 bytes.
@@ -52,15 +52,15 @@ impl Side {
     /// With another Q_Key: tests that share a group keep each other's datagrams out.
     fn with_qkey(d: &Device, qkey: u32) -> Side {
         let mut mem = vec![0xEE_u8; SLOT * (SLOTS + 1)].into_boxed_slice();
-        let (pd, cq, qpn, lkey) = d.call(|r, now| {
-            let pd = r.alloc_pd().unwrap();
-            let (cq, _) = r.create_cq(64, None, false).unwrap();
+        let (pd, cq, qpn, lkey) = {
+            let pd = d.alloc_pd().unwrap();
+            let (cq, _) = d.create_cq(64, None, false).unwrap();
             let ptr = mem.as_mut_ptr();
             // SAFETY: the boxed slice lives in `Side` as long as the device may touch it
             // (each test drops its devices first), and is read back only by copying.
             let mr =
-                unsafe { r.reg_mr(pd, ptr, mem.len(), ptr as u64, Access::LOCAL_WRITE) }.unwrap();
-            let qpn = r
+                unsafe { d.reg_mr(pd, ptr, mem.len(), ptr as u64, Access::LOCAL_WRITE) }.unwrap();
+            let qpn = d
                 .create_qp(QpInitAttr {
                     qp_type: QpType::Ud,
                     pd,
@@ -76,7 +76,8 @@ impl Side {
                     },
                     sq_sig_all: true,
                 })
-                .unwrap();
+                .unwrap()
+                .0;
             let init = QpAttr {
                 qp_state: QpState::Init,
                 port_num: 1,
@@ -84,7 +85,7 @@ impl Side {
                 ..Default::default()
             };
             let m = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
-            r.modify_qp(now, qpn, &init, m | QpAttrMask::QKEY).unwrap();
+            d.modify_qp(qpn, &init, m | QpAttrMask::QKEY).unwrap();
             for s in [QpState::Rtr, QpState::Rts] {
                 let a = QpAttr {
                     qp_state: s,
@@ -95,10 +96,10 @@ impl Side {
                 } else {
                     QpAttrMask::STATE
                 };
-                r.modify_qp(now, qpn, &a, m).unwrap();
+                d.modify_qp(qpn, &a, m).unwrap();
             }
             (pd, cq, qpn, mr.lkey)
-        });
+        };
         Side {
             pd,
             cq,
@@ -122,7 +123,7 @@ impl Side {
         v
     }
     fn post_recvs(&self, d: &Device) {
-        d.call(|r, now| {
+        {
             for k in 0..SLOTS {
                 let wr = RecvWr {
                     wr_id: k as u64,
@@ -132,9 +133,9 @@ impl Side {
                         lkey: self.lkey,
                     }],
                 };
-                r.post_recv(now, self.qpn, wr).unwrap();
+                d.post_recv(self.qpn, wr).unwrap();
             }
-        });
+        };
     }
     /// Send `N` datagrams of `len` bytes (byte `tag + i` each) to the group through an
     /// AH; returns their payloads.
@@ -148,9 +149,7 @@ impl Side {
         let at = SLOTS * SLOT;
         let mut sent = Vec::new();
         let av = AhAttr::roce(Gid::from_ip(group.into()), 0);
-        let ah = d
-            .call(|r, _| r.create_ah(self.pd, &av))
-            .expect("AH to the group");
+        let ah = d.create_ah(self.pd, &av).expect("AH to the group");
         for i in 0..N {
             let data = vec![tag.wrapping_add(i as u8); len];
             self.mem[at..at + len].copy_from_slice(&data);
@@ -170,8 +169,7 @@ impl Side {
                     remote_qkey: self.qkey,
                 }),
             };
-            d.post(|r, now| r.post_send(now, self.qpn, wr))
-                .expect("post");
+            d.post_send(self.qpn, wr).expect("post");
             // One at a time: the send buffer is reused.
             let wc = wait_wcs(d, self.cq, 1, Duration::from_secs(10));
             assert_eq!(wc.len(), 1, "send completion {i}");
@@ -193,7 +191,7 @@ fn wait_wcs(d: &Device, cq: CqId, n: usize, within: Duration) -> Vec<WorkComplet
         }
         let r = d.wait_for(Some(left), || {
             let mut buf = [WorkCompletion::default(); 16];
-            let k = d.inspect(|r| r.poll_cq(cq, &mut buf)).unwrap();
+            let k = CqPoller::new(cq).take(d, &mut buf).unwrap();
             (k > 0).then(|| buf[..k].to_vec())
         });
         if let Some(v) = r {
@@ -277,8 +275,7 @@ fn a_send_to_the_group_reaches_the_attached_qp_and_not_after_detach() {
             "slot {k} untouched"
         );
     }
-    a.call(|r, _| r.destroy_qp(ra.qpn))
-        .expect("destroy after detach");
+    a.destroy_qp(ra.qpn).expect("destroy after detach");
     drop(a);
     drop(b);
 }
@@ -325,11 +322,11 @@ fn attach_errors_are_the_kernels() {
     let g6 = Gid(Ipv6Addr::new(0xff0e, 0, 0, 0, 0, 0, 0x77, 3).octets());
     inval(a.attach_mcast(s.qpn, g6, 0));
     inval(a.detach_mcast(s.qpn, g6, 0));
-    assert!(a.inspect(|r| r.mcast_groups().count()) == 0);
+    assert!(a.read(|r| r.mcast_groups().count()) == 0);
     // Attached QPs cannot be destroyed.
     let g = mgid(Ipv4Addr::new(239, 77, 0, 3));
     a.attach_mcast(s.qpn, g, 0).unwrap();
-    let e = a.call(|r, _| r.destroy_qp(s.qpn)).unwrap_err();
+    let e = a.destroy_qp(s.qpn).unwrap_err();
     assert_eq!(e.errno, Errno::EBUSY);
     a.detach_mcast(s.qpn, g, 0).unwrap();
     drop(a);

@@ -45,13 +45,10 @@ impl Side {
             sg_list: vec![self.host.sge(0, LEN)],
         };
         let qpn = self.qpn;
-        self.host
-            .dev
-            .call(|r, now| r.post_recv(now, qpn, wr))
-            .unwrap();
+        self.host.dev.post_recv(qpn, wr).unwrap();
     }
 
-    /// Post one unsignaled SEND through the posting path (`Device::post`).
+    /// Post one unsignaled SEND through the posting path (`Device::post_send`).
     fn post_send(&self) {
         let sge = self.host.sge(LEN, LEN);
         self.host

@@ -44,7 +44,7 @@ pub unsafe extern "C" fn ibv_create_ah(
         // SAFETY: `attr` points at the caller's attributes.
         let a = ah_from_c(unsafe { &*attr });
         let pid = p.id;
-        match ctx.dev().call(|r, _| r.create_ah(pid, &a)) {
+        match ctx.dev().create_ah(pid, &a) {
             Ok(id) => {
                 let mut c: sys::ibv_ah = zeroed();
                 c.context = p.c.context;
@@ -107,7 +107,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         // Our GID the message was sent to is the source GID of the reply.
         let sgid_index = ctx
             .dev()
-            .inspect(|r| r.gids().iter().position(|x| *x == dgid))
+            .read(|r| r.gids().iter().position(|x| *x == dgid))
             .unwrap_or(0) as u8;
         let mut o: sys::ibv_ah_attr = zeroed();
         o.grh.dgid.raw = sgid.0;

@@ -426,7 +426,7 @@ pub unsafe extern "C" fn ibv_get_device_guid(device: *mut sys::ibv_device) -> u6
             return 0;
         };
         let guid = match find_open(&d.entry.name) {
-            Some(sh) => sh.dev.inspect(|r| r.device_attr().node_guid),
+            Some(sh) => sh.dev.read(|r| r.device_attr().node_guid),
             None => {
                 // The engine's own GUID rule, for the address the device would take.
                 let gid = Gid::from_ip(device_addr(d).ip());
@@ -479,7 +479,7 @@ pub(crate) fn open(d: &Dev) -> Result<(&'static Dev, Arc<DevShared>), i32> {
 // ------------------------------------------------------------------ queries
 
 pub(crate) fn device_attr(ctx: &Ctx) -> sys::ibv_device_attr {
-    let a = ctx.dev().inspect(|r| r.device_attr().clone());
+    let a = ctx.dev().device_attr();
     let mut o: sys::ibv_device_attr = zeroed();
     fill_cstr(&mut o.fw_ver, &a.fw_ver);
     o.node_guid = a.node_guid.to_be();
@@ -610,7 +610,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         o.orig_attr = device_attr(ctx);
         o.completion_timestamp_mask = u64::MAX;
         o.hca_core_clock = CORE_CLOCK_KHZ;
-        o.max_dm_size = ctx.dev().inspect(|r| r.device_attr().max_dm_size);
+        o.max_dm_size = ctx.dev().read(|r| r.device_attr().max_dm_size);
         o.phys_port_cnt_ex = u32::from(o.orig_attr.phys_port_cnt);
         o.odp_caps = odp_caps();
         // The kernel reports every capability here, the 32 bits of `device_cap_flags`
@@ -623,10 +623,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
 }
 
 fn port_attr(ctx: &Ctx, port: u8) -> Result<sys::ibv_port_attr, i32> {
-    let p = ctx
-        .dev()
-        .inspect(|r| r.port_attr(port))
-        .map_err(|e| e.errno.code())?;
+    let p = ctx.dev().port_attr(port).map_err(|e| e.errno.code())?;
     let mut o: sys::ibv_port_attr = zeroed();
     o.state = p.state;
     o.max_mtu = p.max_mtu as u32;
@@ -688,9 +685,7 @@ fn gid_of(ctx: &Ctx, port: u32, index: u32) -> Result<Gid, i32> {
     if port != 1 || index > 255 {
         return Err(libc::EINVAL);
     }
-    ctx.dev()
-        .inspect(|r| r.gid(index as u8))
-        .map_err(|e| e.errno.code())
+    ctx.dev().query_gid(index as u8).map_err(|e| e.errno.code())
 }
 
 #[no_mangle]
@@ -777,7 +772,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         if flags != 0 || (entries.is_null() && max_entries > 0) || entry_size == 0 {
             return -(libc::EINVAL as isize);
         }
-        let n = ctx.dev().inspect(|r| r.gids().len());
+        let n = ctx.dev().read(|r| r.gids().len());
         if n > max_entries {
             return -(libc::EINVAL as isize);
         }
@@ -836,7 +831,7 @@ pub unsafe extern "C" fn ibv_query_pkey(
         if pkey.is_null() || port_num != 1 || !(0..=0xFFFF).contains(&index) {
             return minus_one(libc::EINVAL);
         }
-        match ctx.dev().inspect(|r| r.pkey(index as u16)) {
+        match ctx.dev().pkey(index as u16) {
             Ok(p) => {
                 // SAFETY: points at the caller's __be16.
                 unsafe { *pkey = p.to_be() };
@@ -862,7 +857,7 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
             return minus_one(libc::EINVAL);
         }
         let want = u16::from_be(pkey);
-        let found = ctx.dev().inspect(|r| {
+        let found = ctx.dev().read(|r| {
             (0..=u16::MAX)
                 .map_while(|i| r.pkey(i).ok().map(|p| (i, p)))
                 .find(|&(_, p)| p == want)

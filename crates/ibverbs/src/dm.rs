@@ -52,7 +52,7 @@ pub(crate) unsafe extern "C" fn alloc_dm(
         if a.comp_mask != 0 {
             return null_errno(libc::EINVAL);
         }
-        match ctx.dev().call(|r, _| r.alloc_dm(a.length)) {
+        match ctx.dev().alloc_dm(a.length) {
             Ok(id) => new_dm(context, id),
             Err(e) => null_errno(errno(&e)),
         }
@@ -82,7 +82,7 @@ pub unsafe extern "C" fn ibv_import_dm(
             return null_errno(libc::EINVAL);
         };
         let id = DmId(dm_handle);
-        match ctx.dev().inspect(|r| r.dm_len(id)) {
+        match ctx.dev().dm_len(id) {
             Ok(_) => new_dm(context, id),
             Err(e) => null_errno(errno(&e)),
         }
@@ -120,7 +120,7 @@ unsafe extern "C" fn memcpy_to_dm(
             unsafe { std::slice::from_raw_parts(host.cast::<u8>(), length) }
         };
         let id = d.id;
-        match ctx.dev().call(|r, _| r.dm_copy_to(id, offset, data)) {
+        match ctx.dev().dm_copy_to(id, offset, data) {
             Ok(()) => 0,
             Err(e) => errno(&e),
         }
@@ -142,7 +142,7 @@ unsafe extern "C" fn memcpy_from_dm(
         }
         let mut buf = vec![0u8; length];
         let id = d.id;
-        match ctx.dev().inspect(|r| r.dm_copy_from(id, offset, &mut buf)) {
+        match ctx.dev().dm_copy_from(id, offset, &mut buf) {
             Ok(()) => {
                 // SAFETY: the caller's buffer holds `length` writable bytes.
                 unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), host.cast::<u8>(), length) };
@@ -177,10 +177,7 @@ pub(crate) unsafe extern "C" fn reg_dm_mr(
             Err(e) => return null_errno(e),
         };
         let (pid, did) = (p.id, d.id);
-        match ctx
-            .dev()
-            .call(|r, _| r.reg_dm_mr(pid, did, offset, length, acc))
-        {
+        match ctx.dev().reg_dm_mr(pid, did, offset, length, acc) {
             Ok(info) => {
                 let mut c: sys::ibv_mr = zeroed();
                 c.context = p.c.context;

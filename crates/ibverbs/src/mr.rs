@@ -77,9 +77,7 @@ unsafe fn reg_mr_common(
         // SAFETY: the verbs contract of ibv_reg_mr: the program keeps `addr..addr+length`
         // valid until ibv_dereg_mr and accepts that the device reads and writes it at any
         // time meanwhile.
-        let r = ctx
-            .dev()
-            .call(|r, _| unsafe { r.reg_mr(id, addr.cast(), length, iova, acc) });
+        let r = unsafe { ctx.dev().reg_mr(id, addr.cast(), length, iova, acc) };
         match r {
             Ok(info) => {
                 let mut c: sys::ibv_mr = zeroed();
@@ -209,9 +207,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         let lkey = m.lkey;
         // SAFETY: with new memory, the verbs contract of ibv_rereg_mr: as ibv_reg_mr's for
         // `addr..addr+length`, which the program keeps valid until the region goes.
-        let r = ctx
-            .dev()
-            .call(|r, _| unsafe { r.rereg_mr(lkey, new_pd, memory, new_access) });
+        let r = unsafe { ctx.dev().rereg_mr(lkey, new_pd, memory, new_access) };
         match r {
             Ok(info) => {
                 if flags & sys::IBV_REREG_MR_CHANGE_PD != 0 {
@@ -279,7 +275,7 @@ pub(crate) unsafe extern "C" fn advise_mr(
         let id = p.id;
         let r = ctx
             .dev()
-            .inspect(|r| r.advise_mr(id, advice, &sges))
+            .read(|r| r.advise_mr(id, advice, &sges))
             .and_then(|prefetch| prefetch.run());
         match r {
             Ok(()) => 0,
@@ -329,7 +325,7 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut sys::ibv_pd, mr_handle: u32) -> 
         let Some((p, ctx)) = (unsafe { pd_ctx(pd) }) else {
             return null_errno(libc::EINVAL);
         };
-        let (mr_pd, info) = match ctx.dev().inspect(|r| r.query_mr(mr_handle)) {
+        let (mr_pd, info) = match ctx.dev().query_mr(mr_handle) {
             Ok(v) => v,
             Err(e) => return null_errno(errno(&e)),
         };

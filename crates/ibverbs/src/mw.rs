@@ -46,11 +46,10 @@ pub(crate) unsafe extern "C" fn alloc_mw(
             _ => return null_errno(libc::EINVAL),
         };
         let pid = p.id;
-        let r = ctx.dev().call(|r, _| {
-            let c = r;
-            let id = c.alloc_mw(pid, t)?;
-            Ok::<_, verbs::Error>((id, c.mw_rkey(id)?))
-        });
+        let dev = ctx.dev();
+        let r = dev
+            .alloc_mw(pid, t)
+            .and_then(|id| Ok((id, dev.mw_rkey(id)?)));
         match r {
             Ok((id, rkey)) => {
                 let mut c: sys::ibv_mw = zeroed();

@@ -102,7 +102,7 @@ pub(crate) unsafe fn destroy<T: Destroy>(p: *mut T::C) -> c_int {
         let Some(ctx) = (unsafe { ctx_of(o.context()) }) else {
             return libc::EINVAL;
         };
-        match ctx.dev().call(|r, _| o.destroy_verbs(r)) {
+        match ctx.dev().objects(|r| o.destroy_verbs(r)) {
             Ok(()) => {
                 o.unregister(ctx);
                 // SAFETY: the object's PD is live while the object is (it was held).

@@ -207,7 +207,7 @@ pub(crate) unsafe extern "C" fn alloc_parent_domain(
         let id = pd.id;
         // Counted under the engine lock, which `ibv_dealloc_pd` of the protection domain
         // checks the count under.
-        let live = ctx.dev().call(|r, _| {
+        let live = ctx.dev().read(|r| {
             let live = r.pd_exists(id);
             if live {
                 pd.parents.fetch_add(1, Ordering::AcqRel);
@@ -250,7 +250,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut sys::ibv_context) -> *mut sy
         let Some(ctx) = (unsafe { ctx_of(context) }) else {
             return null_errno(libc::EINVAL);
         };
-        match ctx.dev().call(|r, _| r.alloc_pd()) {
+        match ctx.dev().alloc_pd() {
             Ok(id) => {
                 let mut c: sys::ibv_pd = zeroed();
                 c.context = context;
@@ -283,7 +283,7 @@ pub unsafe extern "C" fn ibv_import_pd(
             return null_errno(libc::EINVAL);
         };
         let id = PdId(pd_handle);
-        if !ctx.dev().inspect(|r| r.pd_exists(id)) {
+        if !ctx.dev().pd_exists(id) {
             return null_errno(libc::EINVAL);
         }
         let mut c: sys::ibv_pd = zeroed();

@@ -57,12 +57,10 @@ pub unsafe extern "C" fn ibv_create_srq(
         let init = unsafe { &mut *init };
         let a = init.attr;
         let pid = p.id;
-        let r = ctx.dev().call(|r, _| {
-            let c = r;
-            let id = c.create_srq(pid, a.max_wr, a.max_sge, a.srq_limit)?;
-            let actual = c.query_srq(id)?;
-            Ok::<_, verbs::Error>((id, actual))
-        });
+        let dev = ctx.dev();
+        let r = dev
+            .create_srq(pid, a.max_wr, a.max_sge, a.srq_limit)
+            .and_then(|id| Ok((id, dev.query_srq(id)?)));
         match r {
             Ok((id, (max_wr, max_sge, _))) => {
                 init.attr.max_wr = max_wr;
@@ -105,7 +103,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
         let max_wr = (mask as u32 & sys::IBV_SRQ_MAX_WR != 0).then_some(a.max_wr);
         let limit = (mask as u32 & sys::IBV_SRQ_LIMIT != 0).then_some(a.srq_limit);
         let id = s.id;
-        match ctx.dev().call(|r, _| r.modify_srq(id, max_wr, limit)) {
+        match ctx.dev().modify_srq(id, max_wr, limit) {
             Ok(()) => 0,
             Err(e) => errno(&e),
         }
@@ -129,7 +127,7 @@ pub unsafe extern "C" fn ibv_query_srq(
             return libc::EINVAL;
         }
         let id = s.id;
-        match ctx.dev().inspect(|r| r.query_srq(id)) {
+        match ctx.dev().query_srq(id) {
             Ok((max_wr, max_sge, limit)) => {
                 // SAFETY: `attr` points at the caller's attributes.
                 unsafe {
@@ -168,12 +166,10 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         // SAFETY: the caller's list is valid.
         let (wrs, ptrs, conv_err) = unsafe { walk(wr, |w| w.next, recv_wr) };
         let id = s.id;
-        let posted = ctx.dev().call(|r, now| {
-            for (i, w) in wrs.into_iter().enumerate() {
-                r.post_srq_recv(now, id, w).map_err(|e| (i, errno(&e)))?;
-            }
-            Ok(())
-        });
+        let posted = ctx
+            .dev()
+            .post_srq_recvs(id, wrs)
+            .map_err(|(i, e)| (i, errno(&e)));
         // SAFETY: `bad` is the caller's out pointer.
         unsafe { finish(&ptrs, conv_err, posted, bad) }
     })

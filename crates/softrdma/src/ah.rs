@@ -11,7 +11,7 @@ impl ProtectionDomain {
     /// Create an address handle.
     pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
         let pd = self.inner.id;
-        let id = self.inner.dev.call(|r, _| r.create_ah(pd, attr))?;
+        let id = self.inner.dev.rt().create_ah(pd, attr)?;
         Ok(AddressHandle {
             pd: Arc::clone(&self.inner),
             id,
@@ -106,6 +106,6 @@ impl AddressHandle {
 impl Drop for AddressHandle {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.pd.dev.call(|r, _| r.destroy_ah(id));
+        let _ = self.pd.dev.rt().destroy_ah(id);
     }
 }

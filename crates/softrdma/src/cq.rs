@@ -23,7 +23,7 @@ impl Drop for ChanInner {
         // CQs using the channel hold an Arc of it, so none is left when this runs.
         self.dev.inner.dev.remove_channel_fd(self.id);
         let id = self.id;
-        let _ = self.dev.call(|r, _| r.destroy_channel(id));
+        let _ = self.dev.rt().destroy_channel(id);
     }
 }
 
@@ -82,7 +82,7 @@ impl CompletionChannel {
     /// Acknowledge it later with [`CompletionChannel::ack`].
     pub fn try_get(&self) -> Result<Option<CqId>> {
         let id = self.inner.id;
-        self.inner.dev.call_quiet(|r, _| Ok(r.get_cq_event(id)))
+        Ok(self.inner.dev.rt().get_cq_event(id))
     }
     /// Wait for the next CQ event (`None` waits forever); ETIMEDOUT on timeout. Returns the
     /// CQ that has the event (compare with [`CompletionQueue::id`]). The calling thread
@@ -242,8 +242,7 @@ impl Drop for CqCharge {
 impl Drop for CqInner {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.dev.call(|r, _| {
-            let ctx = r;
+        let _ = self.dev.rt().objects(|ctx| {
             // Unacknowledged events would make destroy EBUSY; nobody can ack them after
             // the handle is gone, so ack them here (the count is bounded by events taken).
             for _ in 0..(1u32 << 20) {
@@ -431,7 +430,12 @@ impl CompletionQueue {
         } else {
             Arm::Next
         };
-        let r = self.inner.dev.call(|r, _| r.req_notify_cq(id, arm));
+        let r = self
+            .inner
+            .dev
+            .rt()
+            .req_notify_cq(id, arm)
+            .map_err(Error::from);
         // The caller may now block on the channel's fd, out of the device's sight.
         self.inner.dev.rt().flush();
         r
@@ -439,12 +443,12 @@ impl CompletionQueue {
     /// Acknowledge `n` events taken from its channel.
     pub fn ack_events(&self, n: u32) -> Result<()> {
         let id = self.inner.id;
-        self.inner.dev.call_quiet(|r, _| r.ack_cq_events(id, n))
+        Ok(self.inner.dev.rt().ack_cq_events(id, n)?)
     }
     /// Completions waiting.
     pub fn len(&self) -> Result<usize> {
         let id = self.inner.id;
-        self.inner.dev.inspect(|r| r.cq_len(id))
+        Ok(self.inner.dev.rt().cq_len(id)?)
     }
     /// Whether no completion is waiting.
     pub fn is_empty(&self) -> Result<bool> {

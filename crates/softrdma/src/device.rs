@@ -7,8 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use softrdma_device as dev;
-use softrdma_transport::verbs::{self, AsyncEvent, DeviceAttr, Gid, Mtu, PortAttr};
-use softrdma_transport::Rnic;
+use softrdma_transport::verbs::{AsyncEvent, DeviceAttr, Gid, Mtu, PortAttr};
 
 use crate::cq::{ChanInner, CompletionChannel, CompletionQueue, CqInner};
 use crate::mr::{DeviceMemory, DmInner};
@@ -221,34 +220,9 @@ impl Device {
         })
     }
 
-    /// Run a closure that only reads or removes engine state; see
-    /// [`softrdma_device::Device::inspect`].
-    pub(crate) fn inspect<R>(&self, f: impl FnOnce(&mut Rnic) -> verbs::Result<R>) -> Result<R> {
-        self.inner.dev.inspect(f).map_err(Error::from)
-    }
-
-    /// Run `f` on the engine, for a closure that adds no completion or event; see
-    /// [`softrdma_device::Device::call_quiet`].
-    pub(crate) fn call_quiet<R>(
-        &self,
-        f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>,
-    ) -> Result<R> {
-        self.inner.dev.call_quiet(f).map_err(Error::from)
-    }
-
     /// The runtime device.
     pub(crate) fn rt(&self) -> &dev::Device {
         &self.inner.dev
-    }
-
-    /// Post on the engine; see [`softrdma_device::Device::post`].
-    pub(crate) fn post<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>) -> Result<R> {
-        self.inner.dev.post(f).map_err(Error::from)
-    }
-
-    /// Run `f` on the engine; see [`softrdma_device::Device::call`].
-    pub(crate) fn call<R>(&self, f: impl FnOnce(&mut Rnic, u64) -> verbs::Result<R>) -> Result<R> {
-        self.inner.dev.call(f).map_err(Error::from)
     }
 
     /// Device name.
@@ -265,22 +239,22 @@ impl Device {
     }
     /// Device attributes (`ibv_query_device`).
     pub fn query_device(&self) -> DeviceAttr {
-        self.inner.dev.call(|r, _| r.device_attr().clone())
+        self.inner.dev.device_attr()
     }
     /// Port attributes (`ibv_query_port`); port 1 only.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
-        self.call(|r, _| r.port_attr(port))
+        Ok(self.inner.dev.port_attr(port)?)
     }
     /// Set port 1's active MTU: the largest UD message this device sends (RC and UC
     /// messages are split by each QP's path MTU instead). EINVAL above the port's
     /// `max_mtu` (4096). Peers are not told: a UD receiver takes any message that fits
     /// its receive buffers.
     pub fn set_port_mtu(&self, mtu: Mtu) -> Result<()> {
-        self.call_quiet(|r, _| r.set_active_mtu(mtu))
+        Ok(self.inner.dev.set_active_mtu(mtu)?)
     }
     /// GID at `index` (`ibv_query_gid`).
     pub fn query_gid(&self, index: u8) -> Result<Gid> {
-        self.call(|r, _| r.gid(index))
+        Ok(self.inner.dev.query_gid(index)?)
     }
     /// Engine and runtime counters.
     pub fn stats(&self) -> DeviceStats {
@@ -289,7 +263,7 @@ impl Device {
 
     /// Allocate a protection domain.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
-        let id = self.call(|r, _| r.alloc_pd())?;
+        let id = self.inner.dev.alloc_pd()?;
         Ok(ProtectionDomain {
             inner: Arc::new(PdInner {
                 dev: self.clone(),
@@ -300,11 +274,11 @@ impl Device {
 
     /// Create a completion channel (its fd is readable while CQ events are pending).
     pub fn create_channel(&self) -> Result<CompletionChannel> {
-        let id = self.call(|r, _| r.create_channel())?;
+        let id = self.inner.dev.create_channel()?;
         let fd = match self.inner.dev.add_channel_fd(id) {
             Ok(fd) => fd,
             Err(e) => {
-                let _ = self.call(|r, _| r.destroy_channel(id));
+                let _ = self.inner.dev.destroy_channel(id);
                 return Err(e.into());
             }
         };
@@ -327,7 +301,7 @@ impl Device {
         channel: Option<&CompletionChannel>,
     ) -> Result<CompletionQueue> {
         let ch = channel.map(|c| c.inner.id);
-        let (id, cap) = self.call(|r, _| r.create_cq(cqe, ch, false))?;
+        let (id, cap) = self.inner.dev.create_cq(cqe, ch, false)?;
         Ok(CompletionQueue {
             inner: Arc::new(CqInner {
                 dev: self.clone(),
@@ -343,7 +317,7 @@ impl Device {
 
     /// Allocate `len` bytes of device memory (`ibv_alloc_dm`).
     pub fn alloc_dm(&self, len: usize) -> Result<DeviceMemory> {
-        let id = self.call(|r, _| r.alloc_dm(len))?;
+        let id = self.inner.dev.alloc_dm(len)?;
         Ok(DeviceMemory {
             inner: Arc::new(DmInner {
                 dev: self.clone(),

@@ -55,10 +55,7 @@ impl ProtectionDomain {
         // owns and frees only after deregistering it (see `Drop for MemoryRegion`); from now
         // on it is reached only through the device under the engine lock, never through a
         // Rust reference.
-        let r = self
-            .inner
-            .dev
-            .call(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) });
+        let r = unsafe { self.inner.dev.rt().reg_mr(pd, ptr, len, ptr as u64, access) };
         match r {
             Ok(info) => Ok(MemoryRegion::new(MrReg {
                 pd: Arc::clone(&self.inner),
@@ -70,7 +67,7 @@ impl ProtectionDomain {
                 // SAFETY: registration failed, so the device never saw `raw`; it came from
                 // `Box::into_raw` above and is released exactly once, here.
                 drop(unsafe { Box::from_raw(raw) });
-                Err(e)
+                Err(e.into())
             }
         }
     }
@@ -107,10 +104,7 @@ impl ProtectionDomain {
     ) -> Result<MemoryRegion> {
         let pd = self.inner.id;
         // SAFETY: the caller's contract above is exactly `reg_mr`'s.
-        let info = self
-            .inner
-            .dev
-            .call(|rn, _| unsafe { rn.reg_mr(pd, ptr, len, ptr as u64, access) })?;
+        let info = unsafe { self.inner.dev.rt().reg_mr(pd, ptr, len, ptr as u64, access) }?;
         Ok(MemoryRegion::new(MrReg {
             pd: Arc::clone(&self.inner),
             info,
@@ -128,10 +122,7 @@ impl ProtectionDomain {
         access: Access,
     ) -> Result<MemoryRegion> {
         let (pd, id) = (self.inner.id, dm.inner.id);
-        let info = self
-            .inner
-            .dev
-            .call(|rn, _| rn.reg_dm_mr(pd, id, offset, len, access))?;
+        let info = self.inner.dev.rt().reg_dm_mr(pd, id, offset, len, access)?;
         Ok(MemoryRegion::new(MrReg {
             pd: Arc::clone(&self.inner),
             info,
@@ -143,7 +134,7 @@ impl ProtectionDomain {
     /// Allocate a memory window of type 1 or 2.
     pub fn alloc_mw(&self, mw_type: u8) -> Result<MemoryWindow> {
         let pd = self.inner.id;
-        let id = self.inner.dev.call(|r, _| r.alloc_mw(pd, mw_type))?;
+        let id = self.inner.dev.rt().alloc_mw(pd, mw_type)?;
         Ok(MemoryWindow {
             pd: Arc::clone(&self.inner),
             id,
@@ -391,7 +382,7 @@ impl MemoryRegion {
         let lkey = self.reg.info.lkey;
         // Stored under the engine lock, so that concurrent changes leave the value the
         // engine took last.
-        self.reg.pd.dev.call(|rn, _| {
+        self.reg.pd.dev.rt().objects(|rn| {
             // SAFETY: no new memory is given (`None`), so no range comes under the device
             // that the registration did not already cover.
             unsafe { rn.rereg_mr(lkey, None, None, Some(access)) }?;
@@ -474,7 +465,7 @@ impl MemoryRegion {
             .dev
             .inner
             .dev
-            .inspect(|r| match r.local_span(pd, &sge, Access::empty()) {
+            .read(|r| match r.local_span(pd, &sge, Access::empty()) {
                 Ok(span) => f(&span).ok_or_else(|| failed(&span)),
                 Err(_) => Err(Error::new(libc::EFAULT, "region not accessible")),
             })
@@ -595,7 +586,7 @@ impl MrReg {
     /// naming its lkey is refused rather than run unpinned.
     fn deregister(&mut self) -> Result<()> {
         let lkey = self.info.lkey;
-        let r = self.pd.dev.call(|r, _| r.dereg_mr(lkey));
+        let r = self.pd.dev.rt().dereg_mr(lkey).map_err(Error::from);
         if r.is_ok() {
             crate::pins::leave(&self.pd.dev, lkey);
         }
@@ -635,14 +626,14 @@ impl MemoryWindow {
     /// Its current rkey.
     pub fn rkey(&self) -> Result<u32> {
         let id = self.id;
-        self.pd.dev.call(|r, _| r.mw_rkey(id))
+        self.pd.dev.rt().mw_rkey(id).map_err(Error::from)
     }
 }
 
 impl Drop for MemoryWindow {
     fn drop(&mut self) {
         let id = self.id;
-        if self.pd.dev.call(|r, _| r.dealloc_mw(id)).is_ok() {
+        if self.pd.dev.rt().dealloc_mw(id).is_ok() {
             // No longer bound: the regions it kept may go (deregistered here when this
             // was their last reference).
             drop(crate::pins::unpin_window(&self.pd.dev, id));
@@ -659,7 +650,7 @@ pub(crate) struct DmInner {
 impl Drop for DmInner {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.dev.call(|r, _| r.free_dm(id));
+        let _ = self.dev.rt().free_dm(id);
     }
 }
 
@@ -681,13 +672,21 @@ impl DeviceMemory {
     /// (`EINVAL` otherwise), as on the devices that have device memory.
     pub fn copy_to(&self, offset: u64, data: &[u8]) -> Result<()> {
         let id = self.inner.id;
-        self.inner.dev.call(|r, _| r.dm_copy_to(id, offset, data))
+        self.inner
+            .dev
+            .rt()
+            .dm_copy_to(id, offset, data)
+            .map_err(Error::from)
     }
     /// Copy out from `offset`; the offset and the length are multiples of 4 (`EINVAL`
     /// otherwise).
     pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let id = self.inner.id;
-        self.inner.dev.call(|r, _| r.dm_copy_from(id, offset, out))
+        self.inner
+            .dev
+            .rt()
+            .dm_copy_from(id, offset, out)
+            .map_err(Error::from)
     }
 }
 

@@ -19,7 +19,7 @@ impl Drop for PdInner {
     fn drop(&mut self) {
         // Children hold an Arc of this PD, so none is left when this runs.
         let id = self.id;
-        let _ = self.dev.call(|r, _| r.dealloc_pd(id));
+        let _ = self.dev.rt().dealloc_pd(id);
     }
 }
 

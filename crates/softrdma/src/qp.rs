@@ -288,15 +288,12 @@ impl QueuePair {
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
         };
-        let (qpn, cap, psn) = dev.call(|r, _| {
-            let qpn = r.create_qp(attr)?;
-            let cap = r.qp_init_attr(qpn).ok().map(|i| i.cap).unwrap_or(attr.cap);
-            Ok((qpn, cap, r.random_psn()))
-        })?;
+        let (qpn, cap) = dev.rt().create_qp(attr)?;
+        let psn = dev.rt().random_psn();
         let charges = match Self::charge_cqs(init, &cap) {
             Ok(c) => c,
             Err(e) => {
-                let _ = dev.call(|r, _| r.destroy_qp(qpn));
+                let _ = dev.rt().destroy_qp(qpn);
                 return Err(e);
             }
         };
@@ -410,10 +407,7 @@ impl QueuePair {
         let pins = pins::pin(&self.pd.dev, &wr.sg_list, true)?;
         pins::pin_window(&self.pd.dev, &wr.op);
         self.sq_pins.post(wr.wr_id, pins, || {
-            self.pd.dev.post(|r, now| {
-                r.check_send_sges(qpn, &wr)?;
-                r.post_send(now, qpn, wr)
-            })
+            Ok(self.pd.dev.rt().post_send_checked(qpn, wr)?)
         })
     }
     /// Post a send work request that only the device checks, when it executes it, as a NIC
@@ -429,7 +423,7 @@ impl QueuePair {
         let pins = pins::pin(&self.pd.dev, &wr.sg_list, false)?;
         pins::pin_window(&self.pd.dev, &wr.op);
         self.sq_pins.post(wr.wr_id, pins, || {
-            self.pd.dev.post(|r, now| r.post_send(now, qpn, wr))
+            Ok(self.pd.dev.rt().post_send(qpn, wr)?)
         })
     }
     /// Post several send work requests in order; stops at the first error.
@@ -451,10 +445,7 @@ impl QueuePair {
         let qpn = self.qpn;
         let pins = pins::pin(&self.pd.dev, &wr.sg_list, true)?;
         self.rq_pins.post(wr.wr_id, pins, || {
-            self.pd.dev.call(|r, now| {
-                r.check_recv_sges(qpn, &wr)?;
-                r.post_recv(now, qpn, wr)
-            })
+            Ok(self.pd.dev.rt().post_recv_checked(qpn, wr)?)
         })
     }
     /// Post a receive work request that only the device checks, when a message arrives
@@ -463,18 +454,18 @@ impl QueuePair {
         let qpn = self.qpn;
         let pins = pins::pin(&self.pd.dev, &wr.sg_list, false)?;
         self.rq_pins.post(wr.wr_id, pins, || {
-            self.pd.dev.call(|r, now| r.post_recv(now, qpn, wr))
+            Ok(self.pd.dev.rt().post_recv(qpn, wr)?)
         })
     }
     /// Modify attributes (`ibv_modify_qp`).
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let qpn = self.qpn;
-        self.pd.dev.call(|r, now| r.modify_qp(now, qpn, attr, mask))
+        Ok(self.pd.dev.rt().modify_qp(qpn, attr, mask)?)
     }
     /// Current attributes (`ibv_query_qp`).
     pub fn query(&self) -> Result<QpAttr> {
         let qpn = self.qpn;
-        self.pd.dev.call(|r, _| r.query_qp(qpn))
+        self.pd.dev.rt().query_qp(qpn).map_err(Error::from)
     }
     /// Current state.
     pub fn state(&self) -> Result<QpState> {
@@ -598,7 +589,7 @@ impl QueuePair {
         self.modify(&a, QpAttrMask::STATE)?;
         // A new connection, a new first PSN: packets of the old one still in flight
         // must not fall in the new one's window.
-        let psn = self.device().rt().inspect(|r| r.random_psn());
+        let psn = self.device().rt().random_psn();
         self.psn.store(psn, Ordering::Relaxed);
         Ok(())
     }
@@ -611,7 +602,7 @@ impl Drop for QueuePair {
         // pins go with it, below.
         self._send_cq.queues.unlink(qpn, &self.sq_pins);
         self._recv_cq.queues.unlink(qpn, &self.sq_pins);
-        let _ = self.pd.dev.call(|r, _| r.destroy_qp(qpn));
+        let _ = self.pd.dev.rt().destroy_qp(qpn);
         // Only now can the queues no longer complete anything into the CQs.
         self.charges.clear();
         // The device no longer reaches what the QP's requests named: their pins are
@@ -646,7 +637,7 @@ impl SrqInner {
 impl Drop for SrqInner {
     fn drop(&mut self) {
         let id = self.id;
-        let _ = self.pd.dev.call(|r, _| r.destroy_srq(id));
+        let _ = self.pd.dev.rt().destroy_srq(id);
     }
 }
 
@@ -701,10 +692,7 @@ pub struct SharedReceiveQueue {
 impl SharedReceiveQueue {
     pub(crate) fn create(pd: &ProtectionDomain, max_wr: u32, max_sge: u32) -> Result<Self> {
         let p = pd.inner.id;
-        let id = pd
-            .inner
-            .dev
-            .call(|r, _| r.create_srq(p, max_wr, max_sge, 0))?;
+        let id = pd.inner.dev.rt().create_srq(p, max_wr, max_sge, 0)?;
         Ok(SharedReceiveQueue {
             inner: Arc::new(SrqInner {
                 pd: Arc::clone(&pd.inner),
@@ -730,10 +718,7 @@ impl SharedReceiveQueue {
         let id = self.id;
         let pins = pins::pin(&self.pd.dev, &wr.sg_list, true)?;
         self.inner.pins.post(wr.wr_id, pins, || {
-            self.pd.dev.call(|r, now| {
-                r.check_srq_recv_sges(id, &wr)?;
-                r.post_srq_recv(now, id, wr)
-            })
+            Ok(self.pd.dev.rt().post_srq_recv_checked(id, wr)?)
         })
     }
     /// Post a receive work request that only the device checks, when a message arrives
@@ -742,7 +727,7 @@ impl SharedReceiveQueue {
         let id = self.id;
         let pins = pins::pin(&self.pd.dev, &wr.sg_list, false)?;
         self.inner.pins.post(wr.wr_id, pins, || {
-            self.pd.dev.call(|r, now| r.post_srq_recv(now, id, wr))
+            Ok(self.pd.dev.rt().post_srq_recv(id, wr)?)
         })
     }
     /// Grow `max_wr` and/or arm the limit event (`ibv_modify_srq`). A larger `max_wr`
@@ -769,7 +754,12 @@ impl SharedReceiveQueue {
                 }
             }
         }
-        let r = self.pd.dev.call(|r, _| r.modify_srq(id, max_wr, limit));
+        let r = self
+            .pd
+            .dev
+            .rt()
+            .modify_srq(id, max_wr, limit)
+            .map_err(Error::from);
         if r.is_err() {
             undo(&grown);
         }
@@ -778,12 +768,12 @@ impl SharedReceiveQueue {
     /// (max_wr, max_sge, limit).
     pub fn query(&self) -> Result<(u32, u32, u32)> {
         let id = self.id;
-        self.pd.dev.call(|r, _| r.query_srq(id))
+        self.pd.dev.rt().query_srq(id).map_err(Error::from)
     }
     /// Receive WRs currently posted.
     pub fn len(&self) -> Result<usize> {
         let id = self.id;
-        self.pd.dev.call(|r, _| r.srq_len(id))
+        self.pd.dev.rt().srq_len(id).map_err(Error::from)
     }
     /// Whether no receive WR is posted.
     pub fn is_empty(&self) -> Result<bool> {

@@ -292,7 +292,7 @@ impl AsyncCompletionQueue {
                 // Another CQ shares the channel (see the type's documentation): its
                 // event is acknowledged so that CQ can still be destroyed.
                 let dev = &self.cq.inner.dev;
-                dev.call_quiet(|r, _| r.ack_cq_events(other, 1))?;
+                dev.rt().ack_cq_events(other, 1)?;
             }
             None => {
                 // Nothing pending: forget the readiness. tokio keeps it if the fd

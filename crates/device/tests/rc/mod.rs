@@ -41,15 +41,13 @@ impl Host {
         let dev = open(name);
         let mut mem = vec![fill; len].into_boxed_slice();
         let ptr = mem.as_mut_ptr();
-        let (pd, cq, lkey, rkey) = dev.call(|r, _| {
-            let pd = r.alloc_pd().unwrap();
-            let (cq, _) = r.create_cq(cq_depth, None, false).unwrap();
-            // SAFETY: the boxed slice lives in the `Host` next to the device, which the
-            // `Host` drops first (field order); tests read it under the engine lock
-            // ([`Host::contents`]) or after the completion that says it was written.
-            let mr = unsafe { r.reg_mr(pd, ptr, len, ptr as u64, access) }.unwrap();
-            (pd, cq, mr.lkey, mr.rkey)
-        });
+        let pd = dev.alloc_pd().unwrap();
+        let (cq, _) = dev.create_cq(cq_depth, None, false).unwrap();
+        // SAFETY: the boxed slice lives in the `Host` next to the device, which the `Host`
+        // drops first (field order); tests read it under the engine lock
+        // ([`Host::contents`]) or after the completion that says it was written.
+        let mr = unsafe { dev.reg_mr(pd, ptr, len, ptr as u64, access) }.unwrap();
+        let (lkey, rkey) = (mr.lkey, mr.rkey);
         Host {
             dev,
             pd,
@@ -64,13 +62,14 @@ impl Host {
     pub fn rc_qp(&self, depth: u32) -> Qpn {
         let (pd, cq) = (self.pd, self.cq.cq());
         self.dev
-            .call(|r, _| r.create_qp(rc_qp(pd, cq, depth)))
+            .create_qp(rc_qp(pd, cq, depth))
             .expect("create QP")
+            .0
     }
 
     /// Take QP `qpn` to RTS as `c` says ([`connect`]).
     pub fn connect(&self, qpn: Qpn, c: &Connect) {
-        self.dev.call(|r, now| connect(r, now, qpn, c));
+        connect_with(|a, m| self.dev.modify_qp(qpn, a, m), c);
     }
 
     /// `len` bytes of the buffer from offset `at`, as a scatter/gather entry.
@@ -88,7 +87,7 @@ impl Host {
         self.mem.as_ptr() as u64 + at as u64
     }
 
-    /// Post a send WR of one SGE on QP `qpn` through the posting path (`Device::post`).
+    /// Post a send WR of one SGE on QP `qpn` through the posting path.
     pub fn post_send(&self, qpn: Qpn, wr_id: u64, op: SendOp, flags: SendFlags, sge: Sge) {
         let wr = SendWr {
             wr_id,
@@ -98,7 +97,7 @@ impl Host {
             inline_data: None,
             ud: None,
         };
-        self.dev.post(|r, now| r.post_send(now, qpn, wr)).unwrap();
+        self.dev.post_send(qpn, wr).unwrap();
     }
 
     /// Poll until `n` completions arrived (more may come with the last poll), sleeping a
@@ -126,7 +125,7 @@ impl Host {
 
     /// The buffer, read under the engine lock (the device writes it under that lock).
     pub fn contents(&self) -> Vec<u8> {
-        self.dev.call(|_, _| self.mem.to_vec())
+        self.dev.read(|_| self.mem.to_vec())
     }
 }
 
@@ -187,8 +186,16 @@ impl Connect {
     }
 }
 
-/// Take QP `qpn` from RESET to RTS as `c` says.
+/// Take QP `qpn` from RESET to RTS as `c` says, on an engine of its own.
 pub fn connect(r: &mut Rnic, now: u64, qpn: Qpn, c: &Connect) {
+    connect_with(|a, m| r.modify_qp(now, qpn, a, m), c);
+}
+
+/// Take a QP from RESET to RTS as `c` says, through `modify`.
+pub fn connect_with(
+    mut modify: impl FnMut(&QpAttr, M) -> softrdma_device::verbs::Result<()>,
+    c: &Connect,
+) {
     let mut a = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
@@ -196,7 +203,7 @@ pub fn connect(r: &mut Rnic, now: u64, qpn: Qpn, c: &Connect) {
         ..Default::default()
     };
     let m = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
-    r.modify_qp(now, qpn, &a, m).unwrap();
+    modify(&a, m).unwrap();
     a.qp_state = QpState::Rtr;
     a.ah_attr = AhAttr::roce(c.peer_gid, 0);
     a.path_mtu = c.path_mtu;
@@ -211,7 +218,7 @@ pub fn connect(r: &mut Rnic, now: u64, qpn: Qpn, c: &Connect) {
         | M::RQ_PSN
         | M::MAX_DEST_RD_ATOMIC
         | M::MIN_RNR_TIMER;
-    r.modify_qp(now, qpn, &a, m).unwrap();
+    modify(&a, m).unwrap();
     a.qp_state = QpState::Rts;
     a.sq_psn = c.sq_psn;
     a.timeout = c.timeout;
@@ -219,5 +226,5 @@ pub fn connect(r: &mut Rnic, now: u64, qpn: Qpn, c: &Connect) {
     a.rnr_retry = c.rnr_retry;
     a.max_rd_atomic = c.max_rd_atomic;
     let m = M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
-    r.modify_qp(now, qpn, &a, m).unwrap();
+    modify(&a, m).unwrap();
 }

@@ -42,14 +42,14 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
         let Some(ctx) = (unsafe { ctx_of(context) }) else {
             return null_errno(libc::EINVAL);
         };
-        let id = match ctx.dev().call(|r, _| r.create_channel()) {
+        let id = match ctx.dev().create_channel() {
             Ok(id) => id,
             Err(e) => return null_errno(errno(&e)),
         };
         let fd = match ctx.dev().add_channel_fd(id) {
             Ok(fd) => fd,
             Err(e) => {
-                let _ = ctx.dev().call(|r, _| r.destroy_channel(id));
+                let _ = ctx.dev().destroy_channel(id);
                 return null_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
             }
         };
@@ -133,7 +133,7 @@ fn create_cq_obj(
     };
     let (id, cap) = ctx
         .dev()
-        .call(|r, _| r.create_cq(cqe as u32, ch, timestamps))
+        .create_cq(cqe as u32, ch, timestamps)
         .map_err(|e| errno(&e))?;
     let mut c: sys::ibv_cq_ex = zeroed();
     c.context = ctx.c_ptr();
@@ -272,7 +272,7 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut sys::ibv_cq, cqe: c_int) -> c_in
             return libc::EINVAL;
         }
         let id = q.id;
-        match ctx.dev().call(|r, _| r.resize_cq(id, cqe as u32)) {
+        match ctx.dev().resize_cq(id, cqe as u32) {
             Ok(cap) => {
                 // SAFETY: `cq` is live; `cqe` is the program-visible capacity.
                 unsafe { (*cq).cqe = cap as c_int };
@@ -302,7 +302,7 @@ pub(crate) unsafe extern "C" fn req_notify_cq(
             Arm::Next
         };
         let id = q.id;
-        let r = ctx.dev().call(|r, _| r.req_notify_cq(id, arm));
+        let r = ctx.dev().req_notify_cq(id, arm);
         // The program may now block on the channel's fd, out of the device's sight.
         ctx.dev().flush();
         match r {
@@ -340,7 +340,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         let nonblocking = crate::fd_nonblocking(ch.c.fd);
         let timeout = nonblocking.then_some(std::time::Duration::ZERO);
         loop {
-            let got = dev.wait_for(timeout, || dev.call_quiet(|r, _| r.get_cq_event(id)));
+            let got = dev.wait_for(timeout, || dev.get_cq_event(id));
             let Some(cq_id) = got else {
                 if nonblocking {
                     return minus_one(libc::EAGAIN);
@@ -375,11 +375,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, nevents: u32) {
             return;
         };
         let id = q.id;
-        if ctx
-            .dev()
-            .call_quiet(|r, _| r.ack_cq_events(id, nevents))
-            .is_ok()
-        {
+        if ctx.dev().ack_cq_events(id, nevents).is_ok() {
             // SAFETY: `cq` is live; the counter is the program-visible one.
             unsafe {
                 (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents)

@@ -135,14 +135,7 @@ fn create_qp_obj(
         cap: cap_from_c(cap),
         sq_sig_all,
     };
-    let (qpn, actual) = ctx
-        .dev()
-        .call(|r, _| {
-            let qpn = r.create_qp(init)?;
-            let actual = r.qp_init_attr(qpn).ok().map(|i| i.cap).unwrap_or(init.cap);
-            Ok::<_, verbs::Error>((qpn, actual))
-        })
-        .map_err(|e| errno(&e))?;
+    let (qpn, actual) = ctx.dev().create_qp(init).map_err(|e| errno(&e))?;
     *cap = cap_to_c(&actual);
     let mut c: sys::ibv_qp_ex = zeroed();
     let b = &mut c.qp_base;
@@ -319,16 +312,8 @@ pub unsafe extern "C" fn ibv_modify_qp(
         };
         let qpn = q.qpn;
         // To RESET, the QP's completions still in its CQs go too, as mlx4 and mlx5 clean
-        // their CQs then (a QP brought back from ERROR must not have its flushed WRs
-        // polled in its new life; rdma-core's tests count on it).
-        let reset = vm.contains(QpAttrMask::STATE) && a.qp_state == QpState::Reset;
-        let r = ctx.dev().call(|r, now| {
-            r.modify_qp(now, qpn, &a, vm)?;
-            if reset {
-                r.discard_completions(qpn)?;
-            }
-            Ok(())
-        });
+        // their CQs then (rdma-core's tests count on it).
+        let r = ctx.dev().modify_qp_clean_cqs(qpn, &a, vm);
         match r {
             Ok(()) => {
                 if vm.contains(QpAttrMask::STATE) {
@@ -361,7 +346,7 @@ pub unsafe extern "C" fn ibv_query_qp(
             return libc::EINVAL;
         }
         let qpn = q.qpn;
-        let r = ctx.dev().inspect(|r| {
+        let r = ctx.dev().read(|r| {
             let a = r.query_qp(qpn)?;
             let i = r.qp_init_attr(qpn)?;
             Ok::<_, verbs::Error>((a, i))

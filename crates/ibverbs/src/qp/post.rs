@@ -126,12 +126,9 @@ pub(crate) fn post_sends(qp: &Qp, wrs: Vec<SendWr>) -> Result<(), (usize, c_int)
         return Err((0, libc::EINVAL));
     };
     let qpn = qp.qpn;
-    ctx.dev().post(|r, now| {
-        for (i, w) in wrs.into_iter().enumerate() {
-            r.post_send(now, qpn, w).map_err(|e| (i, errno(&e)))?;
-        }
-        Ok(())
-    })
+    ctx.dev()
+        .post_sends(qpn, wrs)
+        .map_err(|(i, e)| (i, errno(&e)))
 }
 
 pub(crate) unsafe extern "C" fn post_send(
@@ -168,12 +165,10 @@ pub(crate) unsafe extern "C" fn post_recv(
         // SAFETY: the caller's list is valid.
         let (wrs, ptrs, conv_err) = unsafe { walk(wr, |w| w.next, recv_wr) };
         let qpn = q.qpn;
-        let posted = ctx.dev().call(|r, now| {
-            for (i, w) in wrs.into_iter().enumerate() {
-                r.post_recv(now, qpn, w).map_err(|e| (i, errno(&e)))?;
-            }
-            Ok(())
-        });
+        let posted = ctx
+            .dev()
+            .post_recvs(qpn, wrs)
+            .map_err(|(i, e)| (i, errno(&e)));
         // SAFETY: `bad` is the caller's out pointer.
         unsafe { finish(&ptrs, conv_err, posted, bad) }
     })
