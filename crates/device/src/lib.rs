@@ -136,8 +136,41 @@ impl std::fmt::Debug for Device {
     }
 }
 
+/// The devices this process opened through [`Device::open_shared`], by name, each with
+/// the process that opened it (a forked child opens its own: the parent's progress thread
+/// did not survive the fork).
+static SHARED: Mutex<Vec<(String, u32, std::sync::Weak<Device>)>> = Mutex::new(Vec::new());
+
 impl Device {
-    /// Open a device: bind its socket, start its progress thread.
+    /// Open the device `cfg` names for this process: the one already open under that
+    /// name if there is one, else a new one ([`Device::open`]).
+    ///
+    /// Opening a device twice in one process gives one device, as `ibv_open_device`
+    /// twice on one kernel device gives two contexts of one NIC: the same address and
+    /// GIDs, one engine, one progress thread, one stats file, and QPs of both opens reach
+    /// each other as QPs of one NIC do. Every face opens devices here, so the C face's
+    /// contexts and the Rust face's handles of one name, in one process, are one device.
+    /// The configuration of the first open holds while the device lives; once the last
+    /// handle is gone, the next open makes a new device (with a new automatic address).
+    pub fn open_shared(cfg: &DeviceConfig) -> io::Result<Arc<Device>> {
+        let me = std::process::id();
+        let mut open = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|(_, pid, w)| *pid == me && w.strong_count() > 0);
+        if let Some(d) = open
+            .iter()
+            .find(|(n, _, _)| *n == cfg.name)
+            .and_then(|(_, _, w)| w.upgrade())
+        {
+            return Ok(d);
+        }
+        let d = Arc::new(Device::open(cfg)?);
+        open.push((cfg.name.clone(), me, Arc::downgrade(&d)));
+        Ok(d)
+    }
+
+    /// Open a new device: bind its socket, start its progress thread. It is a NIC of its
+    /// own whatever else is open under its name: for tests and tools that want exactly
+    /// that; the faces open through [`Device::open_shared`].
     pub fn open(cfg: &DeviceConfig) -> io::Result<Device> {
         let mut link = match cfg.addr {
             DeviceAddr::Fixed(a) => udp::Driver::bind(a)?,

@@ -449,12 +449,14 @@ fn open_shared(d: &Dev) -> Result<Arc<DevShared>, i32> {
     {
         return Ok(sh);
     }
-    let dev = softrdma_device::Device::open(&DeviceConfig::from_entry(&d.entry)).map_err(|e| {
+    // One device per name in the process, shared with the Rust face's handles of it.
+    let cfg = DeviceConfig::from_entry(&d.entry);
+    let dev = softrdma_device::Device::open_shared(&cfg).map_err(|e| {
         eprintln!("libibverbs (softrdma): opening {}: {e}", d.entry.name);
         e.raw_os_error().unwrap_or(libc::EIO)
     })?;
     let sh = Arc::new(DevShared {
-        dev: Arc::new(dev),
+        dev,
         reg: Mutex::new(Registry::default()),
         ctxs: Mutex::new(Vec::new()),
     });

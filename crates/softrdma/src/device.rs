@@ -56,8 +56,6 @@ pub(crate) struct DevInner {
     pub(crate) dev: Arc<dev::Device>,
     /// The device's rdma_cm, started by the first CM object made on the device.
     pub(crate) cm: Mutex<Option<Arc<softrdma_cm::agent::Agent>>>,
-    /// Its name in [`OPEN_NAMES`] until it closes.
-    _name: NameGuard,
     /// The memory regions registered through this face, by lkey, for posts to pin.
     pub(crate) mrs: crate::pins::Registry,
     /// The regions each memory window was bound to, kept registered until the window
@@ -65,62 +63,21 @@ pub(crate) struct DevInner {
     pub(crate) windows: crate::pins::Windows,
 }
 
-/// The names of the devices open in this process. Opening a device a second time (two
-/// [`Device::open_default`] calls) opens a second NIC with its own address; it gets a
-/// name of its own, as `ibv_get_device_list` lists distinct names, so that messages,
-/// `softrdma stats` and the stats files tell the two apart.
-static OPEN_NAMES: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-fn open_names() -> std::sync::MutexGuard<'static, Vec<String>> {
-    OPEN_NAMES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// A name held in [`OPEN_NAMES`], given back on drop.
-struct NameGuard(String);
-
-impl NameGuard {
-    /// Hold `wanted`, or when a device of this process holds it already, the first free
-    /// name of the same stem (`softrdma0` → `softrdma1`, …) that is neither open nor
-    /// configured for another device.
-    fn take(wanted: &str) -> NameGuard {
-        let mut open = open_names();
-        if !open.iter().any(|n| n == wanted) {
-            open.push(wanted.to_string());
-            return NameGuard(wanted.to_string());
-        }
-        let configured: Vec<String> = dev::devices()
-            .map(|l| l.into_iter().map(|e| e.name).collect())
-            .unwrap_or_default();
-        let stem = wanted.trim_end_matches(|c: char| c.is_ascii_digit());
-        let name = (0u32..)
-            .map(|i| format!("{stem}{i}"))
-            .find(|n| !open.contains(n) && !configured.contains(n))
-            .unwrap_or_else(|| wanted.to_string());
-        open.push(name.clone());
-        NameGuard(name)
-    }
-}
-
-impl Drop for NameGuard {
-    fn drop(&mut self) {
-        let mut open = open_names();
-        if let Some(i) = open.iter().position(|n| *n == self.0) {
-            open.swap_remove(i);
-        }
-    }
-}
+/// This face's state of each device open in the process (its CM, its pins), found by the
+/// runtime device it wraps: opening a device a second time returns the same handle.
+static FACES: Mutex<Vec<std::sync::Weak<DevInner>>> = Mutex::new(Vec::new());
 
 /// An open RDMA device: one UDP endpoint with its own protocol engine and progress thread.
 /// Cheap to clone (shared); every object made from it keeps it open.
 ///
 /// [`Device::open_default`] opens the first configured device ([`devices`]); with no
 /// configuration that is `softrdma0` at the first free 127.0.0.x, UDP port 4791, so that
-/// the processes of one host each get an address of their own. Every open is a new device
-/// with its own address, so one process may open several, for example both ends of a
-/// connection in a test. Everything else is made from a device: protection domains
-/// ([`Device::alloc_pd`]), completion queues and channels, device memory.
+/// the processes of one host each get an address of their own. Opening a device a second
+/// time in one process gives the same device, as `ibv_open_device` does
+/// ([`softrdma_device::Device::open_shared`]); devices of other names are NICs of their
+/// own, so one process may open several, for example both ends of a connection in a test.
+/// Everything else is made from a device: protection domains ([`Device::alloc_pd`]),
+/// completion queues and channels, device memory.
 ///
 /// ```
 /// use softrdma::{Device, DeviceAddr, DeviceConfig, Mtu};
@@ -133,6 +90,8 @@ impl Drop for NameGuard {
 /// // A second device in the same process, at another loopback address.
 /// let other = Device::open_with(&DeviceConfig::new("peer", DeviceAddr::AutoLoopback(4791)))?;
 /// assert_ne!(other.addr(), dev.addr());
+/// // Opened again, a device is the same one.
+/// assert_eq!(Device::open_default()?.addr(), dev.addr());
 ///
 /// // Async events (a CQ overflow, a QP's fatal error, ...) queue up on the device: take
 /// // them here, or watch `dev.as_fd()` in an event loop.
@@ -173,26 +132,14 @@ impl Device {
         Device::open_with(&DeviceConfig::from_entry(e))
     }
 
-    /// Open a device from an explicit configuration.
-    ///
-    /// Each open is a NIC of its own (with an automatic address, the next free
-    /// 127.0.0.x). Devices open at once in one process have distinct names: a device
-    /// whose name another one holds is named after it with the next free number
-    /// (`softrdma0`, `softrdma1`, …), as a host with two NICs lists them.
+    /// Open a device from an explicit configuration: the device of that name this
+    /// process has open already (whose configuration holds), else a new one
+    /// ([`softrdma_device::Device::open_shared`]).
     pub fn open_with(cfg: &DeviceConfig) -> Result<Device> {
         dev::log::init_from_env();
-        let name = NameGuard::take(&cfg.name);
-        let renamed;
-        let cfg = if name.0 == cfg.name {
-            cfg
-        } else {
-            renamed = DeviceConfig {
-                name: name.0.clone(),
-                ..cfg.clone()
-            };
-            &renamed
-        };
-        let d = dev::Device::open(cfg).map_err(|e| {
+        // Held across the open, so two threads opening one name make one handle.
+        let mut faces = FACES.lock().unwrap_or_else(|p| p.into_inner());
+        let d = dev::Device::open_shared(cfg).map_err(|e| {
             // The address says which socket failed; an OS error's text is added by
             // `Error`'s Display, so only a message of the error's own is kept here.
             let at = match cfg.addr {
@@ -209,15 +156,22 @@ impl Device {
             let msg = format!("opening {} at UDP {at}{detail}", cfg.name);
             Error::io(e, errno, msg)
         })?;
-        Ok(Device {
-            inner: Arc::new(DevInner {
-                dev: Arc::new(d),
-                cm: Mutex::new(None),
-                _name: name,
-                mrs: Default::default(),
-                windows: Default::default(),
-            }),
-        })
+        faces.retain(|w| w.strong_count() > 0);
+        if let Some(inner) = faces
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .find(|i| Arc::ptr_eq(&i.dev, &d))
+        {
+            return Ok(Device { inner });
+        }
+        let inner = Arc::new(DevInner {
+            dev: d,
+            cm: Mutex::new(None),
+            mrs: Default::default(),
+            windows: Default::default(),
+        });
+        faces.push(Arc::downgrade(&inner));
+        Ok(Device { inner })
     }
 
     /// The runtime device.

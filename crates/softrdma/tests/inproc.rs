@@ -193,8 +193,10 @@ fn tmp(name: &str) -> std::path::PathBuf {
 fn pcap_trace_is_readable_by_tshark() {
     let pa = tmp("a.pcap");
     let pb = tmp("b.pcap");
+    // Two names: a device opened twice is one device, with one trace.
     let open_pcap = |p: &std::path::Path| {
-        let mut cfg = DeviceConfig::new("trace", DeviceAddr::AutoLoopback(4791));
+        let name = p.file_stem().unwrap().to_string_lossy();
+        let mut cfg = DeviceConfig::new(&format!("trace-{name}"), DeviceAddr::AutoLoopback(4791));
         cfg.pcap = Some(p.to_path_buf());
         Device::open_with(&cfg).unwrap()
     };

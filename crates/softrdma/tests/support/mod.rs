@@ -15,9 +15,13 @@ pub const ALL: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_READ)
     .union(Access::REMOTE_ATOMIC);
 
-/// A device named `name` on the first free loopback address, port 4791.
+/// A device of its own on the first free loopback address, port 4791, named `name` and a
+/// number: a device opened twice under one name is one device, and the tests of a binary
+/// run at once, each with devices of its own.
 pub fn open(name: &str) -> Device {
-    let cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(4791));
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let cfg = DeviceConfig::new(&format!("{name}{n}"), DeviceAddr::AutoLoopback(4791));
     Device::open_with(&cfg).expect("open device")
 }
 
