@@ -1,4 +1,7 @@
-//! softrdma device runtime: the "NIC". Binds a protocol engine ([`Rnic`]) to a UDP driver.
+//! softrdma device runtime: the "NIC". Binds a protocol engine ([`Rnic`]) to a driver
+//! ([`Link`]): the kernel's UDP ([`Device::open`]), or another network such as the `sim`
+//! one in tests ([`Device::open_on`]). The second address, per-port send sockets and
+//! multicast groups below are the UDP driver's.
 //!
 //! - Posting runs the requester in the caller's thread: [`Device::post_send`] locks the
 //!   engine, posts, then sends what it produced. Every verb a face carries out is an
@@ -88,6 +91,7 @@ use std::time::{Duration, Instant};
 
 use softrdma_net::udp;
 pub use softrdma_net::udp::Stats as DriverStats;
+pub use softrdma_net::Link;
 use softrdma_transport::verbs::{AsyncEvent, ChannelId, Gid};
 pub use softrdma_transport::{
     verbs, GsiMad, Keepalive, KeepalivePolicy, Rnic, Stats as EngineStats, Transmit,
@@ -183,7 +187,41 @@ impl Device {
         // datagram by datagram (each with ID 0, so the re-sealed ones fail a peer's ICRC
         // check once and are retransmitted) and stops using it.
         link.set_gso(cfg.pcap.is_none());
-        let (rx_link, batch) = receive_half(&link)?;
+        let addr = link.local_addr();
+        let alt = if cfg.dual_stack {
+            bind_alt(addr, link.gso_enabled())
+        } else {
+            None
+        };
+        // IPv6 multicast leaves from the interface that holds the device's address (an
+        // IPv4 socket bound to its address needs no such choice).
+        let mc_ifindex = match addr.ip() {
+            IpAddr::V6(_) => udp::interface_index(addr.ip()),
+            IpAddr::V4(_) => None,
+        };
+        if let Some(i) = mc_ifindex {
+            link.set_multicast_interface(i)?;
+        }
+        Device::start(cfg, Box::new(link), alt, mc_ifindex)
+    }
+
+    /// Open a new device on `link`, a driver of the caller's (the `sim` network's
+    /// [`softrdma_net::sim::SimLink`] in tests): the runtime, its progress thread and its
+    /// waits as on UDP, with one address (no [`DeviceConfig::dual_stack`]).
+    /// [`Device::attach_mcast`] still joins groups on the host's network.
+    pub fn open_on(cfg: &DeviceConfig, link: Box<dyn Link>) -> io::Result<Device> {
+        Device::start(cfg, link, None, None)
+    }
+
+    /// Start a device on `link` (and `alt`, the second address's send and receive halves
+    /// and batch); `mc_ifindex` as [`Engine`]'s.
+    fn start(
+        cfg: &DeviceConfig,
+        link: Box<dyn Link>,
+        alt: Option<Halves>,
+        mc_ifindex: Option<u32>,
+    ) -> io::Result<Device> {
+        let (rx_link, batch) = receive_half(&*link)?;
         let addr = link.local_addr();
         let pcap = match &cfg.pcap {
             Some(p) => Some(PcapWriter::new(BufWriter::new(File::create(p)?))?),
@@ -192,11 +230,6 @@ impl Device {
         let seed = cfg
             .seed
             .map_or_else(sys::os_seed, softrdma_wire::Seed::from_u64);
-        let alt = if cfg.dual_stack {
-            bind_alt(addr, link.gso_enabled())
-        } else {
-            None
-        };
         let alt_addr = alt.as_ref().map(|(d, _, _)| d.local_addr());
         let mut rnic = Rnic::with_alt(addr, alt_addr.map(|a| a.ip()), seed);
         // RC windows grow to no more than the socket's buffer holds: a process that may
@@ -213,17 +246,8 @@ impl Device {
             rnic.set_active_mtu(m)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         }
-        // IPv6 multicast leaves from the interface that holds the device's address (an
-        // IPv4 socket bound to its address needs no such choice).
-        let mc_ifindex = match addr.ip() {
-            IpAddr::V6(_) => udp::interface_index(addr.ip()),
-            IpAddr::V4(_) => None,
-        };
-        if let Some(i) = mc_ifindex {
-            link.set_multicast_interface(i)?;
-        }
         // A descriptor of the socket to wait on without holding the receive half.
-        let sock_fd = link.as_fd().try_clone_to_owned()?;
+        let sock_fd = link.readable_fd().try_clone_to_owned()?;
         // The second address's socket is waited on through the same epoll set as the
         // multicast group sockets.
         let mc_poll = mcast::Groups::new_poll()?;
@@ -231,7 +255,7 @@ impl Device {
             Some((tx, rx, batch)) => {
                 rustix::event::epoll::add(
                     &mc_poll,
-                    rx.as_fd(),
+                    rx.readable_fd(),
                     rustix::event::epoll::EventData::new_u64(0),
                     rustix::event::epoll::EventFlags::IN,
                 )?;
@@ -676,8 +700,8 @@ impl Drop for Device {
 /// buffer per datagram by the receiving socket, which costs per-datagram work and charges
 /// each piece its own overhead against the receive buffer (a UC sender, which never
 /// retransmits, overran it that way). The driver splits the buffers again.
-fn receive_half(link: &udp::Driver) -> io::Result<(udp::Driver, udp::RecvBatch)> {
-    let mut rx = link.try_clone()?;
+fn receive_half(link: &dyn Link) -> io::Result<(Box<dyn Link>, udp::RecvBatch)> {
+    let mut rx = link.clone_link()?;
     let batch = if rx.set_gro(true).unwrap_or(false) {
         udp::RecvBatch::new(RX_BATCH_GRO, udp::GRO_BUF_SIZE)
     } else {
@@ -691,13 +715,15 @@ fn receive_half(link: &udp::Driver) -> io::Result<(udp::Driver, udp::RecvBatch)>
 /// socket's), a receive half with GRO where the kernel has it, and its batch. None, with
 /// the reason logged, when the interface has no such address or it is taken (another
 /// device on this host serves it: the first device to open on `lo` gets `::1`).
-fn bind_alt(addr: SocketAddr, gso: bool) -> Option<(udp::Driver, udp::Driver, udp::RecvBatch)> {
+type Halves = (Box<dyn Link>, Box<dyn Link>, udp::RecvBatch);
+
+fn bind_alt(addr: SocketAddr, gso: bool) -> Option<Halves> {
     let ip = netdev::other_version(addr.ip())?;
     let at = SocketAddr::new(ip, addr.port());
     let bound = udp::Driver::bind(at).and_then(|mut tx| {
         tx.set_gso(gso);
         let (rx, batch) = receive_half(&tx)?;
-        Ok((tx, rx, batch))
+        Ok((Box::new(tx) as Box<dyn Link>, rx, batch))
     });
     match bound {
         Ok(b) => Some(b),

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use softrdma_net::udp;
+use softrdma_net::{udp, Link};
 use softrdma_transport::verbs::{AsyncEvent, ChannelId};
 use softrdma_transport::{Rnic, Transmit};
 use softrdma_wire::icrc::IpIdCache;
@@ -39,14 +39,14 @@ pub(crate) struct Chan {
 /// Everything behind the engine lock.
 pub(crate) struct Engine {
     pub(crate) rnic: Rnic,
-    /// The send half of the device socket.
-    pub(crate) link: udp::Driver,
+    /// The send half of the device's link (its socket, for the UDP driver).
+    pub(crate) link: Box<dyn Link>,
     /// The send half of the socket on the device's second address ([`Runtime::alt_addr`]).
-    pub(crate) alt_link: Option<udp::Driver>,
+    pub(crate) alt_link: Option<Box<dyn Link>>,
     /// Send-only sockets per source address (one of the device's addresses with another
     /// UDP source port); `None`: the bind failed, use the device socket and reseal. At most
     /// [`crate::tx::SEND_PORTS_MAX`] entries; other source addresses use the device socket.
-    pub(crate) ports: HashMap<SocketAddr, Option<udp::Driver>>,
+    pub(crate) ports: HashMap<SocketAddr, Option<Box<dyn Link>>>,
     /// Whether running out of [`crate::tx::SEND_PORTS_MAX`] has been logged.
     pub(crate) ports_full_logged: bool,
     /// Per-length ICRC work for sealing GSO segments ([`seal_gso_segments`]).
@@ -73,9 +73,10 @@ pub(crate) struct Engine {
     pub(crate) deferred_via: Vec<SendSocket>,
 }
 
-/// The receive half of the device socket (a duplicate descriptor) and its buffers.
+/// The receive half of the device's link (a duplicate descriptor of its socket) and its
+/// buffers.
 pub(crate) struct Rx {
-    pub(crate) link: udp::Driver,
+    pub(crate) link: Box<dyn Link>,
     pub(crate) batch: udp::RecvBatch,
     pub(crate) errors: u64,
     /// One batch per multicast group socket, in the order of [`Groups::socks`].
@@ -83,7 +84,7 @@ pub(crate) struct Rx {
     /// How many datagrams each of `mc_batches` holds this step.
     pub(crate) mc_counts: Vec<usize>,
     /// The receive half of the second address's socket and its batch.
-    pub(crate) alt: Option<(udp::Driver, udp::RecvBatch)>,
+    pub(crate) alt: Option<(Box<dyn Link>, udp::RecvBatch)>,
 }
 
 pub(crate) struct Runtime {
@@ -204,7 +205,7 @@ impl Runtime {
             mc_counts,
             alt,
         } = rx;
-        let n = receive(link, batch, errors, "device");
+        let n = receive(&mut **link, batch, errors, "device");
         mc_counts.clear();
         let mut mc_full = false;
         if self.has_groups.load(Ordering::Acquire) {
@@ -226,7 +227,7 @@ impl Runtime {
                 || now < self.alt_until.load(Ordering::Relaxed)
                 || self.alt_steps.fetch_add(1, Ordering::Relaxed) % ALT_EVERY == 0
             {
-                a = receive(sock, abatch, errors, "second address");
+                a = receive(&mut **sock, abatch, errors, "second address");
                 if a > 0 {
                     self.alt_used(now);
                 }
@@ -395,12 +396,7 @@ impl Engine {
 
 /// Receive a batch from `sock`: how many datagrams, 0 on an error (counted in `errors`
 /// and logged with which socket, `what`, failed).
-fn receive(
-    sock: &mut udp::Driver,
-    batch: &mut udp::RecvBatch,
-    errors: &mut u64,
-    what: &str,
-) -> usize {
+fn receive(sock: &mut dyn Link, batch: &mut udp::RecvBatch, errors: &mut u64, what: &str) -> usize {
     sock.recv_batch(batch).unwrap_or_else(|e| {
         *errors += 1;
         tracing::debug!(error = %e, socket = what, "receive failed");

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use softrdma_net::udp;
+use softrdma_net::{udp, Link};
 use softrdma_transport::{Transmit, TransmitKind};
 use softrdma_wire::icrc::IpIdCache;
 use softrdma_wire::{frame, Addrs};
@@ -156,7 +156,7 @@ impl Engine {
                 },
             };
             send_run(
-                link,
+                &mut **link,
                 &mut self.txq[at..end],
                 &mut self.stats,
                 &mut self.ip_ids,
@@ -188,13 +188,12 @@ impl Engine {
             }
             return false;
         }
-        let gso = self.link.gso_enabled();
         let mc_ifindex = self.mc_ifindex;
+        let made = self.link.send_only_at(src);
         self.ports
             .entry(src)
-            .or_insert_with(|| match udp::Driver::bind_send_only(src) {
-                Ok(mut d) => {
-                    d.set_gso(gso);
+            .or_insert_with(|| match made {
+                Ok(d) => {
                     if let Some(i) = mc_ifindex {
                         // Best effort: without it IPv6 multicast follows the routes.
                         let _ = d.set_multicast_interface(i);
@@ -218,7 +217,7 @@ impl Engine {
 /// ICRC, sealed by the engine for ID 0, covers it. A receiver that sees the IP header
 /// (Linux rxe) checks exactly that; a UDP-socket receiver solves for the ID and believes
 /// one below `IpIdGuard::GSO_IDS`.
-fn seal_gso_segments(link: &udp::Driver, chunk: &mut [Transmit], ip_ids: &mut IpIdCache) {
+fn seal_gso_segments(link: &dyn Link, chunk: &mut [Transmit], ip_ids: &mut IpIdCache) {
     // (start, length) of each run of more than one datagram, planned as the driver will
     // send them.
     let mut runs: Vec<(usize, usize)> = Vec::new();
@@ -251,7 +250,7 @@ fn seal_gso_segments(link: &udp::Driver, chunk: &mut [Transmit], ip_ids: &mut Ip
 /// Send `txq` from `link`: retry a full socket buffer a few times, then drop the rest as a
 /// congested network would (the transport's retransmissions recover).
 fn send_run(
-    link: &mut udp::Driver,
+    link: &mut dyn Link,
     txq: &mut [Transmit],
     stats: &mut LinkStats,
     ip_ids: &mut IpIdCache,

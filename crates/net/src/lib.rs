@@ -2,14 +2,20 @@
 //!
 //! This crate knows nothing about queue pairs or RDMA semantics; it only moves UDP
 //! payloads between addresses. [`sim`] is an in-memory, seeded, virtual-time network
-//! for deterministic tests; `udp` (Linux) is the real UDP socket driver.
+//! for deterministic tests; `udp` (Linux) is the real UDP socket driver. [`Link`] is the
+//! interface a device runs on, which both offer (the `sim` one as `sim::SimLink`).
 
 // `deny` rather than `forbid` so that the one module that must call the socket API
 // can opt out below; everything else stays free of `unsafe`.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(target_os = "linux")]
+mod link;
 pub mod sim;
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 pub mod udp;
+
+#[cfg(target_os = "linux")]
+pub use link::Link;

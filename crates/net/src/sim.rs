@@ -10,6 +10,8 @@
 //! The network moves opaque UDP payloads; it knows nothing about what they carry.
 
 mod driver;
+#[cfg(target_os = "linux")]
+mod link;
 #[cfg(test)]
 mod tests;
 
@@ -18,6 +20,8 @@ use std::collections::{BTreeSet, BinaryHeap};
 use std::net::{IpAddr, SocketAddr};
 
 pub use driver::{Endpoint, Sim};
+#[cfg(target_os = "linux")]
+pub use link::{SimLink, SimNet};
 use softrdma_wire::SplitMix64;
 
 /// A datagram in flight: UDP payload plus its addressing and IP TOS byte (the ICRC

@@ -1102,6 +1102,30 @@ impl RecvBatch {
         })
     }
 
+    /// Hold `datagrams` as if a receive had returned them, for drivers that are not
+    /// sockets (the `sim` network's): as many as there are slots; one longer than a slot
+    /// is cut to it, as a socket truncates. How many it holds.
+    pub fn fill<'a>(&mut self, datagrams: impl IntoIterator<Item = InDatagram<'a>>) -> usize {
+        let mut k = 0;
+        for d in datagrams.into_iter().take(self.count) {
+            let len = d.data.len().min(self.buf_size);
+            let base = k * self.buf_size;
+            self.bufs[base..base + len].copy_from_slice(&d.data[..len]);
+            self.metas[k] = Meta {
+                slot: k,
+                src: d.src,
+                dst: d.dst,
+                tos: d.tos,
+                len,
+                seg: len,
+            };
+            k += 1;
+        }
+        self.nmeta = k;
+        self.ndgrams = k;
+        k
+    }
+
     /// Point every header at its slot, name and control buffer, and reset the lengths
     /// the kernel overwrote last time.
     fn arm(&mut self) {

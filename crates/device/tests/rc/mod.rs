@@ -38,7 +38,11 @@ impl Host {
     /// Device `name` with a CQ of `cq_depth` entries and `len` bytes of `fill`
     /// registered with `access`.
     pub fn new(name: &str, len: usize, fill: u8, cq_depth: u32, access: Access) -> Host {
-        let dev = open(name);
+        Host::on(open(name), len, fill, cq_depth, access)
+    }
+
+    /// As [`Host::new`], on a device of the caller's.
+    pub fn on(dev: Device, len: usize, fill: u8, cq_depth: u32, access: Access) -> Host {
         let mut mem = vec![fill; len].into_boxed_slice();
         let ptr = mem.as_mut_ptr();
         let pd = dev.alloc_pd().unwrap();

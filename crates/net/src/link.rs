@@ -1,0 +1,92 @@
+//! The driver interface under a device: what moves its datagrams. The device runtime
+//! sends, receives and blocks through it, so the same runtime runs on the kernel's UDP
+//! ([`crate::udp::Driver`]) or on the in-memory `sim` network ([`crate::sim::SimLink`]),
+//! and next on a same-host path.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
+
+use crate::udp::{OutDatagram, RecvBatch, Stats};
+
+/// One endpoint of a datagram network, at one address and UDP port.
+pub trait Link: Send + std::fmt::Debug {
+    /// The endpoint's address and port.
+    fn local_addr(&self) -> SocketAddr;
+    /// Send `pkts` in order; how many were taken (fewer when the network's buffer is
+    /// full: the caller retries the rest), or the error of the first that failed.
+    fn send_batch(&mut self, pkts: &[OutDatagram<'_>]) -> io::Result<usize>;
+    /// Take the datagrams waiting, as many as `out` holds, without blocking; how many.
+    fn recv_batch(&mut self, out: &mut RecvBatch) -> io::Result<usize>;
+    /// Readable while datagrams wait: what a thread blocks on with poll(2).
+    fn readable_fd(&self) -> BorrowedFd<'_>;
+    /// A second handle on the same endpoint, so that one thread receives while another
+    /// sends. Counters are the handle's own.
+    fn clone_link(&self) -> io::Result<Box<dyn Link>>;
+    /// A send-only endpoint at `src` (an address of this endpoint's host with another
+    /// UDP source port), for datagrams that must leave from that port.
+    fn send_only_at(&self, src: SocketAddr) -> io::Result<Box<dyn Link>>;
+    /// This handle's counters.
+    fn stats(&self) -> Stats;
+    /// Bytes of datagrams the endpoint can hold before it drops (the RC window's bound).
+    fn recv_buffer_size(&self) -> io::Result<usize>;
+    /// Whether runs of equal-size datagrams leave as one UDP GSO message.
+    fn gso_enabled(&self) -> bool {
+        false
+    }
+    /// How many datagrams at the start of `pkts` would leave as one GSO message (1
+    /// without GSO).
+    fn gso_run_len(&self, _pkts: &[OutDatagram<'_>]) -> usize {
+        1
+    }
+    /// Receive coalesced runs of datagrams (GRO) if the network offers it; whether it is
+    /// on.
+    fn set_gro(&mut self, _on: bool) -> io::Result<bool> {
+        Ok(false)
+    }
+    /// The interface IPv6 multicast leaves from, on a network that has interfaces.
+    fn set_multicast_interface(&self, _ifindex: u32) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Link for crate::udp::Driver {
+    fn local_addr(&self) -> SocketAddr {
+        crate::udp::Driver::local_addr(self)
+    }
+    fn send_batch(&mut self, pkts: &[OutDatagram<'_>]) -> io::Result<usize> {
+        crate::udp::Driver::send_batch(self, pkts)
+    }
+    fn recv_batch(&mut self, out: &mut RecvBatch) -> io::Result<usize> {
+        crate::udp::Driver::recv_batch(self, out)
+    }
+    fn readable_fd(&self) -> BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(self)
+    }
+    fn clone_link(&self) -> io::Result<Box<dyn Link>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn send_only_at(&self, src: SocketAddr) -> io::Result<Box<dyn Link>> {
+        let mut d = crate::udp::Driver::bind_send_only(src)?;
+        d.set_gso(self.gso_enabled());
+        Ok(Box::new(d))
+    }
+    fn stats(&self) -> Stats {
+        crate::udp::Driver::stats(self)
+    }
+    fn recv_buffer_size(&self) -> io::Result<usize> {
+        crate::udp::Driver::recv_buffer_size(self)
+    }
+    fn gso_enabled(&self) -> bool {
+        crate::udp::Driver::gso_enabled(self)
+    }
+    fn gso_run_len(&self, pkts: &[OutDatagram<'_>]) -> usize {
+        crate::udp::Driver::gso_run_len(self, pkts)
+    }
+    fn set_gro(&mut self, on: bool) -> io::Result<bool> {
+        crate::udp::Driver::set_gro(self, on)
+    }
+    fn set_multicast_interface(&self, ifindex: u32) -> io::Result<()> {
+        crate::udp::Driver::set_multicast_interface(self, ifindex)
+    }
+}
