@@ -2,8 +2,9 @@
 //! (`ndev_ifindex` in the drop-in's GID table, `gid_attrs/ndevs` in the sysfs view of
 //! `softrdma run`), as the kernel's RoCE GID table names the interface an address is on.
 
-use std::ffi::CStr;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
+
+use softrdma_net::ifaddrs::{index_of, interface_addrs, IfAddr};
 
 use softrdma_transport::verbs::Mtu;
 
@@ -16,26 +17,14 @@ pub struct NetDev {
     pub index: u32,
 }
 
-/// One address of an interface, as `getifaddrs` lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct IfAddr {
-    name: String,
-    loopback: bool,
-    addr: IpAddr,
-    /// Prefix length of the address's network.
-    prefix: u32,
-}
-
 /// The interface holding `ip`: the one with exactly that address, else a loopback
 /// interface whose network contains it (Linux answers every 127.0.0.x on `lo`, which
 /// lists only 127.0.0.1/8). None if no interface does.
 pub fn holding(ip: IpAddr) -> Option<NetDev> {
     let list = interface_addrs();
     let name = pick(&list, ip)?;
-    let c = std::ffi::CString::new(name.as_str()).ok()?;
-    // SAFETY: `c` is a NUL-terminated string that outlives the call.
-    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    (index != 0).then_some(NetDev { name, index })
+    let index = index_of(&name)?;
+    Some(NetDev { name, index })
 }
 
 /// The IB MTU of RoCE over a link that carries IP packets of `link_mtu` bytes: the
@@ -134,75 +123,6 @@ fn contains(net: IpAddr, prefix: u32, ip: IpAddr) -> bool {
             u128::from(n) & mask == u128::from(i) & mask
         }
         _ => false,
-    }
-}
-
-/// Every IPv4 and IPv6 address of every interface; empty if `getifaddrs` fails.
-fn interface_addrs() -> Vec<IfAddr> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head into `head`, freed below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    let mut p = head;
-    while !p.is_null() {
-        // SAFETY: `p` is a node of the list getifaddrs returned, alive until freeifaddrs.
-        let ifa = unsafe { &*p };
-        p = ifa.ifa_next;
-        if ifa.ifa_name.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr/ifa_netmask are null or point at sockaddrs of the family they
-        // name; ifa_name is a NUL-terminated string.
-        let (addr, mask) = unsafe { (sockaddr_ip(ifa.ifa_addr), sockaddr_ip(ifa.ifa_netmask)) };
-        let Some(addr) = addr else { continue };
-        let prefix = match mask {
-            Some(IpAddr::V4(m)) => u32::from(m).count_ones(),
-            Some(IpAddr::V6(m)) => u128::from(m).count_ones(),
-            None => {
-                if addr.is_ipv4() {
-                    32
-                } else {
-                    128
-                }
-            }
-        };
-        // SAFETY: see above.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) };
-        out.push(IfAddr {
-            name: name.to_string_lossy().into_owned(),
-            loopback: ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0,
-            addr,
-            prefix,
-        });
-    }
-    // SAFETY: `head` came from getifaddrs and is freed once; no reference into it remains.
-    unsafe { libc::freeifaddrs(head) };
-    out
-}
-
-/// The IP address in a sockaddr of family AF_INET or AF_INET6.
-///
-/// # Safety
-/// `sa` is null or points at a sockaddr as large as its family says.
-unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
-    if sa.is_null() {
-        return None;
-    }
-    // SAFETY: per the contract; the family field is common to every sockaddr.
-    match i32::from(unsafe { (*sa).sa_family }) {
-        libc::AF_INET => {
-            // SAFETY: the family says it is a sockaddr_in.
-            let s = unsafe { &*sa.cast::<libc::sockaddr_in>() };
-            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the family says it is a sockaddr_in6.
-            let s = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
-            Some(IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)))
-        }
-        _ => None,
     }
 }
 

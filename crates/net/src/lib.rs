@@ -11,6 +11,9 @@
 #![warn(missing_docs)]
 
 #[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+pub mod ifaddrs;
+#[cfg(target_os = "linux")]
 mod link;
 pub mod sim;
 #[cfg(target_os = "linux")]

@@ -1159,44 +1159,10 @@ impl RecvBatch {
 /// The index of the network interface that holds the address `ip` (from
 /// `getifaddrs(3)`), if one does.
 pub fn interface_index(ip: IpAddr) -> Option<u32> {
-    let mut head: *mut libc::ifaddrs = ptr::null_mut();
-    // SAFETY: getifaddrs writes the head of a list it allocated, freed below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut cur = head;
-    while !cur.is_null() && found.is_none() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until
-        // freeifaddrs; the kernel-filled fields are plain data.
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: a non-null `ifa_addr` points to a sockaddr that starts with its family.
-        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
-        let addr = match family {
-            libc::AF_INET => {
-                // SAFETY: the family says it is a `sockaddr_in`.
-                let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)))
-            }
-            libc::AF_INET6 => {
-                // SAFETY: the family says it is a `sockaddr_in6`.
-                let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr))
-            }
-            _ => continue,
-        };
-        if addr == ip {
-            // SAFETY: `ifa_name` is the interface's NUL-terminated name, alive with the list.
-            found = Some(unsafe { libc::if_nametoindex(ifa.ifa_name) });
-        }
-    }
-    // SAFETY: `head` came from getifaddrs and no reference into the list outlives this.
-    unsafe { libc::freeifaddrs(head) };
-    found.filter(|&i| i != 0)
+    crate::ifaddrs::interface_addrs()
+        .into_iter()
+        .find(|a| a.addr == ip)
+        .and_then(|a| crate::ifaddrs::index_of(&a.name))
 }
 
 /// Bind to the first free loopback address 127.0.0.1, 127.0.0.2, ... 127.0.0.254 on
