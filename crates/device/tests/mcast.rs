@@ -146,11 +146,24 @@ impl Side {
         tag: u8,
         len: usize,
     ) -> Vec<Vec<u8>> {
+        self.send_n(d, group.into(), MULTICAST_QPN, tag, len, N)
+    }
+    /// Send `n` datagrams of `len` bytes (byte `tag + i` each) to QP `remote_qpn` at
+    /// `to` (a group with [`MULTICAST_QPN`], or a device).
+    fn send_n(
+        &mut self,
+        d: &Device,
+        to: IpAddr,
+        remote_qpn: u32,
+        tag: u8,
+        len: usize,
+        n: usize,
+    ) -> Vec<Vec<u8>> {
         let at = SLOTS * SLOT;
         let mut sent = Vec::new();
-        let av = AhAttr::roce(Gid::from_ip(group.into()), 0);
-        let ah = d.create_ah(self.pd, &av).expect("AH to the group");
-        for i in 0..N {
+        let av = AhAttr::roce(Gid::from_ip(to), 0);
+        let ah = d.create_ah(self.pd, &av).expect("AH");
+        for i in 0..n {
             let data = vec![tag.wrapping_add(i as u8); len];
             self.mem[at..at + len].copy_from_slice(&data);
             let wr = SendWr {
@@ -165,7 +178,7 @@ impl Side {
                 inline_data: None,
                 ud: Some(UdDest {
                     ah,
-                    remote_qpn: MULTICAST_QPN,
+                    remote_qpn,
                     remote_qkey: self.qkey,
                 }),
             };
@@ -342,9 +355,10 @@ const PEER_ENV: &str = "SOFTRDMA_MCAST_PEER";
 const PEER_QKEY: u32 = 0x5EED_0002;
 
 /// The peer process (a no-op unless [`PEER_ENV`] is set): its own device, a UD QP
-/// attached to 239.1.2.3. It prints `READY`, then `GOT <hex payload>` for every datagram,
-/// `DETACHED` once it has detached on a `DETACH` line from stdin, and exits on `EXIT`
-/// (or after 60 s).
+/// attached to 239.1.2.3 and a second one that is not. It prints `READY <ip> <qpn of the
+/// second>`, then `GOT <hex payload>` for every datagram the first receives, `DETACHED`
+/// once it has detached on a `DETACH` line from stdin, `MARK` when the second receives
+/// (after the first's completions up to then), and exits on `EXIT` (or after 60 s).
 #[test]
 fn peer_process() {
     if std::env::var_os(PEER_ENV).is_none() {
@@ -356,6 +370,8 @@ fn peer_process() {
     let s = Side::with_qkey(&d, PEER_QKEY);
     s.post_recvs(&d);
     d.attach_mcast(s.qpn, mgid(group), 0).expect("attach");
+    let marker = Side::with_qkey(&d, PEER_QKEY);
+    marker.post_recvs(&d);
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines().map_while(Result::ok) {
@@ -364,10 +380,9 @@ fn peer_process() {
             }
         }
     });
-    println!("READY {}", d.addr().ip());
-    let until = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < until {
-        for wc in wait_wcs(&d, s.cq, SLOTS, Duration::from_millis(20)) {
+    println!("READY {} {}", d.addr().ip(), marker.qpn);
+    let report = |wcs: Vec<WorkCompletion>| {
+        for wc in wcs {
             let slot = wc.wr_id as usize * SLOT;
             let len = (wc.byte_len as usize).saturating_sub(40).min(SLOT - 40);
             let hex: String = s
@@ -376,6 +391,16 @@ fn peer_process() {
                 .map(|b| format!("{b:02x}"))
                 .collect();
             println!("GOT {:?} {hex}", wc.status);
+        }
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < until {
+        report(wait_wcs(&d, s.cq, SLOTS, Duration::from_millis(20)));
+        if !wait_wcs(&d, marker.cq, SLOTS, Duration::from_millis(1)).is_empty() {
+            // A step reads the device socket before the group sockets, so a group
+            // datagram sent before the marker is in the CQ by now, if it came at all.
+            report(wait_wcs(&d, s.cq, SLOTS, Duration::from_millis(1)));
+            println!("MARK");
         }
         match rx.try_recv().as_deref() {
             Ok("DETACH") => {
@@ -402,6 +427,24 @@ fn peer_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<Stri
         }
     });
     rx
+}
+
+/// The first of the peer's lines with `word`, from that word on, if one comes within
+/// `within`.
+fn line_with(
+    rx: &std::sync::mpsc::Receiver<String>,
+    word: &str,
+    within: Duration,
+) -> Option<String> {
+    let end = Instant::now() + within;
+    loop {
+        let l = rx
+            .recv_timeout(end.saturating_duration_since(Instant::now()))
+            .ok()?;
+        if let Some(at) = l.find(word) {
+            return Some(l[at..].to_string());
+        }
+    }
 }
 
 /// The peer's lines starting with `prefix` until one starts with `until` (or `within`
@@ -447,8 +490,13 @@ fn two_processes_with_no_setup() {
         .expect("spawn the peer");
     let rx = peer_lines(&mut child);
     let mut stdin = child.stdin.take().expect("peer stdin");
-    let (ready, ok) = lines_until(&rx, "READY", "READY", Duration::from_secs(30));
-    assert!(ok, "the peer never became ready ({ready:?})");
+    let ready = line_with(&rx, "READY", Duration::from_secs(30)).expect("the peer's READY");
+    let mut words = ready.split_whitespace().skip(1);
+    let peer_ip: IpAddr = words.next().and_then(|w| w.parse().ok()).expect("peer ip");
+    let marker_qpn: u32 = words
+        .next()
+        .and_then(|w| w.parse().ok())
+        .expect("marker qpn");
 
     let b = open("mc-2p-b");
     let mut sb = Side::with_qkey(&b, PEER_QKEY);
@@ -476,13 +524,21 @@ fn two_processes_with_no_setup() {
         );
     }
 
-    // Detached: what B sends now reaches nobody.
+    // Detached: what B sends now reaches nobody. A datagram to the peer's other QP,
+    // sent after them, marks when they would have arrived.
     sb.send_round(&b, group, 0xC0, 77);
-    std::thread::sleep(Duration::from_millis(300));
-    writeln!(stdin, "EXIT").expect("to the peer");
-    let (late, bye) = lines_until(&rx, "GOT", "BYE", Duration::from_secs(10));
-    assert!(bye, "the peer did not finish");
+    let (late, marked) = (0..N)
+        .find_map(|_| {
+            sb.send_n(&b, peer_ip, marker_qpn, 0xD0, 8, 1);
+            let (late, marked) = lines_until(&rx, "GOT", "MARK", Duration::from_secs(2));
+            marked.then_some((late, marked))
+        })
+        .unwrap_or_default();
+    assert!(marked, "no marker reached the peer");
     assert!(late.is_empty(), "after detach the peer got {late:?}");
+    writeln!(stdin, "EXIT").expect("to the peer");
+    let (_, bye) = lines_until(&rx, "GOT", "BYE", Duration::from_secs(10));
+    assert!(bye, "the peer did not finish");
     assert!(
         child.wait().expect("peer exit").success(),
         "the peer failed"

@@ -4,8 +4,13 @@ use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+#[allow(dead_code)]
+mod support;
+
 use softrdma_device::statsfile::{self, Record};
 use softrdma_device::{Device, DeviceAddr, DeviceConfig, DeviceStats};
+use support::Collector;
+use tracing_subscriber::layer::SubscriberExt;
 
 /// A fresh directory of this test, so no other process's files are seen.
 fn test_dir(what: &str) -> PathBuf {
@@ -105,24 +110,46 @@ fn publishing_can_be_turned_off() {
     assert!(dev.stats_file().is_none());
 }
 
+/// The publisher of a device whose stats directory cannot be made says so, writes
+/// nothing elsewhere, and publishes once the directory can be made (it tries again every
+/// period), all while the device works.
 #[test]
-fn unwritable_directory_is_not_fatal() {
-    // A regular file where the directory should be: every write fails.
+fn unwritable_directory_is_retried() {
+    // This test's own subscriber sees the publisher's warning (the only one in this
+    // binary that sets one).
+    let collector = Collector::default();
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(collector.clone()))
+        .unwrap();
+    // A regular file where the directory's parent should be: making it fails.
     let dir = test_dir("blocked");
     std::fs::create_dir_all(&dir).unwrap();
     let blocker = dir.join("not-a-dir");
     std::fs::write(&blocker, "x").unwrap();
+    let stats_dir = blocker.join("sub");
     let mut cfg = DeviceConfig::new("blocked", DeviceAddr::AutoLoopback(4791));
-    cfg.stats_dir = Some(blocker.join("sub"));
+    cfg.stats_dir = Some(stats_dir.clone());
     let dev = Device::open(&cfg).expect("open device despite the directory");
     assert!(dev.stats_file().is_some());
-    // A few failed periods later the device still works.
-    std::thread::sleep(statsfile::PERIOD * 2);
-    assert_eq!(dev.name(), "blocked");
-    assert_eq!(dev.stats().link.rx_datagrams, 0);
-    drop(dev);
+    let until = Instant::now() + Duration::from_secs(10);
+    while !collector
+        .events()
+        .iter()
+        .any(|e| e.get("message") == Some("device counters not published"))
+    {
+        assert!(
+            Instant::now() < until,
+            "the refused directory was never reported"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(std::fs::read_to_string(&blocker).unwrap(), "x");
     let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
     assert_eq!(names.len(), 1, "{names:?}");
+    // The way clear, a later period makes the directory and publishes there.
+    std::fs::remove_file(&blocker).unwrap();
+    let r = wait_record(&stats_dir, "blocked", |_| true);
+    assert_eq!(r.addr, dev.addr().to_string());
+    drop(dev);
+    assert!(statsfile::read_all(&stats_dir, true).unwrap().is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
