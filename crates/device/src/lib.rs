@@ -51,14 +51,15 @@
 //! - Every open device publishes its counters for `softrdma stats` to a file ([`statsfile`]);
 //!   `SOFTRDMA_STATS=0` (or [`DeviceConfig::stats_dir`] `None`) turns that off.
 //!
-//! The rooms: [`config`] (device names, addresses, [`DeviceConfig`]); `runtime` (the state
+//! The rooms: [`config`] (device names, addresses, [`DeviceConfig`]); `ops` (the verbs
+//! the faces carry out, each ending its engine step as it needs); `runtime` (the state
 //! the progress thread and application threads share, and one progress step); `tx` (the
 //! send path: per-port sockets, hold-back, GSO); `pacing` (the pure decision of what the
 //! progress thread does next, tested on virtual time) and `progress` (the thread that
 //! carries it out); `mcast` (the multicast group sockets); `poller` ([`CqPoller`], the
-//! CQ poll policy every face uses); `stats`
-//! and [`statsfile`] (counters); [`registry`] (the host's rdma_cm port bindings, so that
-//! a connecting process finds a listener's device); `sys` (eventfd, poll).
+//! CQ poll policy every face uses); `stats` and [`statsfile`] (counters); [`ports`] (the
+//! rdma_cm port rules, pure) and [`registry`] (the host's rdma_cm port bindings in files,
+//! so that a connecting process finds a listener's device); `sys` (eventfd, poll).
 
 #![warn(missing_docs)]
 
