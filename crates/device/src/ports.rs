@@ -13,6 +13,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::ops::RangeInclusive;
 
 use rustix::io::Errno;
+pub use softrdma_wire::cm::PortSpace;
 
 /// Ports handed out for port 0: Linux's default `net.ipv4.ip_local_port_range`, which
 /// `cma_alloc_any_port` draws from.
@@ -20,44 +21,6 @@ pub const EPHEMERAL_PORTS: RangeInclusive<u16> = 32768..=60999;
 
 /// Ports below this need `CAP_NET_BIND_SERVICE` (cma.c: `PROT_SOCK`).
 const PROT_SOCK: u16 = 1024;
-
-/// An rdma_cm port space: ports are only shared within one, as in the kernel's per-space
-/// tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PortSpace {
-    /// `RDMA_PS_TCP` (0x0106): reliable connections.
-    Tcp,
-    /// `RDMA_PS_UDP` (0x0111): unreliable datagrams.
-    Udp,
-    /// `RDMA_PS_IB` (0x013F): any QP type.
-    Ib,
-    /// `RDMA_PS_IPOIB` (0x0002).
-    IpoIb,
-}
-
-impl PortSpace {
-    /// The `enum rdma_port_space` value, as the C API and the service ID carry it.
-    pub const fn raw(self) -> u32 {
-        match self {
-            PortSpace::Tcp => 0x0106,
-            PortSpace::Udp => 0x0111,
-            PortSpace::Ib => 0x013F,
-            PortSpace::IpoIb => 0x0002,
-        }
-    }
-
-    /// The port space of a C value; None for values the kernel refuses with
-    /// `EPROTONOSUPPORT` (`cma_select_inet_ps`).
-    pub const fn from_raw(v: u32) -> Option<PortSpace> {
-        match v {
-            0x0106 => Some(PortSpace::Tcp),
-            0x0111 => Some(PortSpace::Udp),
-            0x013F => Some(PortSpace::Ib),
-            0x0002 => Some(PortSpace::IpoIb),
-            _ => None,
-        }
-    }
-}
 
 /// The per-id options that change how a bind conflicts, as the CM id had them set when
 /// it bound.

@@ -33,16 +33,56 @@ pub const GSI_QPN: u32 = 1;
 /// The Q_Key of QP1.
 pub const GSI_QKEY: u32 = 0x8001_0000;
 
-/// rdma_cm port spaces ([`service_id`]).
+/// An rdma_cm port space: ports are only shared within one, as in the kernel's per-space
+/// tables, and its value is the upper half of a service ID ([`service_id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PortSpace {
+    /// `RDMA_PS_TCP` (0x0106): reliable connections.
+    Tcp,
+    /// `RDMA_PS_UDP` (0x0111): unreliable datagrams.
+    Udp,
+    /// `RDMA_PS_IB` (0x013F): any QP type.
+    Ib,
+    /// `RDMA_PS_IPOIB` (0x0002).
+    IpoIb,
+}
+
+impl PortSpace {
+    /// The `enum rdma_port_space` value, as the C API and the service ID carry it.
+    pub const fn raw(self) -> u32 {
+        match self {
+            PortSpace::Tcp => 0x0106,
+            PortSpace::Udp => 0x0111,
+            PortSpace::Ib => 0x013F,
+            PortSpace::IpoIb => 0x0002,
+        }
+    }
+
+    /// The port space of a C value; None for values the kernel refuses with
+    /// `EPROTONOSUPPORT` (`cma_select_inet_ps`).
+    pub const fn from_raw(v: u32) -> Option<PortSpace> {
+        match v {
+            0x0106 => Some(PortSpace::Tcp),
+            0x0111 => Some(PortSpace::Udp),
+            0x013F => Some(PortSpace::Ib),
+            0x0002 => Some(PortSpace::IpoIb),
+            _ => None,
+        }
+    }
+}
+
+/// The [`PortSpace`] values as the 16 bits a service ID carries them in.
 pub mod port_space {
+    use super::PortSpace;
+
     /// `RDMA_PS_IPOIB`.
-    pub const IPOIB: u16 = 0x0002;
+    pub const IPOIB: u16 = PortSpace::IpoIb.raw() as u16;
     /// `RDMA_PS_IB`.
-    pub const IB: u16 = 0x013F;
+    pub const IB: u16 = PortSpace::Ib.raw() as u16;
     /// `RDMA_PS_TCP`.
-    pub const TCP: u16 = 0x0106;
+    pub const TCP: u16 = PortSpace::Tcp.raw() as u16;
     /// `RDMA_PS_UDP`.
-    pub const UDP: u16 = 0x0111;
+    pub const UDP: u16 = PortSpace::Udp.raw() as u16;
 }
 
 /// The service ID rdma_cm gives a port in a port space: `ps << 16 | port`.
