@@ -63,7 +63,7 @@ pub struct RdLimits {
 impl RdLimits {
     /// The limits of `dev`.
     pub fn of(dev: &Device) -> RdLimits {
-        let a = dev.inspect(|r| r.device_attr().clone());
+        let a = dev.device_attr();
         let c = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
         RdLimits {
             responder: c(a.max_qp_rd_atom),

@@ -118,18 +118,26 @@ impl Socket {
         id: IdHandle,
         mut cfg: Config,
     ) -> io::Result<Socket> {
-        let max_wr = dev.inspect(|r| r.device_attr().max_qp_wr);
+        let max_wr = dev.device_attr().max_qp_wr;
         cfg.fit_device(max_wr);
         let conn = Conn::new(cfg).map_err(errno)?;
         let depth = u32::from(cfg.sq_size) + u32::from(cfg.rq_size);
-        let (pd, ch, cq) = dev
-            .call(|r, _| -> verbs::Result<_> {
-                let pd = r.alloc_pd()?;
-                let ch = r.create_channel()?;
-                let (cq, _) = r.create_cq(depth, Some(ch), false)?;
-                Ok((pd, ch, cq))
-            })
-            .map_err(verbs_err)?;
+        let pd = dev.alloc_pd().map_err(verbs_err)?;
+        let ch = match dev.create_channel() {
+            Ok(ch) => ch,
+            Err(e) => {
+                let _ = dev.dealloc_pd(pd);
+                return Err(verbs_err(e));
+            }
+        };
+        let cq = match dev.create_cq(depth, Some(ch), false) {
+            Ok((cq, _)) => cq,
+            Err(e) => {
+                let _ = dev.destroy_channel(ch);
+                let _ = dev.dealloc_pd(pd);
+                return Err(verbs_err(e));
+            }
+        };
         let comp_fd = dev.add_channel_fd(ch)?;
         let init = QpInitAttr {
             qp_type: QpType::Rc,
@@ -146,7 +154,7 @@ impl Socket {
             },
             sq_sig_all: true,
         };
-        let qp = dev.call(|r, _| r.create_qp(init));
+        let qp = dev.create_qp(init).map(|(q, _)| q);
         let mut objs = Objects {
             pd,
             ch,
@@ -173,7 +181,7 @@ impl Socket {
             let (p, len) = (region.as_ptr(), region.len());
             // SAFETY: the connection's regions live until the socket is dropped, which
             // destroys the QP and deregisters them first (`release`).
-            let mr = dev.call(|r, _| unsafe { r.reg_mr(pd, p, len, p as u64, access) });
+            let mr = unsafe { dev.reg_mr(pd, p, len, p as u64, access) };
             match mr {
                 Ok(mr) => {
                     keys[k] = (mr.lkey, mr.rkey);
@@ -215,9 +223,7 @@ impl Socket {
 
     fn modify(&self, a: &QpAttr, m: QpAttrMask) -> io::Result<()> {
         let qp = self.objs.qp;
-        self.dev
-            .call(|r, now| r.modify_qp(now, qp, a, m))
-            .map_err(verbs_err)
+        self.dev.modify_qp(qp, a, m).map_err(verbs_err)
     }
 
     fn to_error(&self) {
@@ -346,8 +352,8 @@ impl Socket {
         let qp = self.objs.qp;
         while let Some(p) = g.conn.poll_post() {
             let r = match p {
-                Post::Send(wr) => self.dev.post(|r, now| r.post_send(now, qp, wr)),
-                Post::Recv(wr) => self.dev.call(|r, now| r.post_recv(now, qp, wr)),
+                Post::Send(wr) => self.dev.post_send(qp, wr),
+                Post::Recv(wr) => self.dev.post_recv(qp, wr),
             };
             if let Err(e) = r {
                 g.conn.fail(e.errno.code());
@@ -511,11 +517,7 @@ impl Socket {
         }
         if !g.armed {
             let cq = self.objs.cq;
-            if self
-                .dev
-                .call(|r, _| r.req_notify_cq(cq, Arm::Next))
-                .is_err()
-            {
+            if self.dev.req_notify_cq(cq, Arm::Next).is_err() {
                 return false;
             }
             g.armed = true;
@@ -528,8 +530,8 @@ impl Socket {
     pub fn take_events(&self) {
         let mut g = self.lock();
         let ch = self.objs.ch;
-        while let Some(cq) = self.dev.call_quiet(|r, _| r.get_cq_event(ch)) {
-            let _ = self.dev.call_quiet(|r, _| r.ack_cq_events(cq, 1));
+        while let Some(cq) = self.dev.get_cq_event(ch) {
+            let _ = self.dev.ack_cq_events(cq, 1);
             g.armed = false;
         }
     }
@@ -571,19 +573,17 @@ impl Socket {
 
 /// Destroy what `make` made on the device, QP first (it could still write the regions).
 fn release(dev: &Device, o: &Objects) {
-    dev.call(|r, _| {
-        if o.qp != 0 {
-            let _ = r.destroy_qp(o.qp);
+    if o.qp != 0 {
+        let _ = dev.destroy_qp(o.qp);
+    }
+    for &k in &o.lkeys {
+        if k != 0 {
+            let _ = dev.dereg_mr(k);
         }
-        for &k in &o.lkeys {
-            if k != 0 {
-                let _ = r.dereg_mr(k);
-            }
-        }
-        let _ = r.destroy_cq(o.cq);
-        let _ = r.destroy_channel(o.ch);
-        let _ = r.dealloc_pd(o.pd);
-    });
+    }
+    let _ = dev.destroy_cq(o.cq);
+    let _ = dev.destroy_channel(o.ch);
+    let _ = dev.dealloc_pd(o.pd);
 }
 
 impl Drop for Socket {

@@ -288,10 +288,7 @@ impl Stream {
             let r = match p {
                 Post::Send(wr) => crate::qp::post::post_sends(q, vec![wr]).map_err(|(_, e)| e),
                 Post::Recv(wr) => match q.ctx() {
-                    Some(ctx) => ctx
-                        .dev()
-                        .call(|r, now| r.post_recv(now, q.qpn, wr))
-                        .map_err(|e| e.errno.code()),
+                    Some(ctx) => ctx.dev().post_recv(q.qpn, wr).map_err(|e| e.errno.code()),
                     None => Err(libc::EINVAL),
                 },
             };
