@@ -292,7 +292,11 @@ impl Agent {
         let reg = softrdma_device::registry::Registry::open_default()
             .map_err(|e| io::Error::new(e.kind(), format!("the rdma_cm port registry: {e}")))?;
         let ports = crate::host::HostPorts::new(reg, dev.addr().port());
-        let a = Agent::start(Arc::clone(dev), Box::new(ports), softrdma_device::os_seed())?;
+        let a = Agent::start(
+            Arc::clone(dev),
+            Box::new(ports),
+            softrdma_device::os_seed()?,
+        )?;
         let t = timeouts_from_env();
         a.call(|c, _| c.set_timeouts(t));
         let a = Arc::new(a);

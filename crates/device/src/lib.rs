@@ -228,9 +228,10 @@ impl Device {
             Some(p) => Some(PcapWriter::new(BufWriter::new(File::create(p)?))?),
             None => None,
         };
-        let seed = cfg
-            .seed
-            .map_or_else(sys::os_seed, softrdma_wire::Seed::from_u64);
+        let seed = match cfg.seed {
+            Some(s) => softrdma_wire::Seed::from_u64(s),
+            None => sys::os_seed()?,
+        };
         let alt_addr = alt.as_ref().map(|(d, _, _)| d.local_addr());
         let mut rnic = Rnic::with_alt(addr, alt_addr.map(|a| a.ip()), seed);
         // RC windows grow to no more than the socket's buffer holds: a process that may

@@ -79,31 +79,44 @@ pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::R
         .collect())
 }
 
-/// 256 bits from the kernel's CSPRNG (`getrandom`), the key of the generator of memory
-/// keys, QP numbers and the connection manager's IDs and PSNs. Should the call fail (a
-/// seccomp filter, say), the bits come from std's per-process random hasher keys, mixed
-/// with the time, each word separately keyed: weaker, still not derivable from outputs.
-pub fn os_seed() -> softrdma_wire::Seed {
+/// 256 bits from the kernel's CSPRNG, the key of the generators of memory keys, QP
+/// numbers, first PSNs and the connection manager's IDs and PSNs: `getrandom`, or
+/// `/dev/urandom` where the call is refused (a seccomp filter, an old kernel). Never the
+/// clock: with neither, an error, and no device opens.
+pub fn os_seed() -> io::Result<softrdma_wire::Seed> {
     let mut k = [0u8; 32];
     let mut got = 0;
     while got < k.len() {
         // SAFETY: writes at most `k.len() - got` bytes into `k` from offset `got`.
         let n = unsafe { libc::getrandom(k[got..].as_mut_ptr().cast(), k.len() - got, 0) };
-        if n <= 0 {
-            break;
+        if n > 0 {
+            got += n as usize;
+            continue;
         }
-        got += n as usize;
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        break;
     }
     if got < k.len() {
-        for c in k.chunks_exact_mut(8) {
-            c.copy_from_slice(&random_seed().to_le_bytes());
-        }
+        use std::io::Read;
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut k))
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "no randomness for memory keys: getrandom failed and /dev/urandom: {e}"
+                    ),
+                )
+            })?;
     }
-    softrdma_wire::Seed(k)
+    Ok(softrdma_wire::Seed(k))
 }
 
-/// A random seed without a dependency: std's per-process random hasher keys. Not for
-/// anything a peer must not predict (see [`os_seed`]).
+/// A random seed without a dependency: std's per-process random hasher keys. For
+/// spreading choices (ephemeral ports, temporary names), never for key material, which
+/// comes from [`os_seed`].
 pub fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
