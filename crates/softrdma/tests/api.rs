@@ -6,7 +6,7 @@ use std::time::Duration;
 use softrdma::*;
 
 mod support;
-use support::{Side, ALL};
+use support::{connect, Side, ALL};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -41,11 +41,6 @@ fn post_when_room(qp: &QueuePair, wr: SendWr) {
             r => return r.unwrap(),
         }
     }
-}
-
-fn connect(a: &Side, b: &Side) {
-    a.qp.connect_to(&b.qp.endpoint(), ALL).unwrap();
-    b.qp.connect_to(&a.qp.endpoint(), ALL).unwrap();
 }
 
 #[test]
@@ -216,9 +211,7 @@ fn fds_are_borrowed_from_their_owners() {
 }
 
 fn rc_pair() -> (Side, Side) {
-    let (a, b) = (side(QpType::Rc, 64), side(QpType::Rc, 64));
-    connect(&a, &b);
-    (a, b)
+    support::pair_of(|| side(QpType::Rc, 64))
 }
 
 /// WRITE 64 bytes from `sge` to the peer, checked only by the device as on a NIC, and

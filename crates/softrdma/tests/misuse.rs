@@ -7,7 +7,7 @@ use std::time::Duration;
 use softrdma::*;
 
 mod support;
-use support::{Side, ALL};
+use support::{connect, Side, ALL};
 
 const T: Duration = Duration::from_secs(10);
 const LEN: usize = 8192;
@@ -27,15 +27,8 @@ fn side() -> Side {
     }
 }
 
-fn connect(a: &Side, b: &Side) {
-    a.qp.connect_to(&b.qp.endpoint(), ALL).unwrap();
-    b.qp.connect_to(&a.qp.endpoint(), ALL).unwrap();
-}
-
 fn rc_pair() -> (Side, Side) {
-    let (a, b) = (side(), side());
-    connect(&a, &b);
-    (a, b)
+    support::pair_of(side)
 }
 
 fn kind<T: std::fmt::Debug>(r: Result<T>) -> ErrorKind {

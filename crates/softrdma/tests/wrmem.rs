@@ -8,7 +8,7 @@ use std::time::Duration;
 use softrdma::*;
 
 mod support;
-use support::{Side, ALL};
+use support::{connect, Side, ALL};
 
 const T: Duration = Duration::from_secs(10);
 const LEN: usize = 4096;
@@ -36,15 +36,8 @@ fn side() -> Side {
     side_with(None, dev, pd)
 }
 
-fn connect(a: &Side, b: &Side) {
-    a.qp.connect_to(&b.qp.endpoint(), ALL).unwrap();
-    b.qp.connect_to(&a.qp.endpoint(), ALL).unwrap();
-}
-
 fn rc_pair() -> (Side, Side) {
-    let (a, b) = (side(), side());
-    connect(&a, &b);
-    (a, b)
+    support::pair_of(side)
 }
 
 /// Memory of the test's own, registered raw, so that its bytes can be read after every

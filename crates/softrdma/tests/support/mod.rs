@@ -33,3 +33,16 @@ pub struct Side {
     pub qp: QueuePair,
     pub mr: MemoryRegion,
 }
+
+/// Connect `a` and `b` to each other (RC or UC), each granting every access right.
+pub fn connect(a: &Side, b: &Side) {
+    a.qp.connect_to(&b.qp.endpoint(), ALL).unwrap();
+    b.qp.connect_to(&a.qp.endpoint(), ALL).unwrap();
+}
+
+/// Two sides made by `side`, connected.
+pub fn pair_of(side: impl Fn() -> Side) -> (Side, Side) {
+    let (a, b) = (side(), side());
+    connect(&a, &b);
+    (a, b)
+}
