@@ -7,6 +7,15 @@ pub const SNDLOWAT: u32 = 2048;
 pub const QP_MIN: u16 = 16;
 /// See [`QP_MIN`].
 pub const QP_MAX: u16 = 0xFFFE;
+/// What rsockets ask of the connection when they connect (rdma-core's `rs_do_connect`):
+/// flow control, seven transport retries, RNR retries without end. They ask for no READ
+/// or atomic depth: the protocol uses neither.
+pub const CONNECT_FLOW_CONTROL: u8 = 1;
+/// See [`CONNECT_FLOW_CONTROL`].
+pub const CONNECT_RETRY: u8 = 7;
+/// See [`CONNECT_FLOW_CONTROL`].
+pub const CONNECT_RNR_RETRY: u8 = 7;
+
 /// Where rdma-core's rsockets read their defaults (one number per file).
 pub const CONF_DIR: &str = "/etc/rdma/rsocket";
 
@@ -75,6 +84,24 @@ impl Config {
             c.iomap_size = carried_iomap_size(v);
         }
         c
+    }
+
+    /// The RC QP's capacities a socket of these sizes asks for (rsockets'
+    /// `rs_create_ep`): its queue depths, two gather entries (a send that wraps the send
+    /// buffer), one scatter entry, its inline size. Every send is signaled.
+    pub fn qp_cap(&self) -> softrdma_verbs::QpCap {
+        softrdma_verbs::QpCap {
+            max_send_wr: u32::from(self.sq_size),
+            max_recv_wr: u32::from(self.rq_size),
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            max_inline_data: self.sq_inline,
+        }
+    }
+
+    /// Entries of the socket's one CQ (its sends and receives).
+    pub fn cq_depth(&self) -> u32 {
+        u32::from(self.sq_size) + u32::from(self.rq_size)
     }
 
     /// The queue depths within what a device allows (`max_qp_wr`), as rsockets clamp

@@ -21,8 +21,8 @@ use softrdma_cm::agent::{Agent, EventChannel};
 use softrdma_cm::cma::{CmaError, CmaEvent, ConnParam, EventParam, EventType, IdHandle};
 use softrdma_cm::conn::{self, Depth, RdLimits, Ready};
 use softrdma_device::verbs::{
-    self, Access, Arm, ChannelId, CqId, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
-    QpType, Qpn, WorkCompletion,
+    self, Access, Arm, ChannelId, CqId, PdId, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, Qpn,
+    WorkCompletion,
 };
 use softrdma_device::{CqPoller, Device};
 use softrdma_wire::cm::port_space;
@@ -121,7 +121,7 @@ impl Socket {
         let max_wr = dev.device_attr().max_qp_wr;
         cfg.fit_device(max_wr);
         let conn = Conn::new(cfg).map_err(errno)?;
-        let depth = u32::from(cfg.sq_size) + u32::from(cfg.rq_size);
+        let depth = cfg.cq_depth();
         let pd = dev.alloc_pd().map_err(verbs_err)?;
         let ch = match dev.create_channel() {
             Ok(ch) => ch,
@@ -145,13 +145,7 @@ impl Socket {
             send_cq: cq,
             recv_cq: cq,
             srq: None,
-            cap: QpCap {
-                max_send_wr: u32::from(cfg.sq_size),
-                max_recv_wr: u32::from(cfg.rq_size),
-                max_send_sge: 2,
-                max_recv_sge: 1,
-                max_inline_data: cfg.sq_inline,
-            },
+            cap: cfg.qp_cap(),
             sq_sig_all: true,
         };
         let qp = dev.create_qp(init).map(|(q, _)| q);
@@ -286,9 +280,9 @@ impl Socket {
             private_data: s.lock().conn.conn_data().emit().to_vec(),
             responder_resources: rr,
             initiator_depth: depth,
-            flow_control: 1,
-            retry_count: 7,
-            rnr_retry_count: 7,
+            flow_control: crate::config::CONNECT_FLOW_CONTROL,
+            retry_count: crate::config::CONNECT_RETRY,
+            rnr_retry_count: crate::config::CONNECT_RNR_RETRY,
             srq: 0,
             qp_num: s.objs.qp,
         };

@@ -325,9 +325,9 @@ fn send_request(s: &mut Stream) -> Result<(), c_int> {
     let mut p: abi::rdma_conn_param = crate::zeroed();
     p.private_data = cd.as_ptr().cast();
     p.private_data_len = cd.len() as u8;
-    p.flow_control = 1;
-    p.retry_count = 7;
-    p.rnr_retry_count = 7;
+    p.flow_control = softrdma_rsocket::config::CONNECT_FLOW_CONTROL;
+    p.retry_count = softrdma_rsocket::config::CONNECT_RETRY;
+    p.rnr_retry_count = softrdma_rsocket::config::CONNECT_RNR_RETRY;
     s.stage = Stage::Connecting;
     // SAFETY: the live id; `p` and `cd` live across the call.
     errno_of(unsafe { cmid::rdma_connect(s.id, &mut p) })?;

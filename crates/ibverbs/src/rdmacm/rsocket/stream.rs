@@ -191,7 +191,7 @@ impl Stream {
             // Waits poll the fd and then take the event without blocking.
             let fl = libc::fcntl((*ch).fd, libc::F_GETFL);
             libc::fcntl((*ch).fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-            let depth = c_int::from(self.cfg.sq_size) + c_int::from(self.cfg.rq_size);
+            let depth = self.cfg.cq_depth() as c_int;
             let c = cq::ibv_create_cq(verbs, depth, self.id.cast(), ch, 0);
             if c.is_null() {
                 let e = crate::errno_now();
@@ -209,11 +209,12 @@ impl Stream {
             qa.recv_cq = c;
             qa.qp_type = sys::IBV_QPT_RC;
             qa.sq_sig_all = 1;
-            qa.cap.max_send_wr = u32::from(self.cfg.sq_size);
-            qa.cap.max_recv_wr = u32::from(self.cfg.rq_size);
-            qa.cap.max_send_sge = 2;
-            qa.cap.max_recv_sge = 1;
-            qa.cap.max_inline_data = self.cfg.sq_inline;
+            let cap = self.cfg.qp_cap();
+            qa.cap.max_send_wr = cap.max_send_wr;
+            qa.cap.max_recv_wr = cap.max_recv_wr;
+            qa.cap.max_send_sge = cap.max_send_sge;
+            qa.cap.max_recv_sge = cap.max_recv_sge;
+            qa.cap.max_inline_data = cap.max_inline_data;
             if cmqp::rdma_create_qp(self.id, ptr::null_mut(), &mut qa) != 0 {
                 return Err(crate::errno_now());
             }
