@@ -591,9 +591,12 @@ impl Conn {
             || !self.is_connected()
     }
 
-    /// Stage `len` bytes from `src` in the send buffer (in two pieces where it wraps):
+    /// Stage `len` bytes from `src` in the send buffer (in two pieces where it wraps),
+    /// taking a send queue entry and `len` bytes of the buffer until the send completes:
     /// the pieces and whether they go inline.
     fn stage(&mut self, len: u32, src: &mut dyn FnMut(&mut [u8])) -> (Vec<(u32, u32)>, bool) {
+        self.sqe_avail -= 1;
+        self.sbuf_bytes_avail -= len;
         let size = self.cfg.sbuf_size;
         let first = len.min(size - self.spos);
         self.sbuf
@@ -628,8 +631,6 @@ impl Conn {
         }
         let (pieces, inline) = self.stage(len, src);
         self.sseq_no = self.sseq_no.wrapping_add(1);
-        self.sqe_avail -= 1;
-        self.sbuf_bytes_avail -= len;
         let t = self.target_offer(self.target_sge);
         let rest = Sge {
             addr: t.addr + u64::from(len),
@@ -809,8 +810,6 @@ impl Conn {
             off += dst.len();
         });
         self.sseq_no = self.sseq_no.wrapping_add(1);
-        self.sqe_avail -= 1;
-        self.sbuf_bytes_avail -= IOMAP_LEN as u32;
         let raddr = self.remote_iomap.addr + index as u64 * IOMAP_LEN as u64;
         let m = Msg::IomapSgl(index as u32);
         let key = self.remote_iomap.key;
@@ -852,8 +851,6 @@ impl Conn {
             return Some(0);
         }
         let (pieces, inline) = self.stage(len, src);
-        self.sqe_avail -= 1;
-        self.sbuf_bytes_avail -= len;
         let raddr = e.sge.addr + (offset - e.offset);
         self.post_write(&pieces, inline, Msg::Write(len), None, raddr, e.sge.key);
         Some(len)

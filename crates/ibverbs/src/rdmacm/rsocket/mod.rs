@@ -553,14 +553,10 @@ pub unsafe extern "C" fn rlisten(socket: c_int, backlog: c_int) -> c_int {
     })
 }
 
-/// Connections a listener has answered (REP sent) and waits to see established, at
-/// most: past that the oldest is dropped for a new one, so requests that never complete
-/// hold a bounded amount (each has a QP and buffers) and cannot keep newer ones out.
-const ACCEPT_PENDING_MAX: usize = 64;
-/// How long an answered connection may wait for its RTU before it is dropped, whatever
-/// timeout its requester chose: a legitimate one is established a round trip after the
-/// REP (or after the REP's first retransmissions).
-const ACCEPT_WAIT: Duration = Duration::from_secs(30);
+/// Connections a listener has answered and waits to see established, at most, and how
+/// long each may wait for its RTU: the rsockets layer's bounds, the same for every face.
+const ACCEPT_PENDING_MAX: usize = softrdma_rsocket::Listener::MAX_ANSWERED;
+const ACCEPT_WAIT: Duration = softrdma_rsocket::Listener::ANSWER_WAIT;
 
 /// A connection the accept thread answered and waits for: it reaches `raccept` once the
 /// CM says it is established.
