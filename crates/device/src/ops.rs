@@ -207,21 +207,11 @@ impl Device {
     }
 
     /// `ibv_modify_qp` (a waking step: to ERR, the queued work requests complete
-    /// flushed). The QP's completions already in its CQs stay, also on the way to RESET.
+    /// flushed). To RESET, the QP's completions still in its CQs go too, as mlx4 and
+    /// mlx5 clean their CQs then: a QP brought back from ERR does not have the flushed
+    /// work requests of its old life polled in its new one (rdma-core's tests count on
+    /// it). One rule for every face.
     pub fn modify_qp(&self, qpn: Qpn, attr: &QpAttr, mask: QpAttrMask) -> verbs::Result<()> {
-        self.step(true, Flush::Due, |r, now| r.modify_qp(now, qpn, attr, mask))
-    }
-
-    /// [`Device::modify_qp`], except that to RESET the QP's completions still in its CQs
-    /// go too, as mlx4 and mlx5 clean their CQs then: a QP brought back from ERR does not
-    /// have its flushed work requests polled in its new life (the C face's rule, which
-    /// rdma-core's tests count on).
-    pub fn modify_qp_clean_cqs(
-        &self,
-        qpn: Qpn,
-        attr: &QpAttr,
-        mask: QpAttrMask,
-    ) -> verbs::Result<()> {
         let reset = mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset;
         self.step(true, Flush::Due, |r, now| {
             r.modify_qp(now, qpn, attr, mask)?;

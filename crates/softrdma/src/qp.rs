@@ -572,10 +572,11 @@ impl QueuePair {
     }
     /// Bring the QP back to RESET, from ERROR or any other state, so that it can be
     /// connected again ([`QueuePair::connect`]) instead of replaced. A QP not yet in
-    /// ERROR or RESET goes through ERROR first, so that every outstanding WR completes
-    /// (with a flush error) rather than vanishing, as a direct move to RESET would make
-    /// it. The peer's QP must be reset and connected again too, with new PSNs, as after
-    /// any reconnection.
+    /// ERROR or RESET goes through ERROR first, which flushes its outstanding work
+    /// requests; its completions not yet polled, the flushed ones included, are then
+    /// cleaned out of its CQs, as a NIC cleans them on the way to RESET: to see the
+    /// flushed work requests, call [`to_error`](QueuePair::to_error) first and poll them. The peer's QP must
+    /// be reset and connected again too, with new PSNs, as after any reconnection.
     pub fn reset(&self) -> Result<()> {
         match self.state()? {
             QpState::Reset => return Ok(()),

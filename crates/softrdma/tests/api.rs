@@ -185,29 +185,60 @@ fn fds_are_borrowed_from_their_owners() {
     qp_b.to_error().unwrap();
     let ev = dev_b.async_event_fd().try_clone_to_owned().unwrap();
     drop(dup);
-    // A QP moved to ERROR by the program raises no event; an overflowing CQ does.
+    // A QP moved to ERROR by the program raises no event, except one that takes its
+    // receives from an SRQ: it is told that its last WQE was reached.
     assert!(!readable(ev.as_fd(), 0));
-    // A QP whose queues fit its CQ, flushed three times over without a poll.
-    let cq_small = dev_b.create_cq(2, None).unwrap();
-    let qp_c = pd_b
-        .create_qp(&QpInit::new(QpType::Rc, &cq_small).depth(1, 1))
+    let srq = pd_b.create_srq(4, 1).unwrap();
+    let cq_s = dev_b.create_cq(8, None).unwrap();
+    let qp_s = pd_b
+        .create_qp(&QpInit {
+            srq: Some(&srq),
+            ..QpInit::new(QpType::Rc, &cq_s).depth(1, 0)
+        })
         .unwrap();
-    for i in 0..3 {
-        qp_c.to_init(ALL).unwrap();
-        qp_c.post_recv(wr::recv(i, [mr_b.sge(0..8).unwrap()]))
-            .unwrap();
-        qp_c.reset().unwrap(); // through ERROR: flushes the receive into the CQ
-    }
+    qp_s.to_init(ALL).unwrap();
+    qp_s.to_error().unwrap();
     assert!(
         (0..100).any(|_| readable(ev.as_fd(), 100)),
         "async-event fd never became readable"
     );
     assert_eq!(
         dev_b.next_async_event(),
-        Some(AsyncEvent::CqErr(cq_small.id()))
+        Some(AsyncEvent::QpLastWqeReached(qp_s.qpn()))
     );
+    drop(qp_s);
     drop(qp_b);
     drop(cq_b);
+}
+
+#[test]
+fn reset_cleans_the_qps_completions_out_of_its_cq() {
+    let dev = support::open("api-reset");
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd.register(64, ALL).unwrap();
+    let cq = dev.create_cq(8, None).unwrap();
+    let other = pd
+        .create_qp(&QpInit::new(QpType::Rc, &cq).depth(2, 2))
+        .unwrap();
+    let qp = pd
+        .create_qp(&QpInit::new(QpType::Rc, &cq).depth(2, 2))
+        .unwrap();
+    for q in [&other, &qp] {
+        q.to_init(ALL).unwrap();
+    }
+    other.post_recv(wr::recv(7, [mr.sge(0..8).unwrap()])).unwrap();
+    qp.post_recv(wr::recv(1, [mr.sge(0..8).unwrap()])).unwrap();
+    qp.post_recv(wr::recv(2, [mr.sge(8..16).unwrap()])).unwrap();
+    // In ERR the flushed receives are there to poll, in order.
+    qp.to_error().unwrap();
+    let wc = cq.poll_one().unwrap().expect("a flushed receive");
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::WrFlushErr));
+    // On the way to RESET the one not polled goes; another QP's completions stay.
+    other.to_error().unwrap();
+    qp.reset().unwrap();
+    let wc = cq.poll_one().unwrap().expect("the other QP's flushed receive");
+    assert_eq!((wc.wr_id, wc.qp_num), (7, other.qpn()));
+    assert!(cq.poll_one().unwrap().is_none());
 }
 
 fn rc_pair() -> (Side, Side) {

@@ -311,9 +311,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
             Err(e) => return e,
         };
         let qpn = q.qpn;
-        // To RESET, the QP's completions still in its CQs go too, as mlx4 and mlx5 clean
-        // their CQs then (rdma-core's tests count on it).
-        let r = ctx.dev().modify_qp_clean_cqs(qpn, &a, vm);
+        let r = ctx.dev().modify_qp(qpn, &a, vm);
         match r {
             Ok(()) => {
                 if vm.contains(QpAttrMask::STATE) {
