@@ -7,8 +7,10 @@
 //! - [`config`]: the sizes a socket is made with, from rsockets' defaults and rdma-core's
 //!   configuration directory.
 //! - [`region`]: the memory the RNIC reads and writes for a connection.
-//! - [`socket`]: the driver: a [`Socket`] (and its [`Listener`]) runs a connection over
-//!   a device's verbs and CM, posting, polling and waiting; every face sits on it.
+//! - [`socket`]: the driver: an [`Unconnected`] socket binds, then listens
+//!   ([`Listener`]) or connects ([`Connecting`], step by step or waiting); a [`Socket`]
+//!   runs a connection over a device's verbs and CM, posting, polling and waiting.
+//!   Every face sits on it.
 //!
 //! The C face (`rsocket`, `rsend`, …) and the Rust face drive [`conn::Conn`] over a
 //! CM id and an RC QP; tests drive it over the transport on the `sim` network.
@@ -22,4 +24,4 @@ pub mod socket;
 
 pub use config::Config;
 pub use conn::{Conn, Keys, Phase, Post, Shutdown};
-pub use socket::{Listener, Socket};
+pub use socket::{Connecting, Listener, Socket, Unconnected};

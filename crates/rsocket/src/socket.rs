@@ -61,18 +61,82 @@ struct Objects {
     lkeys: [u32; 3],
 }
 
-struct Inner {
-    conn: Conn,
-    poller: CqPoller,
-    armed: bool,
-}
-
-/// A stream rsocket: connected, or answered and waiting for its RTU ([`Listener`]).
-pub struct Socket {
+/// A socket's place in the CM: its id on the device's CM agent and the channel its
+/// events come on, whose descriptor is the socket's through its whole life (unbound,
+/// connecting, connected). Dropping it destroys the id.
+struct Endpoint {
     dev: Arc<Device>,
     agent: Arc<Agent>,
     chan: EventChannel,
     id: IdHandle,
+    live: bool,
+}
+
+impl Endpoint {
+    /// A new id of the TCP port space on `dev`'s CM, on a channel of its own.
+    fn new(dev: &Arc<Device>) -> io::Result<Endpoint> {
+        let agent = Agent::for_device(dev)?;
+        let chan = EventChannel::new()?;
+        agent.attach(&chan);
+        let ch = chan.id();
+        let id = agent
+            .call(|c, _| c.create_id(ch, port_space::TCP, None))
+            .map_err(cma)?;
+        Ok(Endpoint {
+            dev: Arc::clone(dev),
+            agent,
+            chan,
+            id,
+            live: true,
+        })
+    }
+
+    fn call<R>(
+        &self,
+        f: impl FnOnce(&mut softrdma_cm::cma::Cma, u64, IdHandle) -> softrdma_cm::cma::Result<R>,
+    ) -> io::Result<R> {
+        let id = self.id;
+        self.agent.call(|c, now| f(c, now, id)).map_err(cma)
+    }
+
+    fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        self.call(|c, _, id| c.addrs(id)).unwrap_or((None, None))
+    }
+
+    /// The next event, without waiting.
+    fn event(&self) -> io::Result<Option<CmaEvent>> {
+        self.chan.get_timeout(Some(Duration::ZERO))
+    }
+
+    /// Disconnect (a DREQ where connected) and destroy the id: once.
+    fn close(&mut self) {
+        if std::mem::take(&mut self.live) {
+            let _ = self.call(|c, now, id| {
+                let _ = c.disconnect(now, id);
+                c.destroy_id(now, id)
+            });
+            self.chan.withdraw(self.id);
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+struct Inner {
+    conn: Conn,
+    poller: CqPoller,
+    armed: bool,
+    /// Regions `iomap` registered: (address, length, lkey).
+    iomap_mrs: Vec<(u64, usize, u32)>,
+}
+
+/// A stream rsocket: connected, or answered and waiting for its RTU ([`Listener`]).
+pub struct Socket {
+    ep: Endpoint,
     objs: Objects,
     comp_fd: RawFd,
     inner: Mutex<Inner>,
@@ -81,18 +145,11 @@ pub struct Socket {
 impl std::fmt::Debug for Socket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Socket")
-            .field("id", &self.id)
+            .field("id", &self.ep.id)
             .field("qp", &self.objs.qp)
             .field("phase", &self.lock().conn.phase())
             .finish()
     }
-}
-
-/// Take the next event of `chan`, waiting at most until `deadline`.
-fn next_event(chan: &EventChannel, deadline: Option<Instant>) -> io::Result<CmaEvent> {
-    let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-    chan.get_timeout(left)?
-        .ok_or_else(|| errno(libc::ETIMEDOUT))
 }
 
 /// The error an unexpected CM event means while connecting.
@@ -108,26 +165,27 @@ fn event_error(ev: &CmaEvent) -> io::Error {
 }
 
 impl Socket {
-    /// The objects of a socket on id `id` whose events go to `chan`: PD, completion
-    /// channel, CQ, the RC QP in INIT (as `rdma_create_qp` leaves it), the connection's
-    /// buffers registered and its receives posted.
-    fn make(
-        dev: &Arc<Device>,
-        agent: &Arc<Agent>,
-        chan: EventChannel,
-        id: IdHandle,
-        mut cfg: Config,
-    ) -> io::Result<Socket> {
+    /// The objects of a socket on `ep`: PD, completion channel, CQ, the RC QP in INIT
+    /// (as `rdma_create_qp` leaves it), the connection's buffers registered and its
+    /// receives posted. On failure what was made is released and the endpoint handed back.
+    fn make(ep: Endpoint, mut cfg: Config) -> Result<Socket, (io::Error, Endpoint)> {
+        let dev = Arc::clone(&ep.dev);
         let max_wr = dev.device_attr().max_qp_wr;
         cfg.fit_device(max_wr);
-        let conn = Conn::new(cfg).map_err(errno)?;
+        let conn = match Conn::new(cfg) {
+            Ok(c) => c,
+            Err(e) => return Err((errno(e), ep)),
+        };
         let depth = cfg.cq_depth();
-        let pd = dev.alloc_pd().map_err(verbs_err)?;
+        let pd = match dev.alloc_pd() {
+            Ok(pd) => pd,
+            Err(e) => return Err((verbs_err(e), ep)),
+        };
         let ch = match dev.create_channel() {
             Ok(ch) => ch,
             Err(e) => {
                 let _ = dev.dealloc_pd(pd);
-                return Err(verbs_err(e));
+                return Err((verbs_err(e), ep));
             }
         };
         let cq = match dev.create_cq(depth, Some(ch), false) {
@@ -135,10 +193,28 @@ impl Socket {
             Err(e) => {
                 let _ = dev.destroy_channel(ch);
                 let _ = dev.dealloc_pd(pd);
-                return Err(verbs_err(e));
+                return Err((verbs_err(e), ep));
             }
         };
-        let comp_fd = dev.add_channel_fd(ch)?;
+        let mut objs = Objects {
+            pd,
+            ch,
+            cq,
+            qp: 0,
+            lkeys: [0; 3],
+        };
+        let comp_fd = match dev.add_channel_fd(ch) {
+            Ok(fd) => fd,
+            Err(e) => {
+                release(&dev, &objs, &[]);
+                return Err((e, ep));
+            }
+        };
+        let fail = |objs: &Objects, e: io::Error, ep: Endpoint| {
+            release(&dev, objs, &[]);
+            dev.remove_channel_fd(objs.ch);
+            Err((e, ep))
+        };
         let init = QpInitAttr {
             qp_type: QpType::Rc,
             pd,
@@ -148,22 +224,9 @@ impl Socket {
             cap: cfg.qp_cap(),
             sq_sig_all: true,
         };
-        let qp = dev.create_qp(init).map(|(q, _)| q);
-        let mut objs = Objects {
-            pd,
-            ch,
-            cq,
-            qp: 0,
-            lkeys: [0; 3],
-        };
-        let fail = |objs: &Objects, e: io::Error| {
-            release(dev, objs);
-            dev.remove_channel_fd(objs.ch);
-            e
-        };
-        objs.qp = match qp {
-            Ok(q) => q,
-            Err(e) => return Err(fail(&objs, verbs_err(e))),
+        objs.qp = match dev.create_qp(init) {
+            Ok((q, _)) => q,
+            Err(e) => return fail(&objs, verbs_err(e), ep),
         };
         let mut keys = [(0u32, 0u32); 3];
         for (k, region) in conn.regions().into_iter().enumerate() {
@@ -181,7 +244,7 @@ impl Socket {
                     keys[k] = (mr.lkey, mr.rkey);
                     objs.lkeys[k] = mr.lkey;
                 }
-                Err(e) => return Err(fail(&objs, verbs_err(e))),
+                Err(e) => return fail(&objs, verbs_err(e), ep),
             }
         }
         let mut conn = conn;
@@ -190,24 +253,23 @@ impl Socket {
             target_rkey: keys[1].1,
             recv_rkey: keys[2].1,
         });
+        // INIT with the CM's attributes, as `rdma_create_qp` moves a CM id's QP.
+        let init = ep.call(|c, _, id| c.init_qp_attr(id, QpState::Init));
         let s = Socket {
-            dev: Arc::clone(dev),
-            agent: Arc::clone(agent),
-            chan,
-            id,
+            ep,
             objs,
             comp_fd,
             inner: Mutex::new(Inner {
                 conn,
                 poller: CqPoller::new(cq),
                 armed: false,
+                iomap_mrs: Vec::new(),
             }),
         };
-        // INIT with the CM's attributes, as `rdma_create_qp` moves a CM id's QP.
-        let (a, m) = agent
-            .call(|c, _| c.init_qp_attr(id, QpState::Init))
-            .map_err(cma)?;
-        s.modify(&a, m)?;
+        let r = init.and_then(|(a, m)| s.modify(&a, m));
+        if let Err(e) = r {
+            return Err((e, s.into_endpoint()));
+        }
         {
             let mut g = s.lock();
             s.flush_posts(&mut g);
@@ -215,9 +277,61 @@ impl Socket {
         Ok(s)
     }
 
+    /// Release the device objects and hand back the endpoint (a socket that never ran).
+    fn into_endpoint(self) -> Endpoint {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never used or dropped again: each field is moved out exactly
+        // once (the endpoint by read, the mutex by read and then dropped here).
+        let (ep, inner) = unsafe { (std::ptr::read(&me.ep), std::ptr::read(&me.inner)) };
+        release(&ep.dev, &me.objs, &[]);
+        ep.dev.remove_channel_fd(me.objs.ch);
+        drop(inner);
+        ep
+    }
+
+    /// Send the connection request with this side's connection data.
+    fn request(&self) -> io::Result<()> {
+        let lim = RdLimits::of(&self.ep.dev);
+        let (rr, depth) = lim.offer(Depth::Exactly(0), Depth::Exactly(0));
+        let p = ConnParam {
+            private_data: self.lock().conn.conn_data().emit().to_vec(),
+            responder_resources: rr,
+            initiator_depth: depth,
+            flow_control: crate::config::CONNECT_FLOW_CONTROL,
+            retry_count: crate::config::CONNECT_RETRY,
+            rnr_retry_count: crate::config::CONNECT_RNR_RETRY,
+            srq: 0,
+            qp_num: self.objs.qp,
+        };
+        self.ep.call(|c, now, id| c.connect(now, id, &p))
+    }
+
+    /// The server's reply came: take its connection data, ready the QP and send the
+    /// RTU. A reply without rsockets' data is refused as librdmacm refuses a failed
+    /// response (the QP to ERR, a REJ): ENOTSUP.
+    fn finish(&self, rep: &CmaEvent) -> io::Result<()> {
+        let EventParam::Conn(rep) = &rep.param else {
+            return Err(errno(libc::EPROTO));
+        };
+        let Ok(peer) = ConnData::parse(&rep.private_data) else {
+            self.to_error();
+            let _ = self.ep.call(|c, now, id| c.reject(now, id, &[]));
+            return Err(errno(libc::ENOTSUP));
+        };
+        conn::complete_connect(
+            &self.ep.agent,
+            self.ep.id,
+            Some(Ready::default()),
+            |a: &QpAttr, m| self.modify(a, m),
+            || self.to_error(),
+        )?;
+        self.lock().conn.start(&peer);
+        Ok(())
+    }
+
     fn modify(&self, a: &QpAttr, m: QpAttrMask) -> io::Result<()> {
         let qp = self.objs.qp;
-        self.dev.modify_qp(qp, a, m).map_err(verbs_err)
+        self.ep.dev.modify_qp(qp, a, m).map_err(verbs_err)
     }
 
     fn to_error(&self) {
@@ -235,7 +349,8 @@ impl Socket {
     /// Connect to an rsockets server at `dst` (rsockets' `rs_do_connect`): resolve,
     /// make the QP and buffers, send the connection data in the REQ, and on the REP
     /// ready the QP, send the RTU and take the server's data. `timeout` bounds the whole
-    /// exchange (None: the CM's own verdict).
+    /// exchange (None: the CM's own verdict). [`Unconnected::connect`] does the same
+    /// step by step, for a socket bound first or a caller that must not block.
     pub fn connect(
         dev: &Arc<Device>,
         dst: SocketAddr,
@@ -243,88 +358,17 @@ impl Socket {
         timeout: Option<Duration>,
     ) -> io::Result<Socket> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let agent = Agent::for_device(dev)?;
-        let chan = EventChannel::new()?;
-        agent.attach(&chan);
-        let ch = chan.id();
-        let id = agent
-            .call(|c, _| c.create_id(ch, port_space::TCP, None))
-            .map_err(cma)?;
-        let undo = |e: io::Error| {
-            let _ = agent.call(|c, now| c.destroy_id(now, id));
-            chan.withdraw(id);
-            e
-        };
-        let step = |call: &dyn Fn(&mut softrdma_cm::cma::Cma) -> softrdma_cm::cma::Result<()>,
-                    want: EventType|
-         -> io::Result<()> {
-            agent.call(|c, _| call(c)).map_err(cma)?;
-            let ev = next_event(&chan, deadline)?;
-            if ev.event != want {
-                return Err(event_error(&ev));
-            }
-            Ok(())
-        };
-        if let Err(e) = step(&|c| c.resolve_addr(id, None, dst), EventType::AddrResolved)
-            .and_then(|()| step(&|c| c.resolve_route(id), EventType::RouteResolved))
-        {
-            return Err(undo(e));
-        }
-        let s = match Socket::make(dev, &agent, chan.clone(), id, cfg) {
-            Ok(s) => s,
-            Err(e) => return Err(undo(e)),
-        };
-        let lim = RdLimits::of(dev);
-        let (rr, depth) = lim.offer(Depth::Exactly(0), Depth::Exactly(0));
-        let p = ConnParam {
-            private_data: s.lock().conn.conn_data().emit().to_vec(),
-            responder_resources: rr,
-            initiator_depth: depth,
-            flow_control: crate::config::CONNECT_FLOW_CONTROL,
-            retry_count: crate::config::CONNECT_RETRY,
-            rnr_retry_count: crate::config::CONNECT_RNR_RETRY,
-            srq: 0,
-            qp_num: s.objs.qp,
-        };
-        agent.call(|c, now| c.connect(now, id, &p)).map_err(cma)?;
-        let ev = next_event(&s.chan, deadline)?;
-        if ev.event != EventType::ConnectResponse {
-            return Err(event_error(&ev));
-        }
-        let EventParam::Conn(rep) = &ev.param else {
-            return Err(errno(libc::EPROTO));
-        };
-        let peer = match ConnData::parse(&rep.private_data) {
-            Ok(d) => d,
-            Err(_) => {
-                // Not an rsockets server: refuse its answer as librdmacm does a failed
-                // response (the QP to ERR, a REJ).
-                s.to_error();
-                let _ = agent.call(|c, now| c.reject(now, id, &[]));
-                return Err(errno(libc::ENOTSUP));
-            }
-        };
-        conn::complete_connect(
-            &agent,
-            id,
-            Some(Ready::default()),
-            |a: &QpAttr, m| s.modify(a, m),
-            || s.to_error(),
-        )?;
-        s.lock().conn.start(&peer);
-        Ok(s)
+        Unconnected::new(dev)?.connect(dst, cfg).wait(deadline)
     }
 
     /// The device it is on.
     pub fn device(&self) -> &Arc<Device> {
-        &self.dev
+        &self.ep.dev
     }
 
     /// This side's and the peer's addresses.
     pub fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
-        self.agent
-            .call(|c, _| c.addrs(self.id))
-            .unwrap_or((None, None))
+        self.ep.addrs()
     }
 
     /// The sizes it was made with (the queue depths as the device allowed them).
@@ -338,7 +382,7 @@ impl Socket {
         // SAFETY: the device owns the completion channel's fd until `release` removes it,
         // which happens only when the socket is dropped, after every borrow of it.
         let comp = unsafe { BorrowedFd::borrow_raw(self.comp_fd) };
-        [comp, self.chan.as_fd()]
+        [comp, self.ep.chan.as_fd()]
     }
 
     /// Post what the connection asks for; a refused post fails the connection.
@@ -346,8 +390,8 @@ impl Socket {
         let qp = self.objs.qp;
         while let Some(p) = g.conn.poll_post() {
             let r = match p {
-                Post::Send(wr) => self.dev.post_send(qp, wr),
-                Post::Recv(wr) => self.dev.post_recv(qp, wr),
+                Post::Send(wr) => self.ep.dev.post_send(qp, wr),
+                Post::Recv(wr) => self.ep.dev.post_recv(qp, wr),
             };
             if let Err(e) = r {
                 g.conn.fail(e.errno.code());
@@ -362,7 +406,7 @@ impl Socket {
         g.conn.update_credits();
         let mut wcs = [WorkCompletion::default(); 16];
         loop {
-            let n = match g.poller.poll(&self.dev, &mut wcs) {
+            let n = match g.poller.poll(&self.ep.dev, &mut wcs) {
                 Ok(n) => n,
                 Err(e) => {
                     g.conn.fail(e.errno.code());
@@ -376,13 +420,12 @@ impl Socket {
             if g.conn.on_completions(&wcs[..n]).is_err() {
                 // The peer broke the protocol: end the connection as a reset would.
                 self.to_error();
-                let id = self.id;
-                let _ = self.agent.call(|c, now| c.disconnect(now, id));
+                let _ = self.ep.call(|c, now, id| c.disconnect(now, id));
             }
         }
         g.conn.update_credits();
         self.flush_posts(g);
-        while let Ok(Some(ev)) = self.chan.get_timeout(Some(Duration::ZERO)) {
+        while let Ok(Some(ev)) = self.ep.event() {
             any = true;
             if matches!(
                 ev.event,
@@ -410,9 +453,9 @@ impl Socket {
                 Some(d) => (d - now).min(WAIT_SLICE),
                 None => WAIT_SLICE,
             };
-            let gen = self.dev.generation();
-            self.dev
-                .wait_for(Some(slice), || (self.dev.generation() != gen).then_some(()));
+            let dev = &self.ep.dev;
+            let gen = dev.generation();
+            dev.wait_for(Some(slice), || (dev.generation() != gen).then_some(()));
         }
     }
 
@@ -420,39 +463,192 @@ impl Socket {
     /// when nothing does), else all of it, waiting for credits and offers. A short count
     /// when the connection fails part way; EPIPE/ECONNRESET when it cannot send.
     pub fn send(&self, data: &[u8], nonblocking: bool) -> io::Result<usize> {
+        let mut at = 0;
+        self.send_from(data.len(), nonblocking, &mut |dst: &mut [u8]| {
+            dst.copy_from_slice(&data[at..at + dst.len()]);
+            at += dst.len();
+        })
+    }
+
+    /// [`Socket::send`] of `len` bytes that `fill` copies out, in order, piece by piece
+    /// (a gather list's bytes, for instance). Mappings made with [`Socket::iomap`] and
+    /// not yet offered go to the peer first.
+    pub fn send_from(
+        &self,
+        len: usize,
+        nonblocking: bool,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> io::Result<usize> {
+        self.send_iomaps(nonblocking)?;
         let mut sizes = TransferSizes::default();
         let mut done = 0;
         let mut err = None;
-        while done < data.len() {
+        while done < len {
+            match self.wait_send(nonblocking) {
+                Ok(mut g) => {
+                    let want = sizes.next(len - done);
+                    let n = g.conn.send_data(want, fill) as usize;
+                    self.flush_posts(&mut g);
+                    if n == 0 {
+                        err = Some(g.conn.error().unwrap_or(libc::ECONNRESET));
+                        break;
+                    }
+                    done += n;
+                }
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        partial_result(done, err).map_err(errno)
+    }
+
+    /// The socket locked once a send may go, waiting for that unless `nonblocking`
+    /// (EAGAIN); the connection's error (or ECONNRESET) once it cannot send.
+    fn wait_send(&self, nonblocking: bool) -> Result<MutexGuard<'_, Inner>, i32> {
+        loop {
             {
                 let mut g = self.lock();
                 if !g.conn.can_send() {
                     self.progress(&mut g);
                 }
                 if !g.conn.writable() {
+                    return Err(g.conn.error().unwrap_or(libc::ECONNRESET));
+                }
+                if g.conn.can_send() {
+                    return Ok(g);
+                }
+                if nonblocking {
+                    return Err(libc::EAGAIN);
+                }
+            }
+            self.wait(None, |c| c.can_send() || !c.writable())
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        }
+    }
+
+    /// Offer the peer the mappings not offered yet (rsockets' `rs_send_iomaps`).
+    fn send_iomaps(&self, nonblocking: bool) -> io::Result<()> {
+        loop {
+            if self.lock().conn.iomap_to_send().is_none() {
+                return Ok(());
+            }
+            let mut g = self.wait_send(nonblocking).map_err(errno)?;
+            if let Some(k) = g.conn.iomap_to_send() {
+                g.conn.send_iomap(k);
+                self.flush_posts(&mut g);
+            }
+        }
+    }
+
+    /// `riomap`: register `len` bytes at `buf` so that the peer may write them directly
+    /// ([`Socket::iowrite`]) at `offset` (None: the buffer's address), or, unless
+    /// `writable`, for this side's own use only. The offer goes with the next send.
+    /// Returns the offset. EINVAL when the socket is not connected, ENOMEM when the
+    /// peer's table is full.
+    ///
+    /// # Safety
+    /// The `len` bytes at `buf` stay valid, and are not moved, until
+    /// [`Socket::iounmap`] or the socket is dropped: the device may write them.
+    pub unsafe fn iomap(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        offset: Option<u64>,
+        writable: bool,
+    ) -> io::Result<u64> {
+        let mut g = self.lock();
+        if !g.conn.is_connected() {
+            return Err(errno(libc::EINVAL));
+        }
+        let access = if writable {
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE
+        } else {
+            Access::LOCAL_WRITE
+        };
+        let addr = buf as u64;
+        // SAFETY: per this function's contract, the region outlives its registration,
+        // which `iounmap` or the socket's drop removes.
+        let mr = unsafe { self.ep.dev.reg_mr(self.objs.pd, buf, len, addr, access) }
+            .map_err(verbs_err)?;
+        let offset = offset.unwrap_or(addr);
+        if writable {
+            let sge = softrdma_wire::rsocket::Sge {
+                addr,
+                key: mr.rkey,
+                length: len as u32,
+            };
+            if let Err(e) = g.conn.map_iomap(offset, sge, None) {
+                let _ = self.ep.dev.dereg_mr(mr.lkey);
+                return Err(errno(e));
+            }
+        }
+        g.iomap_mrs.push((addr, len, mr.lkey));
+        Ok(offset)
+    }
+
+    /// `riounmap`: withdraw the mapping of the `len` bytes at `buf` (EINVAL when there
+    /// is none).
+    pub fn iounmap(&self, buf: *mut u8, len: usize) -> io::Result<()> {
+        let mut g = self.lock();
+        let addr = buf as u64;
+        let k = g
+            .iomap_mrs
+            .iter()
+            .position(|m| m.0 == addr && m.1 == len)
+            .ok_or_else(|| errno(libc::EINVAL))?;
+        let (_, _, lkey) = g.iomap_mrs.remove(k);
+        g.conn.unmap_iomap(addr);
+        drop(g);
+        self.ep.dev.dereg_mr(lkey).map_err(verbs_err)
+    }
+
+    /// `riowrite`: write `data` straight into the peer's mappings at `offset`, no
+    /// receive on its side. The bytes written: short where the range leaves the
+    /// peer's mappings (0 when `offset` is in none).
+    pub fn iowrite(&self, data: &[u8], mut offset: u64, nonblocking: bool) -> io::Result<usize> {
+        self.send_iomaps(nonblocking)?;
+        let mut sizes = TransferSizes::default();
+        let mut done = 0;
+        let mut err = None;
+        while done < data.len() {
+            if self.lock().conn.peer_iomap(offset).is_none() {
+                break;
+            }
+            let mut g = match self.wait_send(nonblocking) {
+                Ok(g) => g,
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            };
+            let want = sizes.next(data.len() - done);
+            let src = &data[done..];
+            let mut at = 0;
+            let n = g.conn.write_direct(offset, want, &mut |dst: &mut [u8]| {
+                dst.copy_from_slice(&src[at..at + dst.len()]);
+                at += dst.len();
+            });
+            self.flush_posts(&mut g);
+            match n {
+                Some(0) => {
                     err = Some(g.conn.error().unwrap_or(libc::ECONNRESET));
                     break;
                 }
-                if g.conn.can_send() {
-                    let want = sizes.next(data.len() - done);
-                    let src = &data[done..];
-                    let mut at = 0;
-                    let n = g.conn.send_data(want, &mut |dst: &mut [u8]| {
-                        dst.copy_from_slice(&src[at..at + dst.len()]);
-                        at += dst.len();
-                    });
-                    done += n as usize;
-                    self.flush_posts(&mut g);
-                    continue;
+                Some(x) => {
+                    done += x as usize;
+                    offset += u64::from(x);
                 }
-                if nonblocking {
-                    err = Some(libc::EAGAIN);
-                    break;
-                }
+                None => break,
             }
-            self.wait(None, |c| c.can_send() || !c.writable())?;
         }
         partial_result(done, err).map_err(errno)
+    }
+
+    /// The connection's error, if it failed (SO_ERROR).
+    pub fn error(&self) -> Option<i32> {
+        self.lock().conn.error()
     }
 
     /// Receive into `buf` (rsockets' `rrecv`): what has arrived, waiting for something
@@ -511,7 +707,7 @@ impl Socket {
         }
         if !g.armed {
             let cq = self.objs.cq;
-            if self.dev.req_notify_cq(cq, Arm::Next).is_err() {
+            if self.ep.dev.req_notify_cq(cq, Arm::Next).is_err() {
                 return false;
             }
             g.armed = true;
@@ -524,8 +720,8 @@ impl Socket {
     pub fn take_events(&self) {
         let mut g = self.lock();
         let ch = self.objs.ch;
-        while let Some(cq) = self.dev.get_cq_event(ch) {
-            let _ = self.dev.ack_cq_events(cq, 1);
+        while let Some(cq) = self.ep.dev.get_cq_event(ch) {
+            let _ = self.ep.dev.ack_cq_events(cq, 1);
             g.armed = false;
         }
     }
@@ -565,12 +761,13 @@ impl Socket {
     }
 }
 
-/// Destroy what `make` made on the device, QP first (it could still write the regions).
-fn release(dev: &Device, o: &Objects) {
+/// Destroy what `make` made on the device, QP first (it could still write the regions),
+/// and the regions `extra` names.
+fn release(dev: &Device, o: &Objects, extra: &[u32]) {
     if o.qp != 0 {
         let _ = dev.destroy_qp(o.qp);
     }
-    for &k in &o.lkeys {
+    for &k in o.lkeys.iter().chain(extra) {
         if k != 0 {
             let _ = dev.dereg_mr(k);
         }
@@ -585,15 +782,218 @@ impl Drop for Socket {
         if self.lock().conn.is_connected() {
             let _ = self.shutdown(Shutdown::Both);
         }
-        let id = self.id;
-        let _ = self.agent.call(|c, now| {
-            let _ = c.disconnect(now, id);
-            c.destroy_id(now, id)
-        });
-        self.chan.withdraw(id);
-        release(&self.dev, &self.objs);
-        self.dev.remove_channel_fd(self.objs.ch);
+        self.ep.close();
+        let iomaps: Vec<u32> = self.lock().iomap_mrs.iter().map(|m| m.2).collect();
+        release(&self.ep.dev, &self.objs, &iomaps);
+        self.ep.dev.remove_channel_fd(self.objs.ch);
     }
+}
+
+/// An rsocket neither connected nor listening (`rsocket`, `rbind`): its CM id, whose
+/// channel's descriptor stays the socket's when it connects or listens.
+pub struct Unconnected {
+    ep: Endpoint,
+}
+
+impl std::fmt::Debug for Unconnected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unconnected")
+            .field("id", &self.ep.id)
+            .finish()
+    }
+}
+
+impl Unconnected {
+    /// A new socket on `dev`'s CM.
+    pub fn new(dev: &Arc<Device>) -> io::Result<Unconnected> {
+        Ok(Unconnected {
+            ep: Endpoint::new(dev)?,
+        })
+    }
+
+    /// The CM channel's descriptor: the socket's through its life.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.ep.chan.as_fd()
+    }
+
+    /// `rbind`: reserve `addr` (the wildcard address and port 0 allowed).
+    pub fn bind(&self, addr: SocketAddr) -> io::Result<()> {
+        self.ep.call(|c, _, id| c.bind(id, addr))
+    }
+
+    /// The bound address and the peer's (none yet).
+    pub fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        self.ep.addrs()
+    }
+
+    /// `rlisten`: take requests, at most `backlog` not yet answered (0: the CM's
+    /// default); each accepted socket is made with `cfg`. On failure the socket comes back.
+    pub fn listen(self, backlog: i32, cfg: Config) -> Result<Listener, (io::Error, Unconnected)> {
+        if let Err(e) = self.ep.call(|c, _, id| c.listen(id, backlog)) {
+            return Err((e, self));
+        }
+        Ok(Listener {
+            ep: self.ep,
+            cfg,
+            answered: Mutex::new(Vec::new()),
+            ready: Mutex::new(std::collections::VecDeque::new()),
+        })
+    }
+
+    /// `rconnect`: start connecting to `dst` with `cfg`'s sizes; [`Connecting::poll`]
+    /// takes it on.
+    pub fn connect(self, dst: SocketAddr, cfg: Config) -> Connecting {
+        let step = match self.ep.call(|c, _, id| c.resolve_addr(id, None, dst)) {
+            Ok(()) => Step::Addr(self.ep),
+            Err(e) => Step::Failed(e.raw_os_error().unwrap_or(libc::EIO)),
+        };
+        Connecting { step, cfg }
+    }
+}
+
+/// Where a connect is.
+enum Step {
+    /// Resolving the address.
+    Addr(Endpoint),
+    /// Resolving the route.
+    Route(Endpoint),
+    /// The request went with the socket's connection data: waiting for the reply.
+    Reply(Box<Socket>),
+    /// Failed with this errno.
+    Failed(i32),
+    /// Connected and handed out.
+    Done,
+}
+
+/// A connect under way (rsockets' `rs_do_connect`), taken on by [`Connecting::poll`]
+/// without blocking or by [`Connecting::wait`].
+pub struct Connecting {
+    step: Step,
+    cfg: Config,
+}
+
+impl std::fmt::Debug for Connecting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let step = match &self.step {
+            Step::Addr(_) => "resolving the address",
+            Step::Route(_) => "resolving the route",
+            Step::Reply(_) => "waiting for the reply",
+            Step::Failed(_) => "failed",
+            Step::Done => "connected",
+        };
+        f.debug_struct("Connecting").field("step", &step).finish()
+    }
+}
+
+impl Connecting {
+    fn endpoint(&self) -> Option<&Endpoint> {
+        match &self.step {
+            Step::Addr(ep) | Step::Route(ep) => Some(ep),
+            Step::Reply(s) => Some(&s.ep),
+            Step::Failed(_) | Step::Done => None,
+        }
+    }
+
+    /// The CM channel's descriptor (the socket's), readable when the next step may go;
+    /// None once failed or connected.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.endpoint().map(|ep| ep.chan.as_fd())
+    }
+
+    /// This side's and the peer's addresses as far as they are known.
+    pub fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        self.endpoint().map_or((None, None), Endpoint::addrs)
+    }
+
+    /// Take every step the CM's events allow now: Ok(Some) once connected (later
+    /// calls fail with EISCONN), Ok(None) while under way, the error once failed
+    /// (ECONNREFUSED when rejected, EHOSTUNREACH when unreachable, ENOTSUP when the
+    /// server is not rsockets, ...), and the same error on every later call.
+    pub fn poll(&mut self) -> io::Result<Option<Socket>> {
+        loop {
+            let step = std::mem::replace(&mut self.step, Step::Done);
+            let (next, out) = self.advance(step);
+            self.step = next;
+            match out {
+                Advance::Again => continue,
+                Advance::Wait => return Ok(None),
+                Advance::Connected(s) => return Ok(Some(*s)),
+                Advance::Failed(e) => return Err(errno(e)),
+            }
+        }
+    }
+
+    fn advance(&self, step: Step) -> (Step, Advance) {
+        let fail = |e: io::Error| {
+            let e = e.raw_os_error().unwrap_or(libc::EIO);
+            (Step::Failed(e), Advance::Failed(e))
+        };
+        match step {
+            Step::Failed(e) => (Step::Failed(e), Advance::Failed(e)),
+            Step::Done => (Step::Done, Advance::Failed(libc::EISCONN)),
+            Step::Addr(ep) => match ep.event() {
+                Ok(None) => (Step::Addr(ep), Advance::Wait),
+                Ok(Some(ev)) if ev.event == EventType::AddrResolved => {
+                    match ep.call(|c, _, id| c.resolve_route(id)) {
+                        Ok(()) => (Step::Route(ep), Advance::Again),
+                        Err(e) => fail(e),
+                    }
+                }
+                Ok(Some(ev)) => fail(event_error(&ev)),
+                Err(e) => fail(e),
+            },
+            Step::Route(ep) => match ep.event() {
+                Ok(None) => (Step::Route(ep), Advance::Wait),
+                Ok(Some(ev)) if ev.event == EventType::RouteResolved => {
+                    match Socket::make(ep, self.cfg) {
+                        Ok(s) => match s.request() {
+                            Ok(()) => (Step::Reply(Box::new(s)), Advance::Again),
+                            Err(e) => fail(e),
+                        },
+                        Err((e, _)) => fail(e),
+                    }
+                }
+                Ok(Some(ev)) => fail(event_error(&ev)),
+                Err(e) => fail(e),
+            },
+            Step::Reply(s) => match s.ep.event() {
+                Ok(None) => (Step::Reply(s), Advance::Wait),
+                Ok(Some(ev)) if ev.event == EventType::ConnectResponse => match s.finish(&ev) {
+                    Ok(()) => (Step::Done, Advance::Connected(s)),
+                    Err(e) => fail(e),
+                },
+                Ok(Some(ev)) => fail(event_error(&ev)),
+                Err(e) => fail(e),
+            },
+        }
+    }
+
+    /// Take the steps, waiting for the CM's events, until connected or failed, or
+    /// `deadline` passes (ETIMEDOUT; None: the CM's own verdict).
+    pub fn wait(mut self, deadline: Option<Instant>) -> io::Result<Socket> {
+        loop {
+            if let Some(s) = self.poll()? {
+                return Ok(s);
+            }
+            let now = Instant::now();
+            let slice = match deadline {
+                Some(d) if now >= d => return Err(errno(libc::ETIMEDOUT)),
+                Some(d) => (d - now).min(WAIT_SLICE),
+                None => WAIT_SLICE,
+            };
+            if let Some(fd) = self.fd() {
+                let _ = softrdma_device::poll_readable(&[fd], Some(slice));
+            }
+        }
+    }
+}
+
+/// What one step of a connect came to.
+enum Advance {
+    Again,
+    Wait,
+    Connected(Box<Socket>),
+    Failed(i32),
 }
 
 /// A listening rsocket: answers each request at once with its own QP and buffers, and
@@ -601,10 +1001,7 @@ impl Drop for Socket {
 /// connection; answered connections that never complete are dropped after
 /// [`Listener::ANSWER_WAIT`], and at most [`Listener::MAX_ANSWERED`] wait at once.
 pub struct Listener {
-    dev: Arc<Device>,
-    agent: Arc<Agent>,
-    chan: EventChannel,
-    id: IdHandle,
+    ep: Endpoint,
     cfg: Config,
     answered: Mutex<Vec<(Socket, Instant)>>,
     ready: Mutex<std::collections::VecDeque<Socket>>,
@@ -612,7 +1009,7 @@ pub struct Listener {
 
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Listener").field("id", &self.id).finish()
+        f.debug_struct("Listener").field("id", &self.ep.id).finish()
     }
 }
 
@@ -632,43 +1029,30 @@ impl Listener {
         backlog: i32,
         cfg: Config,
     ) -> io::Result<Listener> {
-        let agent = Agent::for_device(dev)?;
-        let chan = EventChannel::new()?;
-        agent.attach(&chan);
-        let ch = chan.id();
-        let id = agent
-            .call(|c, _| c.create_id(ch, port_space::TCP, None))
-            .map_err(cma)?;
-        let r = agent
-            .call(|c, _| c.bind(id, addr).and_then(|()| c.listen(id, backlog)))
-            .map_err(cma);
-        if let Err(e) = r {
-            let _ = agent.call(|c, now| c.destroy_id(now, id));
-            return Err(e);
-        }
-        Ok(Listener {
-            dev: Arc::clone(dev),
-            agent,
-            chan,
-            id,
-            cfg,
-            answered: Mutex::new(Vec::new()),
-            ready: Mutex::new(std::collections::VecDeque::new()),
-        })
+        let u = Unconnected::new(dev)?;
+        u.bind(addr)?;
+        u.listen(backlog, cfg).map_err(|(e, _)| e)
     }
 
     /// The bound address (the port chosen when 0 was asked).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.agent
-            .call(|c, _| c.addrs(self.id))
-            .ok()
-            .and_then(|a| a.0)
+        self.ep.addrs().0
     }
 
     /// The CM channel's descriptor: readable while a request waits. Answered sockets
     /// settle on their own channels: poll [`Listener::poll_accept`] now and then too.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.chan.as_fd()
+        self.ep.chan.as_fd()
+    }
+
+    /// Whether answered connections wait for their RTU (then [`Listener::poll_accept`]
+    /// has work even when [`Listener::fd`] is quiet).
+    pub fn settling(&self) -> bool {
+        !self
+            .answered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 
     /// rsockets' `rs_accept` for one request: a socket with the requester's connection
@@ -676,8 +1060,9 @@ impl Listener {
     /// (not an rsockets request, or out of resources): the requester gets a REJ.
     fn answer(&self, ev: CmaEvent) -> Option<Socket> {
         let nid = ev.id;
+        let agent = &self.ep.agent;
         let reject = || {
-            let _ = self.agent.call(|c, now| {
+            let _ = agent.call(|c, now| {
                 let _ = c.reject(now, nid, &[]);
                 c.destroy_id(now, nid)
             });
@@ -694,21 +1079,30 @@ impl Listener {
             reject();
             return None;
         };
-        self.agent.attach(&chan);
+        agent.attach(&chan);
         let ch = chan.id();
-        if self.agent.call(|c, _| c.migrate(nid, ch)).is_err() {
+        if agent.call(|c, _| c.migrate(nid, ch)).is_err() {
             reject();
             return None;
         }
-        let s = match Socket::make(&self.dev, &self.agent, chan, nid, self.cfg) {
+        let ep = Endpoint {
+            dev: Arc::clone(&self.ep.dev),
+            agent: Arc::clone(agent),
+            chan,
+            id: nid,
+            live: true,
+        };
+        let s = match Socket::make(ep, self.cfg) {
             Ok(s) => s,
-            Err(_) => {
+            Err((_, mut ep)) => {
+                ep.live = false;
+                ep.chan.withdraw(nid);
                 reject();
                 return None;
             }
         };
         s.lock().conn.start(&peer);
-        let lim = RdLimits::of(&self.dev);
+        let lim = RdLimits::of(&self.ep.dev);
         let (rr, depth) = lim.settle(
             Depth::Exactly(req.responder_resources),
             Depth::Exactly(req.initiator_depth),
@@ -731,7 +1125,7 @@ impl Listener {
             min_rnr_timer: None,
         };
         let r = conn::accept(
-            &self.agent,
+            agent,
             nid,
             Some(ready),
             &p,
@@ -745,7 +1139,7 @@ impl Listener {
     /// connections (established ones become ready; refused, failed or too old ones are
     /// dropped). Returns a ready socket if there is one.
     pub fn poll_accept(&self) -> Option<Socket> {
-        while let Ok(Some(ev)) = self.chan.get_timeout(Some(Duration::ZERO)) {
+        while let Ok(Some(ev)) = self.ep.event() {
             if ev.event != EventType::ConnectRequest {
                 continue;
             }
@@ -762,7 +1156,7 @@ impl Listener {
         let mut i = a.len();
         while i > 0 {
             i -= 1;
-            match a[i].0.chan.get_timeout(Some(Duration::ZERO)) {
+            match a[i].0.ep.event() {
                 Ok(Some(ev)) if ev.event == EventType::Established => {
                     let (s, _) = a.swap_remove(i);
                     self.ready
@@ -810,7 +1204,7 @@ impl Listener {
             } else {
                 slice
             };
-            let fds = [self.chan.as_fd()];
+            let fds = [self.ep.chan.as_fd()];
             let _ = softrdma_device::poll_readable(&fds, Some(slice));
         }
     }
@@ -818,13 +1212,11 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
+        // The sockets answered and never taken go before the id that listened.
         self.answered
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
         self.ready.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        let id = self.id;
-        let _ = self.agent.call(|c, now| c.destroy_id(now, id));
-        self.chan.withdraw(id);
     }
 }

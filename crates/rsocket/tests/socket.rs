@@ -23,11 +23,15 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 const T: Option<Duration> = Some(Duration::from_secs(20));
 
 fn pair() -> (Socket, Socket, Listener) {
+    pair_with(Config::RSOCKETS)
+}
+
+fn pair_with(cfg: Config) -> (Socket, Socket, Listener) {
     let (a, b) = (device(), device());
-    let l = Listener::bind(&a, "0.0.0.0:0".parse().unwrap(), 0, Config::RSOCKETS).expect("bind");
+    let l = Listener::bind(&a, "0.0.0.0:0".parse().unwrap(), 0, cfg).expect("bind");
     let port = l.local_addr().expect("bound").port();
     let dst = format!("127.0.0.1:{port}").parse().unwrap();
-    let t = std::thread::spawn(move || Socket::connect(&b, dst, Config::RSOCKETS, T));
+    let t = std::thread::spawn(move || Socket::connect(&b, dst, cfg, T));
     let server = l.accept(T).expect("accept");
     let client = t.join().unwrap().expect("connect");
     (client, server, l)
@@ -141,4 +145,130 @@ fn ping_pong_past_many_credit_rounds() {
     }
     client.shutdown(Shutdown::Write).unwrap();
     assert_eq!(echo.join().unwrap(), N * 300);
+}
+
+/// A connect taken step by step without blocking, from a socket bound first: its
+/// descriptor stays the one it had unbound, and the source is the bound address.
+#[test]
+fn a_bound_socket_connects_step_by_step_on_its_own_descriptor() {
+    use softrdma_rsocket::Unconnected;
+    use std::os::fd::AsRawFd;
+    let (a, b) = (device(), device());
+    let l = Listener::bind(&a, "0.0.0.0:0".parse().unwrap(), 0, Config::RSOCKETS).expect("bind");
+    let port = l.local_addr().expect("bound").port();
+    let u = Unconnected::new(&b).expect("socket");
+    let fd = u.fd().as_raw_fd();
+    u.bind("127.0.0.1:0".parse().unwrap())
+        .expect("bind the client");
+    let src = u.addrs().0.expect("bound address");
+    assert_ne!(src.port(), 0);
+    let mut c = u.connect(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        Config::RSOCKETS,
+    );
+    assert_eq!(c.fd().map(|f| f.as_raw_fd()), Some(fd));
+    let mut client = None;
+    let mut server = None;
+    let mut under_way = 0;
+    for _ in 0..4000 {
+        if server.is_none() {
+            server = l.poll_accept();
+        }
+        if client.is_none() {
+            match c.poll().expect("connect") {
+                Some(s) => client = Some(s),
+                None => under_way += 1,
+            }
+        }
+        if client.is_some() && server.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (client, server) = (client.expect("connected"), server.expect("accepted"));
+    assert!(
+        under_way > 0,
+        "the reply needs the server's answer: never at once"
+    );
+    assert_eq!(c.poll().unwrap_err().raw_os_error(), Some(libc::EISCONN));
+    assert_eq!(client.fds()[1].as_raw_fd(), fd);
+    assert_eq!(client.addrs().0, Some(src));
+    assert_eq!(server.addrs().1.map(|a| a.port()), Some(src.port()));
+    assert_eq!(client.send(b"stepwise", false).unwrap(), 8);
+    let mut buf = [0u8; 16];
+    assert_eq!(server.recv(&mut buf, false, false).unwrap(), 8);
+    assert_eq!(&buf[..8], b"stepwise");
+}
+
+/// A refused step-by-step connect says so, and says it again.
+#[test]
+fn a_refused_stepwise_connect_keeps_its_error() {
+    use softrdma_rsocket::Unconnected;
+    let d = device();
+    let l = Listener::bind(&d, "0.0.0.0:0".parse().unwrap(), 0, Config::RSOCKETS).expect("bind");
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    let mut c = Unconnected::new(&d).unwrap().connect(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        Config::RSOCKETS,
+    );
+    let mut err = None;
+    for _ in 0..4000 {
+        match c.poll() {
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Ok(Some(_)) => panic!("connected to nobody"),
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+    }
+    let e = err.expect("a verdict");
+    assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
+    assert_eq!(
+        c.poll().unwrap_err().raw_os_error(),
+        Some(libc::ECONNREFUSED)
+    );
+    assert!(c.fd().is_none());
+}
+
+/// `riomap`/`riowrite`: the server maps a buffer; the client's direct write lands in it
+/// with no receive, past the mapping's end it stops short, and unmapped it is gone.
+#[test]
+fn direct_writes_land_in_the_peers_mapping() {
+    let (client, server, _l) = pair_with(Config {
+        iomap_size: 4,
+        ..Config::RSOCKETS
+    });
+    let mut target = vec![0u8; 8192];
+    // SAFETY: `target` outlives the mapping (unmapped below, before it is dropped).
+    let off = unsafe { server.iomap(target.as_mut_ptr(), target.len(), Some(4096), true) }
+        .expect("iomap");
+    assert_eq!(off, 4096);
+    // The offer goes with the server's next send.
+    assert_eq!(server.send(b"x", false).unwrap(), 1);
+    let mut one = [0u8; 1];
+    assert_eq!(client.recv(&mut one, false, false).unwrap(), 1);
+    let data = pattern(9, 6000);
+    assert_eq!(client.iowrite(&data, 4096 + 100, false).unwrap(), 6000);
+    // Past the end of the mapping: short.
+    assert_eq!(client.iowrite(&data, 4096 + 8000, false).unwrap(), 192);
+    // Outside any mapping: nothing.
+    assert_eq!(client.iowrite(&data, 100, false).unwrap(), 0);
+    // The writes complete in order before a later send arrives.
+    assert_eq!(client.send(b"y", false).unwrap(), 1);
+    assert_eq!(server.recv(&mut one, false, false).unwrap(), 1);
+    assert_eq!(&target[100..6100], &data[..]);
+    assert_eq!(&target[8000..], &data[..192]);
+    assert!(target[..100].iter().all(|&b| b == 0));
+    server
+        .iounmap(target.as_mut_ptr(), target.len())
+        .expect("unmap");
+    assert_eq!(
+        server
+            .iounmap(target.as_mut_ptr(), target.len())
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EINVAL)
+    );
 }

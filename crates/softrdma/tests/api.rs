@@ -226,7 +226,9 @@ fn reset_cleans_the_qps_completions_out_of_its_cq() {
     for q in [&other, &qp] {
         q.to_init(ALL).unwrap();
     }
-    other.post_recv(wr::recv(7, [mr.sge(0..8).unwrap()])).unwrap();
+    other
+        .post_recv(wr::recv(7, [mr.sge(0..8).unwrap()]))
+        .unwrap();
     qp.post_recv(wr::recv(1, [mr.sge(0..8).unwrap()])).unwrap();
     qp.post_recv(wr::recv(2, [mr.sge(8..16).unwrap()])).unwrap();
     // In ERR the flushed receives are there to poll, in order.
@@ -236,7 +238,10 @@ fn reset_cleans_the_qps_completions_out_of_its_cq() {
     // On the way to RESET the one not polled goes; another QP's completions stay.
     other.to_error().unwrap();
     qp.reset().unwrap();
-    let wc = cq.poll_one().unwrap().expect("the other QP's flushed receive");
+    let wc = cq
+        .poll_one()
+        .unwrap()
+        .expect("the other QP's flushed receive");
     assert_eq!((wc.wr_id, wc.qp_num), (7, other.qpn()));
     assert!(cq.poll_one().unwrap().is_none());
 }
