@@ -12,8 +12,9 @@
 //!   runs a connection over a device's verbs and CM, posting, polling and waiting.
 //!   Every face sits on it.
 //!
-//! The C face (`rsocket`, `rsend`, …) and the Rust face drive [`conn::Conn`] over a
-//! CM id and an RC QP; tests drive it over the transport on the `sim` network.
+//! The C face (`rsocket`, `rsend`, …: its fd table, flags, options and errno) and the
+//! Rust face sit on the driver; tests also drive [`conn::Conn`] over the transport on
+//! the `sim` network.
 
 #![warn(missing_docs)]
 

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use softrdma_cm::agent::{Agent, EventChannel};
-use softrdma_cm::cma::{CmaError, CmaEvent, ConnParam, EventParam, EventType, IdHandle};
+use softrdma_cm::cma::{CmaError, CmaEvent, ConnParam, EventParam, EventType, IdHandle, IdOption};
 use softrdma_cm::conn::{self, Depth, RdLimits, Ready};
 use softrdma_device::verbs::{
     self, Access, Arm, ChannelId, CqId, PdId, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, Qpn,
@@ -101,6 +101,10 @@ impl Endpoint {
 
     fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
         self.call(|c, _, id| c.addrs(id)).unwrap_or((None, None))
+    }
+
+    fn set_option(&self, opt: IdOption) -> io::Result<()> {
+        self.call(|c, _, id| c.set_option(id, opt))
     }
 
     /// The next event, without waiting.
@@ -369,6 +373,26 @@ impl Socket {
     /// This side's and the peer's addresses.
     pub fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
         self.ep.addrs()
+    }
+
+    /// Set an option of its CM id (what a connected id still takes, such as TOS).
+    pub fn set_option(&self, opt: IdOption) -> io::Result<()> {
+        self.ep.set_option(opt)
+    }
+
+    /// The RC QP the connection runs on.
+    pub fn qpn(&self) -> Qpn {
+        self.objs.qp
+    }
+
+    /// The path MTU the connection's QP was readied with.
+    pub fn path_mtu(&self) -> Option<verbs::Mtu> {
+        self.ep.dev.query_qp(self.objs.qp).ok().map(|a| a.path_mtu)
+    }
+
+    /// Received bytes wait to be read.
+    pub fn has_data(&self) -> bool {
+        self.lock().conn.have_rdata()
     }
 
     /// The sizes it was made with (the queue depths as the device allowed them).
@@ -826,6 +850,11 @@ impl Unconnected {
         self.ep.addrs()
     }
 
+    /// Set an option of its CM id (`rdma_set_option`: TOS, address reuse, IPv6 only).
+    pub fn set_option(&self, opt: IdOption) -> io::Result<()> {
+        self.ep.set_option(opt)
+    }
+
     /// `rlisten`: take requests, at most `backlog` not yet answered (0: the CM's
     /// default); each accepted socket is made with `cfg`. On failure the socket comes back.
     pub fn listen(self, backlog: i32, cfg: Config) -> Result<Listener, (io::Error, Unconnected)> {
@@ -903,6 +932,13 @@ impl Connecting {
     /// This side's and the peer's addresses as far as they are known.
     pub fn addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>) {
         self.endpoint().map_or((None, None), Endpoint::addrs)
+    }
+
+    /// Set an option of its CM id (EINVAL once failed or connected).
+    pub fn set_option(&self, opt: IdOption) -> io::Result<()> {
+        self.endpoint()
+            .ok_or_else(|| errno(libc::EINVAL))?
+            .set_option(opt)
     }
 
     /// Take every step the CM's events allow now: Ok(Some) once connected (later
@@ -1039,6 +1075,11 @@ impl Listener {
         self.ep.addrs().0
     }
 
+    /// Set an option of its CM id.
+    pub fn set_option(&self, opt: IdOption) -> io::Result<()> {
+        self.ep.set_option(opt)
+    }
+
     /// The CM channel's descriptor: readable while a request waits. Answered sockets
     /// settle on their own channels: poll [`Listener::poll_accept`] now and then too.
     pub fn fd(&self) -> BorrowedFd<'_> {
@@ -1147,7 +1188,7 @@ impl Listener {
                 let mut a = self.answered.lock().unwrap_or_else(|p| p.into_inner());
                 if a.len() >= Listener::MAX_ANSWERED {
                     let oldest = (0..a.len()).min_by_key(|&k| a[k].1).unwrap_or(0);
-                    drop(a.swap_remove(oldest));
+                    refuse(a.swap_remove(oldest).0);
                 }
                 a.push((s, Instant::now()));
             }
@@ -1164,9 +1205,9 @@ impl Listener {
                         .unwrap_or_else(|p| p.into_inner())
                         .push_back(s);
                 }
-                Ok(Some(_)) | Err(_) => drop(a.swap_remove(i)),
+                Ok(Some(_)) | Err(_) => refuse(a.swap_remove(i).0),
                 Ok(None) if a[i].1.elapsed() >= Listener::ANSWER_WAIT => {
-                    drop(a.swap_remove(i));
+                    refuse(a.swap_remove(i).0);
                 }
                 Ok(None) => {}
             }
@@ -1210,13 +1251,23 @@ impl Listener {
     }
 }
 
+/// Give up on an answered connection that was never established: a REJ tells its
+/// requester (where the CM can still send one), then it goes at once (there is no
+/// rsockets connection to shut down: its QP never carried one).
+fn refuse(s: Socket) {
+    let _ = s.ep.call(|c, now, id| c.reject(now, id, &[]));
+    s.lock().conn.fail(libc::ECONNREFUSED);
+    drop(s);
+}
+
 impl Drop for Listener {
     fn drop(&mut self) {
         // The sockets answered and never taken go before the id that listened.
-        self.answered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        let answered =
+            std::mem::take(&mut *self.answered.lock().unwrap_or_else(|p| p.into_inner()));
+        for (s, _) in answered {
+            refuse(s);
+        }
         self.ready.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }

@@ -272,3 +272,43 @@ fn direct_writes_land_in_the_peers_mapping() {
         Some(libc::EINVAL)
     );
 }
+
+/// A peer that ignores its receive credits: the client writes 40 data messages (empty
+/// WRITEs WITH IMMEDIATE, straight on its QP) to a server whose receive queue, and so
+/// its credits, are 16 and which reads none. The connection fails with EPROTO (as a
+/// reset would end a TCP connection), where an unchecked ring would be overrun.
+#[test]
+fn a_peer_past_its_credits_fails_the_connection() {
+    use softrdma_device::verbs::{SendFlags, SendOp, SendWr};
+    let (client, server, _l) = pair_with(Config {
+        rq_size: 16,
+        ..Config::RSOCKETS
+    });
+    let wr = SendWr {
+        wr_id: 0,
+        op: SendOp::WriteWithImm {
+            remote_addr: 0,
+            rkey: 0,
+            imm: 0,
+        },
+        flags: SendFlags::SIGNALED,
+        sg_list: Vec::new(),
+        inline_data: None,
+        ud: None,
+    };
+    for i in 0..40 {
+        let r = client.device().post_send(client.qpn(), wr.clone());
+        assert!(r.is_ok(), "message {i}: {r:?}");
+    }
+    let mut failed = false;
+    for _ in 0..400 {
+        if server.readiness().2 {
+            failed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(failed, "the server never saw the peer exceed its credits");
+    assert_eq!(server.phase(), Phase::Failed(libc::EPROTO));
+    assert_eq!(server.error(), Some(libc::EPROTO));
+}

@@ -18,7 +18,6 @@ mod events;
 mod query;
 mod sysfs;
 
-pub use query::ibv_query_device;
 pub(crate) use query::{query_device_ex, query_port_ex, query_rt_values};
 
 /// One entry of the device list. Entries live for the whole process (programs keep

@@ -5,19 +5,15 @@
 //! `riostream`, and socket programs preloaded with rsockets, run on softrdma, and talk
 //! to rdma-core's rsockets on another host.
 //!
-//! The protocol is the `softrdma-rsocket` crate's, which the Rust face uses too; this
-//! face keeps the socket table, the options, the errno and the connection steps through
-//! its own rdma_cm calls ([`stream`] drives the protocol over the socket's C objects).
+//! The protocol, the connection steps and the waiting are the `softrdma-rsocket`
+//! crate's, which the Rust face uses too; this face keeps the socket table, the C
+//! flags and options, and the errno.
 //!
-//! A stream rsocket is an RC connection made through this library's rdma_cm with a
-//! synchronous id, as rdma-core makes it: the socket's number is the id's event channel
-//! fd (a real descriptor, so it never collides with the program's others). Datagram
-//! rsockets (`SOCK_DGRAM`, over UD with a UDP side channel) are not supported:
-//! `rsocket` fails with ENOTSUP for them, as it does for any type it does not serve.
-//!
-//! Waiting: a blocking call polls the socket's completion channel and its CM channel
-//! (a peer's disconnect wakes it); several threads may wait on one socket (each wait is
-//! bounded, so none sleeps through an event another thread took).
+//! A stream rsocket is an RC connection made through the device's rdma_cm, as rdma-core
+//! makes it: the socket's number is its CM channel's fd (a real descriptor, so it never
+//! collides with the program's others). Datagram rsockets (`SOCK_DGRAM`, over UD with a
+//! UDP side channel) are not supported: `rsocket` fails with ENOTSUP for them, as it
+//! does for any type it does not serve.
 
 mod poll;
 mod stream;
@@ -26,15 +22,19 @@ mod tests;
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use self::stream::{Stage, Stream};
+use self::stream::{Life, Stream};
 use super::abi;
-use super::id as cmid;
-use crate::{guard, minus_one, mr, sys};
-use softrdma_rsocket::conn::{partial_result, Shutdown as How, TransferSizes};
-use softrdma_rsocket::Config;
+use super::cm::{sockaddr_from_c, sockaddr_to_c};
+use crate::{guard, minus_one};
+use softrdma_cm::cma::IdOption;
+use softrdma_rsocket::conn::{partial_result, Shutdown as How};
+use softrdma_rsocket::{Config, Listener as Accepting, Socket, Unconnected};
 
 // The entry points `rpoll` and `rselect` live in `poll`.
 
@@ -45,10 +45,8 @@ const RDMA_RQSIZE: c_int = 1;
 const RDMA_INLINE: c_int = 2;
 const RDMA_IOMAPSIZE: c_int = 3;
 const RDMA_ROUTE: c_int = 4;
-/// How many times address and route resolution are retried after a timeout.
-const CONN_RETRIES: u32 = 6;
-/// The longest one wait sleeps before looking again (see the module comment): rsockets'
-/// `wake_up_interval`, 500 ms unless set in their configuration directory.
+/// The longest one wait sleeps before looking again: rsockets' `wake_up_interval`, 500
+/// ms unless set in their configuration directory.
 fn wait_slice_ms() -> c_int {
     static V: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
@@ -57,25 +55,12 @@ fn wait_slice_ms() -> c_int {
     })
 }
 
-/// How long a call polls before it sleeps: rsockets' `polling_time`, 10 µs unless set.
-fn spin() -> Duration {
-    static V: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        Duration::from_micros(u64::from(
-            softrdma_rsocket::config::conf_value("polling_time")
-                .unwrap_or(10)
-                .min(1_000_000),
-        ))
-    })
-}
-
 /// A listening socket's accept queue and the thread that accepts for it.
 struct Listener {
     /// Accepted sockets' numbers, 4 bytes each: read by `raccept`, polled by `rpoll`.
     queue_rd: c_int,
     queue_wr: c_int,
-    /// Written to stop the thread.
-    stop_wr: c_int,
+    stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -93,21 +78,6 @@ fn table() -> MutexGuard<'static, BTreeMap<c_int, Arc<Rsock>>> {
 
 fn lookup(fd: c_int) -> Option<Arc<Rsock>> {
     table().get(&fd).cloned()
-}
-
-type Test = fn(&Stream) -> bool;
-
-fn conn_have_rdata(s: &Stream) -> bool {
-    s.have_rdata() || !s.readable()
-}
-fn conn_can_send(s: &Stream) -> bool {
-    s.can_send() || !s.writable()
-}
-fn conn_can_send_ctrl(s: &Stream) -> bool {
-    s.ctrl_avail() || !s.connected()
-}
-fn conn_all_sends_done(s: &Stream) -> bool {
-    s.all_sends_done()
 }
 
 fn set_nonblock(fd: c_int, on: bool) -> c_int {
@@ -141,6 +111,11 @@ fn wait_readable(fds: &[c_int], ms: c_int) -> Vec<bool> {
     p.iter().map(|x| n > 0 && x.revents != 0).collect()
 }
 
+/// The errno of an error of the rsockets layer.
+fn os(e: io::Error) -> c_int {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
 impl Rsock {
     fn lock(&self) -> MutexGuard<'_, Stream> {
         self.s.lock().unwrap_or_else(|e| e.into_inner())
@@ -156,209 +131,105 @@ impl Rsock {
         }
     }
 
-    /// rsockets' `rs_get_comp`: take completions (and send credits) until `test` holds,
-    /// waiting unless `nonblock` (then EWOULDBLOCK).
-    fn get_comp<'a>(
-        &'a self,
-        mut g: MutexGuard<'a, Stream>,
-        nonblock: bool,
-        test: Test,
-    ) -> (MutexGuard<'a, Stream>, Result<(), c_int>) {
-        let start = Instant::now();
-        loop {
-            g.update_credits();
-            let r = g.poll_cq();
-            g.update_credits();
-            if test(&g) {
-                return (g, Ok(()));
-            }
-            if let Err(e) = r {
-                return (g, Err(e));
-            }
-            if nonblock {
-                return (g, Err(libc::EWOULDBLOCK));
-            }
-            if start.elapsed() < spin() {
-                continue;
-            }
-            if !g.has_ep() {
-                return (g, Err(libc::ENOTCONN));
-            }
-            if !g.cq_armed {
-                g.arm();
-                continue;
-            }
-            let fds = [g.comp_fd().unwrap_or(-1), g.cm_fd()];
-            drop(g);
-            let ready = wait_readable(&fds, wait_slice_ms());
-            g = self.lock();
-            if g.closed() {
-                // Another thread closed the socket while this one waited.
-                return (g, Err(libc::EBADF));
-            }
-            if ready[0] {
-                g.take_cq_event();
-            }
-            if ready[1] {
-                g.take_cm_event();
-            }
+    /// The connection, once a connect under way is taken on as far as it goes (EAGAIN
+    /// while it is not done, as rsockets answer; ENOTCONN when there is none).
+    fn conn(&self) -> Result<Arc<Socket>, c_int> {
+        let mut g = self.open_lock()?;
+        if g.opening() {
+            drive(&mut g).map_err(|e| {
+                if e == libc::EINPROGRESS {
+                    libc::EAGAIN
+                } else {
+                    e
+                }
+            })?;
         }
+        g.socket().cloned().ok_or(libc::ENOTCONN)
     }
 }
 
-/// Resolve, route and connect (`rs_do_connect`), as far as the id's channel lets a
-/// non-blocking socket go: Err(EINPROGRESS) while under way.
-fn do_connect(s: &mut Stream, dst: Option<&[u8]>) -> Result<(), c_int> {
-    let r = connect_steps(s, dst);
-    match r {
-        Ok(()) => Ok(()),
-        Err(e) if e == libc::EAGAIN || e == libc::EWOULDBLOCK => Err(libc::EINPROGRESS),
-        Err(e) if s.opening() || s.stage <= Stage::Bound => {
-            s.stage = Stage::ConnectError;
+/// Take a connect under way on as far as the CM's events allow: Err(EINPROGRESS) while
+/// under way; a failure goes to SO_ERROR.
+fn drive(s: &mut Stream) -> Result<(), c_int> {
+    let Life::Connecting(c) = &mut s.life else {
+        return Ok(());
+    };
+    match c.poll() {
+        Ok(Some(sock)) => {
+            s.life = Life::Open(Arc::new(sock));
+            Ok(())
+        }
+        Ok(None) => Err(libc::EINPROGRESS),
+        Err(e) => {
+            let e = os(e);
+            s.life = Life::Failed;
             s.err = e;
             Err(e)
         }
-        Err(e) => Err(e),
     }
 }
 
-fn errno_of(rc: c_int) -> Result<(), c_int> {
-    if rc == 0 {
+/// `rconnect`: start the connect (from a fresh or bound socket), then take it on,
+/// waiting for it unless the socket is non-blocking (EINPROGRESS).
+fn connect(rs: &Rsock, dst: Option<std::net::SocketAddr>) -> Result<(), c_int> {
+    let mut g = rs.open_lock()?;
+    match &g.life {
+        Life::Fresh(_) => {
+            let dst = dst.ok_or(libc::EINVAL)?;
+            if let Some(route) = g.route.take() {
+                check_route(&route)?;
+            }
+            let Life::Fresh(u) = std::mem::replace(&mut g.life, Life::Failed) else {
+                unreachable!("matched above")
+            };
+            g.life = Life::Connecting(u.connect(dst, g.cfg));
+        }
+        Life::Connecting(_) => {}
+        Life::Open(_) => {
+            return if g.connected() {
+                Err(libc::EISCONN)
+            } else {
+                Err(libc::ENOTCONN)
+            }
+        }
+        Life::Listening(_) => return Err(libc::EINVAL),
+        Life::Failed => return Err(libc::ENOTCONN),
+        Life::Closed => return Err(libc::EBADF),
+    }
+    loop {
+        match drive(&mut g) {
+            Err(libc::EINPROGRESS) if g.fs_flags & libc::O_NONBLOCK == 0 => {}
+            r => return r,
+        }
+        let Some(fd) = g.cm_fd() else { continue };
+        drop(g);
+        wait_readable(&[fd], wait_slice_ms());
+        g = rs.open_lock()?;
+    }
+}
+
+/// `RDMA_ROUTE`: the program supplies the route; the RoCE path needs nothing from it
+/// but a primary bidirectional record (EINVAL otherwise), as `rdma_set_option` checks.
+fn check_route(route: &[u8]) -> Result<(), c_int> {
+    const PRIMARY: u32 = 1 << 4;
+    const GMP: u32 = 1 << 5;
+    const BIDIRECTIONAL: u32 = (1 << 2) | (1 << 3);
+    let n = std::mem::size_of::<abi::ibv_path_data>();
+    if route.is_empty() || route.len() % n != 0 {
+        return Err(libc::EINVAL);
+    }
+    let found = route.chunks_exact(n).any(|r| {
+        // SAFETY: `r` holds one record's bytes; the read is unaligned.
+        let d = unsafe { r.as_ptr().cast::<abi::ibv_path_data>().read_unaligned() };
+        d.flags & (PRIMARY | GMP) == PRIMARY | GMP && d.flags & BIDIRECTIONAL == BIDIRECTIONAL
+    });
+    if found {
         Ok(())
     } else {
-        Err(crate::errno_now())
+        Err(libc::EINVAL)
     }
 }
 
-fn connect_steps(s: &mut Stream, dst: Option<&[u8]>) -> Result<(), c_int> {
-    let id = s.id;
-    loop {
-        match s.stage {
-            Stage::Init | Stage::Bound => {
-                let Some(dst) = dst else {
-                    return Err(libc::EINVAL);
-                };
-                s.stage = Stage::ResolvingAddr;
-                let to = 1000 << s.retries.min(10);
-                s.retries += 1;
-                // SAFETY: the live id; `dst` holds a socket address (rconnect checked).
-                let rc = unsafe {
-                    cmid::rdma_resolve_addr(id, std::ptr::null_mut(), dst.as_ptr() as *mut _, to)
-                };
-                errno_of(rc)?;
-                if start_route(s)? {
-                    return finish_connect(s);
-                }
-            }
-            Stage::ResolvingAddr => {
-                // SAFETY: the live synchronous id.
-                match errno_of(unsafe { cmid::complete(id) }) {
-                    Ok(()) => {
-                        if start_route(s)? {
-                            return finish_connect(s);
-                        }
-                    }
-                    Err(libc::ETIMEDOUT) if s.retries <= CONN_RETRIES => s.stage = Stage::Bound,
-                    Err(e) => return Err(e),
-                }
-            }
-            Stage::ResolvingRoute => {
-                // SAFETY: the live synchronous id.
-                errno_of(unsafe { cmid::complete(id) })?;
-                send_request(s)?;
-                return finish_connect(s);
-            }
-            Stage::Connecting => {
-                // SAFETY: the live synchronous id.
-                errno_of(unsafe { cmid::complete(id) })?;
-                return finish_connect(s);
-            }
-            Stage::Accepting => {
-                // SAFETY: as above.
-                errno_of(unsafe { cmid::complete(id) })?;
-                s.stage = Stage::Open;
-                return Ok(());
-            }
-            Stage::ConnectError => return Err(libc::ENOTCONN),
-            Stage::Open => {
-                return if s.connected() {
-                    Ok(())
-                } else {
-                    Err(libc::ENOTCONN)
-                }
-            }
-            Stage::Listening => return Err(libc::EINVAL),
-        }
-    }
-}
-
-/// The address is resolved: resolve the route (or take the one RDMA_ROUTE gave), and
-/// when that is done at once, send the request (true).
-fn start_route(s: &mut Stream) -> Result<bool, c_int> {
-    let id = s.id;
-    s.retries = 0;
-    s.stage = Stage::ResolvingRoute;
-    if let Some(route) = s.route.take() {
-        // SAFETY: the live id; `route` holds the program's path records.
-        let rc = unsafe {
-            cmid::rdma_set_option(
-                id,
-                abi::RDMA_OPTION_IB,
-                abi::RDMA_OPTION_IB_PATH,
-                route.as_ptr() as *mut c_void,
-                route.len(),
-            )
-        };
-        // The route's event comes as resolving one's does.
-        return errno_of(rc).map(|()| false);
-    }
-    // SAFETY: the live id.
-    errno_of(unsafe { cmid::rdma_resolve_route(id, 1000) })?;
-    send_request(s).map(|()| true)
-}
-
-/// The route is resolved: make the QP and buffers and send the request with this side's
-/// connection data.
-fn send_request(s: &mut Stream) -> Result<(), c_int> {
-    s.create_ep()?;
-    let cd = s.format_conn_data();
-    let mut p: abi::rdma_conn_param = crate::zeroed();
-    p.private_data = cd.as_ptr().cast();
-    p.private_data_len = cd.len() as u8;
-    p.flow_control = softrdma_rsocket::config::CONNECT_FLOW_CONTROL;
-    p.retry_count = softrdma_rsocket::config::CONNECT_RETRY;
-    p.rnr_retry_count = softrdma_rsocket::config::CONNECT_RNR_RETRY;
-    s.stage = Stage::Connecting;
-    // SAFETY: the live id; `p` and `cd` live across the call.
-    errno_of(unsafe { cmid::rdma_connect(s.id, &mut p) })?;
-    Ok(())
-}
-
-/// The connection is established: take the peer's connection data.
-fn finish_connect(s: &mut Stream) -> Result<(), c_int> {
-    // SAFETY: the live synchronous id; its pending event is the ESTABLISHED that
-    // `complete` took, whose private data lives until the event is acknowledged.
-    let data = unsafe {
-        let ev = (*s.id).event;
-        if ev.is_null() {
-            return Err(libc::EPROTO);
-        }
-        let c = (*ev).param.conn;
-        if c.private_data.is_null() {
-            Vec::new()
-        } else {
-            std::slice::from_raw_parts(c.private_data.cast::<u8>(), usize::from(c.private_data_len))
-                .to_vec()
-        }
-    };
-    s.save_conn_data(&data).map_err(|_| libc::ENOTSUP)?;
-    s.stage = Stage::Open;
-    // From here only this library reads the channel (disconnects), without blocking.
-    set_nonblock(s.cm_fd(), true);
-    Ok(())
-}
-
-/// Run an entry point: its value, or -1 with errno.
 fn ret(r: Result<c_int, c_int>) -> c_int {
     match r {
         Ok(v) => v,
@@ -373,6 +244,11 @@ fn ret_size(r: Result<isize, c_int>) -> isize {
     }
 }
 
+/// The device rsockets run on: the rdma_cm's.
+fn device() -> Result<Arc<softrdma_device::Device>, c_int> {
+    Ok(Arc::clone(super::cm::get()?.agent().device()))
+}
+
 /// A new stream rsocket (`SOCK_STREAM`, protocol 0 or TCP, IPv4/IPv6/AF_IB).
 #[no_mangle]
 pub unsafe extern "C" fn rsocket(domain: c_int, type_: c_int, protocol: c_int) -> c_int {
@@ -384,20 +260,12 @@ pub unsafe extern "C" fn rsocket(domain: c_int, type_: c_int, protocol: c_int) -
         {
             return minus_one(libc::ENOTSUP);
         }
-        let mut id = std::ptr::null_mut();
-        // SAFETY: NULL channel: the id gets its own (synchronous), as rsockets use.
-        let rc = unsafe {
-            cmid::rdma_create_id(
-                std::ptr::null_mut(),
-                &mut id,
-                std::ptr::null_mut(),
-                abi::RDMA_PS_TCP,
-            )
+        let u = match device().and_then(|d| Unconnected::new(&d).map_err(os)) {
+            Ok(u) => u,
+            Err(e) => return minus_one(e),
         };
-        if rc != 0 {
-            return -1;
-        }
-        let mut s = Stream::new(id, Config::default());
+        let fd = u.fd().as_raw_fd();
+        let mut s = Stream::new(Life::Fresh(u), Config::default());
         s.fd_flags = if type_ & libc::SOCK_CLOEXEC != 0 {
             libc::FD_CLOEXEC
         } else {
@@ -408,12 +276,6 @@ pub unsafe extern "C" fn rsocket(domain: c_int, type_: c_int, protocol: c_int) -
         } else {
             0
         };
-        // SAFETY: the id just made; its address family is what rsockets record.
-        unsafe { (*id).route.addr.src.addr.sa_family = domain as libc::sa_family_t };
-        let fd = s.cm_fd();
-        if s.fs_flags & libc::O_NONBLOCK != 0 {
-            set_nonblock(fd, true);
-        }
         insert(fd, s);
         fd
     })
@@ -432,10 +294,10 @@ fn insert(fd: c_int, s: Stream) {
 ///
 /// # Safety
 /// `addr` points at `len` readable bytes or is null.
-unsafe fn sockaddr_bytes(
+unsafe fn sockaddr_arg(
     addr: *const libc::sockaddr,
     len: libc::socklen_t,
-) -> Result<Vec<u8>, c_int> {
+) -> Result<std::net::SocketAddr, c_int> {
     if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
         return Err(libc::EINVAL);
     }
@@ -450,10 +312,8 @@ unsafe fn sockaddr_bytes(
     if (len as usize) < need {
         return Err(libc::EINVAL);
     }
-    let mut v = vec![0u8; std::mem::size_of::<libc::sockaddr_storage>()];
-    // SAFETY: `need` bytes are readable at `addr` (checked), `v` is larger.
-    unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), v.as_mut_ptr(), need) };
-    Ok(v)
+    // SAFETY: `need` bytes of the family the address names are readable (checked).
+    unsafe { sockaddr_from_c(addr) }?.ok_or(libc::EINVAL)
 }
 
 #[no_mangle]
@@ -467,7 +327,7 @@ pub unsafe extern "C" fn rbind(
             return minus_one(libc::EBADF);
         };
         // SAFETY: the caller passes `addrlen` bytes at `addr`.
-        let a = match unsafe { sockaddr_bytes(addr, addrlen) } {
+        let a = match unsafe { sockaddr_arg(addr, addrlen) } {
             Ok(a) => a,
             Err(e) => return minus_one(e),
         };
@@ -475,12 +335,16 @@ pub unsafe extern "C" fn rbind(
             Ok(g) => g,
             Err(e) => return minus_one(e),
         };
-        // SAFETY: the socket's live id; `a` holds the address.
-        let rc = unsafe { cmid::rdma_bind_addr(g.id, a.as_ptr() as *mut libc::sockaddr as *mut _) };
-        if rc == 0 {
-            g.stage = Stage::Bound;
+        let Life::Fresh(u) = &g.life else {
+            return minus_one(libc::EINVAL);
+        };
+        match u.bind(a) {
+            Ok(()) => {
+                g.bound = true;
+                0
+            }
+            Err(e) => minus_one(os(e)),
         }
-        rc
     })
 }
 
@@ -490,190 +354,110 @@ pub unsafe extern "C" fn rlisten(socket: c_int, backlog: c_int) -> c_int {
         let Some(rs) = lookup(socket) else {
             return minus_one(libc::EBADF);
         };
-        let mut g = match rs.open_lock() {
-            Ok(g) => g,
-            Err(e) => return minus_one(e),
-        };
-        if g.stage == Stage::Listening {
-            return 0;
-        }
-        // SAFETY: the socket's live id.
-        if unsafe { cmid::rdma_listen(g.id, backlog) } != 0 {
-            return -1;
-        }
-        let mut q = [0 as c_int; 2];
-        let mut stop = [0 as c_int; 2];
-        // SAFETY: arrays of two fds each.
-        let ok = unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-                0,
-                q.as_mut_ptr(),
-            ) == 0
-                && libc::pipe2(stop.as_mut_ptr(), libc::O_CLOEXEC) == 0
-        };
-        if !ok {
-            return -1;
-        }
-        if g.fs_flags & libc::O_NONBLOCK != 0 {
-            set_nonblock(q[0], true);
-        }
-        set_nonblock(g.cm_fd(), true);
-        let job = AcceptJob {
-            listen: g.id as usize,
-            listen_fd: rs.fd,
-            queue_wr: q[1],
-            stop_rd: stop[0],
-        };
-        let thread = std::thread::Builder::new()
-            .name("rsocket-accept".into())
-            .spawn(move || job.run());
-        let thread = match thread {
-            Ok(t) => t,
-            Err(_) => {
-                // SAFETY: the fds just made.
-                unsafe {
-                    libc::close(q[0]);
-                    libc::close(q[1]);
-                    libc::close(stop[0]);
-                    libc::close(stop[1]);
-                }
-                return minus_one(libc::EAGAIN);
-            }
-        };
-        *rs.listener.lock().unwrap_or_else(|e| e.into_inner()) = Some(Listener {
-            queue_rd: q[0],
-            queue_wr: q[1],
-            stop_wr: stop[1],
-            thread: Some(thread),
-        });
-        g.stage = Stage::Listening;
-        0
+        ret(listen(&rs, backlog).map(|()| 0))
     })
 }
 
-/// Connections a listener has answered and waits to see established, at most, and how
-/// long each may wait for its RTU: the rsockets layer's bounds, the same for every face.
-const ACCEPT_PENDING_MAX: usize = softrdma_rsocket::Listener::MAX_ANSWERED;
-const ACCEPT_WAIT: Duration = softrdma_rsocket::Listener::ANSWER_WAIT;
-
-/// A connection the accept thread answered and waits for: it reaches `raccept` once the
-/// CM says it is established.
-struct Answered {
-    s: Stream,
-    since: Instant,
+fn listen(rs: &Arc<Rsock>, backlog: c_int) -> Result<(), c_int> {
+    let mut g = rs.open_lock()?;
+    match &g.life {
+        Life::Listening(_) => return Ok(()),
+        Life::Fresh(_) => {}
+        _ => return Err(libc::EINVAL),
+    }
+    let mut q = [0 as c_int; 2];
+    // SAFETY: an array of two fds.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            q.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(crate::errno_now());
+    }
+    let close_q = || {
+        // SAFETY: the fds just made, closed once.
+        unsafe {
+            libc::close(q[0]);
+            libc::close(q[1]);
+        }
+    };
+    let Life::Fresh(u) = std::mem::replace(&mut g.life, Life::Failed) else {
+        unreachable!("matched above")
+    };
+    let l = match u.listen(backlog, g.cfg) {
+        Ok(l) => Arc::new(l),
+        Err((e, u)) => {
+            g.life = Life::Fresh(u);
+            close_q();
+            return Err(os(e));
+        }
+    };
+    if g.fs_flags & libc::O_NONBLOCK != 0 {
+        set_nonblock(q[0], true);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let job = AcceptJob {
+        listener: Arc::clone(&l),
+        listen_fd: rs.fd,
+        queue_wr: q[1],
+        stop: Arc::clone(&stop),
+    };
+    let thread = std::thread::Builder::new()
+        .name("rsocket-accept".into())
+        .spawn(move || job.run());
+    let Ok(thread) = thread else {
+        close_q();
+        // The listener goes; the socket is listening on nothing, as after a failure.
+        return Err(libc::EAGAIN);
+    };
+    *rs.listener.lock().unwrap_or_else(|e| e.into_inner()) = Some(Listener {
+        queue_rd: q[0],
+        queue_wr: q[1],
+        stop,
+        thread: Some(thread),
+    });
+    g.life = Life::Listening(l);
+    Ok(())
 }
 
-/// What a listener's accept thread needs (the listener's id is used by it alone; the
-/// sizes and flags an accepted socket inherits are read from the listener at accept).
+/// What a listener's accept thread needs (the sizes and flags an accepted socket
+/// inherits are read from the listening socket at accept).
 struct AcceptJob {
-    listen: usize,
+    listener: Arc<Accepting>,
     listen_fd: c_int,
     queue_wr: c_int,
-    stop_rd: c_int,
-}
-
-/// Refuse a connection the accept thread will not hand out and free it.
-fn drop_answered(mut s: Stream) {
-    // SAFETY: the socket's live id, never handed out (a REJ where the CM still can send
-    // one; destroying the id ends the rest).
-    unsafe { cmid::rdma_reject(s.id, std::ptr::null(), 0) };
-    s.free();
+    stop: Arc<AtomicBool>,
 }
 
 impl AcceptJob {
-    /// The accept thread: answer each request at once, and queue a connection for
-    /// `raccept` when it is established. It never waits on one connection (rdma-core's
-    /// waits in `rdma_accept` for the RTU, so one request that never completes its
-    /// handshake stalls the listener until the REP times out, which its requester sets).
+    /// The accept thread: the rsockets layer's listener answers each request at once
+    /// and hands out a connection once it is established; each goes to the queue
+    /// `raccept` reads. It never waits on one connection, so a request that never
+    /// completes its handshake does not stall the others.
     fn run(self) {
-        let lid = self.listen as *mut abi::rdma_cm_id;
-        // SAFETY: the listener's id lives until this thread is joined (rclose).
-        let chan = unsafe { (*(*lid).channel).fd };
-        let mut answered: Vec<Answered> = Vec::new();
-        loop {
-            let mut fds = vec![chan, self.stop_rd];
-            fds.extend(answered.iter().map(|a| a.s.cm_fd()));
-            let wait = answered
-                .iter()
-                .map(|a| ACCEPT_WAIT.saturating_sub(a.since.elapsed()))
-                .min()
-                .map_or(-1, |d| d.as_millis().min(60_000) as c_int + 1);
-            let r = wait_readable(&fds, wait);
-            if r[1] {
-                for a in answered.drain(..) {
-                    drop_answered(a.s);
-                }
-                // SAFETY: our pipe end.
-                unsafe { libc::close(self.stop_rd) };
-                return;
-            }
-            // Established, refused or timed out: those whose channel has an event.
-            let mut i = answered.len();
-            while i > 0 {
-                i -= 1;
-                if r[2 + i] {
-                    if let Some(s) = self.settle(&mut answered, i) {
-                        self.queue(s);
-                    }
-                } else if answered[i].since.elapsed() >= ACCEPT_WAIT {
-                    drop_answered(answered.swap_remove(i).s);
-                }
-            }
-            if r[0] {
-                // SAFETY: as above.
-                if let Some(s) = unsafe { self.accept_one(lid) } {
-                    if s.stage == Stage::Open {
-                        self.queue(s);
-                    } else {
-                        if answered.len() >= ACCEPT_PENDING_MAX {
-                            let oldest = (0..answered.len())
-                                .min_by_key(|&k| answered[k].since)
-                                .unwrap_or(0);
-                            drop_answered(answered.swap_remove(oldest).s);
-                        }
-                        answered.push(Answered {
-                            s,
-                            since: Instant::now(),
-                        });
-                    }
-                }
+        while !self.stop.load(Ordering::Acquire) {
+            if let Ok(s) = self.listener.accept(Some(Duration::from_millis(50))) {
+                self.queue(s);
             }
         }
     }
 
-    /// Take the event of answered connection `i`: Some(socket) once it is established
-    /// (taken out of `answered`); a failure (REJECTED, UNREACHABLE, a timeout, a
-    /// disconnect) frees it; no event yet leaves it.
-    fn settle(&self, answered: &mut Vec<Answered>, i: usize) -> Option<Stream> {
-        let id = answered[i].s.id;
-        // SAFETY: the socket's live synchronous id; its channel is non-blocking.
-        let rc = unsafe { cmid::complete(id) };
-        if rc != 0 {
-            let e = crate::errno_now();
-            if e != libc::EAGAIN && e != libc::EWOULDBLOCK {
-                drop_answered(answered.swap_remove(i).s);
+    /// Hand an established connection to `raccept`.
+    fn queue(&self, sock: Socket) {
+        let fd = sock.fds()[1].as_raw_fd();
+        let (cfg, fs, fd_flags) = match lookup(self.listen_fd) {
+            Some(l) => {
+                let g = l.lock();
+                (g.cfg, g.fs_flags, g.fd_flags)
             }
-            return None;
-        }
-        // SAFETY: `complete` left the event it took on the id.
-        let established = unsafe {
-            let ev = (*id).event;
-            !ev.is_null() && (*ev).event == abi::RDMA_CM_EVENT_ESTABLISHED
+            None => return,
         };
-        let mut a = answered.swap_remove(i);
-        if !established {
-            drop_answered(a.s);
-            return None;
-        }
-        a.s.stage = Stage::Open;
-        Some(a.s)
-    }
-
-    /// Hand an established socket to `raccept`.
-    fn queue(&self, s: Stream) {
-        let fd = s.cm_fd();
+        let mut s = Stream::new(Life::Open(Arc::new(sock)), cfg);
+        (s.fs_flags, s.fd_flags) = (fs, fd_flags);
         insert(fd, s);
         let b = fd.to_ne_bytes();
         // SAFETY: our socket end; 4 bytes.
@@ -681,83 +465,6 @@ impl AcceptJob {
         if n != b.len() as isize {
             close_socket(fd);
         }
-    }
-
-    /// rsockets' `rs_accept`: take a request, make the socket's QP and buffers, and
-    /// answer with this side's connection data without waiting for the RTU: the socket,
-    /// connected if its ESTABLISHED came already, else accepting.
-    ///
-    /// # Safety
-    /// `lid` is the live listening id.
-    unsafe fn accept_one(&self, lid: *mut abi::rdma_cm_id) -> Option<Stream> {
-        let mut nid = std::ptr::null_mut();
-        // SAFETY: per the contract; the listener's channel is non-blocking.
-        if unsafe { super::qp::rdma_get_request(lid, &mut nid) } != 0 {
-            return None;
-        }
-        let reject = |nid: *mut abi::rdma_cm_id| {
-            // SAFETY: the new id, never handed out.
-            unsafe {
-                cmid::rdma_reject(nid, std::ptr::null(), 0);
-            }
-        };
-        // SAFETY: the new id's pending event is its CONNECT_REQUEST.
-        let (data, mut param) = unsafe {
-            let c = (*(*nid).event).param.conn;
-            let d = if c.private_data.is_null() {
-                Vec::new()
-            } else {
-                std::slice::from_raw_parts(
-                    c.private_data.cast::<u8>(),
-                    usize::from(c.private_data_len),
-                )
-                .to_vec()
-            };
-            (d, c)
-        };
-        let Some(l) = lookup(self.listen_fd) else {
-            reject(nid);
-            // SAFETY: the new id, never handed out.
-            unsafe { cmid::rdma_destroy_id(nid) };
-            return None;
-        };
-        let (cfg, fs, fd_flags) = {
-            let g = l.lock();
-            (g.cfg, g.fs_flags, g.fd_flags)
-        };
-        let mut s = Stream::new(nid, cfg);
-        (s.fs_flags, s.fd_flags) = (fs, fd_flags);
-        if s.create_ep().is_err() || s.save_conn_data(&data).is_err() {
-            reject(nid);
-            s.free();
-            return None;
-        }
-        let cd = s.format_conn_data();
-        param.private_data = cd.as_ptr().cast();
-        param.private_data_len = cd.len() as u8;
-        // The accept sends the REP and looks once for the ESTABLISHED: its channel is
-        // made non-blocking first, so that it does not wait for it.
-        set_nonblock(s.cm_fd(), true);
-        // SAFETY: the new id; `param` and `cd` live across the call.
-        let rc = unsafe { cmid::rdma_accept(nid, &mut param) };
-        // SAFETY: after a successful accept the id holds the event it took.
-        if rc == 0 && unsafe { (*(*nid).event).event } == abi::RDMA_CM_EVENT_ESTABLISHED {
-            s.stage = Stage::Open;
-        } else if rc == 0 {
-            reject(nid);
-            s.free();
-            return None;
-        } else {
-            let e = crate::errno_now();
-            if e == libc::EAGAIN || e == libc::EWOULDBLOCK {
-                s.stage = Stage::Accepting;
-            } else {
-                reject(nid);
-                s.free();
-                return None;
-            }
-        }
-        Some(s)
     }
 }
 
@@ -804,31 +511,12 @@ pub unsafe extern "C" fn rconnect(
             return minus_one(libc::EBADF);
         };
         // SAFETY: the caller passes `addrlen` bytes at `addr`.
-        let a = match unsafe { sockaddr_bytes(addr, addrlen) } {
+        let a = match unsafe { sockaddr_arg(addr, addrlen) } {
             Ok(a) => a,
             Err(e) => return minus_one(e),
         };
-        let mut g = match rs.open_lock() {
-            Ok(g) => g,
-            Err(e) => return minus_one(e),
-        };
-        ret(do_connect(&mut g, Some(&a)).map(|()| 0))
+        ret(connect(&rs, Some(a)).map(|()| 0))
     })
-}
-
-/// A call on a socket whose connect is under way drives it on first (EAGAIN while it is
-/// not done, as rsockets answer).
-fn drive_connect(g: &mut Stream) -> Result<(), c_int> {
-    if g.opening() {
-        do_connect(g, None).map_err(|e| {
-            if e == libc::EINPROGRESS {
-                libc::EAGAIN
-            } else {
-                e
-            }
-        })?;
-    }
-    Ok(())
 }
 
 fn nonblocking(s: &Stream, flags: c_int) -> bool {
@@ -863,75 +551,16 @@ impl Source<'_> {
     }
 }
 
-/// Wait (unless non-blocking) until a send may go: ECONNRESET once the socket cannot
-/// send any more.
-fn wait_send<'a>(
-    rs: &'a Rsock,
-    g: MutexGuard<'a, Stream>,
-    flags: c_int,
-) -> (MutexGuard<'a, Stream>, Result<(), c_int>) {
-    if g.can_send() {
-        return (g, Ok(()));
-    }
-    let nb = nonblocking(&g, flags);
-    let (g, r) = rs.get_comp(g, nb, conn_can_send);
-    if r.is_ok() && !g.writable() {
-        return (g, Err(libc::ECONNRESET));
-    }
-    (g, r)
-}
-
-/// Send any `riomap` offers not yet sent.
-fn send_iomaps<'a>(
-    rs: &'a Rsock,
-    mut g: MutexGuard<'a, Stream>,
-    flags: c_int,
-) -> (MutexGuard<'a, Stream>, Result<(), c_int>) {
-    while let Some(k) = g.iomap_to_send() {
-        let (g2, r) = wait_send(rs, g, flags);
-        g = g2;
-        if let Err(e) = r {
-            return (g, Err(e));
-        }
-        g.send_iomap(k);
-        if let Some(e) = g.failed().then_some(g.err).filter(|&e| e != 0) {
-            return (g, Err(e));
-        }
-    }
-    (g, Ok(()))
-}
-
 /// `rsend`/`rsendv`: the bytes of `iov` as data messages.
 fn sendv(socket: c_int, iov: &[libc::iovec], flags: c_int) -> Result<isize, c_int> {
     let rs = lookup(socket).ok_or(libc::EBADF)?;
-    let mut g = rs.open_lock()?;
-    drive_connect(&mut g)?;
-    let (g2, r) = send_iomaps(&rs, g, flags);
-    g = g2;
-    r?;
+    let nb = nonblocking(&*rs.open_lock()?, flags);
+    let sock = rs.conn()?;
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
     let mut src = Source { iov, i: 0, off: 0 };
-    let mut left = total;
-    let mut sizes = TransferSizes::default();
-    let mut err = None;
-    while left > 0 {
-        let (g2, r) = wait_send(&rs, g, flags);
-        g = g2;
-        if let Err(e) = r {
-            err = Some(e);
-            break;
-        }
-        let want = sizes.next(left);
-        let mut fill = |dst: &mut [u8]| src.copy_to(dst.as_mut_ptr(), dst.len());
-        let x = g.write_data(want, &mut fill);
-        if x == 0 {
-            err = Some(if g.err != 0 { g.err } else { libc::ECONNRESET });
-            break;
-        }
-        left -= x as usize;
-    }
-    let sent = total - left;
-    partial_result(sent, err).map(|n| n as isize)
+    let mut fill = |dst: &mut [u8]| src.copy_to(dst.as_mut_ptr(), dst.len());
+    let n = sock.send_from(total, nb, &mut fill).map_err(os)?;
+    Ok(n as isize)
 }
 
 #[no_mangle]
@@ -1021,37 +650,34 @@ pub unsafe extern "C" fn rsendto(
 }
 
 /// `rrecv`: the bytes received, in order; 0 once the peer has shut down or gone and all
-/// is read.
+/// is read. MSG_WAITALL waits for `len` bytes (fewer at the end of the stream).
 fn recv(socket: c_int, buf: *mut u8, len: usize, flags: c_int) -> Result<isize, c_int> {
     let rs = lookup(socket).ok_or(libc::EBADF)?;
-    let mut g = rs.open_lock()?;
-    drive_connect(&mut g)?;
-    let mut left = len;
+    let nb = nonblocking(&*rs.open_lock()?, flags);
+    let sock = rs.conn()?;
+    if len == 0 {
+        return Ok(0);
+    }
+    // SAFETY: the caller's buffer of `len` bytes; nothing else uses it during the call.
+    let dst = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+    let peek = flags & libc::MSG_PEEK != 0;
+    let all = flags & libc::MSG_WAITALL != 0 && !peek;
+    let mut got = 0;
     let mut err = None;
-    loop {
-        if !g.have_rdata() {
-            let nb = nonblocking(&g, flags);
-            let (g2, r) = rs.get_comp(g, nb, conn_have_rdata);
-            g = g2;
-            if let Err(e) = r {
-                err = Some(e);
+    while got < len {
+        match sock.recv(&mut dst[got..], peek, nb) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) => {
+                err = Some(os(e));
                 break;
             }
         }
-        // SAFETY: the caller's buffer of `len` bytes, of which the last `left` are not
-        // filled yet; nothing else uses it during the call.
-        let dst = unsafe { std::slice::from_raw_parts_mut(buf.add(len - left), left) };
-        if flags & libc::MSG_PEEK != 0 {
-            left -= g.read_data(dst, true);
-            break;
-        }
-        left -= g.read_data(dst, false);
-        if !(left > 0 && flags & libc::MSG_WAITALL != 0 && g.readable()) {
+        if !all {
             break;
         }
     }
-    g.update_credits();
-    partial_result(len - left, err).map(|n| n as isize)
+    partial_result(got, err).map(|n| n as isize)
 }
 
 #[no_mangle]
@@ -1140,49 +766,29 @@ fn shutdown(rs: &Rsock, how: c_int) -> Result<(), c_int> {
         return Err(libc::EINVAL);
     }
     keepalive_remove(rs.fd);
-    let mut g = rs.open_lock()?;
-    let mut res = Ok(());
-    if g.connected() {
-        let how = match how {
-            libc::SHUT_RDWR => How::Both,
-            libc::SHUT_WR => How::Write,
-            _ => How::Read,
-        };
-        let Some(ctrl) = g.shutdown(how) else {
-            return Ok(());
-        };
-        if !g.ctrl_avail() {
-            let (g2, r) = rs.get_comp(g, false, conn_can_send_ctrl);
-            g = g2;
-            res = r;
-        }
-        if res.is_ok() && g.connected() && g.ctrl_avail() {
-            g.send_ctrl(ctrl);
-        }
-    }
-    if g.connected() {
-        let (g2, _) = rs.get_comp(g, false, conn_all_sends_done);
-        g = g2;
-    }
-    if g.disconnected() {
-        // Flushing the receives wakes whoever polls the socket.
-        g.flush();
-    }
-    res
+    let Some(sock) = rs.open_lock()?.socket().cloned() else {
+        return Ok(());
+    };
+    let how = match how {
+        libc::SHUT_RDWR => How::Both,
+        libc::SHUT_WR => How::Write,
+        _ => How::Read,
+    };
+    sock.shutdown(how).map_err(os)
 }
 
-/// Close a socket: shut a connection down, stop a listener, free everything.
+/// Close a socket: shut a connection down, stop a listener, free everything. A thread
+/// still in a call on the socket holds its connection until that call returns; the
+/// shutdown wakes it.
 fn close_socket(fd: c_int) -> bool {
     let Some(rs) = lookup(fd) else { return false };
-    let connected = rs.lock().connected();
-    if connected {
+    if rs.lock().connected() {
         let _ = shutdown(&rs, libc::SHUT_RDWR);
     }
     keepalive_remove(fd);
     let l = rs.listener.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(mut l) = l {
-        // SAFETY: our pipe end; one byte.
-        unsafe { libc::write(l.stop_wr, [1u8].as_ptr().cast(), 1) };
+        l.stop.store(true, Ordering::Release);
         if let Some(t) = l.thread.take() {
             let _ = t.join();
         }
@@ -1197,17 +803,11 @@ fn close_socket(fd: c_int) -> bool {
         unsafe {
             libc::close(l.queue_rd);
             libc::close(l.queue_wr);
-            libc::close(l.stop_wr);
         }
     }
     table().remove(&fd);
-    let mut g = rs.lock();
-    if g.has_ep() && (g.connected() || g.disconnected()) {
-        // The CM's DREQ: a peer that still waits learns the connection is gone.
-        // SAFETY: the live id (its channel is non-blocking: this does not wait).
-        unsafe { cmid::rdma_disconnect(g.id) };
-    }
-    g.free();
+    let life = std::mem::replace(&mut rs.lock().life, Life::Closed);
+    drop(life);
     true
 }
 
@@ -1261,11 +861,16 @@ fn name(socket: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t, pee
         Ok(g) => g,
         Err(e) => return minus_one(e),
     };
-    // SAFETY: the socket's live id; the caller's buffer and length.
-    unsafe {
-        let a = &(*g.id).route.addr;
-        copy_addr(if peer { &a.dst } else { &a.src }, addr, len);
-    }
+    let (src, dst) = g.addrs();
+    let a = if peer { dst } else { src };
+    let a = match a {
+        Some(a) => a,
+        None if peer => return minus_one(libc::ENOTCONN),
+        // Not bound yet: the wildcard address, as getsockname(2) says.
+        None => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+    };
+    // SAFETY: the caller's buffer and length.
+    unsafe { copy_addr(&sockaddr_to_c(a), addr, len) };
     0
 }
 
@@ -1285,6 +890,18 @@ pub unsafe extern "C" fn rgetsockname(
     addrlen: *mut libc::socklen_t,
 ) -> c_int {
     guard(-1, || name(socket, addr, addrlen, false))
+}
+
+/// Set an option of the socket's CM id, whatever its life (EINVAL when it has none).
+fn set_id_option(g: &Stream, opt: IdOption) -> Result<(), c_int> {
+    let r = match &g.life {
+        Life::Fresh(u) => u.set_option(opt),
+        Life::Connecting(c) => c.set_option(opt),
+        Life::Open(s) => s.set_option(opt),
+        Life::Listening(l) => l.set_option(opt),
+        Life::Failed | Life::Closed => return Err(libc::EINVAL),
+    };
+    r.map_err(os)
 }
 
 /// Read an int option value.
@@ -1338,31 +955,22 @@ unsafe fn setsockopt(
     match (level, optname) {
         (libc::SOL_SOCKET, libc::SO_REUSEADDR) => {
             let v = int()?;
-            // SAFETY: the live id; `v` is an int.
-            let rc = unsafe {
-                cmid::rdma_set_option(
-                    g.id,
-                    abi::RDMA_OPTION_ID,
-                    abi::RDMA_OPTION_ID_REUSEADDR,
-                    (&v as *const c_int).cast_mut().cast(),
-                    std::mem::size_of::<c_int>(),
-                )
-            };
             // Once bound, a RoCE id's reuse cannot change; rsockets accept that quietly.
-            if rc != 0 && g.stage == Stage::Init {
-                return Err(crate::errno_now());
+            let r = set_id_option(&g, IdOption::ReuseAddr(v != 0));
+            if r.is_err() && matches!(g.life, Life::Fresh(_)) && !g.bound {
+                return r;
             }
             bit(&mut g.so_opts, v != 0);
         }
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => {
             let v = int()?;
-            if !g.has_ep() && v > 0 {
+            if g.before_connect() && v > 0 {
                 g.cfg.rbuf_size = (v as u32).saturating_mul(2).min(1 << 28);
             }
         }
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
             let v = int()?;
-            if !g.has_ep() && v > 0 {
+            if g.before_connect() && v > 0 {
                 g.cfg.sbuf_size = (v as u32)
                     .saturating_mul(2)
                     .clamp(softrdma_rsocket::config::SNDLOWAT << 1, 1 << 28);
@@ -1400,18 +1008,7 @@ unsafe fn setsockopt(
         }
         (libc::IPPROTO_IP, libc::IP_TOS) => {
             let v = int()?;
-            let tos = v as u8;
-            // SAFETY: the live id; a one-byte value.
-            let rc = unsafe {
-                cmid::rdma_set_option(
-                    g.id,
-                    abi::RDMA_OPTION_ID,
-                    abi::RDMA_OPTION_ID_TOS,
-                    (&tos as *const u8).cast_mut().cast(),
-                    1,
-                )
-            };
-            errno_of(rc)?;
+            set_id_option(&g, IdOption::Tos(v as u8))?;
             g.ipv4_tos = v;
         }
         (
@@ -1439,21 +1036,11 @@ unsafe fn setsockopt(
         }
         (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => {
             let v = int()?;
-            // SAFETY: the live id; `v` is an int.
-            let rc = unsafe {
-                cmid::rdma_set_option(
-                    g.id,
-                    abi::RDMA_OPTION_ID,
-                    abi::RDMA_OPTION_ID_AFONLY,
-                    (&v as *const c_int).cast_mut().cast(),
-                    std::mem::size_of::<c_int>(),
-                )
-            };
-            errno_of(rc)?;
+            set_id_option(&g, IdOption::AfOnly(v != 0))?;
             bit(&mut g.ipv6_opts, v != 0);
         }
         (SOL_RDMA, _) => {
-            if g.stage >= Stage::ResolvingAddr {
+            if !g.before_connect() {
                 return Err(libc::EINVAL);
             }
             match optname {
@@ -1546,11 +1133,7 @@ unsafe fn getsockopt(
             }
             Ok(())
         }
-        (libc::SOL_SOCKET, libc::SO_ERROR) => {
-            let e = g.err;
-            g.err = 0;
-            put_int(e)
-        }
+        (libc::SOL_SOCKET, libc::SO_ERROR) => put_int(g.take_error()),
         (libc::SOL_SOCKET, libc::SO_TYPE) => put_int(libc::SOCK_STREAM),
         (libc::IPPROTO_IP, libc::IP_TOS) => put_int(g.ipv4_tos),
         (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => put_int(g.keepalive_time as c_int),
@@ -1583,15 +1166,10 @@ unsafe fn getsockopt(
             Ok(())
         }
         (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => {
-            // SAFETY: the live id; its path record when it has one.
-            let mss = unsafe {
-                let r = &(*g.id).route;
-                if r.num_paths > 0 && !r.path_rec.is_null() {
-                    1 << (7 + c_int::from((*r.path_rec).mtu))
-                } else {
-                    2048
-                }
-            };
+            let mss = g
+                .socket()
+                .and_then(|s| s.path_mtu())
+                .map_or(2048, |m| m.bytes() as c_int);
             put_int(mss)
         }
         (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => put_int(has(g.ipv6_opts)),
@@ -1624,17 +1202,13 @@ pub unsafe extern "C" fn rfcntl(socket: c_int, cmd: c_int, arg: c_int) -> c_int 
             libc::F_SETFL => {
                 let on = arg & libc::O_NONBLOCK != 0;
                 if (g.fs_flags & libc::O_NONBLOCK != 0) != on {
-                    if g.stage == Stage::Listening {
-                        if let Some(l) = rs
-                            .listener
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .as_ref()
-                        {
-                            set_nonblock(l.queue_rd, on);
-                        }
-                    } else if g.stage < Stage::Open {
-                        set_nonblock(g.cm_fd(), on);
+                    if let Some(l) = rs
+                        .listener
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .as_ref()
+                    {
+                        set_nonblock(l.queue_rd, on);
                     }
                 }
                 g.fs_flags = arg;
@@ -1665,31 +1239,17 @@ pub unsafe extern "C" fn riomap(
         let Some(rs) = lookup(socket) else {
             return minus_one(libc::EBADF) as libc::off_t;
         };
-        let mut g = rs.lock();
-        if !g.has_ep() || prot & !(libc::PROT_WRITE | libc::PROT_NONE) != 0 {
-            return minus_one(libc::EINVAL) as libc::off_t;
-        }
-        let remote = prot & libc::PROT_WRITE != 0;
-        let mut access = sys::IBV_ACCESS_LOCAL_WRITE;
-        if remote {
-            access |= sys::IBV_ACCESS_REMOTE_WRITE;
-        }
-        // SAFETY: the socket's live id and PD; the program's buffer of `len` bytes.
-        let m = unsafe { mr::ibv_reg_mr((*g.id).pd, buf, len, access as c_int) };
-        if m.is_null() {
-            return -1;
-        }
-        let off = if offset == -1 {
-            buf as libc::off_t
-        } else {
-            offset
+        let sock = match rs.lock().socket().cloned() {
+            Some(s) if prot & !(libc::PROT_WRITE | libc::PROT_NONE) == 0 => s,
+            _ => return minus_one(libc::EINVAL) as libc::off_t,
         };
-        if let Err(e) = g.map_iomap(m, off as u64, remote) {
-            // SAFETY: registered above, used by nothing.
-            unsafe { mr::ibv_dereg_mr(m) };
-            return minus_one(e) as libc::off_t;
+        let at = (offset != -1).then_some(offset as u64);
+        // SAFETY: `riomap`'s contract: the program keeps the buffer until `riounmap`
+        // or `rclose`.
+        match unsafe { sock.iomap(buf.cast(), len, at, prot & libc::PROT_WRITE != 0) } {
+            Ok(off) => off as libc::off_t,
+            Err(e) => minus_one(os(e)) as libc::off_t,
         }
-        off
     })
 }
 
@@ -1699,13 +1259,10 @@ pub unsafe extern "C" fn riounmap(socket: c_int, buf: *mut c_void, len: usize) -
         let Some(rs) = lookup(socket) else {
             return minus_one(libc::EBADF);
         };
-        let mut g = rs.lock();
-        let Some(m) = g.unmap_iomap(buf, len) else {
+        let Some(sock) = rs.lock().socket().cloned() else {
             return minus_one(libc::EINVAL);
         };
-        // SAFETY: registered by riomap, removed from the socket.
-        unsafe { mr::ibv_dereg_mr(m) };
-        0
+        ret(sock.iounmap(buf.cast(), len).map(|()| 0).map_err(os))
     })
 }
 
@@ -1724,61 +1281,23 @@ pub unsafe extern "C" fn riowrite(
         if buf.is_null() && count > 0 {
             return minus_one(libc::EFAULT) as usize;
         }
-        match iowrite(socket, buf.cast(), count, offset as u64, flags) {
+        let r = (|| {
+            let rs = lookup(socket).ok_or(libc::EBADF)?;
+            let nb = nonblocking(&*rs.open_lock()?, flags);
+            let sock = rs.conn()?;
+            let data: &[u8] = if count == 0 {
+                &[]
+            } else {
+                // SAFETY: the caller's buffer of `count` bytes.
+                unsafe { std::slice::from_raw_parts(buf.cast(), count) }
+            };
+            sock.iowrite(data, offset as u64, nb).map_err(os)
+        })();
+        match r {
             Ok(n) => n,
             Err(e) => minus_one(e) as usize,
         }
     })
-}
-
-fn iowrite(
-    socket: c_int,
-    buf: *const u8,
-    count: usize,
-    mut offset: u64,
-    flags: c_int,
-) -> Result<usize, c_int> {
-    let rs = lookup(socket).ok_or(libc::EBADF)?;
-    let g = rs.open_lock()?;
-    let (mut g, r) = send_iomaps(&rs, g, flags);
-    r?;
-    let mut left = count;
-    let mut sizes = TransferSizes::default();
-    let mut err = None;
-    while left > 0 {
-        if g.peer_iomap(offset).is_none() {
-            break;
-        }
-        let (g2, r) = wait_send(&rs, g, flags);
-        g = g2;
-        if let Err(e) = r {
-            err = Some(e);
-            break;
-        }
-        let want = sizes.next(left);
-        // SAFETY: within the caller's buffer of `count` bytes.
-        let src = unsafe { buf.add(count - left) };
-        let mut copied = 0usize;
-        let mut fill = |dst: &mut [u8]| {
-            // SAFETY: the next `dst.len()` bytes of the caller's buffer (the transfer's
-            // pieces, in order, within `left`).
-            unsafe { std::ptr::copy_nonoverlapping(src.add(copied), dst.as_mut_ptr(), dst.len()) };
-            copied += dst.len();
-        };
-        match g.write_direct(offset, want, &mut fill) {
-            Some(0) => {
-                err = Some(if g.err != 0 { g.err } else { libc::ECONNRESET });
-                break;
-            }
-            Some(x) => {
-                left -= x as usize;
-                offset += u64::from(x);
-            }
-            None => break,
-        }
-    }
-    let done = count - left;
-    partial_result(done, err)
 }
 
 /// Sockets with keepalives on: the next time each is due.
@@ -1833,13 +1352,8 @@ fn keepalive_run() {
                 .unwrap_or(now + Duration::from_secs(1))
         };
         for fd in due {
-            if let Some(rs) = lookup(fd) {
-                let mut g = rs.lock();
-                if g.closed() {
-                    continue;
-                }
-                g.poll_cq().ok();
-                g.send_keepalive();
+            if let Some(sock) = lookup(fd).and_then(|rs| rs.lock().socket().cloned()) {
+                sock.keepalive();
             }
         }
         std::thread::sleep(

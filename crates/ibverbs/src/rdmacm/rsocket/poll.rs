@@ -6,10 +6,13 @@
 //! completion channel and CM channel, or its accept queue).
 
 use std::ffi::c_int;
+use std::os::fd::AsRawFd;
 use std::time::Instant;
 
-use super::stream::Stage;
-use super::{conn_have_rdata, do_connect, lookup, wait_slice_ms, Rsock};
+use softrdma_rsocket::Phase;
+
+use super::stream::Life;
+use super::{drive, lookup, wait_slice_ms, Rsock};
 use crate::{guard, minus_one};
 
 /// The events of `rs` now (rsockets' `rs_poll_rs`, without waiting).
@@ -19,96 +22,88 @@ fn poll_rs(rs: &Rsock, events: i16) -> i16 {
         return libc::POLLNVAL;
     }
     if g.opening() {
-        if let Err(libc::EINPROGRESS) = do_connect(&mut g, None) {
+        if let Err(libc::EINPROGRESS) = drive(&mut g) {
             return 0;
         }
     }
-    if g.has_ep() && g.stage == Stage::Open {
-        let (g2, _) = rs.get_comp(g, true, |_| true);
-        g = g2;
-        let mut r = 0;
-        if events & libc::POLLIN != 0 && conn_have_rdata(&g) {
-            r |= libc::POLLIN;
-        }
-        if events & libc::POLLOUT != 0 && g.can_send() {
-            r |= libc::POLLOUT;
-        }
-        // Hung up once the peer's data is all read: a reader that stops at POLLHUP
-        // (as rdma-core's examples do) still gets every byte sent before the
-        // disconnect. rdma-core's rsockets report POLLHUP at once.
-        if g.disconnected() {
-            if !g.have_rdata() {
-                r |= libc::POLLHUP;
+    match &g.life {
+        Life::Open(sock) => {
+            let sock = sock.clone();
+            drop(g);
+            let (readable, writable, _) = sock.readiness();
+            let mut r = 0;
+            if events & libc::POLLIN != 0 && readable {
+                r |= libc::POLLIN;
             }
-        } else if !g.connected() {
-            r |= libc::POLLERR;
+            if events & libc::POLLOUT != 0 && writable {
+                r |= libc::POLLOUT;
+            }
+            // Hung up once the peer's data is all read: a reader that stops at POLLHUP
+            // (as rdma-core's examples do) still gets every byte sent before the
+            // disconnect. rdma-core's rsockets report POLLHUP at once.
+            match sock.phase() {
+                Phase::Disconnected if !sock.has_data() => r |= libc::POLLHUP,
+                Phase::Failed(_) => r |= libc::POLLERR,
+                _ => {}
+            }
+            r
         }
-        return r;
+        Life::Listening(_) => {
+            drop(g);
+            let q = rs
+                .listener
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map(|l| l.queue_rd);
+            let Some(q) = q else { return 0 };
+            let mut p = libc::pollfd {
+                fd: q,
+                events,
+                revents: 0,
+            };
+            // SAFETY: one pollfd.
+            unsafe { libc::poll(&mut p, 1, 0) };
+            p.revents
+        }
+        Life::Failed => (events & (libc::POLLIN | libc::POLLOUT)) | libc::POLLERR,
+        _ => 0,
     }
-    if g.stage == Stage::Listening {
-        drop(g);
-        let q = rs
-            .listener
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|l| l.queue_rd);
-        let Some(q) = q else { return 0 };
-        let mut p = libc::pollfd {
-            fd: q,
-            events,
-            revents: 0,
-        };
-        // SAFETY: one pollfd.
-        unsafe { libc::poll(&mut p, 1, 0) };
-        return p.revents;
-    }
-    if g.stage == Stage::ConnectError {
-        return (events & (libc::POLLIN | libc::POLLOUT)) | libc::POLLERR;
-    }
-    0
 }
 
 /// The descriptors `rs`'s next event comes from, with the completion queue armed.
 fn wait_fds(rs: &Rsock, out: &mut Vec<c_int>) {
-    let mut g = rs.lock();
-    if g.closed() {
-        return;
-    }
-    if g.stage == Stage::Listening {
-        drop(g);
-        if let Some(l) = rs
-            .listener
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            out.push(l.queue_rd);
+    let g = rs.lock();
+    match &g.life {
+        Life::Listening(_) => {
+            drop(g);
+            if let Some(l) = rs
+                .listener
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+            {
+                out.push(l.queue_rd);
+            }
         }
-        return;
-    }
-    if g.has_ep() && g.connected() {
-        if !g.cq_armed {
-            g.arm();
+        Life::Open(sock) => {
+            let sock = sock.clone();
+            drop(g);
+            // A completion found while arming is seen by the next look (`check`).
+            sock.arm();
+            out.extend(sock.fds().iter().map(|f| f.as_raw_fd()));
         }
-        if let Some(fd) = g.comp_fd() {
-            out.push(fd);
-        }
+        _ => out.extend(g.cm_fd()),
     }
-    out.push(g.cm_fd());
 }
 
 /// Take the events that woke a wait, so the next look sees their effect.
 fn take_events(rs: &Rsock, ready: &[c_int]) {
-    let mut g = rs.lock();
-    if g.closed() || g.stage == Stage::Listening {
+    let Some(sock) = rs.lock().socket().cloned() else {
         return;
-    }
-    if g.comp_fd().is_some_and(|fd| ready.contains(&fd)) {
-        g.take_cq_event();
-    }
-    if g.connected() && ready.contains(&g.cm_fd()) {
-        g.take_cm_event();
+    };
+    if ready.contains(&sock.fds()[0].as_raw_fd()) {
+        sock.take_events();
     }
 }
 

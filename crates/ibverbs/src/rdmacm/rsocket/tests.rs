@@ -251,101 +251,6 @@ fn blocking_raccept_returns_an_established_connection() {
     assert_eq!(got, msg);
 }
 
-/// Connect a client (send queue `sq`) to a blocking listener on `port` whose accepted
-/// sockets get receive queues of `rq`: (client, server).
-fn connected_pair(port: u16, sq: c_int, rq: c_int) -> (c_int, c_int) {
-    let l = listener(port, false);
-    let c = stream_socket(false);
-    let int_len = std::mem::size_of::<c_int>() as libc::socklen_t;
-    // SAFETY: our sockets; the values are ints.
-    unsafe {
-        assert_eq!(
-            rsetsockopt(
-                l,
-                SOL_RDMA,
-                RDMA_RQSIZE,
-                (&rq as *const c_int).cast(),
-                int_len
-            ),
-            0
-        );
-        assert_eq!(
-            rsetsockopt(
-                c,
-                SOL_RDMA,
-                RDMA_SQSIZE,
-                (&sq as *const c_int).cast(),
-                int_len
-            ),
-            0
-        );
-    }
-    // SAFETY: our listener; no address wanted.
-    let server =
-        std::thread::spawn(move || unsafe { raccept(l, ptr::null_mut(), ptr::null_mut()) });
-    let a = loopback(port);
-    // SAFETY: our socket; `a` is a sockaddr_in.
-    assert_eq!(
-        unsafe { rconnect(c, sa(&a), SA_LEN) },
-        0,
-        "rconnect: {}",
-        std::io::Error::last_os_error()
-    );
-    let s = server.join().expect("raccept thread");
-    assert!(s >= 0, "raccept: {}", std::io::Error::last_os_error());
-    // SAFETY: the listener, no longer needed.
-    assert_eq!(unsafe { rclose(l) }, 0);
-    (c, s)
-}
-
-/// A peer that ignores its receive credits: the client writes 40 data messages (empty
-/// WRITEs WITH IMMEDIATE, straight on its QP) to a server whose receive queue, and so
-/// its credits, are 16 and which reads none. The server's records of unread messages
-/// never pass 16, and the connection fails with EPROTO (POLLERR, SO_ERROR), where they
-/// grew by one per message without end (rdma-core overwrites its ring).
-#[test]
-fn a_peer_past_its_credits_fails_the_connection() {
-    let (c, s) = connected_pair(test_port(3), 64, 16);
-    {
-        let rs = lookup(c).expect("the client");
-        let g = rs.lock();
-        for i in 0..40 {
-            let r = g.post_past_credits();
-            assert!(r.is_ok(), "message {i}: {r:?}");
-        }
-    }
-    let mut failed = false;
-    for _ in 0..40 {
-        // Only errors are asked for: the wait ends at the next completion.
-        let ev = poll_one(s, 0, 250);
-        let unread = lookup(s).expect("the server").lock().unread_msgs();
-        assert!(unread <= 16, "{unread} records of unread messages");
-        if ev & libc::POLLERR != 0 {
-            failed = true;
-            break;
-        }
-    }
-    assert!(failed, "the server never saw the peer exceed its credits");
-    let mut err: c_int = 0;
-    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
-    // SAFETY: our socket; room for an int.
-    let rc = unsafe {
-        rgetsockopt(
-            s,
-            libc::SOL_SOCKET,
-            libc::SO_ERROR,
-            (&mut err as *mut c_int).cast(),
-            &mut len,
-        )
-    };
-    assert_eq!((rc, err), (0, libc::EPROTO));
-    // SAFETY: our sockets, each closed once.
-    unsafe {
-        assert_eq!(rclose(c), 0);
-        assert_eq!(rclose(s), 0);
-    }
-}
-
 /// The CM event that comes next on `id`'s channel within a few polls, if any.
 fn next_event(id: *mut abi::rdma_cm_id) -> Option<abi::rdma_cm_event_type> {
     // SAFETY: the live synchronous id's own channel.
@@ -375,7 +280,7 @@ fn next_event(id: *mut abi::rdma_cm_id) -> Option<abi::rdma_cm_event_type> {
 fn answered_requests_waiting_are_bounded() {
     let port = test_port(4);
     let l = listener(port, true);
-    let ids: Vec<_> = (0..ACCEPT_PENDING_MAX + 2)
+    let ids: Vec<_> = (0..softrdma_rsocket::Listener::MAX_ANSWERED + 2)
         .map(|_| half_open_request(port))
         .collect();
     for (k, &id) in ids.iter().enumerate().take(2) {
