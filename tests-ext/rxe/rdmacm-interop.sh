@@ -16,6 +16,8 @@
 #                                 data, buffer offers and credits, shutdown; verified)
 #   riostream -S 64k -C $RS_XFERS -T v (rsockets' riomap offers and direct RDMA WRITEs)
 #   rstream against `softrdma rsocket listen --echo` (the Rust face, softrdma::rsocket)
+#   `softrdma rsocket connect` (the Rust face as client) against rstream's server, the
+#                                 bytes both ways checked
 # A check passes when both sides exit 0 and the programs report their work (rping's
 # verified ping lines, "test complete", perftest's result row). Prints the guest's rxe
 # counters after each check, then "N passed, M failed"; exits 1 on any failure. Needs
@@ -99,11 +101,16 @@ did_work() {
 #   GUEST_PORT: the rdma_cm port a guest server listens on (default $PORT)
 # HOST_ARGS is word-split; GUEST_ARGS is a guest shell string. A guest server is waited
 # for in the guest's cm_id table; a host server gets SETTLE seconds to start.
+# Optional, set around a call: HOST_IN (a file for the host side's standard input,
+# otherwise /dev/null), HOST_OUT (a file for its standard output, otherwise with its
+# standard error in NAME.host.txt), PEER_SUFFIX (appended to the guest's address, e.g.
+# :PORT), VERIFY (a command run after both sides ended; its failure fails the check).
 pair() {
   local name=$1 role=$2 hargs=$3 gargs=$4 expect=$5 gport=${6:-$PORT} g h hp id ok
   if [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then return 0; fi
   local -a ha
   read -r -a ha <<< "$hargs"
+  local hin=${HOST_IN:-/dev/null} hout=${HOST_OUT:-$OUT/$name.host.txt}
   capture_start "$name"
   if [ "$role" = guest-server ]; then
     local run
@@ -115,8 +122,9 @@ pair() {
       # perftest lists its listening id a moment before the kernel CM serves its service
       # ID (seen once: REJ 8 right after the probe succeeded)
       sleep 1
-      echo "\$ softrdma run -- ${ha[*]} $GUEST_IP" > "$OUT/$name.host.txt"
-      host_run "${ha[@]}" "$GUEST_IP" >> "$OUT/$name.host.txt" 2>&1
+      [ -z "${HOST_OUT:-}" ] || : > "$HOST_OUT"
+      echo "\$ softrdma run -- ${ha[*]} $GUEST_IP${PEER_SUFFIX:-}" > "$OUT/$name.host.txt"
+      host_run "${ha[@]}" "$GUEST_IP${PEER_SUFFIX:-}" < "$hin" >> "$hout" 2>> "$OUT/$name.host.txt"
       h=$?
       if [ "$h" != 0 ]; then
         timeout 30 "$RUN" exec -t 10 -- "kill \$(cat /tmp/$name.pid) 2>/dev/null" > /dev/null 2>&1
@@ -138,7 +146,7 @@ pair() {
     done
   else
     echo "\$ softrdma run -- ${ha[*]}" > "$OUT/$name.host.txt"
-    host_run "${ha[@]}" >> "$OUT/$name.host.txt" 2>&1 &
+    host_run "${ha[@]}" < "$hin" >> "$hout" 2>> "$OUT/$name.host.txt" &
     hp=$!
     sleep "$SETTLE"
     timeout $((STEP_TIMEOUT + 30)) "$RUN" exec -t "$STEP_TIMEOUT" -- \
@@ -154,6 +162,7 @@ pair() {
   ok=0
   did_work "$expect" "$OUT/$name.guest.txt" || ok=1
   did_work "$expect" "$OUT/$name.host.txt" || ok=$((ok | 2))
+  if [ -n "${VERIFY:-}" ]; then $VERIFY || ok=$((ok | 4)); fi
   echo "== $name  (guest rc=$g, host rc=$h, output checks: $ok)"
   if [ "$g" = 0 ] && [ "$h" = 0 ] && [ "$ok" = 0 ]; then
     grep -hE "$expect" "$OUT/$name.guest.txt" | tail -n 2 | sed 's/^/   guest: /'
@@ -230,6 +239,27 @@ pair "rsocket-rust-host-server" host-server \
   "$SOFTRDMA_BIN rsocket listen $PORT --echo" \
   "rstream -S 65536 -C 1 -I $RS_XFERS -T v -p $PORT -s" \
   "(^custom +64k +1 +$RS_XFERS |: [0-9]+ bytes echoed)"
+
+# The Rust face as the active side: `softrdma rsocket connect` against rstream's server.
+# rstream -T v (verify: no wire option, only a check of the bytes) runs from one counter
+# per direction: byte k of all it sends is k mod 256 (format_buf), and byte k of all it
+# receives must be k mod 256 (verify_buf). A server first receives 16 bytes and sends 16
+# (sync_test), then per iteration receives -S bytes and sends -S bytes back. So the
+# client's standard input is that pattern, 16 + I * S bytes, and its standard output must
+# be the same bytes: what rstream sent, in order, none missing; rstream checked ours.
+RS_BYTES=$((16 + RS_XFERS * 65536))
+python3 -c 'import sys; n = int(sys.argv[1]); sys.stdout.buffer.write((bytes(range(256)) * (n // 256 + 1))[:n])' \
+  "$RS_BYTES" > "$OUT/rsocket-rust-guest-server.in"
+rust_client_got_the_pattern() {
+  cmp "$OUT/rsocket-rust-guest-server.in" "$OUT/rsocket-rust-guest-server.host.out" \
+    >> "$OUT/rsocket-rust-guest-server.host.txt" 2>&1
+}
+HOST_IN=$OUT/rsocket-rust-guest-server.in HOST_OUT=$OUT/rsocket-rust-guest-server.host.out \
+  PEER_SUFFIX=:$PORT VERIFY=rust_client_got_the_pattern \
+  pair "rsocket-rust-guest-server" guest-server \
+  "$SOFTRDMA_BIN rsocket connect" \
+  "rstream -S 65536 -C 1 -I $RS_XFERS -T v -p $PORT" \
+  "(^custom +64k +1 +$RS_XFERS |: $RS_BYTES bytes sent, $RS_BYTES received)"
 
 timeout 20 "$RUN" console > "$OUT/console.log" 2>&1
 finish
