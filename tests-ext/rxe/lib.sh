@@ -6,7 +6,7 @@
 #   STEP_TIMEOUT  seconds per side of a check (used by capture_start)
 #   LOG_TAG       prefix of log lines (default "rxe")
 # and optionally RXE_VM_DIR, RXE_VM_NAME (default softrdma-interop), SKIP_BUILD, KEEP_VM,
-# CAPTURE. Provides: log, result, finish, check_addr, check_softrdma_bin, need_tools,
+# RXE_VM_SHARED, CAPTURE. Provides: log, result, finish, check_addr, check_softrdma_bin, need_tools,
 # vm_up, ns, host_run, host_listening, guest_listening, capture_start, capture_stop,
 # stats. SOFTRDMA_BIN (the softrdma binary) is read by check_softrdma_bin and host_run. PORT (TCP port of the out-of-band exchange, default
 # 18515) is read by host_listening and guest_listening.
@@ -70,7 +70,17 @@ host_run() {
 
 # build the VM image (unless SKIP_BUILD=1), replace any stale instance, boot; on failure
 # prints FAIL and exits. Stops the VM at exit unless KEEP_VM=1.
+# With RXE_VM_SHARED=1 (set by run.sh, which runs several scripts against one VM) the VM
+# is the caller's, already built and booted: it is used as it is, neither built, replaced
+# nor stopped here. Should it be down (it died during an earlier script) it is booted
+# again, and left for the caller to stop.
 vm_up() {
+  if [ "${RXE_VM_SHARED:-0}" = 1 ]; then
+    { timeout 300 "$RUN" start && timeout 20 "$RUN" env; } > "$OUT/start.log" 2>&1 \
+      || { cat "$OUT/start.log"; echo "FAIL: shared VM $RXE_VM_NAME (log $OUT/start.log)"; fail=1; finish; }
+    cat "$OUT/start.log"
+    return 0
+  fi
   if [ "${SKIP_BUILD:-0}" != 1 ]; then
     timeout 900 "$RXE_VM_DIR/build" > "$OUT/build.log" 2>&1 \
       || { tail -n 30 "$OUT/build.log"; echo "FAIL: rxe-vm build (log $OUT/build.log)"; fail=1; finish; }

@@ -46,6 +46,8 @@
 #                  instance of that name is stopped first)
 #   KEEP_VM=1      leave the VM running at the end
 #   SKIP_BUILD=1   do not run rxe-vm/build
+#   RXE_VM_SHARED=1  use the running VM RXE_VM_NAME as it is, leave it running (run.sh
+#                  boots one VM for all three scripts)
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
