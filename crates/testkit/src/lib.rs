@@ -111,7 +111,8 @@ pub struct Mem {
 }
 
 impl Mem {
-    fn new(len: usize) -> Mem {
+    /// A zeroed buffer of `len` bytes. Whoever registers it drops the engine first.
+    pub fn new(len: usize) -> Mem {
         let words = len.div_ceil(8).max(1);
         let b: Box<[u64]> = vec![0u64; words].into_boxed_slice();
         let ptr = Box::into_raw(b) as *mut u64 as *mut u8;
@@ -334,6 +335,135 @@ impl QpCfg {
     pub fn with_mtu(self, mtu: Mtu) -> QpCfg {
         QpCfg { mtu, ..self }
     }
+
+    /// Creation attributes of a QP of this config on `pd`.
+    pub fn create_attr(
+        &self,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        srq: Option<SrqId>,
+    ) -> QpInitAttr {
+        QpInitAttr {
+            qp_type: self.qp_type,
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            cap: self.cap,
+            sq_sig_all: self.sq_sig_all,
+        }
+    }
+
+    /// RESET → INIT: port 1, P_Key index 0, and the remote rights (RC/UC) or the Q_Key (UD).
+    pub fn init_attr(&self) -> (QpAttr, QpAttrMask) {
+        let mut attr = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            ..Default::default()
+        };
+        let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+        if self.qp_type == QpType::Ud {
+            attr.qkey = self.qkey;
+            mask |= QpAttrMask::QKEY;
+        } else {
+            attr.qp_access_flags = self.access;
+            mask |= QpAttrMask::ACCESS_FLAGS;
+        }
+        (attr, mask)
+    }
+
+    /// INIT → RTR towards `peer` (RC/UC; an RC QP also gets its responder resources and
+    /// RNR timer), or plain RTR with `None` (UD).
+    pub fn rtr_attr(&self, peer: Option<&Peer>) -> (QpAttr, QpAttrMask) {
+        let mut attr = QpAttr {
+            qp_state: QpState::Rtr,
+            ..Default::default()
+        };
+        let mut mask = QpAttrMask::STATE;
+        if let Some(p) = peer {
+            attr.ah_attr = p.av;
+            attr.path_mtu = self.mtu;
+            attr.dest_qp_num = p.qpn;
+            attr.rq_psn = p.psn;
+            mask |=
+                QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
+            if self.qp_type == QpType::Rc {
+                attr.max_dest_rd_atomic = self.max_dest_rd_atomic;
+                attr.min_rnr_timer = self.min_rnr_timer;
+                mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+            }
+        }
+        (attr, mask)
+    }
+
+    /// RTR → RTS sending from `sq_psn` (an RC QP also gets its timeout, retries and
+    /// initiator depth).
+    pub fn rts_attr(&self, sq_psn: u32) -> (QpAttr, QpAttrMask) {
+        let mut attr = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn,
+            ..Default::default()
+        };
+        let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+        if self.qp_type == QpType::Rc {
+            attr.timeout = self.timeout;
+            attr.retry_cnt = self.retry_cnt;
+            attr.rnr_retry = self.rnr_retry;
+            attr.max_rd_atomic = self.max_rd_atomic;
+            mask |= QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC;
+        }
+        (attr, mask)
+    }
+
+    /// Take a QP from RESET through INIT and RTR (towards `peer`, or none for UD) to RTS
+    /// sending from `sq_psn`, through `modify`: an engine's, a device's, any face's modify
+    /// QP. Panics naming the step `modify` refused.
+    #[track_caller]
+    pub fn walk_to_rts<E: std::fmt::Display>(
+        &self,
+        peer: Option<&Peer>,
+        sq_psn: u32,
+        mut modify: impl FnMut(&QpAttr, QpAttrMask) -> std::result::Result<(), E>,
+    ) {
+        let steps = [
+            ("INIT", self.init_attr()),
+            ("RTR", self.rtr_attr(peer)),
+            ("RTS", self.rts_attr(sq_psn)),
+        ];
+        for (name, (attr, mask)) in steps {
+            if let Err(e) = modify(&attr, mask) {
+                panic!("modify QP to {name}: {e}");
+            }
+        }
+    }
+}
+
+/// What a connected QP learns of its peer at RTR: the path to it, its QPN, and the PSN
+/// it sends from (this QP's receive PSN).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    /// Address vector towards the peer.
+    pub av: AhAttr,
+    /// The peer's QP number.
+    pub qpn: Qpn,
+    /// The first PSN the peer sends.
+    pub psn: u32,
+}
+
+impl Peer {
+    /// The peer QP `qpn` at `gid` (source GID index 0), sending from `psn`.
+    pub fn at(gid: Gid, qpn: Qpn, psn: u32) -> Peer {
+        Peer {
+            av: AhAttr::roce(gid, 0),
+            qpn,
+            psn,
+        }
+    }
 }
 
 /// One end of a connection: the device and the objects of the QP.
@@ -497,15 +627,7 @@ impl World {
     ) -> Ep {
         let qpn = self
             .nic(d)
-            .create_qp(QpInitAttr {
-                qp_type: cfg.qp_type,
-                pd,
-                send_cq: scq,
-                recv_cq: rcq,
-                srq,
-                cap: cfg.cap,
-                sq_sig_all: cfg.sq_sig_all,
-            })
+            .create_qp(cfg.create_attr(pd, scq, rcq, srq))
             .unwrap_or_else(|e| panic!("create_qp on dev {d}: {e}"));
         Ep {
             dev: d,
@@ -541,64 +663,24 @@ impl World {
     }
     /// RESET → INIT.
     pub fn modify_to_init(&mut self, ep: &Ep, cfg: &QpCfg) {
-        let mut attr = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            ..Default::default()
-        };
-        let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
-        if cfg.qp_type == QpType::Ud {
-            attr.qkey = cfg.qkey;
-            mask |= QpAttrMask::QKEY;
-        } else {
-            attr.qp_access_flags = cfg.access;
-            mask |= QpAttrMask::ACCESS_FLAGS;
-        }
+        let (attr, mask) = cfg.init_attr();
         self.modify(ep, &attr, mask)
             .unwrap_or_else(|e| panic!("INIT qp {:#x}: {e}", ep.qpn));
     }
     /// INIT → RTR towards `remote` (RC/UC), or plain RTR (UD).
     pub fn modify_to_rtr(&mut self, ep: &Ep, cfg: &QpCfg, remote: Option<&Ep>, rq_psn: u32) {
-        let mut attr = QpAttr {
-            qp_state: QpState::Rtr,
-            ..Default::default()
-        };
-        let mut mask = QpAttrMask::STATE;
-        if let Some(r) = remote {
-            attr.ah_attr = self.av(r.dev);
-            attr.path_mtu = cfg.mtu;
-            attr.dest_qp_num = r.qpn;
-            attr.rq_psn = rq_psn;
-            mask |=
-                QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
-            if cfg.qp_type == QpType::Rc {
-                attr.max_dest_rd_atomic = cfg.max_dest_rd_atomic;
-                attr.min_rnr_timer = cfg.min_rnr_timer;
-                mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
-            }
-        }
+        let peer = remote.map(|r| Peer {
+            av: self.av(r.dev),
+            qpn: r.qpn,
+            psn: rq_psn,
+        });
+        let (attr, mask) = cfg.rtr_attr(peer.as_ref());
         self.modify(ep, &attr, mask)
             .unwrap_or_else(|e| panic!("RTR qp {:#x}: {e}", ep.qpn));
     }
     /// RTR → RTS.
     pub fn modify_to_rts(&mut self, ep: &Ep, cfg: &QpCfg, sq_psn: u32) {
-        let mut attr = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn,
-            ..Default::default()
-        };
-        let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-        if cfg.qp_type == QpType::Rc {
-            attr.timeout = cfg.timeout;
-            attr.retry_cnt = cfg.retry_cnt;
-            attr.rnr_retry = cfg.rnr_retry;
-            attr.max_rd_atomic = cfg.max_rd_atomic;
-            mask |= QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC;
-        }
+        let (attr, mask) = cfg.rts_attr(sq_psn);
         self.modify(ep, &attr, mask)
             .unwrap_or_else(|e| panic!("RTS qp {:#x}: {e}", ep.qpn));
     }

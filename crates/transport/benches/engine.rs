@@ -19,9 +19,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use softrdma_testkit::{Peer, QpCfg};
 use softrdma_transport::verbs::{
-    Access, AhAttr, CqId, Gid, Mtu, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
-    RecvWr, SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+    Access, AhAttr, CqId, Gid, Mtu, PdId, QpCap, RecvWr, SendFlags, SendOp, SendWr, Sge, WcStatus,
+    WorkCompletion,
 };
 use softrdma_transport::Rnic;
 
@@ -71,21 +72,7 @@ impl Side {
         // a field of the same struct and only touches the region inside our calls).
         let info = unsafe { ctx.reg_mr(pd, ptr, MEM, ptr as u64, access) }.unwrap();
         let qpn = nic
-            .create_qp(QpInitAttr {
-                qp_type: QpType::Rc,
-                pd,
-                send_cq: scq,
-                recv_cq: rcq,
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 512,
-                    max_recv_wr: 512,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 64,
-                },
-                sq_sig_all: false,
-            })
+            .create_qp(qp_cfg(Mtu::Mtu1024).create_attr(pd, scq, rcq, None))
             .unwrap();
         Side {
             nic,
@@ -112,63 +99,31 @@ fn av(to: u8) -> AhAttr {
     AhAttr::roce(Gid::from_ip(addr(to).ip()), 0)
 }
 
-fn connect(s: &mut Side, peer_qpn: u32, peer: u8, mtu: Mtu, sq_psn: u32, rq_psn: u32) {
-    use QpAttrMask as M;
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-        ..Default::default()
-    };
-    s.nic
-        .modify_qp(
-            0,
-            s.qpn,
-            &init,
-            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-        )
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: av(peer),
-        path_mtu: mtu,
-        dest_qp_num: peer_qpn,
-        rq_psn,
-        max_dest_rd_atomic: 16,
-        min_rnr_timer: 1,
-        ..Default::default()
-    };
-    s.nic
-        .modify_qp(
-            0,
-            s.qpn,
-            &rtr,
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )
-        .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn,
+/// An RC QP with every remote right, 16 READs/atomics each way, ACK timeout 14, 7 retries
+/// of each kind, queues 512 deep with one SGE.
+fn qp_cfg(mtu: Mtu) -> QpCfg {
+    QpCfg {
         timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 16,
-        ..Default::default()
+        cap: QpCap {
+            max_send_wr: 512,
+            max_recv_wr: 512,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        },
+        ..QpCfg::rc()
+    }
+    .with_mtu(mtu)
+}
+
+fn connect(s: &mut Side, peer_qpn: u32, peer: u8, mtu: Mtu, sq_psn: u32, rq_psn: u32) {
+    let to = Peer {
+        av: av(peer),
+        qpn: peer_qpn,
+        psn: rq_psn,
     };
-    s.nic
-        .modify_qp(
-            0,
-            s.qpn,
-            &rts,
-            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-        )
-        .unwrap();
+    let qpn = s.qpn;
+    qp_cfg(mtu).walk_to_rts(Some(&to), sq_psn, |a, m| s.nic.modify_qp(0, qpn, a, m));
 }
 
 /// A connected pair: `a` is the requester, `b` the responder.

@@ -1,20 +1,32 @@
-//! Two devices on the `sim` network, in virtual time.
+//! Two devices on the `sim` network, in virtual time: the tests that read or set the
+//! engine's private state (its QPs' recovery, congestion and round-trip state, the bytes
+//! it holds), and those that share their harness.
+//!
+//! The harness is `Node`, an engine of this crate with one PD, CQ, buffer and QP, and
+//! `pump`, which moves packets between two of them. It cannot be the test kit's `World`:
+//! the kit depends on this crate, so in this crate's own test build it holds another
+//! copy of `Rnic`, not `crate::Rnic`, whose private fields these tests read. What the kit
+//! holds that names no type of this crate it lends: the QP walk to RTS ([`QpCfg`], whose
+//! attributes are the `verbs` crate's) and the buffer the engine writes ([`Mem`]).
 
 use std::cell::RefCell;
 
 use super::*;
 use softrdma_net::sim::{Endpoint, Faults, Network, Packet, Sim};
+use softrdma_testkit::{Mem, Peer, QpCfg};
 use verbs::{
-    Access, AhAttr, CqId, Gid, GlobalRoute, Mtu, PdId, QpAttr, QpAttrMask as M, QpCap, QpInitAttr,
-    RecvWr, SendOp, SendWr, Sge, WcOpcode, WorkCompletion,
+    Access, AhAttr, Gid, GlobalRoute, Mtu, PdId, QpCap, RecvWr, SendOp, SendWr, Sge, WcOpcode,
+    WorkCompletion,
 };
 use wire::SplitMix64;
 
+/// An engine with one PD, one CQ, one registered buffer and (once created) one QP.
+/// Field order: the engine drops before the buffer it may write.
 pub(crate) struct Node {
     pub nic: Rnic,
     pub pd: PdId,
-    pub cq: CqId,
-    pub buf: Vec<u8>,
+    pub cq: verbs::CqId,
+    pub mem: Mem,
     pub lkey: u32,
     pub rkey: u32,
     pub base: u64,
@@ -34,62 +46,37 @@ impl Node {
         let mut nic = Rnic::with_alt(addr, alt, seed);
         let pd = nic.alloc_pd().unwrap();
         let (cq, _) = nic.create_cq(256, None, false).unwrap();
-        let mut buf = vec![0u8; BUF];
+        let mem = Mem::new(BUF);
         let access = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
             | Access::REMOTE_ATOMIC;
-        let ptr = buf.as_mut_ptr();
-        // SAFETY: the Vec's heap block lives as long as the Node and is never reallocated.
-        let mr = unsafe { nic.reg_mr(pd, ptr, BUF, ptr as u64, access) }.unwrap();
+        // SAFETY: `mem` lives in the Node next to the engine, which drops first (field
+        // order), and is only read and written by copying.
+        let mr = unsafe { nic.reg_mr(pd, mem.ptr(), BUF, mem.addr(), access) }.unwrap();
         Node {
             nic,
             pd,
             cq,
-            buf,
+            base: mem.addr(),
+            mem,
             lkey: mr.lkey,
             rkey: mr.rkey,
-            base: ptr as u64,
             qpn: 0,
         }
     }
     pub fn create(&mut self, t: QpType) {
+        let cfg = qp_cfg(t, &Cfg::default());
         self.qpn = self
             .nic
-            .create_qp(QpInitAttr {
-                qp_type: t,
-                pd: self.pd,
-                send_cq: self.cq,
-                recv_cq: self.cq,
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 64,
-                    max_recv_wr: 64,
-                    max_send_sge: 4,
-                    max_recv_sge: 4,
-                    max_inline_data: 64,
-                },
-                sq_sig_all: false,
-            })
+            .create_qp(cfg.create_attr(self.pd, self.cq, self.cq, None))
             .unwrap();
     }
     pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
-        // Copy out through the raw pointer: the device writes this memory behind the Vec.
-        assert!(off + len <= BUF, "read past the buffer");
-        let mut v = vec![0u8; len];
-        // SAFETY: `off + len <= BUF` (checked above) bytes of the Vec's heap block, which
-        // outlives `self`; `Vec::as_ptr` makes no reference the engine's writes could alias,
-        // and the engine runs only inside our calls, never concurrently with this copy.
-        unsafe { std::ptr::copy_nonoverlapping(self.buf.as_ptr().add(off), v.as_mut_ptr(), len) };
-        v
+        self.mem.read(off, len)
     }
     pub fn write(&mut self, off: usize, data: &[u8]) {
-        assert!(off + data.len() <= BUF, "write past the buffer");
-        // SAFETY: as in `read`: in bounds, through the raw pointer, not concurrent with
-        // the engine.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.buf.as_mut_ptr().add(off), data.len())
-        };
+        self.mem.write(off, data)
     }
     pub fn sge(&self, off: usize, len: usize) -> Sge {
         Sge {
@@ -162,54 +149,41 @@ impl Default for Cfg {
     }
 }
 
-fn connect(n: &mut Node, peer: &Node, t: QpType, cfg: &Cfg, my_psn: u32, peer_psn: u32) {
-    let mut a = QpAttr {
-        qp_state: verbs::QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+/// A QP of type `t` as `cfg` says: every remote right, 4 READs/atomics each way, queues
+/// 64 deep with 4 SGEs and 64 bytes inline, Q_Key 0x1111_1111 (UD).
+fn qp_cfg(t: QpType, cfg: &Cfg) -> QpCfg {
+    QpCfg {
+        qp_type: t,
+        mtu: cfg.mtu,
+        access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        timeout: cfg.timeout,
+        retry_cnt: cfg.retry,
+        rnr_retry: cfg.rnr_retry,
+        min_rnr_timer: cfg.rnr_timer,
+        max_rd_atomic: 4,
+        max_dest_rd_atomic: 4,
+        cap: QpCap {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+        },
+        sq_sig_all: false,
         qkey: 0x1111_1111,
-        ..Default::default()
-    };
-    let m = match t {
-        QpType::Ud => M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
-        _ => M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-    };
-    n.nic.modify_qp(0, n.qpn, &a, m).unwrap();
-    a.qp_state = verbs::QpState::Rtr;
-    a.ah_attr = AhAttr::roce(peer.nic.gid(cfg.sgid_index).unwrap(), cfg.sgid_index);
-    a.path_mtu = cfg.mtu;
-    a.dest_qp_num = peer.qpn;
-    a.rq_psn = peer_psn;
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = cfg.rnr_timer;
-    let m = match t {
-        QpType::Rc => {
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER
-        }
-        QpType::Uc => M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
-        QpType::Ud => M::STATE,
-    };
-    n.nic.modify_qp(0, n.qpn, &a, m).unwrap();
-    a.qp_state = verbs::QpState::Rts;
-    a.sq_psn = my_psn;
-    a.timeout = cfg.timeout;
-    a.retry_cnt = cfg.retry;
-    a.rnr_retry = cfg.rnr_retry;
-    a.max_rd_atomic = 4;
-    let m = match t {
-        QpType::Rc => {
-            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC
-        }
-        _ => M::STATE | M::SQ_PSN,
-    };
-    n.nic.modify_qp(0, n.qpn, &a, m).unwrap();
+    }
+}
+
+/// Take `n`'s QP to RTS towards `peer`'s (RC/UC; a UD QP only to RTS), sending from
+/// `my_psn` and receiving from `peer_psn`.
+fn connect(n: &mut Node, peer: &Node, t: QpType, cfg: &Cfg, my_psn: u32, peer_psn: u32) {
+    let to = (t != QpType::Ud).then(|| Peer {
+        av: AhAttr::roce(peer.nic.gid(cfg.sgid_index).unwrap(), cfg.sgid_index),
+        qpn: peer.qpn,
+        psn: peer_psn,
+    });
+    let qpn = n.qpn;
+    qp_cfg(t, cfg).walk_to_rts(to.as_ref(), my_psn, |a, m| n.nic.modify_qp(0, qpn, a, m));
 }
 
 pub(crate) fn pair(t: QpType, cfg: &Cfg) -> (Node, Node) {
@@ -1209,34 +1183,15 @@ fn sgid_and_dgid_of_different_ip_versions_are_refused() {
     let mut a = Node::with_alt("10.0.0.1", Some("fd00::1"), 1);
     let b = Node::with_alt("10.0.0.2", Some("fd00::2"), 2);
     a.create(QpType::Rc);
-    let init = QpAttr {
-        qp_state: verbs::QpState::Init,
-        port_num: 1,
-        ..Default::default()
-    };
-    a.nic
-        .modify_qp(
-            0,
-            a.qpn,
-            &init,
-            M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-        )
-        .unwrap();
+    let cfg = qp_cfg(QpType::Rc, &Cfg::default());
+    let (init, m) = cfg.init_attr();
+    a.nic.modify_qp(0, a.qpn, &init, m).unwrap();
     for (sgid_index, dgid) in [(0, b.nic.gid(1).unwrap()), (1, b.nic.gid(0).unwrap())] {
-        let rtr = QpAttr {
-            qp_state: verbs::QpState::Rtr,
-            ah_attr: AhAttr::roce(dgid, sgid_index),
-            path_mtu: Mtu::Mtu1024,
-            dest_qp_num: 5,
-            ..Default::default()
-        };
-        let m = M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER;
+        let (rtr, m) = cfg.rtr_attr(Some(&Peer {
+            av: AhAttr::roce(dgid, sgid_index),
+            qpn: 5,
+            psn: 0,
+        }));
         let e = a.nic.modify_qp(0, a.qpn, &rtr, m).unwrap_err();
         assert_eq!(e.errno, verbs::Errno::EINVAL, "sgid {sgid_index}: {e}");
         let ah = a.nic.create_ah(a.pd, &rtr.ah_attr).unwrap_err();

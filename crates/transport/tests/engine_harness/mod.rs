@@ -2,8 +2,11 @@
 //! and the seeded stable test `tests/engine_fuzz.rs` (both include this file as a module).
 //!
 //! It lives here, outside the library, so the engine ships no test code and no feature
-//! flag: it uses only the public API of `softrdma-transport` and `softrdma-wire`, which
-//! both the test and the fuzz crate depend on.
+//! flag: it uses only the public API of `softrdma-transport` and `softrdma-wire`, and the
+//! test kit (`softrdma-testkit`: device addresses, buffers, the QP walk to RTS), which
+//! both the test and the fuzz crate depend on. Its network is its own, not the kit's
+//! `sim`: replays, forged packets and the recorded findings' inputs depend on its
+//! schedule, draw for draw.
 //!
 //! An input is a script: a seed, the network's loss/duplication/reordering rates, then
 //! actions (post a work request, let time pass, replay a genuine packet, inject a forged
@@ -44,10 +47,10 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
+use softrdma_testkit::{dev_addr, Mem, Peer, QpCfg};
 use softrdma_transport::verbs::{
-    Access, AhAttr, AhId, CqId, Gid, MrInfo, Mtu, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr,
-    QpState, QpType, Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode,
-    WcStatus, WorkCompletion,
+    Access, AhAttr, AhId, CqId, Gid, MrInfo, Mtu, PdId, QpCap, QpState, QpType, Qpn, RecvWr,
+    SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use softrdma_transport::Rnic;
 use softrdma_wire::{
@@ -90,10 +93,6 @@ const UD: usize = 2;
 /// Bound of events one `Tick` processes.
 const TICK_EVENTS: usize = 4096;
 
-fn dev_addr(side: usize) -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, side as u8 + 1)), 4791)
-}
-
 fn mix(x: u64) -> u64 {
     SplitMix64::new(x).next_u64()
 }
@@ -124,55 +123,10 @@ fn h64(parts: &[&[u8]]) -> u64 {
 
 // ---- memory
 
-/// Memory the engine writes behind our back: read and written only by copying.
-struct Buf {
-    ptr: *mut u8,
-    words: usize,
-}
-
-impl Buf {
-    fn new() -> Buf {
-        let words = TOTAL.div_ceil(8);
-        let b: Box<[u64]> = vec![0u64; words].into_boxed_slice();
-        Buf {
-            ptr: Box::into_raw(b) as *mut u64 as *mut u8,
-            words,
-        }
-    }
-    /// The I/O virtual address of byte `off`: the same in every run (unlike the heap
-    /// address), so packets carrying addresses are the same bytes run to run.
-    fn addr(&self, off: usize) -> u64 {
-        IOVA + off as u64
-    }
-    fn read(&self, off: usize, len: usize) -> Vec<u8> {
-        assert!(off + len <= TOTAL);
-        let mut v = vec![0u8; len];
-        // SAFETY: in bounds of the live allocation; the engine writes it only inside
-        // calls this thread makes, never during this copy.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), v.as_mut_ptr(), len) };
-        v
-    }
-    fn write(&self, off: usize, data: &[u8]) {
-        assert!(off + data.len() <= TOTAL);
-        // SAFETY: as in `read`.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
-    }
-    fn u64_at(&self, off: usize) -> u64 {
-        u64::from_ne_bytes(self.read(off, 8).try_into().unwrap())
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: made by `Box::into_raw` of a `[u64]` of `words` elements in `new`, and
-        // the engine that had it registered is dropped before (field order of `Run`).
-        unsafe {
-            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                self.ptr as *mut u64,
-                self.words,
-            )))
-        };
-    }
+/// The I/O virtual address of byte `off` of a side's buffer: the same in every run
+/// (unlike the heap address), so packets carrying addresses are the same bytes run to run.
+fn iova(off: usize) -> u64 {
+    IOVA + off as u64
 }
 
 // ---- input
@@ -613,7 +567,7 @@ struct Flight {
 /// One run of a script. Field order: the engines drop before the buffers they write.
 struct Run<'s> {
     sides: [Side; 2],
-    bufs: [Buf; 2],
+    bufs: [Mem; 2],
     /// Initial contents, for the guards and the READ-only MR.
     init: [Vec<u8>; 2],
     models: [[Model; 3]; 2],
@@ -655,12 +609,41 @@ fn av(to: usize) -> AhAttr {
     AhAttr::roce(Gid::from_ip(dev_addr(to).ip()), 0)
 }
 
-const TYPES: [QpType; 3] = [QpType::Rc, QpType::Uc, QpType::Ud];
+/// The RC, UC and UD QPs: path MTU 256; RC with every remote right, a ~1 ms local ACK
+/// timeout, 7 retries and infinite RNR retries; UC with REMOTE_WRITE.
+fn qp_cfgs() -> [QpCfg; 3] {
+    let rc = QpCfg {
+        mtu: Mtu::Mtu256,
+        timeout: 8,
+        cap: QpCap {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            max_inline_data: 64,
+        },
+        qkey: QKEY,
+        ..QpCfg::rc()
+    };
+    [
+        rc,
+        QpCfg {
+            qp_type: QpType::Uc,
+            access: Access::REMOTE_WRITE,
+            ..rc
+        },
+        QpCfg {
+            qp_type: QpType::Ud,
+            access: Access::empty(),
+            ..rc
+        },
+    ]
+}
 
 impl<'s> Run<'s> {
     fn new(script: &'s Script, mode: Mode) -> Run<'s> {
         let seed = script.seed;
-        let bufs = [Buf::new(), Buf::new()];
+        let bufs = [Mem::new(TOTAL), Mem::new(TOTAL)];
         let mut init = [Vec::new(), Vec::new()];
         for (s, b) in bufs.iter().enumerate() {
             let mut bytes = pat(mix(seed ^ (s as u64 + 1)), TOTAL);
@@ -681,7 +664,7 @@ impl<'s> Run<'s> {
                 // SAFETY: `buf` outlives the engine (field order of `Run`) and is only
                 // accessed by copying; the range is inside it.
                 unsafe {
-                    nic.reg_mr(pd, buf.ptr.add(off), len, buf.addr(off), acc)
+                    nic.reg_mr(pd, buf.ptr().add(off), len, iova(off), acc)
                         .expect("reg_mr")
                 }
             };
@@ -701,23 +684,9 @@ impl<'s> Run<'s> {
                 std::array::from_fn(|_| nic.create_cq(512, None, false).expect("cq").0);
             let rcq: [CqId; 3] =
                 std::array::from_fn(|_| nic.create_cq(512, None, false).expect("cq").0);
-            for t in 0..3 {
+            for (t, cfg) in qp_cfgs().iter().enumerate() {
                 qpn[t] = nic
-                    .create_qp(QpInitAttr {
-                        qp_type: TYPES[t],
-                        pd,
-                        send_cq: scq[t],
-                        recv_cq: rcq[t],
-                        srq: None,
-                        cap: QpCap {
-                            max_send_wr: 64,
-                            max_recv_wr: 64,
-                            max_send_sge: 2,
-                            max_recv_sge: 2,
-                            max_inline_data: 64,
-                        },
-                        sq_sig_all: false,
-                    })
+                    .create_qp(cfg.create_attr(pd, scq[t], rcq[t], None))
                     .expect("create_qp");
             }
             let ah = nic.create_ah(pd, &av(1 - s)).expect("ah");
@@ -776,84 +745,22 @@ impl<'s> Run<'s> {
         run
     }
 
-    fn modify(&mut self, s: usize, t: usize, attr: &QpAttr, mask: QpAttrMask) {
-        let now = self.now;
-        let qpn = self.sides[s].qpn[t];
-        self.sides[s]
-            .nic
-            .modify_qp(now, qpn, attr, mask)
-            .unwrap_or_else(|e| panic!("modify_qp side {s} type {t}: {e}"));
-    }
-
     fn connect(&mut self) {
-        for t in 0..3 {
+        for (t, cfg) in qp_cfgs().iter().enumerate() {
             for s in 0..2 {
-                let mut attr = QpAttr {
-                    qp_state: QpState::Init,
-                    pkey_index: 0,
-                    port_num: 1,
-                    ..Default::default()
-                };
-                let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
-                if t == UD {
-                    attr.qkey = QKEY;
-                    mask |= QpAttrMask::QKEY;
-                } else {
-                    attr.qp_access_flags = if t == RC {
-                        Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
-                    } else {
-                        Access::REMOTE_WRITE
-                    };
-                    mask |= QpAttrMask::ACCESS_FLAGS;
-                }
-                self.modify(s, t, &attr, mask);
-            }
-            for s in 0..2 {
-                let mut attr = QpAttr {
-                    qp_state: QpState::Rtr,
-                    ..Default::default()
-                };
-                let mut mask = QpAttrMask::STATE;
-                if t != UD {
-                    attr.ah_attr = av(1 - s);
-                    attr.path_mtu = Mtu::Mtu256;
-                    attr.dest_qp_num = self.sides[1 - s].qpn[t];
-                    attr.rq_psn = self.sides[1 - s].sq_psn[t];
-                    mask |= QpAttrMask::AV
-                        | QpAttrMask::PATH_MTU
-                        | QpAttrMask::DEST_QPN
-                        | QpAttrMask::RQ_PSN;
-                    if t == RC {
-                        attr.max_dest_rd_atomic = 16;
-                        attr.min_rnr_timer = 1;
-                        mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
-                    }
-                }
-                self.modify(s, t, &attr, mask);
-            }
-            for s in 0..2 {
-                let mut attr = QpAttr {
-                    qp_state: QpState::Rts,
-                    sq_psn: self.sides[s].sq_psn[t],
-                    ..Default::default()
-                };
-                let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-                if t == RC {
-                    // ~1 ms local ACK timeout, 7 retries, infinite RNR retries.
-                    attr.timeout = 8;
-                    attr.retry_cnt = 7;
-                    attr.rnr_retry = 7;
-                    attr.max_rd_atomic = 16;
-                    mask |= QpAttrMask::TIMEOUT
-                        | QpAttrMask::RETRY_CNT
-                        | QpAttrMask::RNR_RETRY
-                        | QpAttrMask::MAX_QP_RD_ATOMIC;
-                }
-                self.modify(s, t, &attr, mask);
+                let p = 1 - s;
+                let peer = (t != UD).then(|| Peer {
+                    av: av(p),
+                    qpn: self.sides[p].qpn[t],
+                    psn: self.sides[p].sq_psn[t],
+                });
+                let (now, qpn, sq_psn) = (self.now, self.sides[s].qpn[t], self.sides[s].sq_psn[t]);
+                let nic = &mut self.sides[s].nic;
+                cfg.walk_to_rts(peer.as_ref(), sq_psn, |a, m| nic.modify_qp(now, qpn, a, m));
                 let m = &mut self.models[s][t];
-                m.next_psn = self.sides[s].sq_psn[t];
+                m.next_psn = sq_psn;
                 m.acked = psn::sub(m.next_psn, 1);
-                self.last_psn[1 - s][t] = m.next_psn;
+                self.last_psn[p][t] = m.next_psn;
             }
         }
         for s in 0..2 {
@@ -890,7 +797,7 @@ impl<'s> Run<'s> {
             return Vec::new();
         }
         vec![Sge {
-            addr: self.bufs[s].addr(off),
+            addr: iova(off),
             length: len as u32,
             lkey: self.sides[s].l.lkey,
         }]
@@ -1307,7 +1214,7 @@ impl<'s> Run<'s> {
             0 => sd.l.addr,
             1 | 2 => sd.r.addr,
             3 => sd.ro.addr,
-            4 => self.bufs[d].addr(0),
+            4 => iova(0),
             5 => sd.r.addr + R_LEN as u64,
             6 => sd.ro.addr + RO_LEN as u64,
             _ => self.sides[1 - d].r.addr,
@@ -1768,7 +1675,7 @@ impl<'s> Run<'s> {
                 }
             }
             Op::FetchAdd { slot } => {
-                let orig = self.bufs[s].u64_at(Self::l_off(t, L_ATOM, slot));
+                let orig = self.bufs[s].read_u64(Self::l_off(t, L_ATOM, slot));
                 let m = &mut self.models[s][t];
                 if orig != m.fa_done {
                     let n = m.fa_done;
@@ -1780,7 +1687,7 @@ impl<'s> Run<'s> {
                 m.fa_done += 1;
             }
             Op::Cas { slot } => {
-                let orig = self.bufs[s].u64_at(Self::l_off(t, L_ATOM, slot));
+                let orig = self.bufs[s].read_u64(Self::l_off(t, L_ATOM, slot));
                 let m = &mut self.models[s][t];
                 let exp = chain(s, m.cas_done);
                 if orig != exp {
@@ -1975,8 +1882,8 @@ impl<'s> Run<'s> {
                     continue;
                 }
                 let p = 1 - s;
-                let fa = self.bufs[p].u64_at(R_OFF + R_ATOM);
-                let cas = self.bufs[p].u64_at(R_OFF + R_ATOM + 8);
+                let fa = self.bufs[p].read_u64(R_OFF + R_ATOM);
+                let cas = self.bufs[p].read_u64(R_OFF + R_ATOM + 8);
                 if fa != m.fa_posted || cas != chain(s, m.cas_posted) {
                     self.violation(format!(
                         "side {s} RC: after {} fetch-adds and {} compare-swaps the peer holds {fa} and {cas:#x}",
