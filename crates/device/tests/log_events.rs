@@ -29,15 +29,15 @@ fn requester(buf: &mut [u8]) -> (Rnic, u32, Sge) {
     // SAFETY: `buf` outlives the engine's use of it (the test's whole body).
     let mr = unsafe { nic.reg_mr(pd, ptr, buf.len(), ptr as u64, Access::LOCAL_WRITE) }.unwrap();
     let qpn = nic.create_qp(rc::rc_qp(pd, cq, 4)).unwrap();
-    let c = rc::Connect {
-        sq_psn: 100,
+    let cfg = rc::QpCfg {
         max_dest_rd_atomic: 1,
         max_rd_atomic: 1,
         retry_cnt: 0,
         rnr_retry: 0,
-        ..rc::Connect::to(Gid::from_ip("10.0.0.2".parse().unwrap()), PEER_QPN)
+        ..rc::cfg()
     };
-    rc::connect(&mut nic, 0, qpn, &c);
+    let to = rc::Peer::at(Gid::from_ip("10.0.0.2".parse().unwrap()), PEER_QPN, 0);
+    rc::connect(&mut nic, 0, qpn, &cfg, &to, 100);
     let sge = Sge {
         addr: ptr as u64,
         length: 64,

@@ -53,13 +53,12 @@ impl Side {
 
     /// Connect QP i to the peer's QP i.
     fn connect_qp(&self, i: usize, peer: &Side) {
-        let c = rc::Connect {
+        let cfg = rc::QpCfg {
             access: Access::REMOTE_WRITE,
-            rq_psn: i as u32,
-            sq_psn: i as u32,
-            ..rc::Connect::to(peer.host.dev.gid(), peer.qpns[i])
+            ..rc::cfg()
         };
-        self.host.connect(self.qpns[i], &c);
+        let to = rc::Peer::at(peer.host.dev.gid(), peer.qpns[i], i as u32);
+        self.host.connect(self.qpns[i], &cfg, &to, i as u32);
     }
 
     fn sge(&self, at: usize) -> Sge {

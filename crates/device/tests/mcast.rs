@@ -10,10 +10,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use softrdma_device::verbs::{
-    Access, AhAttr, CqId, Errno, Gid, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
-    Qpn, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
+    Access, AhAttr, CqId, Errno, Gid, PdId, QpCap, QpInitAttr, QpType, Qpn, RecvWr, SendFlags,
+    SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
 };
 use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig};
+use softrdma_testkit::QpCfg;
 
 const QKEY: u32 = 0x0123_4567;
 /// A GRH and up to 256 bytes.
@@ -78,26 +79,11 @@ impl Side {
                 })
                 .unwrap()
                 .0;
-            let init = QpAttr {
-                qp_state: QpState::Init,
-                port_num: 1,
+            let cfg = QpCfg {
                 qkey,
-                ..Default::default()
+                ..QpCfg::ud()
             };
-            let m = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
-            d.modify_qp(qpn, &init, m | QpAttrMask::QKEY).unwrap();
-            for s in [QpState::Rtr, QpState::Rts] {
-                let a = QpAttr {
-                    qp_state: s,
-                    ..Default::default()
-                };
-                let m = if s == QpState::Rts {
-                    QpAttrMask::STATE | QpAttrMask::SQ_PSN
-                } else {
-                    QpAttrMask::STATE
-                };
-                d.modify_qp(qpn, &a, m).unwrap();
-            }
+            cfg.walk_to_rts(None, 0, |a, m| d.modify_qp(qpn, a, m));
             (pd, cq, qpn, mr.lkey)
         };
         Side {

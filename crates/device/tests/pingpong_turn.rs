@@ -35,8 +35,8 @@ impl Side {
     }
 
     fn connect(&self, peer: &Side) {
-        let c = rc::Connect::to(peer.host.dev.gid(), peer.qpn);
-        self.host.connect(self.qpn, &c);
+        let to = rc::Peer::at(peer.host.dev.gid(), peer.qpn, 0);
+        self.host.connect(self.qpn, &rc::cfg(), &to, 0);
     }
 
     fn post_recv(&self) {

@@ -8,7 +8,7 @@ mod rc;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rc::{Connect, Host};
+use rc::{Host, Peer, QpCfg};
 use softrdma_device::verbs::{Access, RecvWr, SendFlags, SendOp, WcOpcode, WcStatus};
 use softrdma_device::{Device, DeviceAddr, DeviceConfig};
 use softrdma_net::sim::{Faults, SimNet};
@@ -32,12 +32,12 @@ fn rc_write_and_send(faults: Faults, seed: u64) -> softrdma_net::sim::Stats {
     let a = host(&net, "sim-a", "10.9.0.1:4791", 0xA5);
     let b = host(&net, "sim-b", "10.9.0.2:4791", 0x11);
     let (qa, qb) = (a.rc_qp(32), b.rc_qp(32));
-    let mut to_b = Connect::to(b.dev.gid(), qb);
-    to_b.access = Access::REMOTE_WRITE;
-    let mut to_a = Connect::to(a.dev.gid(), qa);
-    to_a.access = Access::REMOTE_WRITE;
-    a.connect(qa, &to_b);
-    b.connect(qb, &to_a);
+    let cfg = QpCfg {
+        access: Access::REMOTE_WRITE,
+        ..rc::cfg()
+    };
+    a.connect(qa, &cfg, &Peer::at(b.dev.gid(), qb, 0), 0);
+    b.connect(qb, &cfg, &Peer::at(a.dev.gid(), qa, 0), 0);
     // A 64 KiB WRITE (64 packets at MTU 1024) into B's buffer, then a SEND B receives
     // past it.
     let write = SendOp::Write {

@@ -73,14 +73,15 @@ impl Side {
     /// Connect towards `peer` at path MTU 4096, with one retry after 2^10 × 4.096 µs, so
     /// that the failure comes quickly.
     fn connect(&self, peer: &Side) {
-        let c = rc::Connect {
+        let cfg = rc::QpCfg {
             access: Access::REMOTE_WRITE,
             retry_cnt: 1,
-            path_mtu: Mtu::Mtu4096,
+            mtu: Mtu::Mtu4096,
             timeout: 10,
-            ..rc::Connect::to(peer.host.dev.gid(), peer.qpn)
+            ..rc::cfg()
         };
-        self.host.connect(self.qpn, &c);
+        let to = rc::Peer::at(peer.host.dev.gid(), peer.qpn, 0);
+        self.host.connect(self.qpn, &cfg, &to, 0);
     }
 
     /// Post a signaled WRITE of `len` bytes to the start of `peer`'s buffer.

@@ -1,7 +1,6 @@
 //! RC set-up the device tests share: a loopback device with a PD, a CQ and a registered
-//! buffer ([`Host`]), a QP's creation attributes, and its walk from RESET through INIT and
-//! RTR to RTS towards a peer (by default path MTU 1024, local ACK timeout 14, RNR timer 1,
-//! as a perftest-style program connects).
+//! buffer ([`Host`]), a QP's creation attributes, and how it connects ([`cfg`]; the walk
+//! from RESET through INIT and RTR to RTS is the test kit's).
 
 // Each test binary that includes this module uses a part of it.
 #![allow(dead_code)]
@@ -9,10 +8,11 @@
 use std::time::{Duration, Instant};
 
 use softrdma_device::verbs::{
-    Access, AhAttr, CqId, Gid, Mtu, PdId, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
-    QpType, Qpn, SendFlags, SendOp, SendWr, Sge, WorkCompletion,
+    Access, CqId, PdId, QpCap, QpInitAttr, QpType, Qpn, SendFlags, SendOp, SendWr, Sge,
+    WorkCompletion,
 };
 use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig, Rnic};
+pub use softrdma_testkit::{Peer, QpCfg};
 
 /// A device on loopback (port 4791 of a 127.0.0.x of its own) that writes no statistics
 /// file: tests leave nothing behind.
@@ -71,9 +71,9 @@ impl Host {
             .0
     }
 
-    /// Take QP `qpn` to RTS as `c` says ([`connect`]).
-    pub fn connect(&self, qpn: Qpn, c: &Connect) {
-        connect_with(|a, m| self.dev.modify_qp(qpn, a, m), c);
+    /// Take QP `qpn` to RTS as `cfg` says, towards `peer`, sending from `sq_psn`.
+    pub fn connect(&self, qpn: Qpn, cfg: &QpCfg, peer: &Peer, sq_psn: u32) {
+        cfg.walk_to_rts(Some(peer), sq_psn, |a, m| self.dev.modify_qp(qpn, a, m));
     }
 
     /// `len` bytes of the buffer from offset `at`, as a scatter/gather entry.
@@ -153,82 +153,21 @@ pub fn rc_qp(pd: PdId, cq: CqId, depth: u32) -> QpInitAttr {
     }
 }
 
-/// Where and how an RC QP connects.
-pub struct Connect {
-    pub peer_gid: Gid,
-    pub peer_qpn: Qpn,
-    /// The remote rights it grants.
-    pub access: Access,
-    pub rq_psn: u32,
-    pub sq_psn: u32,
-    pub max_dest_rd_atomic: u8,
-    pub max_rd_atomic: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub path_mtu: Mtu,
-    /// Local ACK timeout exponent (4.096 µs × 2^timeout).
-    pub timeout: u8,
-}
-
-impl Connect {
-    /// To QP `peer_qpn` at `peer_gid`: no remote rights, PSNs 0, no READ/atomic
-    /// resources, 7 retries of each kind, path MTU 1024, ACK timeout 14.
-    pub fn to(peer_gid: Gid, peer_qpn: Qpn) -> Connect {
-        Connect {
-            peer_gid,
-            peer_qpn,
-            access: Access::empty(),
-            rq_psn: 0,
-            sq_psn: 0,
-            max_dest_rd_atomic: 0,
-            max_rd_atomic: 0,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            path_mtu: Mtu::Mtu1024,
-            timeout: 14,
-        }
+/// How an RC QP connects unless a test says otherwise, as a perftest-style program does:
+/// no remote rights, no READ/atomic resources, 7 retries of each kind, path MTU 1024,
+/// local ACK timeout 14 (4.096 µs × 2^14), RNR timer 1.
+pub fn cfg() -> QpCfg {
+    QpCfg {
+        access: Access::empty(),
+        max_rd_atomic: 0,
+        max_dest_rd_atomic: 0,
+        timeout: 14,
+        ..QpCfg::rc()
     }
 }
 
-/// Take QP `qpn` from RESET to RTS as `c` says, on an engine of its own.
-pub fn connect(r: &mut Rnic, now: u64, qpn: Qpn, c: &Connect) {
-    connect_with(|a, m| r.modify_qp(now, qpn, a, m), c);
-}
-
-/// Take a QP from RESET to RTS as `c` says, through `modify`.
-pub fn connect_with(
-    mut modify: impl FnMut(&QpAttr, M) -> softrdma_device::verbs::Result<()>,
-    c: &Connect,
-) {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: c.access,
-        ..Default::default()
-    };
-    let m = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
-    modify(&a, m).unwrap();
-    a.qp_state = QpState::Rtr;
-    a.ah_attr = AhAttr::roce(c.peer_gid, 0);
-    a.path_mtu = c.path_mtu;
-    a.dest_qp_num = c.peer_qpn;
-    a.rq_psn = c.rq_psn;
-    a.max_dest_rd_atomic = c.max_dest_rd_atomic;
-    a.min_rnr_timer = 1;
-    let m = M::STATE
-        | M::AV
-        | M::PATH_MTU
-        | M::DEST_QPN
-        | M::RQ_PSN
-        | M::MAX_DEST_RD_ATOMIC
-        | M::MIN_RNR_TIMER;
-    modify(&a, m).unwrap();
-    a.qp_state = QpState::Rts;
-    a.sq_psn = c.sq_psn;
-    a.timeout = c.timeout;
-    a.retry_cnt = c.retry_cnt;
-    a.rnr_retry = c.rnr_retry;
-    a.max_rd_atomic = c.max_rd_atomic;
-    let m = M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
-    modify(&a, m).unwrap();
+/// Take QP `qpn` of an engine of its own to RTS as `cfg` says, towards `peer`, sending
+/// from `sq_psn`.
+pub fn connect(r: &mut Rnic, now: u64, qpn: Qpn, cfg: &QpCfg, peer: &Peer, sq_psn: u32) {
+    cfg.walk_to_rts(Some(peer), sq_psn, |a, m| r.modify_qp(now, qpn, a, m));
 }
