@@ -18,7 +18,8 @@ use softrdma_cm::agent::{Agent, EventChannel};
 use softrdma_cm::host::HostPorts;
 use softrdma_device::registry::Registry;
 use softrdma_device::{Device, DeviceAddr, DeviceConfig};
-use softrdma_wire::cm::{port_space, service_id, CmMsg, CmPath, CmaHeader, Req};
+use softrdma_testkit::cm;
+use softrdma_wire::cm::{port_space, service_id, CmMsg, CmaHeader, Req};
 use softrdma_wire::SplitMix64;
 
 /// The devices' UDP port, away from other programs' devices.
@@ -66,31 +67,10 @@ fn junk(r: &mut SplitMix64, k: u64, src: IpAddr, dst: IpAddr) -> [u8; 256] {
     let port = if k % 4 == 2 { PORT + 1 } else { PORT };
     let req = Req {
         local_comm_id: r.next_u64() as u32,
-        service_id: service_id(port_space::TCP, port),
         local_ca_guid: r.next_u64(),
-        local_qkey: 0,
         local_qpn: r.next_u64() as u32 & 0xFF_FFFF,
-        responder_resources: 1,
-        local_eecn: 0,
-        initiator_depth: 1,
-        remote_eecn: 0,
-        remote_cm_response_timeout: 20,
-        transport_service_type: 0,
-        e2e_flow_control: false,
-        starting_psn: 1,
-        local_cm_response_timeout: 20,
-        retry_count: 7,
-        pkey: 0xFFFF,
-        path_mtu: 3,
-        rdc_exists: false,
-        rnr_retry_count: 7,
-        max_cm_retries: 15,
-        srq: false,
-        extended_transport_type: 0,
-        primary: CmPath::default(),
-        alternate: CmPath::default(),
-        sap_supported: false,
         private_data,
+        ..cm::req(service_id(port_space::TCP, port), 0, 1)
     };
     CmMsg::Req(Box::new(req)).emit(r.next_u64())
 }

@@ -1453,64 +1453,13 @@ fn drep_of(c: &Conn) -> CmMsg {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use softrdma_wire::cm::CmPath;
+    use softrdma_testkit::cm;
     use std::net::Ipv4Addr;
 
     const SID: u64 = 0x0106_0000_0000_1b58;
 
     fn gsi(x: u8) -> Peer {
         Peer::gsi(IpAddr::V4(Ipv4Addr::new(127, 0, 0, x)))
-    }
-
-    fn req(qpn: u32, psn: u32) -> Req {
-        Req {
-            local_comm_id: 0,
-            service_id: SID,
-            local_ca_guid: 0,
-            local_qkey: 0,
-            local_qpn: qpn,
-            responder_resources: 1,
-            local_eecn: 0,
-            initiator_depth: 1,
-            remote_eecn: 0,
-            remote_cm_response_timeout: 20,
-            transport_service_type: 0,
-            e2e_flow_control: false,
-            starting_psn: psn,
-            local_cm_response_timeout: 20,
-            retry_count: 7,
-            pkey: 0xFFFF,
-            path_mtu: 3,
-            rdc_exists: false,
-            rnr_retry_count: 7,
-            max_cm_retries: 15,
-            srq: false,
-            extended_transport_type: 0,
-            primary: CmPath::default(),
-            alternate: CmPath::default(),
-            sap_supported: false,
-            private_data: [0; private_len::REQ],
-        }
-    }
-
-    fn rep(qpn: u32, psn: u32) -> Rep {
-        Rep {
-            local_comm_id: 0,
-            remote_comm_id: 0,
-            local_qkey: 0,
-            local_qpn: qpn,
-            local_eecn: 0,
-            starting_psn: psn,
-            responder_resources: 1,
-            initiator_depth: 1,
-            target_ack_delay: 0,
-            failover_accepted: 0,
-            e2e_flow_control: false,
-            rnr_retry_count: 7,
-            srq: false,
-            local_ca_guid: 0,
-            private_data: [0; private_len::REP],
-        }
     }
 
     /// The one MAD `cm` has to send.
@@ -1532,7 +1481,7 @@ mod tests {
         let mut a = IbCm::new(0xA, 15, 1);
         let mut b = IbCm::new(0xB, 15, 2);
         b.listen(SID).unwrap();
-        let ca = a.send_req(0, pb, req(0x111, 100), 14);
+        let ca = a.send_req(0, pb, cm::req(SID, 0x111, 100), 14);
         let req_mad = one(&mut a);
         b.handle_mad(1_000, pa, &req_mad);
         let Some(Event {
@@ -1542,7 +1491,7 @@ mod tests {
         else {
             panic!("no REQ event")
         };
-        b.send_rep(2_000, cb, rep(0x222, 200)).unwrap();
+        b.send_rep(2_000, cb, cm::rep(0x222, 200)).unwrap();
         a.handle_mad(3_000, pb, &one(&mut b));
         assert!(matches!(
             a.poll_event().map(|e| e.kind),
@@ -1656,7 +1605,7 @@ mod tests {
     fn a_new_req_from_a_qp_still_connected_is_stale_and_disconnects_the_old() {
         let (mut a, _ca, mut b, cb, _) = established();
         // The same QP asks again under a new comm ID: the old connection is stale.
-        let ca2 = a.send_req(10_000, gsi(7), req(0x111, 101), 14);
+        let ca2 = a.send_req(10_000, gsi(7), cm::req(SID, 0x111, 101), 14);
         b.handle_mad(11_000, gsi(3), &one(&mut a));
         let (_, first) = parse(&b.poll_transmit().unwrap().1);
         let (_, second) = parse(&b.poll_transmit().unwrap().1);

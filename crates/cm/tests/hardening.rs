@@ -24,7 +24,8 @@ use softrdma_wire::cm::{
 };
 use softrdma_wire::SplitMix64;
 
-use common::{ip, rep, req, OneHost};
+use common::{ip, OneHost};
+use softrdma_testkit::cm::{cma_req, rep};
 
 const SEC: u64 = 1_000_000_000;
 const SID: u64 = 0x0106_0000_0000_1b58;
@@ -56,7 +57,7 @@ fn established() -> (IbCm, CommId, IbCm, CommId) {
     let mut a = IbCm::new(0xA, 15, 1);
     let mut b = IbCm::new(0xB, 15, 2);
     b.listen(SID).unwrap();
-    let ca = a.send_req(0, gsi(7), req(SID, 0x111, 1, ip(3), ip(7)), 14);
+    let ca = a.send_req(0, gsi(7), cma_req(SID, 0x111, 1, ip(3), ip(7)), 14);
     let (_, m) = a.poll_transmit().unwrap();
     b.handle_mad(1_000, gsi(3), &m);
     let Some(ib::Event {
@@ -80,7 +81,7 @@ fn established() -> (IbCm, CommId, IbCm, CommId) {
 /// A REQ that reuses `a`'s CA GUID and QPN (a stale-connection REQ if it comes from `a`)
 /// for `service`.
 fn stale_req(service: u64, qpn: u32) -> [u8; 256] {
-    let mut r = req(service, qpn, 1, ip(3), ip(7));
+    let mut r = cma_req(service, qpn, 1, ip(3), ip(7));
     r.local_comm_id = 0x5EED;
     r.local_ca_guid = 0xA;
     CmMsg::Req(Box::new(r)).emit(0x77)
@@ -217,7 +218,7 @@ fn the_peers_response_timeout_and_retries_are_capped() {
     // The longest a REQ may ask: 4.096 µs × 2^31 per try, 15 retries (37 hours).
     let mut b = IbCm::new(0xB, 15, 2);
     b.listen(SID).unwrap();
-    let mut r = req(SID, 0x111, 1, ip(3), ip(7));
+    let mut r = cma_req(SID, 0x111, 1, ip(3), ip(7));
     r.local_cm_response_timeout = 31;
     r.remote_cm_response_timeout = 31;
     r.max_cm_retries = 15;
@@ -240,7 +241,7 @@ fn the_peers_response_timeout_and_retries_are_capped() {
     // (2^24 × 4.096 µs) plus the path's ACK timeout, whatever it asks.
     let mut b = IbCm::new(0xB, 15, 2);
     b.listen(SID).unwrap();
-    let mut r = req(SID, 0x111, 1, ip(3), ip(7));
+    let mut r = cma_req(SID, 0x111, 1, ip(3), ip(7));
     r.local_cm_response_timeout = 31;
     r.primary.local_ack_timeout = 31;
     r.local_comm_id = 1;
@@ -290,7 +291,7 @@ fn half_open_connections_are_capped_per_device() {
     let mut r = SplitMix64::new(5);
     let flood = 100_000;
     for k in 0..flood {
-        let mut q = req(SID, r.next_u64() as u32 & 0xFF_FFFF, 1, ip(66), ip(7));
+        let mut q = cma_req(SID, r.next_u64() as u32 & 0xFF_FFFF, 1, ip(66), ip(7));
         q.local_comm_id = r.next_u64() as u32;
         q.local_ca_guid = r.next_u64();
         let from = Peer::gsi(IpAddr::V4(Ipv4Addr::from(r.next_u64() as u32)));
@@ -381,7 +382,7 @@ fn junk_req(r: &mut SplitMix64, k: u64) -> ([u8; 256], Peer) {
     let from_ip = IpAddr::V4(Ipv4Addr::from(
         0x0A00_0000 | (r.next_u64() as u32 & 0xFF_FFFF),
     ));
-    let mut q = req(
+    let mut q = cma_req(
         service_id(port_space::TCP, PORT),
         r.next_u64() as u32 & 0xFF_FFFF,
         1,
@@ -460,7 +461,7 @@ fn a_flood_of_refused_reqs_leaves_nothing_and_a_client_connects_in_it() {
 fn the_source_in_the_rdma_cm_header_must_be_the_packets() {
     let (mut s, _l, _c) = server_and_client();
     // A REQ from 127.0.0.99 whose header says it is 10.1.2.3:22.
-    let mut q = req(
+    let mut q = cma_req(
         service_id(port_space::TCP, PORT),
         0x111,
         1,

@@ -14,13 +14,14 @@ use softrdma_cm::ib::{CommId, EventKind, IbCm, Peer, State, MRA_FLAG_DELAY};
 use softrdma_net::sim::{Endpoint, Faults, Network, Packet, Sim};
 use softrdma_wire::cm::{rej_reason, Rep};
 
-use common::{ip, req};
+use common::ip;
+use softrdma_testkit::cm::{self, cma_req};
 
 /// A REP whose private data the requester checks.
 fn rep(qpn: u32, psn: u32) -> Rep {
     Rep {
         private_data: [0xAB; 196],
-        ..common::rep(qpn, psn)
+        ..cm::rep(qpn, psn)
     }
 }
 
@@ -150,7 +151,7 @@ fn connect_and_disconnect(seed: u64, f: Faults, n: usize, from_passive: bool) {
     for i in 0..n {
         let now = sim.now;
         let a = &mut sim.endpoints[0];
-        let r = req(SERVICE, a.qpn + i as u32, 0x1000, ip(1), ip(2));
+        let r = cma_req(SERVICE, a.qpn + i as u32, 0x1000, ip(1), ip(2));
         ids.push(a.cm.send_req(now, Peer::gsi(ip(2)), r, 16));
     }
     let all_established = |s: &mut Sim<Node>| {
@@ -213,7 +214,7 @@ fn req_sent(seed: u64) -> (Sim<Node>, CommId) {
     sim.add(Node::new(1, seed ^ 1));
     sim.add(Node::new(2, seed ^ 2));
     sim.endpoints[1].cm.listen(SERVICE).unwrap();
-    let r = req(SERVICE, 0x100, 1, ip(1), ip(2));
+    let r = cma_req(SERVICE, 0x100, 1, ip(1), ip(2));
     let id = sim.endpoints[0].cm.send_req(0, Peer::gsi(ip(2)), r, 16);
     (sim, id)
 }
@@ -290,7 +291,7 @@ fn nobody_listening_is_reject_reason_8() {
     let mut sim = Sim::new(Network::new(5, faults(0.0, 0.0, 0.0)));
     sim.add(Node::new(1, 41));
     sim.add(Node::new(2, 42));
-    let r = req(SERVICE, 0x100, 1, ip(1), ip(2));
+    let r = cma_req(SERVICE, 0x100, 1, ip(1), ip(2));
     let id = sim.endpoints[0].cm.send_req(0, Peer::gsi(ip(2)), r, 16);
     assert!(sim.run_to_idle(100 * SEC));
     assert_eq!(
@@ -306,7 +307,7 @@ fn consumer_reject_carries_private_data() {
     sim.add(Node::new(1, 51));
     sim.add(Node::new(2, 52));
     sim.endpoints[1].cm.listen(SERVICE).unwrap();
-    let r = req(SERVICE, 0x100, 1, ip(1), ip(2));
+    let r = cma_req(SERVICE, 0x100, 1, ip(1), ip(2));
     let id = sim.endpoints[0].cm.send_req(0, Peer::gsi(ip(2)), r, 16);
     // Deliver the REQ to node 1 without its automatic accept: take the event by hand.
     sim.net.send(
@@ -331,7 +332,7 @@ fn an_unanswered_req_ends_in_req_error_after_every_retry() {
     let mut sim = Sim::new(Network::new(8, faults(0.0, 0.0, 0.0)));
     sim.add(Node::new(1, 61));
     // Nothing at 127.0.0.9.
-    let mut r = req(SERVICE, 0x100, 1, ip(1), ip(9));
+    let mut r = cma_req(SERVICE, 0x100, 1, ip(1), ip(9));
     r.max_cm_retries = 3;
     r.remote_cm_response_timeout = 12; // 16 ms
     let id = sim.endpoints[0].cm.send_req(0, Peer::gsi(ip(9)), r, 10); // 4 ms lifetime
@@ -348,7 +349,7 @@ fn mra_extends_the_wait_for_a_slow_consumer() {
     sim.add(Node::new(1, 71));
     sim.add(Node::new(2, 72));
     sim.endpoints[1].cm.listen(SERVICE).unwrap();
-    let mut r = req(SERVICE, 0x100, 1, ip(1), ip(2));
+    let mut r = cma_req(SERVICE, 0x100, 1, ip(1), ip(2));
     r.max_cm_retries = 2;
     let id = sim.endpoints[0].cm.send_req(0, Peer::gsi(ip(2)), r, 16);
     // Node 1 gets the REQ but its consumer holds it (a delayed MRA, no REP yet).

@@ -1025,3 +1025,80 @@ pub fn assert_all(got: &[u8], byte: u8, ctx: &str) {
         );
     }
 }
+
+/// CM messages as the tests send them.
+pub mod cm {
+    use std::net::IpAddr;
+
+    use softrdma_wire::cm::{private_len, CmPath, CmaHeader, Rep, Req};
+
+    /// A REQ for an RC QP `qpn` starting at `psn`, as rdma_cm sends one: one responder
+    /// resource and initiator depth, path MTU 1024, 7 retries of each kind, 15 CM retries,
+    /// CM response timeouts 20, no private data. Comm ID and CA GUID are 0: the sender's
+    /// CM fills them in (a forged one sets them itself).
+    pub fn req(service_id: u64, qpn: u32, psn: u32) -> Req {
+        Req {
+            local_comm_id: 0,
+            service_id,
+            local_ca_guid: 0,
+            local_qkey: 0,
+            local_qpn: qpn,
+            responder_resources: 1,
+            local_eecn: 0,
+            initiator_depth: 1,
+            remote_eecn: 0,
+            remote_cm_response_timeout: 20,
+            transport_service_type: 0,
+            e2e_flow_control: false,
+            starting_psn: psn,
+            local_cm_response_timeout: 20,
+            retry_count: 7,
+            pkey: 0xFFFF,
+            path_mtu: 3,
+            rdc_exists: false,
+            rnr_retry_count: 7,
+            max_cm_retries: 15,
+            srq: false,
+            extended_transport_type: 0,
+            primary: CmPath::default(),
+            alternate: CmPath::default(),
+            sap_supported: false,
+            private_data: [0; private_len::REQ],
+        }
+    }
+
+    /// [`req`] with the rdma_cm header in its private data, naming `src` (port 40000)
+    /// and `dst`.
+    pub fn cma_req(service_id: u64, qpn: u32, psn: u32, src: IpAddr, dst: IpAddr) -> Req {
+        let mut r = req(service_id, qpn, psn);
+        CmaHeader {
+            src_port: 40000,
+            src,
+            dst,
+        }
+        .emit(&mut r.private_data)
+        .expect("an rdma_cm header fits a REQ's private data");
+        r
+    }
+
+    /// A REP for QP `qpn` starting at `psn`, with no private data.
+    pub fn rep(qpn: u32, psn: u32) -> Rep {
+        Rep {
+            local_comm_id: 0,
+            remote_comm_id: 0,
+            local_qkey: 0,
+            local_qpn: qpn,
+            local_eecn: 0,
+            starting_psn: psn,
+            responder_resources: 1,
+            initiator_depth: 1,
+            target_ack_delay: 0,
+            failover_accepted: 0,
+            e2e_flow_control: false,
+            rnr_retry_count: 7,
+            srq: false,
+            local_ca_guid: 0,
+            private_data: [0; private_len::REP],
+        }
+    }
+}

@@ -242,8 +242,9 @@ mod tests {
     use super::*;
     use crate::tests::{pump, Node};
     use crate::TransmitKind;
+    use softrdma_testkit::cm;
     use softrdma_wire::cm::{
-        port_space, private_len, service_id, sidr_status, CmPath, Dreq, Ids, Req, Rtu, SidrReq,
+        port_space, private_len, service_id, sidr_status, Dreq, Ids, Req, Rtu, SidrReq,
     };
     use softrdma_wire::{icrc, udp_src_port, Addrs, DEFAULT_PKEY, ROCEV2_UDP_PORT};
 
@@ -450,44 +451,16 @@ mod tests {
         assert_eq!(b.nic.stats().gsi_dropped, extra as u64);
     }
 
-    /// A REQ as rdma_cm sends one.
-    fn req() -> Req {
-        Req {
-            local_comm_id: 0xA1B2_C3D4,
-            service_id: service_id(port_space::TCP, 7174),
-            local_ca_guid: 0x0011_2233_4455_6677,
-            local_qkey: 0,
-            local_qpn: 0x12_3456,
-            responder_resources: 16,
-            local_eecn: 0,
-            initiator_depth: 15,
-            remote_eecn: 0,
-            remote_cm_response_timeout: 20,
-            transport_service_type: 0,
-            e2e_flow_control: true,
-            starting_psn: 0xAB_CDEF,
-            local_cm_response_timeout: 19,
-            retry_count: 7,
-            pkey: 0xFFFF,
-            path_mtu: 5,
-            rdc_exists: false,
-            rnr_retry_count: 6,
-            max_cm_retries: 15,
-            srq: true,
-            extended_transport_type: 0,
-            primary: CmPath::default(),
-            alternate: CmPath::default(),
-            sap_supported: true,
-            private_data: [0; private_len::REQ],
-        }
-    }
-
     #[test]
     fn a_cm_with_nothing_open_refuses_requests_and_answers_disconnects() {
         let tid = 0x1122_3344_5566_7788;
         let answer = |m: CmMsg| answer_without_cm(&m.emit(tid)).map(|a| CmMsg::parse(&a).unwrap());
 
-        let (h, rej) = answer(CmMsg::Req(Box::new(req()))).expect("a REQ is answered");
+        let req = Req {
+            local_comm_id: 0xA1B2_C3D4,
+            ..cm::req(service_id(port_space::TCP, 7174), 0x12_3456, 0xAB_CDEF)
+        };
+        let (h, rej) = answer(CmMsg::Req(Box::new(req))).expect("a REQ is answered");
         assert_eq!(h.tid, tid);
         let CmMsg::Rej(rej) = rej else {
             panic!("not a REJ: {rej:?}")

@@ -29,6 +29,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use softrdma_cm::cma::{Cma, CmaEvent, ConnParam, EventType, IdHandle, IdState};
 use softrdma_cm::ib::{CommId, Peer, State};
+use softrdma_testkit::cm;
 use softrdma_wire::cm::{
     port_space, rej_reason, service_id, CmMsg, CmPath, CmaHeader, Dreq, Ids, Mra, Rej, Rep, Req,
     MAD_LEN,
@@ -168,44 +169,28 @@ fn conn_param(qpn: u32) -> ConnParam {
 
 /// A REQ a client at `src` would send to the listener.
 fn req_to_listener(r: &mut SplitMix64, src: IpAddr) -> Req {
-    let mut private_data = [0u8; 92];
-    let _ = CmaHeader {
-        src_port: r.next_u64() as u16,
-        src,
-        dst: ip(7),
-    }
-    .emit(&mut private_data);
-    Req {
+    let src_port = r.next_u64() as u16;
+    let mut req = Req {
         local_comm_id: r.next_u64() as u32,
-        service_id: service_id(port_space::TCP, PORT),
         local_ca_guid: r.next_u64(),
-        local_qkey: 0,
         local_qpn: r.next_u64() as u32 & 0xFF_FFFF,
-        responder_resources: 1,
-        local_eecn: 0,
-        initiator_depth: 1,
-        remote_eecn: 0,
         remote_cm_response_timeout: (r.next_u64() % 32) as u8,
-        transport_service_type: 0,
-        e2e_flow_control: false,
         starting_psn: r.next_u64() as u32 & 0xFF_FFFF,
         local_cm_response_timeout: (r.next_u64() % 32) as u8,
-        retry_count: 7,
-        pkey: 0xFFFF,
-        path_mtu: 3,
-        rdc_exists: false,
-        rnr_retry_count: 7,
         max_cm_retries: (r.next_u64() % 16) as u8,
-        srq: false,
-        extended_transport_type: 0,
         primary: CmPath {
             local_ack_timeout: (r.next_u64() % 32) as u8,
             ..CmPath::default()
         },
-        alternate: CmPath::default(),
-        sap_supported: false,
-        private_data,
+        ..cm::req(service_id(port_space::TCP, PORT), 0, 0)
+    };
+    let _ = CmaHeader {
+        src_port,
+        src,
+        dst: ip(7),
     }
+    .emit(&mut req.private_data);
+    req
 }
 
 impl World {
@@ -542,19 +527,11 @@ impl World {
             5 => CmMsg::Rep(Box::new(Rep {
                 local_comm_id: local,
                 remote_comm_id: remote,
-                local_qkey: 0,
-                local_qpn: r.next_u64() as u32 & 0xFF_FFFF,
-                local_eecn: 0,
-                starting_psn: 1,
-                responder_resources: 1,
-                initiator_depth: 1,
                 target_ack_delay: inp.u8() % 32,
-                failover_accepted: 0,
-                e2e_flow_control: false,
-                rnr_retry_count: 7,
-                srq: false,
                 local_ca_guid: guid,
-                private_data: softrdma_wire::cm::zero_padded(&[]),
+                // The input and the generator are separate streams: drawing the QPN
+                // after the input byte changes neither.
+                ..cm::rep(r.next_u64() as u32 & 0xFF_FFFF, 1)
             })),
             _ => {
                 // The client's own REQ again, or a new one from its QP (stale).

@@ -1,6 +1,6 @@
 //! What the CM's integration tests and the CM fuzz harness build alike: loopback
-//! addresses, the REQ and REP rdma_cm sends for an RC QP, and one host's port space in
-//! memory. Each test binary uses part of it.
+//! addresses and one host's port space in memory (the REQ and REP they send are the test
+//! kit's, `softrdma_testkit::cm`). Each test binary uses part of it.
 #![allow(dead_code)]
 
 use std::io;
@@ -9,73 +9,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use softrdma_cm::cma::{Ports, Reservation};
 use softrdma_device::ports::{BindOptions, HostFacts, Key, PortSpace, PortTable};
-use softrdma_wire::cm::{CmPath, CmaHeader, Rep, Req};
 
 /// 127.0.0.`x`.
 pub fn ip(x: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, x))
-}
-
-/// A REQ as rdma_cm sends it for an RC QP, its rdma_cm header naming `src` and `dst` (the
-/// sender's CM fills in the comm ID and CA GUID; a forged one sets them itself).
-pub fn req(service_id: u64, qpn: u32, psn: u32, src: IpAddr, dst: IpAddr) -> Req {
-    let mut private_data = [0u8; 92];
-    CmaHeader {
-        src_port: 40000,
-        src,
-        dst,
-    }
-    .emit(&mut private_data)
-    .unwrap();
-    Req {
-        local_comm_id: 0,
-        service_id,
-        local_ca_guid: 0,
-        local_qkey: 0,
-        local_qpn: qpn,
-        responder_resources: 1,
-        local_eecn: 0,
-        initiator_depth: 1,
-        remote_eecn: 0,
-        remote_cm_response_timeout: 20,
-        transport_service_type: 0,
-        e2e_flow_control: false,
-        starting_psn: psn,
-        local_cm_response_timeout: 20,
-        retry_count: 7,
-        pkey: 0xFFFF,
-        path_mtu: 3,
-        rdc_exists: false,
-        rnr_retry_count: 7,
-        max_cm_retries: 15,
-        srq: false,
-        extended_transport_type: 0,
-        primary: CmPath::default(),
-        alternate: CmPath::default(),
-        sap_supported: false,
-        private_data,
-    }
-}
-
-/// A REP for QP `qpn` starting at `psn`, with no private data.
-pub fn rep(qpn: u32, psn: u32) -> Rep {
-    Rep {
-        local_comm_id: 0,
-        remote_comm_id: 0,
-        local_qkey: 0,
-        local_qpn: qpn,
-        local_eecn: 0,
-        starting_psn: psn,
-        responder_resources: 1,
-        initiator_depth: 1,
-        target_ack_delay: 0,
-        failover_accepted: 0,
-        e2e_flow_control: false,
-        rnr_retry_count: 7,
-        srq: false,
-        local_ca_guid: 0,
-        private_data: [0; 196],
-    }
 }
 
 /// One host's port table in memory, for devices on one host, under the registry's rules
