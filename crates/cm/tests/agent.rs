@@ -4,40 +4,18 @@
 //! devices' QP1s; events arrive on pollable channels; a second wildcard bind of the port
 //! gets EADDRNOTAVAIL as on Linux; a port nobody serves is rejected with reason 8.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
-use softrdma_cm::agent::{Agent, EventChannel};
-use softrdma_cm::cma::{errno, CmaEvent, ConnParam, EventParam, EventType};
-use softrdma_cm::host::HostPorts;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use common::{agent, device, next};
+use softrdma_cm::agent::EventChannel;
+use softrdma_cm::cma::{errno, ConnParam, EventParam, EventType};
 use softrdma_device::registry::Registry;
-use softrdma_device::{Device, DeviceAddr, DeviceConfig};
 use softrdma_wire::cm::{port_space, rej_reason};
 
 /// Devices of this test share a UDP port of their own, away from other tests' devices.
 const DEV_PORT: u16 = 24_791;
-
-fn device(name: &str) -> Arc<Device> {
-    let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(DEV_PORT));
-    cfg.stats_dir = None;
-    cfg.pcap = None;
-    Arc::new(Device::open(&cfg).expect("open device"))
-}
-
-fn agent(dev: &Arc<Device>, reg: &Registry) -> Agent {
-    let ports = HostPorts::new(reg.clone(), DEV_PORT);
-    Agent::start(Arc::clone(dev), Box::new(ports), 7).expect("start CM agent")
-}
-
-fn next(ch: &EventChannel, want: EventType) -> CmaEvent {
-    let ev = ch
-        .get_timeout(Some(Duration::from_secs(20)))
-        .expect("channel")
-        .unwrap_or_else(|| panic!("no {want:?} within 20 s"));
-    assert_eq!(ev.event, want, "{ev:?}");
-    ev
-}
 
 fn conn(qpn: u32, data: &[u8]) -> ConnParam {
     ConnParam {
@@ -55,9 +33,9 @@ fn conn(qpn: u32, data: &[u8]) -> ConnParam {
 fn connect_accept_disconnect_between_two_devices() {
     let dir = std::env::temp_dir().join(format!("softrdma-cm-agent-{}", std::process::id()));
     let reg = Registry::open(&dir).unwrap();
-    let (da, db) = (device("cma"), device("cmb"));
+    let (da, db) = (device("cma", DEV_PORT), device("cmb", DEV_PORT));
     assert_ne!(da.addr().ip(), db.addr().ip());
-    let (a, b) = (agent(&da, &reg), agent(&db, &reg));
+    let (a, b) = (agent(&da, &reg, DEV_PORT, 7), agent(&db, &reg, DEV_PORT, 7));
     let (cha, chb) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
     a.attach(&cha);
     b.attach(&chb);

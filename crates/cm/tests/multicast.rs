@@ -8,19 +8,20 @@
 //! Multicast is unreliable, so several datagrams are sent and at least one is required;
 //! every wait is bounded.
 
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{agent, device, next};
 use softrdma_cm::agent::{Agent, EventChannel};
 use softrdma_cm::cma::{CmaEvent, EventParam, EventType, UdParam};
-use softrdma_cm::host::HostPorts;
 use softrdma_device::registry::Registry;
 use softrdma_device::verbs::{
     Access, CqId, PdId, QpAttr, QpCap, QpInitAttr, QpState, QpType, Qpn, RecvWr, SendFlags, SendOp,
     SendWr, Sge, UdDest, WcStatus, WorkCompletion,
 };
-use softrdma_device::{CqPoller, Device, DeviceAddr, DeviceConfig};
+use softrdma_device::{CqPoller, Device};
 use softrdma_wire::cm::port_space;
 
 /// Devices of this test share a UDP port of their own, away from other tests' devices
@@ -30,26 +31,6 @@ const GROUP: Ipv4Addr = Ipv4Addr::new(239, 1, 2, 3);
 const SLOT: usize = 40 + 256;
 const SLOTS: usize = 8;
 const N: usize = 4;
-
-fn device(name: &str) -> Arc<Device> {
-    let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(DEV_PORT));
-    cfg.stats_dir = None;
-    Arc::new(Device::open(&cfg).expect("open device"))
-}
-
-fn agent(dev: &Arc<Device>, reg: &Registry) -> Agent {
-    let ports = HostPorts::new(reg.clone(), DEV_PORT);
-    Agent::start(Arc::clone(dev), Box::new(ports), 9).expect("start CM agent")
-}
-
-fn next(ch: &EventChannel, want: EventType) -> CmaEvent {
-    let ev = ch
-        .get_timeout(Some(Duration::from_secs(20)))
-        .expect("channel")
-        .unwrap_or_else(|| panic!("no {want:?} within 20 s"));
-    assert_eq!(ev.event, want, "{ev:?}");
-    ev
-}
 
 fn ud(ev: &CmaEvent) -> &UdParam {
     match &ev.param {
@@ -216,8 +197,8 @@ fn wcs(d: &Device, cq: CqId, n: usize, within: Duration) -> Vec<WorkCompletion> 
 fn join_attach_send_to_the_group_then_leave() {
     let dir = std::env::temp_dir().join(format!("softrdma-cm-mcast-{}", std::process::id()));
     let reg = Registry::open(&dir).unwrap();
-    let (da, db) = (device("cmma"), device("cmmb"));
-    let (a, b) = (agent(&da, &reg), agent(&db, &reg));
+    let (da, db) = (device("cmma", DEV_PORT), device("cmmb", DEV_PORT));
+    let (a, b) = (agent(&da, &reg, DEV_PORT, 9), agent(&db, &reg, DEV_PORT, 9));
     let (cha, chb) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
     a.attach(&cha);
     b.attach(&chb);

@@ -1,18 +1,50 @@
 //! What the CM's integration tests and the CM fuzz harness build alike: loopback
-//! addresses and one host's port space in memory (the REQ and REP they send are the test
-//! kit's, `softrdma_testkit::cm`). Each test binary uses part of it.
+//! addresses, one host's port space in memory, and devices on loopback with their CM
+//! agents (the REQ and REP they send are the test kit's, `softrdma_testkit::cm`). Each
+//! test binary uses part of it.
 #![allow(dead_code)]
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use softrdma_cm::cma::{Ports, Reservation};
+use softrdma_cm::agent::{Agent, EventChannel};
+use softrdma_cm::cma::{CmaEvent, EventType, Ports, Reservation};
+use softrdma_cm::host::HostPorts;
 use softrdma_device::ports::{BindOptions, HostFacts, Key, PortSpace, PortTable};
+use softrdma_device::registry::Registry;
+use softrdma_device::{Device, DeviceAddr, DeviceConfig};
 
 /// 127.0.0.`x`.
 pub fn ip(x: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, x))
+}
+
+/// A device on loopback at UDP port `dev_port` (each test binary its own, so that
+/// binaries running at once keep apart) that writes no statistics file and no capture.
+pub fn device(name: &str, dev_port: u16) -> Arc<Device> {
+    let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(dev_port));
+    cfg.stats_dir = None;
+    cfg.pcap = None;
+    Arc::new(Device::open(&cfg).expect("open device"))
+}
+
+/// The CM agent of `dev`, binding its ports in `reg` for devices at `dev_port`, seeded
+/// with `seed`.
+pub fn agent(dev: &Arc<Device>, reg: &Registry, dev_port: u16, seed: u64) -> Agent {
+    let ports = HostPorts::new(reg.clone(), dev_port);
+    Agent::start(Arc::clone(dev), Box::new(ports), seed).expect("start CM agent")
+}
+
+/// The next event of `ch`, which must be `want`, within 20 s.
+pub fn next(ch: &EventChannel, want: EventType) -> CmaEvent {
+    let ev = ch
+        .get_timeout(Some(Duration::from_secs(20)))
+        .expect("channel")
+        .unwrap_or_else(|| panic!("no {want:?} within 20 s"));
+    assert_eq!(ev.event, want, "{ev:?}");
+    ev
 }
 
 /// One host's port table in memory, for devices on one host, under the registry's rules
