@@ -1102,3 +1102,89 @@ pub mod cm {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The walk leaves each kind of QP in RTS with what its config and its peer say.
+    #[test]
+    fn the_walk_takes_each_kind_of_qp_to_rts_as_its_config_says() {
+        let mut w = World::two(1);
+        let rc = QpCfg {
+            timeout: 12,
+            retry_cnt: 3,
+            max_rd_atomic: 2,
+            max_dest_rd_atomic: 5,
+            ..QpCfg::rc()
+        }
+        .with_mtu(Mtu::Mtu2048);
+        for cfg in [rc, QpCfg::uc(), QpCfg::ud()] {
+            let a = w.new_ep(0, &cfg);
+            let peer = Peer {
+                av: w.av(1),
+                qpn: 0x77,
+                psn: 0x1234,
+            };
+            let connected = cfg.qp_type != QpType::Ud;
+            let now = w.now();
+            cfg.walk_to_rts(connected.then_some(&peer), 0x4321, |attr, mask| {
+                w.nic(0).modify_qp(now, a.qpn, attr, mask)
+            });
+            let got = w.nic(0).query_qp(a.qpn).expect("query_qp");
+            let ctx = format!("{:?}", cfg.qp_type);
+            assert_eq!(got.qp_state, QpState::Rts, "{ctx}");
+            assert_eq!(got.sq_psn, 0x4321, "{ctx}");
+            if connected {
+                assert_eq!(
+                    (
+                        got.dest_qp_num,
+                        got.rq_psn,
+                        got.path_mtu,
+                        got.qp_access_flags
+                    ),
+                    (0x77, 0x1234, cfg.mtu, cfg.access),
+                    "{ctx}"
+                );
+            } else {
+                assert_eq!(got.qkey, cfg.qkey, "{ctx}");
+            }
+            if cfg.qp_type == QpType::Rc {
+                assert_eq!(
+                    (
+                        got.timeout,
+                        got.retry_cnt,
+                        got.max_rd_atomic,
+                        got.max_dest_rd_atomic
+                    ),
+                    (12, 3, 2, 5)
+                );
+            }
+        }
+    }
+
+    /// A step the QP refuses is named in the panic.
+    #[test]
+    fn a_refused_step_is_named() {
+        let mut w = World::two(2);
+        let cfg = QpCfg::rc();
+        let a = w.new_ep(0, &cfg);
+        // Source GID index 1: the device has one address, so RTR is refused.
+        let peer = Peer {
+            av: AhAttr::roce(Gid::from_ip(dev_addr(1).ip()), 1),
+            qpn: 0x77,
+            psn: 0,
+        };
+        let now = w.now();
+        let nic = w.nic(0);
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cfg.walk_to_rts(Some(&peer), 0, |attr, mask| {
+                nic.modify_qp(now, a.qpn, attr, mask)
+            })
+        }))
+        .expect_err("RTR with a GID index the device lacks");
+        let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.starts_with("modify QP to RTR: "), "{msg}");
+        assert_eq!(w.qp_state(&a), QpState::Init);
+    }
+}

@@ -110,6 +110,12 @@ fn setup(nic: &mut Rnic) -> Result<Side> {
     })
 }
 
+/// Walk a QP from RESET to RTS as every verbs program does: INIT (its port and the rights
+/// a peer gets on this side's memory), RTR (the path to the peer, the peer's QPN and the
+/// PSN it starts from, the READs/atomics this side serves at once, the RNR timer it
+/// asks the peer to wait), RTS (the PSN this side starts from, its ACK timeout and
+/// retries, the READs/atomics it has outstanding). Written out for the reader; the tests
+/// take the same steps through `softrdma_testkit::QpCfg`.
 fn connect(nic: &mut Rnic, me: &Side, peer_gid: Gid, peer_qpn: Qpn) -> Result<()> {
     let mut a = QpAttr {
         qp_state: QpState::Init,
