@@ -863,7 +863,7 @@ impl Unconnected {
         }
         Ok(Listener {
             ep: self.ep,
-            cfg,
+            cfg: Mutex::new(cfg),
             answered: Mutex::new(Vec::new()),
             ready: Mutex::new(std::collections::VecDeque::new()),
         })
@@ -1038,7 +1038,7 @@ enum Advance {
 /// [`Listener::ANSWER_WAIT`], and at most [`Listener::MAX_ANSWERED`] wait at once.
 pub struct Listener {
     ep: Endpoint,
-    cfg: Config,
+    cfg: Mutex<Config>,
     answered: Mutex<Vec<(Socket, Instant)>>,
     ready: Mutex<std::collections::VecDeque<Socket>>,
 }
@@ -1078,6 +1078,12 @@ impl Listener {
     /// Set an option of its CM id.
     pub fn set_option(&self, opt: IdOption) -> io::Result<()> {
         self.ep.set_option(opt)
+    }
+
+    /// The sizes the connections accepted from now on are made with (a listening
+    /// socket's options apply to what it accepts next, as in rsockets).
+    pub fn set_config(&self, cfg: Config) {
+        *self.cfg.lock().unwrap_or_else(|p| p.into_inner()) = cfg;
     }
 
     /// The CM channel's descriptor: readable while a request waits. Answered sockets
@@ -1133,7 +1139,8 @@ impl Listener {
             id: nid,
             live: true,
         };
-        let s = match Socket::make(ep, self.cfg) {
+        let cfg = *self.cfg.lock().unwrap_or_else(|p| p.into_inner());
+        let s = match Socket::make(ep, cfg) {
             Ok(s) => s,
             Err((_, mut ep)) => {
                 ep.live = false;

@@ -904,6 +904,13 @@ fn set_id_option(g: &Stream, opt: IdOption) -> Result<(), c_int> {
     r.map_err(os)
 }
 
+/// A listener's sizes are those of the connections it accepts next.
+fn listener_sizes(g: &Stream) {
+    if let Life::Listening(l) = &g.life {
+        l.set_config(g.cfg);
+    }
+}
+
 /// Read an int option value.
 ///
 /// # Safety
@@ -966,6 +973,7 @@ unsafe fn setsockopt(
             let v = int()?;
             if g.before_connect() && v > 0 {
                 g.cfg.rbuf_size = (v as u32).saturating_mul(2).min(1 << 28);
+                listener_sizes(&g);
             }
         }
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => {
@@ -974,6 +982,7 @@ unsafe fn setsockopt(
                 g.cfg.sbuf_size = (v as u32)
                     .saturating_mul(2)
                     .clamp(softrdma_rsocket::config::SNDLOWAT << 1, 1 << 28);
+                listener_sizes(&g);
             }
         }
         (libc::SOL_SOCKET, libc::SO_LINGER) => {
@@ -1062,6 +1071,7 @@ unsafe fn setsockopt(
                 }
                 _ => return Err(libc::ENOTSUP),
             }
+            listener_sizes(&g);
         }
         _ => return Err(libc::ENOTSUP),
     }
