@@ -19,7 +19,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use softrdma_transport::verbs::{MwId, SendOp, Sge, WcOpcode, WorkCompletion};
+use softrdma_transport::verbs::{MwId, SendOp, Sge, WorkCompletion};
 
 use crate::mr::MrReg;
 use crate::{Device, Error, ErrorKind, Result};
@@ -161,6 +161,15 @@ impl WorkQueuePins {
         }
     }
 
+    /// The queue was emptied without completions to poll (its QP went to RESET, which
+    /// takes its outstanding requests and cleans their completions out of the CQs):
+    /// every pin goes. The caller drops what is returned once no lock is held.
+    pub(crate) fn clear(&self) -> Released {
+        let mut q = lock(&self.q);
+        q.done.clear();
+        q.posted.drain(..).map(|(_, p)| p).collect()
+    }
+
     /// A completion of request `wr_id` was polled: release what it retires. In order, that
     /// is every request up to the oldest posted with that wr_id (a send queue completes in
     /// order, so unsignaled requests before it are done too; with wr_ids repeated, the
@@ -246,7 +255,7 @@ impl CqQueues {
             let m = lock(&self.by_qpn);
             for wc in wcs {
                 let Some(l) = m.get(&wc.qp_num) else { continue };
-                let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+                let recv = wc.opcode.is_recv();
                 let w = if recv { &l.recv } else { &l.send };
                 if let Some(q) = w.as_ref().and_then(Weak::upgrade) {
                     found.push((q, wc.wr_id));

@@ -457,10 +457,18 @@ impl QueuePair {
             Ok(self.pd.dev.rt().post_recv(qpn, wr)?)
         })
     }
-    /// Modify attributes (`ibv_modify_qp`).
+    /// Modify attributes (`ibv_modify_qp`). To RESET, the QP's outstanding requests and
+    /// its completions not yet polled go (see [`QueuePair::reset`]), and with them what
+    /// they kept registered.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let qpn = self.qpn;
-        Ok(self.pd.dev.rt().modify_qp(qpn, attr, mask)?)
+        self.pd.dev.rt().modify_qp(qpn, attr, mask)?;
+        if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
+            // An SRQ's receives are not the QP's: they stay, as do their completions.
+            let released = (self.sq_pins.clear(), self.rq_pins.clear());
+            drop(released);
+        }
+        Ok(())
     }
     /// Current attributes (`ibv_query_qp`).
     pub fn query(&self) -> Result<QpAttr> {

@@ -162,17 +162,29 @@ fn a_signaled_send_retires_the_unsignaled_ones_before_it() {
 #[test]
 fn flushes_and_destroyed_qps_release_their_regions() {
     let (a, b) = rc_pair();
-    // Flushed by a reset: released when the flush completion is polled.
+    // Flushed in ERROR: released when the flush completion is polled.
     let mr = b.pd.register(LEN, ALL).unwrap();
     let stale = mr.sge(0..64).unwrap();
     b.qp.post_recv(wr::recv(3, [mr.sge(0..64).unwrap()]))
         .unwrap();
     drop(mr);
-    b.qp.reset().unwrap();
+    b.qp.to_error().unwrap();
     let wc = b.cq.wait(T).unwrap();
     assert_eq!((wc.wr_id, wc.status), (3, WcStatus::WrFlushErr));
+    b.qp.reset().unwrap();
     b.qp.to_init(ALL).unwrap();
     let e = b.qp.post_recv(wr::recv(4, [stale])).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    // Flushed and cleaned out of the CQ by a reset, never polled: released all the same.
+    let mr = b.pd.register(LEN, ALL).unwrap();
+    let stale = mr.sge(0..64).unwrap();
+    b.qp.post_recv(wr::recv(5, [mr.sge(0..64).unwrap()]))
+        .unwrap();
+    drop(mr);
+    b.qp.reset().unwrap();
+    assert!(b.cq.is_empty().unwrap());
+    b.qp.to_init(ALL).unwrap();
+    let e = b.qp.post_recv(wr::recv(6, [stale])).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
     drop(a);
     // Outstanding when the QP is dropped: released with it.

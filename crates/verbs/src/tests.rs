@@ -2367,7 +2367,7 @@ fn discard_completions_takes_one_qps_out_of_its_cqs() {
     for (qpn, id) in [(a, 1), (b, 2), (a, 3), (b, 4)] {
         assert!(c.push_completion(cq, of(qpn, id), false, 0));
     }
-    // Reset alone keeps them (the Rust face's reset promises its flushes are polled).
+    // The context's reset alone keeps them: the device cleans them on the way to RESET.
     to_state(&mut c, a, QpState::Err).unwrap();
     to_state(&mut c, a, QpState::Reset).unwrap();
     assert_eq!(c.cq_len(cq), Ok(4));
@@ -2377,6 +2377,37 @@ fn discard_completions_takes_one_qps_out_of_its_cqs() {
     let n = c.poll_cq(cq, &mut out).unwrap();
     let left: Vec<(Qpn, u64)> = out[..n].iter().map(|w| (w.qp_num, w.wr_id)).collect();
     assert_eq!(left, vec![(b, 2), (b, 4)], "only the other QP's, in order");
+}
+
+/// A QP on an SRQ, its sends and receives reporting to one CQ: its send completions go
+/// on the way to RESET, its receives stay (each holds a buffer taken from the SRQ).
+#[test]
+fn discard_completions_keeps_an_srqs_receives() {
+    let mut c = ctx();
+    let pd = c.alloc_pd().unwrap();
+    let cq = cq(&mut c);
+    let srq = c.create_srq(pd, 4, 1, 0).unwrap();
+    let mut i = qp_init(pd, cq, QpType::Rc);
+    i.srq = Some(srq);
+    let q = c.create_qp(i).unwrap();
+    let of = |id, opcode| WorkCompletion {
+        qp_num: q,
+        opcode,
+        ..wc(id, WcStatus::Success)
+    };
+    for (id, op) in [
+        (1, WcOpcode::Send),
+        (2, WcOpcode::Recv),
+        (3, WcOpcode::RdmaWrite),
+        (4, WcOpcode::RecvRdmaWithImm),
+    ] {
+        assert!(c.push_completion(cq, of(id, op), false, 0));
+    }
+    assert_eq!(c.discard_completions(q), Ok(2));
+    let mut out = [WorkCompletion::default(); 8];
+    let n = c.poll_cq(cq, &mut out).unwrap();
+    let left: Vec<u64> = out[..n].iter().map(|w| w.wr_id).collect();
+    assert_eq!(left, vec![2, 4]);
 }
 
 // ------------------------------------------------------------------ on-demand paging

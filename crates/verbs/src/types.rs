@@ -790,6 +790,13 @@ pub enum WcOpcode {
     RecvRdmaWithImm = 129,
 }
 
+impl WcOpcode {
+    /// A receive's completion (`IBV_WC_RECV` and above, the receive flag set).
+    pub fn is_recv(self) -> bool {
+        matches!(self, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+    }
+}
+
 /// A work completion with every field of `ibv_wc`, plus the `ibv_cq_ex` timestamp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WorkCompletion {

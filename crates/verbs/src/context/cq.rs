@@ -42,13 +42,14 @@ impl CqTable {
     fn uses_channel(&self, ch: ChannelId) -> bool {
         self.values().any(|c| c.channel == Some(ch))
     }
-    /// Remove the completions of QP `qpn` that `cq` holds; how many.
-    pub(super) fn clean(&mut self, cq: CqId, qpn: crate::types::Qpn) -> usize {
+    /// Remove the completions of QP `qpn` that `cq` holds, but for its receives when
+    /// `keep_recvs` (an SRQ's: each holds a buffer taken from the SRQ); how many.
+    pub(super) fn clean(&mut self, cq: CqId, qpn: crate::types::Qpn, keep_recvs: bool) -> usize {
         let Some(c) = self.get_mut(cq) else {
             return 0;
         };
         let before = c.q.len();
-        c.q.retain(|wc| wc.qp_num != qpn);
+        c.q.retain(|wc| wc.qp_num != qpn || (keep_recvs && wc.opcode.is_recv()));
         before - c.q.len()
     }
 }

@@ -136,16 +136,17 @@ impl Context {
         Ok(())
     }
     /// Take the completions of QP `qpn` out of its CQs, as mlx4 and mlx5 do when a QP is
-    /// reset (the C face does it then): a QP brought from ERROR back to RTS must not have
+    /// reset (every face does it then): a QP brought from ERROR back to RTS must not have
     /// the WRs flushed in its old life polled as if they came from its new one. Receive
     /// completions of an SRQ stay, as each holds a buffer taken from the SRQ. Returns how
     /// many were taken; an error for no such QP.
     pub fn discard_completions(&mut self, qpn: Qpn) -> Result<usize> {
         let qp = self.qps.get(qpn).ok_or(missing("no such QP"))?;
         let (send_cq, recv_cq, srq) = (qp.init.send_cq, qp.init.recv_cq, qp.init.srq);
-        let mut n = self.cqs.clean(send_cq, qpn);
-        if srq.is_none() && recv_cq != send_cq {
-            n += self.cqs.clean(recv_cq, qpn);
+        let keep_recvs = srq.is_some();
+        let mut n = self.cqs.clean(send_cq, qpn, keep_recvs);
+        if recv_cq != send_cq {
+            n += self.cqs.clean(recv_cq, qpn, keep_recvs);
         }
         Ok(n)
     }
