@@ -216,6 +216,16 @@ impl Shared {
     }
 }
 
+/// The agents [`Agent::for_device`] started, by device.
+static AGENTS: Mutex<Vec<Running>> = Mutex::new(Vec::new());
+
+/// An agent [`Agent::for_device`] started: its device (by address) and process.
+struct Running {
+    dev: usize,
+    pid: u32,
+    agent: Weak<Agent>,
+}
+
 /// A device's CM with its thread. Dropping it stops the thread.
 pub struct Agent {
     sh: Arc<Shared>,
@@ -278,14 +288,16 @@ impl Agent {
     /// [`timeouts_from_env`]. Every face gets its CM here, so a device has one CM with
     /// one policy.
     pub fn for_device(dev: &Arc<Device>) -> io::Result<Arc<Agent>> {
-        static AGENTS: Mutex<Vec<Weak<Agent>>> = Mutex::new(Vec::new());
         let mut all = AGENTS.lock().unwrap_or_else(|p| p.into_inner());
-        all.retain(|w| w.strong_count() > 0);
+        all.retain(|e| e.agent.strong_count() > 0);
+        let key = Arc::as_ptr(dev) as usize;
         let pid = std::process::id();
+        // Only this device's entry is upgraded: an Arc of another upgraded here could be
+        // its last and drop it under this lock, which its drop takes.
         let found = all
             .iter()
-            .filter_map(Weak::upgrade)
-            .find(|a| Arc::ptr_eq(&a.sh.dev, dev) && a.sh.pid == pid);
+            .filter(|e| e.dev == key && e.pid == pid)
+            .find_map(|e| e.agent.upgrade());
         if let Some(a) = found {
             return Ok(a);
         }
@@ -300,7 +312,11 @@ impl Agent {
         let t = timeouts_from_env();
         a.call(|c, _| c.set_timeouts(t));
         let a = Arc::new(a);
-        all.push(Arc::downgrade(&a));
+        all.push(Running {
+            dev: key,
+            pid,
+            agent: Arc::downgrade(&a),
+        });
         Ok(a)
     }
 
@@ -368,7 +384,16 @@ impl Drop for Agent {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        self.sh.dev.set_mad_consumer(false);
+        // The device's next agent may have started while this one went (its last
+        // reference gone, for_device starts another): the MADs are that one's now.
+        let all = AGENTS.lock().unwrap_or_else(|p| p.into_inner());
+        let key = Arc::as_ptr(&self.sh.dev) as usize;
+        let next = all
+            .iter()
+            .any(|e| e.dev == key && e.pid == self.sh.pid && e.agent.strong_count() > 0);
+        if !next {
+            self.sh.dev.set_mad_consumer(false);
+        }
     }
 }
 

@@ -9,7 +9,7 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use common::{agent, device, next};
-use softrdma_cm::agent::EventChannel;
+use softrdma_cm::agent::{Agent, EventChannel};
 use softrdma_cm::cma::{errno, ConnParam, EventParam, EventType};
 use softrdma_device::registry::Registry;
 use softrdma_wire::cm::{port_space, rej_reason};
@@ -136,4 +136,55 @@ fn connect_accept_disconnect_between_two_devices() {
     assert_eq!(rej.status, i32::from(rej_reason::INVALID_SERVICE_ID));
     drop((a, b));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A device's agent going away leaves the device's MADs to the agent that is still there:
+/// [`Agent::for_device`] starts a device's next agent as soon as the last reference to the
+/// one before is gone, while that one's drop still runs, and a drop that then turned off
+/// the device's MAD delivery left every connection of the new agent without its CM
+/// (all connects in a process timed out). Two agents of one device are the state that
+/// race leaves: the first one dropped, the second still connects.
+#[test]
+fn a_dropped_agent_leaves_the_mads_to_the_devices_next() {
+    let (da, db) = (device("cmnext-a", DEV_PORT), device("cmnext-b", DEV_PORT));
+    let dir = std::env::temp_dir().join(format!("softrdma-cm-next-{}", std::process::id()));
+    let reg = Registry::open(&dir).unwrap();
+    let server = Agent::for_device(&db).expect("server agent");
+    let old = agent(&da, &reg, DEV_PORT, 7);
+    let client = Agent::for_device(&da).expect("client agent");
+    drop(old);
+
+    let (chc, chs) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
+    client.attach(&chc);
+    server.attach(&chs);
+    let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
+    let (l, port) = server
+        .call(|c, _| {
+            let l = c.create_id(chs.id(), port_space::TCP, None)?;
+            c.bind(l, any)?;
+            c.listen(l, 4)?;
+            let port = c.addrs(l)?.0.map_or(0, |a| a.port());
+            Ok::<_, softrdma_cm::cma::CmaError>((l, port))
+        })
+        .unwrap();
+    let dst = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+    let id = client
+        .call(|c, _| {
+            let id = c.create_id(chc.id(), port_space::TCP, None)?;
+            c.resolve_addr(id, None, dst).map(|()| id)
+        })
+        .unwrap();
+    next(&chc, EventType::AddrResolved);
+    client.call(|c, _| c.resolve_route(id)).unwrap();
+    next(&chc, EventType::RouteResolved);
+    client
+        .call(|c, now| c.connect(now, id, &conn(0x1234, b"ping")))
+        .unwrap();
+    let req = next(&chs, EventType::ConnectRequest);
+    assert_eq!(req.listen_id, Some(l));
+    server
+        .call(|c, now| c.accept(now, req.id, &conn(0x5678, b"pong")))
+        .unwrap();
+    // The REP comes to the client's device: its agent has it.
+    next(&chc, EventType::ConnectResponse);
 }

@@ -9,7 +9,9 @@
 //! CM event (a DREQ from a peer that said nothing first) is seen within one slice. For
 //! event loops, [`Socket::fds`] gives the completion channel's and the CM channel's
 //! descriptors: arm with [`Socket::arm`], wait for either to be readable, then
-//! [`Socket::take_events`].
+//! [`Socket::take_events`]; the calls that never wait are the non-blocking `send` and
+//! `recv`, [`Socket::readiness`] and [`Socket::try_shutdown`], [`Connecting::poll`], and
+//! a [`Listener`]'s [`Listener::poll_accept`] with its one descriptor.
 
 use std::io;
 use std::net::SocketAddr;
@@ -136,6 +138,25 @@ struct Inner {
     armed: bool,
     /// Regions `iomap` registered: (address, length, lkey).
     iomap_mrs: Vec<(u64, usize, u32)>,
+    closing: Closing,
+}
+
+/// The shutdowns asked of a socket so far. Kept between calls so that a shutdown that
+/// has to wait (for a control slot, for its sends) continues on the next call instead
+/// of telling the peer again.
+#[derive(Debug, Default)]
+struct Closing {
+    /// The directions shutdowns closed (reading, writing).
+    read: bool,
+    write: bool,
+    /// The control message decided and not yet posted (no control slot was free): the
+    /// next progress pass with a free slot posts it.
+    ctrl: Option<Ctrl>,
+    /// A DISCONNECT was decided: the QP goes to ERR once the sends before it are done.
+    disconnect: bool,
+    /// A blocking shutdown waited its bounds for the directions closed so far: closing
+    /// them again (a drop after a close that gave up on a gone peer) waits no more.
+    waited: bool,
 }
 
 /// A stream rsocket: connected, or answered and waiting for its RTU ([`Listener`]).
@@ -268,6 +289,7 @@ impl Socket {
                 poller: CqPoller::new(cq),
                 armed: false,
                 iomap_mrs: Vec::new(),
+                closing: Closing::default(),
             }),
         };
         let r = init.and_then(|(a, m)| s.modify(&a, m));
@@ -447,6 +469,7 @@ impl Socket {
                 let _ = self.ep.call(|c, now, id| c.disconnect(now, id));
             }
         }
+        any |= self.post_close(g);
         g.conn.update_credits();
         self.flush_posts(g);
         while let Ok(Some(ev)) = self.ep.event() {
@@ -462,12 +485,12 @@ impl Socket {
     }
 
     /// Wait until `test` holds (Ok(true)), `deadline` passes (Ok(false)), or forever.
-    fn wait(&self, deadline: Option<Instant>, test: impl Fn(&Conn) -> bool) -> io::Result<bool> {
+    fn wait(&self, deadline: Option<Instant>, test: impl Fn(&Inner) -> bool) -> io::Result<bool> {
         loop {
             {
                 let mut g = self.lock();
                 self.progress(&mut g);
-                if test(&g.conn) {
+                if test(&g) {
                     return Ok(true);
                 }
             }
@@ -547,7 +570,7 @@ impl Socket {
                     return Err(libc::EAGAIN);
                 }
             }
-            self.wait(None, |c| c.can_send() || !c.writable())
+            self.wait(None, |g| g.conn.can_send() || !g.conn.writable())
                 .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         }
     }
@@ -704,7 +727,7 @@ impl Socket {
                     return Err(errno(libc::EAGAIN));
                 }
             }
-            self.wait(None, |c| c.have_rdata() || !c.readable())?;
+            self.wait(None, |g| g.conn.have_rdata() || !g.conn.readable())?;
         }
     }
 
@@ -750,25 +773,87 @@ impl Socket {
         }
     }
 
-    /// `rshutdown`: close reading, writing or both, telling the peer (waiting for a free
-    /// control slot and for the sends before it to complete).
+    /// `rshutdown`: close reading, writing or both, telling the peer, and wait for the
+    /// shutdown to be done ([`Socket::try_shutdown`]): at most two seconds for a control
+    /// slot and as long again for the sends before it, so a peer that is gone does not
+    /// hold a close for longer. A control message still unposted then goes with a
+    /// later progress pass.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        let ctrl = self.lock().conn.shutdown(how);
-        if let Some(ctrl) = ctrl {
-            let deadline = Some(Instant::now() + CLOSE_WAIT);
-            self.wait(deadline, |c| c.ctrl_avail() || !c.is_connected())?;
+        {
             let mut g = self.lock();
-            if g.conn.send_ctrl(ctrl) {
-                self.flush_posts(&mut g);
+            if !self.begin_shutdown(&mut g, how) && g.closing.waited {
+                self.end_shutdown(&g);
+                return Ok(());
             }
         }
-        let deadline = Some(Instant::now() + CLOSE_WAIT);
-        self.wait(deadline, |c| c.all_sends_done())?;
-        if self.lock().conn.phase() == Phase::Disconnected || ctrl == Some(Ctrl::Disconnect) {
+        let staged = |g: &Inner| g.closing.ctrl.is_none() || !g.conn.is_connected();
+        self.wait(Some(Instant::now() + CLOSE_WAIT), staged)?;
+        self.wait(Some(Instant::now() + CLOSE_WAIT), shutdown_done)?;
+        let mut g = self.lock();
+        g.closing.waited = true;
+        self.end_shutdown(&g);
+        Ok(())
+    }
+
+    /// `rshutdown` without waiting: close the directions of `how`, telling the peer
+    /// when a control slot is free. Ok once the shutdown is done: its control message
+    /// posted and every send before it (and it) completed, or the connection down.
+    /// `WouldBlock` until then: wait on [`Socket::fds`] (after [`Socket::arm`]) and call
+    /// again. A call for directions already shut down continues that shutdown; the
+    /// peer is told once.
+    pub fn try_shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let mut g = self.lock();
+        self.begin_shutdown(&mut g, how);
+        self.progress(&mut g);
+        if !shutdown_done(&g) {
+            return Err(errno(libc::EAGAIN));
+        }
+        self.end_shutdown(&g);
+        Ok(())
+    }
+
+    /// Close the directions of `how` not closed yet and decide what the peer is told
+    /// (posted by [`Socket::post_close`]). Returns whether it closed any.
+    fn begin_shutdown(&self, g: &mut Inner, how: Shutdown) -> bool {
+        let (read, write) = match how {
+            Shutdown::Read => (true, false),
+            Shutdown::Write => (false, true),
+            Shutdown::Both => (true, true),
+        };
+        let c = &mut g.closing;
+        if c.disconnect || ((!read || c.read) && (!write || c.write)) {
+            return false;
+        }
+        c.read |= read;
+        c.write |= write;
+        c.waited = false;
+        if let Some(ctrl) = g.conn.shutdown(how) {
+            // A DISCONNECT says what an unposted SHUTDOWN would have, and more.
+            c.disconnect = ctrl == Ctrl::Disconnect;
+            c.ctrl = Some(ctrl);
+        }
+        true
+    }
+
+    /// Post the shutdown's control message if one waits and a control slot is free (a
+    /// connection that is down takes none). Returns whether it went.
+    fn post_close(&self, g: &mut Inner) -> bool {
+        let Some(ctrl) = g.closing.ctrl else {
+            return false;
+        };
+        if g.conn.is_connected() && !g.conn.ctrl_avail() {
+            return false;
+        }
+        g.closing.ctrl = None;
+        g.conn.send_ctrl(ctrl)
+    }
+
+    /// The last step of a shutdown that is done (or gave up waiting).
+    fn end_shutdown(&self, g: &Inner) {
+        if g.closing.disconnect || g.conn.phase() == Phase::Disconnected {
             // Flushing the receives wakes whoever polls the socket.
             self.to_error();
         }
-        Ok(())
     }
 
     /// Send a keepalive (a zero-length RDMA WRITE a gone peer fails).
@@ -783,6 +868,12 @@ impl Socket {
     pub fn phase(&self) -> Phase {
         self.lock().conn.phase()
     }
+}
+
+/// The shutdown under way is done: its control message posted and every send completed
+/// (or the connection is down).
+fn shutdown_done(g: &Inner) -> bool {
+    (g.closing.ctrl.is_none() || !g.conn.is_connected()) && g.conn.all_sends_done()
 }
 
 /// Destroy what `make` made on the device, QP first (it could still write the regions),
@@ -1035,12 +1126,27 @@ enum Advance {
 /// A listening rsocket: answers each request at once with its own QP and buffers, and
 /// hands out a socket once the requester's RTU established it. Never waits on one
 /// connection; answered connections that never complete are dropped after
-/// [`Listener::ANSWER_WAIT`], and at most [`Listener::MAX_ANSWERED`] wait at once.
+/// [`Listener::ANSWER_WAIT`], and at most [`Listener::MAX_ANSWERED`] wait at once;
+/// their requesters get a REJ.
+///
+/// An answered connection's CM events come to the listener's channel, as its request
+/// did, until it is established: so the one descriptor [`Listener::fd`] wakes a waiter
+/// for a request and for an RTU alike. Its socket is started (and its id moved to the
+/// socket's own channel) only then, so one that never completes is dropped without a
+/// close to wait for.
 pub struct Listener {
     ep: Endpoint,
     cfg: Mutex<Config>,
-    answered: Mutex<Vec<(Socket, Instant)>>,
+    answered: Mutex<Vec<Answered>>,
     ready: Mutex<std::collections::VecDeque<Socket>>,
+}
+
+/// A connection answered and waiting for its RTU.
+struct Answered {
+    sock: Socket,
+    /// The requester's connection data, taken when the connection is established.
+    peer: ConnData,
+    since: Instant,
 }
 
 impl std::fmt::Debug for Listener {
@@ -1086,26 +1192,16 @@ impl Listener {
         *self.cfg.lock().unwrap_or_else(|p| p.into_inner()) = cfg;
     }
 
-    /// The CM channel's descriptor: readable while a request waits. Answered sockets
-    /// settle on their own channels: poll [`Listener::poll_accept`] now and then too.
+    /// The CM channel's descriptor: readable while a request, or an answered
+    /// connection's RTU (or its failure), waits for [`Listener::poll_accept`].
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.ep.chan.as_fd()
     }
 
-    /// Whether answered connections wait for their RTU (then [`Listener::poll_accept`]
-    /// has work even when [`Listener::fd`] is quiet).
-    pub fn settling(&self) -> bool {
-        !self
-            .answered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
-    }
-
-    /// rsockets' `rs_accept` for one request: a socket with the requester's connection
-    /// data, its receives posted, answered with this side's. None when it was refused
-    /// (not an rsockets request, or out of resources): the requester gets a REJ.
-    fn answer(&self, ev: CmaEvent) -> Option<Socket> {
+    /// rsockets' `rs_accept` for one request: a socket with its receives posted,
+    /// answered with this side's connection data. None when it was refused (not an
+    /// rsockets request, or out of resources): the requester gets a REJ.
+    fn answer(&self, ev: CmaEvent) -> Option<Answered> {
         let nid = ev.id;
         let agent = &self.ep.agent;
         let reject = || {
@@ -1113,6 +1209,7 @@ impl Listener {
                 let _ = c.reject(now, nid, &[]);
                 c.destroy_id(now, nid)
             });
+            self.ep.chan.withdraw(nid);
         };
         let EventParam::Conn(req) = ev.param else {
             reject();
@@ -1127,11 +1224,7 @@ impl Listener {
             return None;
         };
         agent.attach(&chan);
-        let ch = chan.id();
-        if agent.call(|c, _| c.migrate(nid, ch)).is_err() {
-            reject();
-            return None;
-        }
+        // The id's events stay on the listener's channel until it is established.
         let ep = Endpoint {
             dev: Arc::clone(&self.ep.dev),
             agent: Arc::clone(agent),
@@ -1144,12 +1237,10 @@ impl Listener {
             Ok(s) => s,
             Err((_, mut ep)) => {
                 ep.live = false;
-                ep.chan.withdraw(nid);
                 reject();
                 return None;
             }
         };
-        s.lock().conn.start(&peer);
         let lim = RdLimits::of(&self.ep.dev);
         let (rr, depth) = lim.settle(
             Depth::Exactly(req.responder_resources),
@@ -1180,7 +1271,49 @@ impl Listener {
             |a: &QpAttr, m| s.modify(a, m),
             || s.to_error(),
         );
-        r.ok().map(|()| s)
+        if r.is_err() {
+            // Its events came here; the socket's drop destroys the id.
+            drop(s);
+            self.ep.chan.withdraw(nid);
+            return None;
+        }
+        Some(Answered {
+            sock: s,
+            peer,
+            since: Instant::now(),
+        })
+    }
+
+    /// An answered connection is established: start its socket, and move its id, with
+    /// the events already queued for it, to the socket's own channel.
+    fn establish(&self, a: Answered) -> Socket {
+        let s = a.sock;
+        s.lock().conn.start(&a.peer);
+        let (id, to) = (s.ep.id, s.ep.chan.clone());
+        let from = &self.ep.chan;
+        // Under the CM's lock, which delivers events: none falls between the two.
+        let moved = self.ep.agent.call(|c, _| {
+            c.migrate(id, to.id())?;
+            for mut e in from.withdraw_if(|e| e.id == id) {
+                e.channel = to.id();
+                to.deliver(e);
+            }
+            Ok::<(), CmaError>(())
+        });
+        if moved.is_err() {
+            s.lock().conn.fail(libc::ECONNABORTED);
+        }
+        s
+    }
+
+    /// Give up on an answered connection that will not complete: a REJ tells its
+    /// requester (where the CM can still send one), then it goes at once with its
+    /// queued events (never started, it has no rsockets connection to shut down).
+    fn discard(&self, a: Answered) {
+        let id = a.sock.ep.id;
+        let _ = a.sock.ep.call(|c, now, id| c.reject(now, id, &[]));
+        drop(a);
+        self.ep.chan.withdraw(id);
     }
 
     /// One step without waiting: answer the requests that came, and settle answered
@@ -1188,35 +1321,42 @@ impl Listener {
     /// dropped). Returns a ready socket if there is one.
     pub fn poll_accept(&self) -> Option<Socket> {
         while let Ok(Some(ev)) = self.ep.event() {
-            if ev.event != EventType::ConnectRequest {
-                continue;
-            }
-            if let Some(s) = self.answer(ev) {
+            if ev.event == EventType::ConnectRequest {
+                let Some(new) = self.answer(ev) else {
+                    continue;
+                };
                 let mut a = self.answered.lock().unwrap_or_else(|p| p.into_inner());
                 if a.len() >= Listener::MAX_ANSWERED {
-                    let oldest = (0..a.len()).min_by_key(|&k| a[k].1).unwrap_or(0);
-                    refuse(a.swap_remove(oldest).0);
+                    let oldest = (0..a.len()).min_by_key(|&k| a[k].since).unwrap_or(0);
+                    let old = a.swap_remove(oldest);
+                    self.discard(old);
                 }
-                a.push((s, Instant::now()));
+                a.push(new);
+                continue;
+            }
+            let mut a = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(k) = a.iter().position(|x| x.sock.ep.id == ev.id) else {
+                continue; // an id already dropped
+            };
+            let this = a.swap_remove(k);
+            drop(a);
+            if ev.event == EventType::Established {
+                let s = self.establish(this);
+                self.ready
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_back(s);
+            } else {
+                self.discard(this);
             }
         }
         let mut a = self.answered.lock().unwrap_or_else(|p| p.into_inner());
         let mut i = a.len();
         while i > 0 {
             i -= 1;
-            match a[i].0.ep.event() {
-                Ok(Some(ev)) if ev.event == EventType::Established => {
-                    let (s, _) = a.swap_remove(i);
-                    self.ready
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push_back(s);
-                }
-                Ok(Some(_)) | Err(_) => refuse(a.swap_remove(i).0),
-                Ok(None) if a[i].1.elapsed() >= Listener::ANSWER_WAIT => {
-                    refuse(a.swap_remove(i).0);
-                }
-                Ok(None) => {}
+            if a[i].since.elapsed() >= Listener::ANSWER_WAIT {
+                let old = a.swap_remove(i);
+                self.discard(old);
             }
         }
         drop(a);
@@ -1240,41 +1380,27 @@ impl Listener {
                 Some(d) => (d - now).min(WAIT_SLICE),
                 None => WAIT_SLICE,
             };
-            // Answered sockets settle on their own channels: look again soon while any
-            // wait.
-            let waiting = !self
-                .answered
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty();
-            let slice = if waiting {
-                slice.min(Duration::from_millis(5))
-            } else {
-                slice
-            };
+            // In slices, so that answered connections past their wait go.
             let fds = [self.ep.chan.as_fd()];
             let _ = softrdma_device::poll_readable(&fds, Some(slice));
         }
     }
 }
 
-/// Give up on an answered connection that was never established: a REJ tells its
-/// requester (where the CM can still send one), then it goes at once (there is no
-/// rsockets connection to shut down: its QP never carried one).
-fn refuse(s: Socket) {
-    let _ = s.ep.call(|c, now, id| c.reject(now, id, &[]));
-    s.lock().conn.fail(libc::ECONNREFUSED);
-    drop(s);
-}
-
 impl Drop for Listener {
     fn drop(&mut self) {
-        // The sockets answered and never taken go before the id that listened.
+        // The connections answered and never established are refused, and those
+        // established and never accepted ended as a TCP listener resets them, by the
+        // CM's DREQ without a close that waits for the peer, before the id that listened
+        // goes.
         let answered =
             std::mem::take(&mut *self.answered.lock().unwrap_or_else(|p| p.into_inner()));
-        for (s, _) in answered {
-            refuse(s);
+        for a in answered {
+            self.discard(a);
         }
-        self.ready.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let ready = std::mem::take(&mut *self.ready.lock().unwrap_or_else(|p| p.into_inner()));
+        for s in ready {
+            s.lock().conn.fail(libc::ECONNABORTED);
+        }
     }
 }

@@ -312,3 +312,89 @@ fn a_peer_past_its_credits_fails_the_connection() {
     assert_eq!(server.phase(), Phase::Failed(libc::EPROTO));
     assert_eq!(server.error(), Some(libc::EPROTO));
 }
+
+/// A shutdown that has to wait for the peer, without waiting: the server has `R`
+/// receives and grants `R` credits, the client sends `R` one-byte messages it does not
+/// read, so the client's SHUTDOWN is refused (RNR) until the server reads. Until then
+/// `try_shutdown` says WouldBlock, however often it is asked; once the server has read,
+/// it completes, and the server has every byte and then the end of the stream. Only
+/// writing closed: the other way still carries data.
+#[test]
+fn try_shutdown_waits_for_the_peer_without_blocking() {
+    const R: u16 = 32;
+    let (client, server, _l) = pair_with(Config {
+        rq_size: R,
+        ..Config::RSOCKETS
+    });
+    let sent = pattern(3, usize::from(R));
+    for b in &sent {
+        assert_eq!(client.send(std::slice::from_ref(b), true).unwrap(), 1);
+    }
+    for _ in 0..5 {
+        let e = client.try_shutdown(Shutdown::Write).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    }
+    let e = client.send(b"x", true).unwrap_err();
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::ECONNRESET),
+        "writing is closed"
+    );
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    loop {
+        let n = server.recv(&mut buf, false, false).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(got, sent, "every byte, then the end of the stream");
+    let mut done = false;
+    for _ in 0..600 {
+        match client.try_shutdown(Shutdown::Write) {
+            Ok(()) => {
+                done = true;
+                break;
+            }
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
+        }
+        if client.arm() {
+            let fds = client.fds();
+            let _ = softrdma_device::poll_readable(&fds, Some(Duration::from_millis(50)));
+            client.take_events();
+        }
+    }
+    assert!(done, "the shutdown completed once the server read");
+    client.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(server.send(b"reply", false).unwrap(), 5);
+    let n = client.recv(&mut buf, false, false).unwrap();
+    assert_eq!(&buf[..n], b"reply");
+}
+
+/// The listener's one descriptor wakes a waiter for a request and again for the RTU that
+/// establishes the connection it answered: an event loop waiting on `fd` alone, then
+/// calling `poll_accept`, gets the connection (its wait passing without the fd readable
+/// fails the test).
+#[test]
+fn the_listeners_fd_wakes_for_the_request_and_for_the_rtu() {
+    let (a, b) = (device(), device());
+    let l = Listener::bind(&a, "0.0.0.0:0".parse().unwrap(), 0, Config::RSOCKETS).expect("bind");
+    let port = l.local_addr().expect("bound").port();
+    let dst = format!("127.0.0.1:{port}").parse().unwrap();
+    let t = std::thread::spawn(move || Socket::connect(&b, dst, Config::RSOCKETS, T));
+    let mut wakes = 0;
+    let server = loop {
+        let r = softrdma_device::poll_readable(&[l.fd()], T).expect("poll");
+        assert!(r[0], "the listener's fd woke (after {wakes} wakes)");
+        wakes += 1;
+        if let Some(s) = l.poll_accept() {
+            break s;
+        }
+    };
+    let client = t.join().unwrap().expect("connect");
+    assert_eq!(client.send(b"hello", false).unwrap(), 5);
+    let mut buf = [0u8; 8];
+    let n = server.recv(&mut buf, false, false).unwrap();
+    assert_eq!(&buf[..n], b"hello");
+}

@@ -5,8 +5,11 @@
 //!
 //! [`RStream`] implements [`std::io::Read`] and [`std::io::Write`] (also for `&RStream`,
 //! so one thread may read while another writes); [`RListener`] accepts them. Under the
-//! `tokio` feature, `RStream::into_async` gives an `AsyncRStream` that implements
-//! tokio's `AsyncRead` and `AsyncWrite`.
+//! `tokio` feature, `AsyncRStream` implements tokio's `AsyncRead` and `AsyncWrite`,
+//! none of whose calls (nor its shutdown, nor its drop) hold the runtime's thread:
+//! `AsyncRStream::connect` awaits a connection, `AsyncRListener::accept` awaits one
+//! from a listener (`RListener::into_async`), `RStream::into_async` turns a stream into
+//! one.
 //!
 //! The protocol and its driver are the `softrdma-rsocket` crate's, shared with the C
 //! face: a connection is an RC QP set up through the rdma_cm, whose private data carries
@@ -208,7 +211,7 @@ impl RListener {
             .ok_or_else(|| Error::new(libc::EINVAL, "not bound"))
     }
 
-    /// The next connection and its peer's address, waiting for it.
+    /// The next connection and its peer's address, waiting for it on this thread.
     pub fn accept(&self) -> io::Result<(RStream, SocketAddr)> {
         self.accept_timeout(None)
     }
@@ -233,14 +236,22 @@ impl RListener {
     pub fn incoming(&self) -> impl Iterator<Item = io::Result<RStream>> + '_ {
         std::iter::repeat_with(move || self.accept().map(|(s, _)| s))
     }
+
+    /// The listener for tokio (feature `tokio`): connections accepted with `.await`.
+    /// Needs a runtime with I/O enabled.
+    #[cfg(feature = "tokio")]
+    pub fn into_async(self) -> Result<AsyncRListener> {
+        AsyncRListener::new(Arc::new(self.l))
+    }
 }
 
 #[cfg(feature = "tokio")]
-pub use self::async_stream::AsyncRStream;
+pub use self::async_stream::{AsyncRListener, AsyncRStream};
 
 #[cfg(feature = "tokio")]
 mod async_stream {
     use std::io;
+    use std::net::SocketAddr;
     use std::os::fd::{AsRawFd, RawFd};
     use std::pin::Pin;
     use std::sync::Arc;
@@ -248,10 +259,11 @@ mod async_stream {
 
     use ::tokio::io::unix::AsyncFd;
     use ::tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-    use softrdma_rsocket::{Shutdown as How, Socket};
+    use softrdma_rsocket::{Config, Listener, Shutdown as How, Socket};
 
+    use super::{io_err, RsocketOptions};
     use crate::tokio_support::{register, OwnedStableFd};
-    use crate::Result;
+    use crate::{Device, Error, ErrorKind, Result};
 
     /// One of a socket's two descriptors, kept open by the socket it holds.
     struct SockFd {
@@ -270,8 +282,9 @@ mod async_stream {
     // the same two descriptors for the socket's whole life.
     unsafe impl OwnedStableFd for SockFd {}
 
-    /// An rsockets stream on tokio: `AsyncRead` and `AsyncWrite`. A pending read or write
-    /// arms the socket's completion channel and sleeps on it and on the CM channel.
+    /// An rsockets stream on tokio: `AsyncRead` and `AsyncWrite`. A pending read, write
+    /// or shutdown arms the socket's completion channel and sleeps on it and on the CM
+    /// channel; nothing waits on the runtime's thread.
     pub struct AsyncRStream {
         sock: Arc<Socket>,
         comp: AsyncFd<SockFd>,
@@ -287,6 +300,41 @@ mod async_stream {
     }
 
     impl AsyncRStream {
+        /// Connect to the rsockets server at `addr` with the default options
+        /// ([`RStream::connect`](super::RStream::connect) awaited).
+        pub async fn connect(dev: &Device, addr: SocketAddr) -> Result<AsyncRStream> {
+            AsyncRStream::connect_with(dev, addr, &RsocketOptions::default()).await
+        }
+
+        /// Connect with `opts` ([`RStream::connect_with`](super::RStream::connect_with)
+        /// awaited). The rdma_cm exchange
+        /// (address and route, REQ, REP, RTU) waits on the CM's replies, so it runs on
+        /// tokio's blocking pool, bounded by `opts.timeout`; the runtime's thread is
+        /// free meanwhile. Dropping the future before it is done closes the connection
+        /// once it is made. Inside a runtime with I/O enabled (InvalidArgument
+        /// otherwise).
+        pub async fn connect_with(
+            dev: &Device,
+            addr: SocketAddr,
+            opts: &RsocketOptions,
+        ) -> Result<AsyncRStream> {
+            let Ok(rt) = ::tokio::runtime::Handle::try_current() else {
+                return Err(Error::new(
+                    libc::EINVAL,
+                    "rsocket connect: not inside a tokio runtime",
+                )
+                .with_kind(ErrorKind::InvalidArgument));
+            };
+            let d = Arc::clone(&dev.inner.dev);
+            let (config, timeout) = (opts.config, opts.timeout);
+            let sock = rt
+                .spawn_blocking(move || Socket::connect(&d, addr, config, timeout))
+                .await
+                .map_err(|e| Error::new(libc::EIO, format!("rsocket connect to {addr}: {e}")))?
+                .map_err(|e| io_err(e, &format!("rsocket connect to {addr}")))?;
+            AsyncRStream::new(Arc::new(sock))
+        }
+
         pub(super) fn new(sock: Arc<Socket>) -> Result<AsyncRStream> {
             let fd = |which| SockFd {
                 sock: Arc::clone(&sock),
@@ -330,6 +378,30 @@ mod async_stream {
         }
     }
 
+    /// Dropping closes the stream without holding the runtime's thread: a close that
+    /// must wait for the peer (to make room for the last sends and the DISCONNECT)
+    /// finishes on tokio's blocking pool, bounded as [`RStream`](super::RStream)'s close
+    /// is. Dropped outside a runtime, it waits where it is dropped.
+    impl Drop for AsyncRStream {
+        fn drop(&mut self) {
+            let Err(e) = self.sock.try_shutdown(How::Both) else {
+                return;
+            };
+            if e.kind() != io::ErrorKind::WouldBlock {
+                return;
+            }
+            if let Ok(rt) = ::tokio::runtime::Handle::try_current() {
+                let sock = Arc::clone(&self.sock);
+                // Detached. The socket's own close continues the shutdown begun here,
+                // and whichever reference goes last (this task's or the registrations')
+                // does not wait again.
+                drop(rt.spawn_blocking(move || {
+                    let _ = sock.shutdown(How::Both);
+                }));
+            }
+        }
+    }
+
     impl AsyncRead for AsyncRStream {
         fn poll_read(
             self: Pin<&mut Self>,
@@ -355,10 +427,97 @@ mod async_stream {
         fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
             Poll::Ready(Ok(()))
         }
-        /// Shuts down writing (the peer's reads end); it waits briefly for the sends
-        /// before it to complete.
-        fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(self.sock.shutdown(How::Write))
+        /// Shuts down writing (the peer's reads end once it has read what came
+        /// before): Pending until the peer is told and every send before has
+        /// completed, which waits on the peer making room when it has not read. Polling
+        /// again continues the same shutdown.
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.poll_op(cx, |s| s.try_shutdown(How::Write))
+        }
+    }
+
+    /// A listener's CM channel descriptor, kept open by the listener it holds.
+    struct ListenFd(Arc<Listener>);
+
+    impl AsRawFd for ListenFd {
+        fn as_raw_fd(&self) -> RawFd {
+            self.0.fd().as_raw_fd()
+        }
+    }
+
+    // SAFETY: a listener's CM channel fd is made with it and closed only when it is
+    // dropped, which the `Arc` held here prevents; `fd` returns that descriptor for the
+    // listener's whole life.
+    unsafe impl OwnedStableFd for ListenFd {}
+
+    /// A listening rsockets socket on tokio: `accept().await` gives the next connection
+    /// as an [`AsyncRStream`]. It sleeps on the listener's CM channel, which wakes for a
+    /// request and for the RTU that establishes an answered one; nothing waits on the
+    /// runtime's thread. Cancel-safe: a connection established while no accept is
+    /// pending waits for the next.
+    pub struct AsyncRListener {
+        l: Arc<Listener>,
+        fd: AsyncFd<ListenFd>,
+    }
+
+    impl std::fmt::Debug for AsyncRListener {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("AsyncRListener")
+                .field("listener", &self.l)
+                .finish()
+        }
+    }
+
+    impl AsyncRListener {
+        /// Listen on `addr` of `dev` ([`RListener::bind`](super::RListener::bind)), inside
+        /// a runtime with I/O enabled.
+        pub fn bind(dev: &Device, addr: SocketAddr) -> Result<AsyncRListener> {
+            super::RListener::bind(dev, addr)?.into_async()
+        }
+
+        /// Listen with the sizes `config` gives the streams it accepts.
+        pub fn bind_with(dev: &Device, addr: SocketAddr, config: Config) -> Result<AsyncRListener> {
+            super::RListener::bind_with(dev, addr, config)?.into_async()
+        }
+
+        pub(super) fn new(l: Arc<Listener>) -> Result<AsyncRListener> {
+            let fd = register(ListenFd(Arc::clone(&l)), "rsocket listener CM channel")?;
+            Ok(AsyncRListener { l, fd })
+        }
+
+        /// The bound address (with the port chosen for port 0).
+        pub fn local_addr(&self) -> Result<SocketAddr> {
+            self.l
+                .local_addr()
+                .ok_or_else(|| Error::new(libc::EINVAL, "not bound"))
+        }
+
+        /// The next connection and its peer's address.
+        pub async fn accept(&self) -> io::Result<(AsyncRStream, SocketAddr)> {
+            std::future::poll_fn(|cx| self.poll_accept(cx)).await
+        }
+
+        /// [`AsyncRListener::accept`] as a poll: Pending until a connection is
+        /// established (answering the requests that come meanwhile).
+        pub fn poll_accept(
+            &self,
+            cx: &mut Context<'_>,
+        ) -> Poll<io::Result<(AsyncRStream, SocketAddr)>> {
+            loop {
+                if let Some(s) = self.l.poll_accept() {
+                    let sock = Arc::new(s);
+                    let peer = sock
+                        .addrs()
+                        .1
+                        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOTCONN));
+                    return Poll::Ready(peer.and_then(|p| Ok((AsyncRStream::new(sock)?, p))));
+                }
+                match self.fd.poll_read_ready(cx) {
+                    Poll::Ready(Ok(mut g)) => g.clear_ready(),
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
         }
     }
 }
