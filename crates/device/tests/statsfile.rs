@@ -44,7 +44,9 @@ fn wait_record(dir: &Path, name: &str, ok: impl Fn(&Record) -> bool) -> Record {
 #[test]
 fn open_device_publishes_and_drop_removes() {
     let dir = test_dir("publish");
-    let mut cfg = DeviceConfig::new("statstest", DeviceAddr::AutoLoopback(4791));
+    // A UDP port no other test's device uses: the datagram counted below is the only
+    // one that can reach this device (a stray one from another device at 4791 did).
+    let mut cfg = DeviceConfig::new("statstest", DeviceAddr::AutoLoopback(24_817));
     cfg.stats_dir = Some(dir.clone());
     let dev = Device::open(&cfg).expect("open device");
     let file = dev.stats_file().expect("publishing").to_path_buf();
