@@ -177,6 +177,17 @@ impl std::fmt::Debug for Socket {
     }
 }
 
+/// The next wait's length: a slice, shorter when `deadline` comes first; None once it
+/// has passed.
+fn slice_before(deadline: Option<Instant>) -> Option<Duration> {
+    let now = Instant::now();
+    match deadline {
+        Some(d) if now >= d => None,
+        Some(d) => Some((d - now).min(WAIT_SLICE)),
+        None => Some(WAIT_SLICE),
+    }
+}
+
 /// The error an unexpected CM event means while connecting.
 fn event_error(ev: &CmaEvent) -> io::Error {
     match ev.event {
@@ -1102,11 +1113,8 @@ impl Connecting {
             if let Some(s) = self.poll()? {
                 return Ok(s);
             }
-            let now = Instant::now();
-            let slice = match deadline {
-                Some(d) if now >= d => return Err(errno(libc::ETIMEDOUT)),
-                Some(d) => (d - now).min(WAIT_SLICE),
-                None => WAIT_SLICE,
+            let Some(slice) = slice_before(deadline) else {
+                return Err(errno(libc::ETIMEDOUT));
             };
             if let Some(fd) = self.fd() {
                 let _ = softrdma_device::poll_readable(&[fd], Some(slice));
@@ -1374,11 +1382,8 @@ impl Listener {
             if let Some(s) = self.poll_accept() {
                 return Ok(s);
             }
-            let now = Instant::now();
-            let slice = match deadline {
-                Some(d) if now >= d => return Err(errno(libc::ETIMEDOUT)),
-                Some(d) => (d - now).min(WAIT_SLICE),
-                None => WAIT_SLICE,
+            let Some(slice) = slice_before(deadline) else {
+                return Err(errno(libc::ETIMEDOUT));
             };
             // In slices, so that answered connections past their wait go.
             let fds = [self.ep.chan.as_fd()];
