@@ -2,7 +2,8 @@
 //!
 //! This crate knows nothing about queue pairs or RDMA semantics; it only moves UDP
 //! payloads between addresses. [`sim`] is an in-memory, seeded, virtual-time network
-//! for deterministic tests; `udp` (Linux) is the real UDP socket driver. [`Link`] is the
+//! for deterministic tests; `udp` (Linux) is the real UDP socket driver; `shm` (Linux)
+//! adds shared-memory rings between the devices of one host to it. [`Link`] is the
 //! interface a device runs on, which both offer (the `sim` one as `sim::SimLink`).
 
 // `deny` rather than `forbid` so that the one module that must call the socket API
@@ -15,10 +16,13 @@
 pub mod ifaddrs;
 #[cfg(target_os = "linux")]
 mod link;
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+pub mod shm;
 pub mod sim;
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 pub mod udp;
 
 #[cfg(target_os = "linux")]
-pub use link::Link;
+pub use link::{Link, SleepGate};

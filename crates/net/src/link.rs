@@ -6,6 +6,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 
 use crate::udp::{OutDatagram, RecvBatch, Stats};
 
@@ -48,6 +49,23 @@ pub trait Link: Send + std::fmt::Debug {
     fn set_multicast_interface(&self, _ifindex: u32) -> io::Result<()> {
         Ok(())
     }
+    /// What a thread must go through to block on [`Link::readable_fd`], for a network
+    /// whose senders only make it readable when told that the receiver sleeps (the
+    /// same-host rings); `None`: block on it as on a socket.
+    fn sleep_gate(&self) -> Option<Arc<dyn SleepGate>> {
+        None
+    }
+}
+
+/// The two steps around blocking on a link's readable descriptor (see
+/// [`Link::sleep_gate`]).
+pub trait SleepGate: Send + Sync + std::fmt::Debug {
+    /// About to block: returns `false` if datagrams wait already (receive them instead;
+    /// [`SleepGate::end_sleep`] is not called then). After `true`, the descriptor becomes
+    /// readable for any datagram that arrives, until [`SleepGate::end_sleep`].
+    fn prepare_sleep(&self) -> bool;
+    /// Done blocking (woken or timed out).
+    fn end_sleep(&self);
 }
 
 impl Link for crate::udp::Driver {

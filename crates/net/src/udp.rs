@@ -123,6 +123,14 @@ pub struct Stats {
     /// Errors returned to the caller, plus received messages dropped as truncated or
     /// without a usable address.
     pub errors: u64,
+    /// Datagrams sent through a same-host ring rather than the socket
+    /// ([`crate::shm::HostLink`]).
+    pub shm_sent_datagrams: u64,
+    /// Datagrams received from a same-host ring.
+    pub shm_recv_datagrams: u64,
+    /// Sends that found a same-host ring full (the caller retried, or dropped the rest as
+    /// for a full socket buffer).
+    pub shm_full: u64,
 }
 
 /// A socket address in the C layout the kernel reads and writes.
@@ -810,8 +818,19 @@ impl Driver {
     /// [`GRO_BUF_SIZE`] are refused with `InvalidInput`, since the kernel would silently
     /// cut a coalesced buffer.
     pub fn recv_batch(&mut self, out: &mut RecvBatch) -> io::Result<usize> {
-        out.nmeta = 0;
-        out.ndgrams = 0;
+        out.clear();
+        self.recv_append(out)
+    }
+
+    /// [`Driver::recv_batch`] into the slots `out` has left after what it holds already
+    /// (datagrams from another path of the same link); returns how many datagrams `out`
+    /// holds in all.
+    pub(crate) fn recv_append(&mut self, out: &mut RecvBatch) -> io::Result<usize> {
+        let start = out.nmeta;
+        if start >= out.count {
+            return Ok(out.ndgrams);
+        }
+        let before = out.ndgrams;
         if self.gro && out.buf_size < GRO_BUF_SIZE {
             self.stats.errors += 1;
             return Err(io::Error::new(
@@ -819,17 +838,18 @@ impl Driver {
                 "GRO is on: receive slots must hold GRO_BUF_SIZE bytes",
             ));
         }
-        out.arm();
+        out.arm(start);
         let fd = self.fd.as_raw_fd();
         let r = loop {
-            // SAFETY: `arm` pointed every header at its own name, iovec, control
-            // buffer and data slot inside `out`, all alive and not moved during the
-            // call, with lengths equal to their sizes; the kernel writes within them.
+            // SAFETY: `arm` pointed every header from `start < count` on at its own
+            // name, iovec, control buffer and data slot inside `out`, all alive and not
+            // moved during the call, with lengths equal to their sizes; the kernel writes
+            // within them, for the `count - start` headers it is given.
             let r = unsafe {
                 libc::recvmmsg(
                     fd,
-                    out.hdrs.as_mut_ptr(),
-                    out.count as libc::c_uint,
+                    out.hdrs.as_mut_ptr().add(start),
+                    (out.count - start) as libc::c_uint,
                     libc::MSG_DONTWAIT,
                     ptr::null_mut(),
                 )
@@ -842,7 +862,7 @@ impl Driver {
                 continue;
             }
             if would_block(&e) {
-                return Ok(0);
+                return Ok(out.ndgrams);
             }
             self.stats.errors += 1;
             return Err(e);
@@ -851,7 +871,7 @@ impl Driver {
             self.stats.recv_batches += 1;
         }
         let local_port = self.local.port();
-        for k in 0..r.min(out.count) {
+        for k in start..(start + r).min(out.count) {
             let h = &out.hdrs[k];
             let len = (h.msg_len as usize).min(out.buf_size);
             let flags = h.msg_hdr.msg_flags;
@@ -882,7 +902,7 @@ impl Driver {
             out.nmeta += 1;
             out.ndgrams += n;
         }
-        self.stats.recv_datagrams += out.ndgrams as u64;
+        self.stats.recv_datagrams += (out.ndgrams - before) as u64;
         Ok(out.ndgrams)
     }
 }
@@ -1126,14 +1146,58 @@ impl RecvBatch {
         k
     }
 
-    /// Point every header at its slot, name and control buffer, and reset the lengths
-    /// the kernel overwrote last time.
-    fn arm(&mut self) {
+    /// Forget what the batch holds.
+    pub(crate) fn clear(&mut self) {
+        self.nmeta = 0;
+        self.ndgrams = 0;
+    }
+
+    /// The next free slot (one datagram per slot), for a path that copies datagrams in
+    /// itself; [`RecvBatch::commit_slot`] then records what it put there.
+    pub(crate) fn free_slot(&mut self) -> Option<&mut [u8]> {
+        let k = self.nmeta;
+        if k >= self.count {
+            return None;
+        }
+        let base = k * self.buf_size;
+        Some(&mut self.bufs[base..base + self.buf_size])
+    }
+
+    /// Record the datagram of `len` bytes just written into [`RecvBatch::free_slot`].
+    pub(crate) fn commit_slot(&mut self, len: usize, src: SocketAddr, dst: SocketAddr, tos: u8) {
+        let k = self.nmeta;
+        if k >= self.count {
+            return;
+        }
+        let len = len.min(self.buf_size);
+        self.metas[k] = Meta {
+            slot: k,
+            src,
+            dst,
+            tos,
+            len,
+            seg: len,
+        };
+        self.nmeta += 1;
+        self.ndgrams += 1;
+    }
+
+    /// Yield the datagrams of messages `first..` before those of `..first` (which were
+    /// received first from a faster path, see the `shm` module).
+    pub(crate) fn rotate_front(&mut self, first: usize) {
+        if first < self.nmeta {
+            self.metas[..self.nmeta].rotate_left(first);
+        }
+    }
+
+    /// Point every header from slot `start` on at its slot, name and control buffer, and
+    /// reset the lengths the kernel overwrote last time.
+    fn arm(&mut self, start: usize) {
         let bufs = self.bufs.as_mut_ptr();
         let iovs = self.iovs.as_mut_ptr();
         let names = self.names.as_mut_ptr();
         let ctrl = self.ctrl.as_mut_ptr();
-        for k in 0..self.count {
+        for k in start..self.count {
             let h = &mut self.hdrs[k];
             // SAFETY: `k < count`, the length of `iovs`, `names` and `ctrl`, and
             // `k * buf_size < count * buf_size`, the length of `bufs`, so every pointer

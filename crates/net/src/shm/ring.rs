@@ -1,0 +1,537 @@
+//! A single-producer single-consumer ring of packet slots in a sealed memfd, shared by two
+//! processes of one host.
+//!
+//! Layout (all offsets fixed by this module, none read from the mapping): a 4 KiB header
+//! with the consumer's index (`head`), the producer's index (`tail`) and the consumer's
+//! "asleep" flag, each on its own cache line; then [`SLOTS`] slots of [`SLOT_SIZE`] bytes,
+//! each a length word, a word of UDP source port and TOS, and the packet. Indices run
+//! freely (wrapping `u32`) and are masked to a slot.
+//!
+//! Each side keeps its own index privately and only publishes it: the producer never
+//! reads `tail` back, the consumer never reads `head` back, so a peer that scribbles on
+//! them can make the ring look full or empty or corrupt, never make either side touch
+//! memory outside the mapping. The consumer treats everything it reads as hostile: a
+//! length beyond the slot is a corrupt ring (it is given up), a `tail` more than
+//! [`SLOTS`] ahead likewise; nothing panics and no read leaves the slot.
+//!
+//! Wake-ups: the consumer sets `asleep` before it blocks, then looks at the ring once
+//! more; the producer publishes `tail`, then looks at `asleep` (a SeqCst fence on both
+//! sides orders the store before the load), and only then writes the ring's eventfd. A
+//! consumer that is spinning costs the producer no system call.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+/// Slots per ring (a power of two).
+pub const SLOTS: u32 = 256;
+/// Bytes per slot: the largest RoCEv2 packet the device sends (4096 bytes of payload, the
+/// largest MTU, plus BTH, RETH or AtomicETH, ImmDt and ICRC) with room to spare.
+pub const SLOT_SIZE: usize = 4096 + 256;
+/// Slot header: length word, port-and-TOS word.
+const SLOT_HDR: usize = 8;
+/// Largest packet a slot holds; a larger one takes another path.
+pub const MAX_PACKET: usize = SLOT_SIZE - SLOT_HDR;
+/// Bytes of the ring header.
+const HDR_SIZE: usize = 4096;
+/// Size of a ring's memfd.
+pub const RING_BYTES: usize = HDR_SIZE + SLOTS as usize * SLOT_SIZE;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"SRDMAR1\0");
+const OFF_MAGIC: usize = 0;
+const OFF_HEAD: usize = 64;
+const OFF_TAIL: usize = 128;
+const OFF_ASLEEP: usize = 192;
+const MASK: u32 = SLOTS - 1;
+
+/// The seals a ring's memfd must carry: its size can never change, so a peer cannot
+/// truncate it under our mapping (which would turn our reads into SIGBUS).
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// A shared read-write mapping of a whole ring.
+#[derive(Debug)]
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is process-shared memory reached only through atomics and raw
+// copies (see `Mapping`'s methods); it has no thread affinity.
+unsafe impl Send for Mapping {}
+// SAFETY: as above: every access through `&Mapping` is an atomic operation or a copy of
+// plain bytes whose contents are never trusted.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn map(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh shared mapping chosen by the kernel (no fixed address), of a
+        // memfd whose size is at least `len` and sealed against shrinking, so every byte
+        // of it stays backed.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap at 0"))?;
+        Ok(Mapping { ptr, len })
+    }
+
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        assert!(off % 4 == 0 && off + 4 <= self.len);
+        // SAFETY: in bounds and aligned (the mapping is page-aligned), checked above;
+        // AtomicU32 has the layout of u32 and any bit pattern is valid.
+        unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU32>() }
+    }
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        assert!(off % 8 == 0 && off + 8 <= self.len);
+        // SAFETY: as for `u32_at`.
+        unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    /// Offset of slot `i` (any index: it is masked).
+    fn slot(i: u32) -> usize {
+        HDR_SIZE + (i & MASK) as usize * SLOT_SIZE
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once; no reference into it outlives
+        // `self` (the atomics' lifetimes are tied to `&self`).
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// The sending side of a ring: it made the memfd and writes packets into it.
+#[derive(Debug)]
+pub struct Producer {
+    map: Mapping,
+    memfd: OwnedFd,
+    /// Our index: the next slot to write. Never read back from the mapping.
+    tail: u32,
+    /// Slots written since the last [`Producer::publish`].
+    pending: u32,
+}
+
+/// Why [`Producer::push`] did not take a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushError {
+    /// The consumer has not freed a slot yet (or reports an index that makes no sense).
+    Full,
+    /// Larger than [`MAX_PACKET`].
+    TooBig,
+}
+
+impl Producer {
+    /// A new empty ring in a fresh memfd, sealed against resizing. The consumer, once it
+    /// has mapped the ring, drains what it already holds (it cannot be woken before).
+    pub fn create() -> io::Result<Producer> {
+        let name = c"softrdma-ring";
+        // SAFETY: a valid C string; the flags are plain constants.
+        let fd = unsafe {
+            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a descriptor we just got and own.
+        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain calls on our descriptor.
+        if unsafe { libc::ftruncate(memfd.as_raw_fd(), RING_BYTES as libc::off_t) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let map = Mapping::map(memfd.as_fd(), RING_BYTES)?;
+        map.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
+        Ok(Producer {
+            map,
+            memfd,
+            tail: 0,
+            pending: 0,
+        })
+    }
+
+    /// The ring's memfd, to pass to the consumer.
+    pub fn memfd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
+    /// Slots free now, as far as the consumer's published index says (0 if it says
+    /// something impossible).
+    pub fn free(&self) -> u32 {
+        let head = self.map.u32_at(OFF_HEAD).load(Ordering::Acquire);
+        let used = self.tail.wrapping_sub(head);
+        SLOTS.saturating_sub(used)
+    }
+
+    /// Write one packet into the next slot (not yet visible: [`Producer::publish`]).
+    pub fn push(&mut self, src_port: u16, tos: u8, data: &[u8]) -> Result<(), PushError> {
+        if data.len() > MAX_PACKET {
+            return Err(PushError::TooBig);
+        }
+        if self.free() == 0 {
+            return Err(PushError::Full);
+        }
+        let off = Mapping::slot(self.tail);
+        self.map
+            .u32_at(off)
+            .store(data.len() as u32, Ordering::Relaxed);
+        self.map.u32_at(off + 4).store(
+            u32::from(src_port) | u32::from(tos) << 16,
+            Ordering::Relaxed,
+        );
+        // SAFETY: `off + SLOT_HDR + data.len() <= off + SLOT_SIZE <= RING_BYTES`, inside
+        // the mapping; the source is our own slice, which cannot overlap it. The consumer
+        // does not read this slot before `publish` releases it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.map.ptr.as_ptr().add(off + SLOT_HDR),
+                data.len(),
+            );
+        }
+        self.tail = self.tail.wrapping_add(1);
+        self.pending += 1;
+        Ok(())
+    }
+
+    /// Make the packets pushed so far visible to the consumer. Returns whether it is (or
+    /// may be) asleep, so the caller must write the ring's eventfd; `false` when nothing
+    /// was pending or it is polling.
+    pub fn publish(&mut self) -> bool {
+        if self.pending == 0 {
+            return false;
+        }
+        self.pending = 0;
+        self.map
+            .u32_at(OFF_TAIL)
+            .store(self.tail, Ordering::Release);
+        // Pairs with the consumer's fence in `Consumer::prepare_sleep`: either it sees the
+        // new tail, or we see it asleep.
+        fence(Ordering::SeqCst);
+        self.map.u32_at(OFF_ASLEEP).load(Ordering::Relaxed) != 0
+    }
+}
+
+/// Why a ring was given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Corrupt;
+
+/// The receiving side of a ring: it maps the producer's memfd and reads packets out.
+#[derive(Debug)]
+pub struct Consumer {
+    map: Mapping,
+    /// Our index: the next slot to read. Never read back from the mapping.
+    head: u32,
+    /// Slots read since the last [`Consumer::commit`].
+    pending: u32,
+}
+
+impl Consumer {
+    /// Map the ring in `memfd`, a peer's: refused unless it is a memfd of exactly
+    /// [`RING_BYTES`] bytes sealed against resizing (see [`SEALS`]), so that it stays
+    /// backed for as long as we map it whatever the peer does.
+    pub fn open(memfd: BorrowedFd<'_>) -> io::Result<Consumer> {
+        // SAFETY: F_GET_SEALS on a descriptor we hold; fails (EINVAL) on anything but a
+        // memfd or a shmem file.
+        let seals = unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "ring descriptor is not a sealable memfd",
+            ));
+        }
+        if seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL)
+            != (libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "ring memfd is not sealed against shrinking",
+            ));
+        }
+        // SAFETY: a zeroed stat buffer for fstat to fill.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a valid buffer for the call.
+        if unsafe { libc::fstat(memfd.as_raw_fd(), &mut st) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if st.st_size as u64 != RING_BYTES as u64 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "ring memfd has the wrong size",
+            ));
+        }
+        let map = Mapping::map(memfd, RING_BYTES)?;
+        // A ring starts empty at index 0 (the producer made it so before passing it on).
+        Ok(Consumer {
+            map,
+            head: 0,
+            pending: 0,
+        })
+    }
+
+    /// Whether packets wait (as far as the producer's index says).
+    pub fn is_empty(&self) -> bool {
+        self.map.u32_at(OFF_TAIL).load(Ordering::Acquire) == self.head
+    }
+
+    /// Copy the next packet into `buf` (which must hold [`MAX_PACKET`] bytes; a shorter
+    /// one gets the packet cut, as a socket cuts a datagram): its length, UDP source port
+    /// and TOS, or `None` if the ring is empty. The slot is freed at the next
+    /// [`Consumer::commit`]. `Err(Corrupt)` if the producer wrote something impossible
+    /// (an index too far ahead, a length beyond the slot): the ring must be given up.
+    pub fn pop(&mut self, buf: &mut [u8]) -> Result<Option<(usize, u16, u8)>, Corrupt> {
+        let tail = self.map.u32_at(OFF_TAIL).load(Ordering::Acquire);
+        let avail = tail.wrapping_sub(self.head);
+        if avail == 0 {
+            return Ok(None);
+        }
+        if avail > SLOTS {
+            return Err(Corrupt);
+        }
+        let off = Mapping::slot(self.head);
+        let len = self.map.u32_at(off).load(Ordering::Relaxed) as usize;
+        let meta = self.map.u32_at(off + 4).load(Ordering::Relaxed);
+        if len > MAX_PACKET {
+            return Err(Corrupt);
+        }
+        let n = len.min(buf.len());
+        // SAFETY: `off + SLOT_HDR + n <= off + SLOT_SIZE <= RING_BYTES`: inside the
+        // mapping. The bytes are plain `u8` (every value valid); a hostile producer
+        // rewriting them meanwhile only changes which bytes we get, which the transport
+        // checks like any datagram's. `buf` is ours and does not overlap the mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.map.ptr.as_ptr().add(off + SLOT_HDR),
+                buf.as_mut_ptr(),
+                n,
+            );
+        }
+        self.head = self.head.wrapping_add(1);
+        self.pending += 1;
+        Ok(Some((n, meta as u16, (meta >> 16) as u8)))
+    }
+
+    /// Free the slots read so far for the producer.
+    pub fn commit(&mut self) {
+        if self.pending > 0 {
+            self.pending = 0;
+            self.map
+                .u32_at(OFF_HEAD)
+                .store(self.head, Ordering::Release);
+        }
+    }
+
+    /// A thread of ours is about to block on the ring's eventfd: mark us asleep, then
+    /// look once more. Returns `true` if the ring is empty (block), `false` if packets
+    /// arrived meanwhile (don't: receive them).
+    pub fn sleep_begin(&self) -> bool {
+        self.map.u32_at(OFF_ASLEEP).store(1, Ordering::Relaxed);
+        // Pairs with the producer's fence in `Producer::publish`.
+        fence(Ordering::SeqCst);
+        self.is_empty()
+    }
+
+    /// No thread of ours blocks any more: producers need not write the eventfd.
+    pub fn sleep_end(&self) {
+        self.map.u32_at(OFF_ASLEEP).store(0, Ordering::Relaxed);
+    }
+
+    /// Write `bytes` at `off` into the mapping, for tests of hostile contents.
+    #[cfg(test)]
+    fn scribble(&self, off: usize, bytes: &[u8]) {
+        let end = (off + bytes.len()).min(RING_BYTES);
+        for (k, b) in bytes[..end.saturating_sub(off)].iter().enumerate() {
+            // SAFETY: `off + k < end <= RING_BYTES`: inside the mapping.
+            unsafe { self.map.ptr.as_ptr().add(off + k).write_volatile(*b) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Producer, Consumer) {
+        let p = Producer::create().unwrap();
+        let c = Consumer::open(p.memfd()).unwrap();
+        (p, c)
+    }
+
+    #[test]
+    fn packets_in_order_up_to_slot_size() {
+        let (mut p, mut c) = pair();
+        let mut buf = vec![0u8; MAX_PACKET];
+        for round in 0..3u32 {
+            for i in 0..SLOTS {
+                let len = ((i as usize * 97 + round as usize) % (MAX_PACKET + 1)).max(1);
+                let data: Vec<u8> = (0..len).map(|k| (k as u32 ^ i) as u8).collect();
+                p.push(i as u16, (i % 251) as u8, &data).unwrap();
+            }
+            assert_eq!(p.push(1, 0, &[1]), Err(PushError::Full));
+            p.publish();
+            for i in 0..SLOTS {
+                let (n, port, tos) = c.pop(&mut buf).unwrap().unwrap();
+                let len = ((i as usize * 97 + round as usize) % (MAX_PACKET + 1)).max(1);
+                assert_eq!((n, port, tos), (len, i as u16, (i % 251) as u8));
+                assert!(buf[..n]
+                    .iter()
+                    .enumerate()
+                    .all(|(k, b)| *b == (k as u32 ^ i) as u8));
+            }
+            assert_eq!(c.pop(&mut buf), Ok(None));
+            c.commit();
+            assert_eq!(p.free(), SLOTS);
+        }
+        assert_eq!(
+            p.push(0, 0, &vec![0; MAX_PACKET + 1]),
+            Err(PushError::TooBig)
+        );
+        p.push(0, 0, &vec![7; MAX_PACKET]).unwrap();
+        p.publish();
+        assert_eq!(c.pop(&mut buf).unwrap().unwrap().0, MAX_PACKET);
+    }
+
+    #[test]
+    fn unpublished_packets_are_invisible() {
+        let (mut p, mut c) = pair();
+        let mut buf = vec![0u8; MAX_PACKET];
+        p.push(9, 0, b"abc").unwrap();
+        assert!(c.is_empty());
+        assert_eq!(c.pop(&mut buf), Ok(None));
+        p.publish();
+        assert_eq!(c.pop(&mut buf), Ok(Some((3, 9, 0))));
+        assert_eq!(&buf[..3], b"abc");
+    }
+
+    #[test]
+    fn producer_wakes_only_a_sleeping_consumer() {
+        let (mut p, mut c) = pair();
+        let mut buf = vec![0u8; MAX_PACKET];
+        p.push(1, 0, b"y").unwrap();
+        assert!(!p.publish(), "no wake-up while the consumer polls");
+        // Not empty: the consumer must not block.
+        assert!(!c.sleep_begin());
+        c.sleep_end();
+        while c.pop(&mut buf).unwrap().is_some() {}
+        c.commit();
+        assert!(c.sleep_begin());
+        p.push(1, 0, b"z").unwrap();
+        assert!(p.publish(), "a sleeping consumer is woken");
+        // Nothing pending: nothing to wake for.
+        assert!(!p.publish());
+        c.sleep_end();
+        p.push(1, 0, b"w").unwrap();
+        assert!(!p.publish());
+    }
+
+    #[test]
+    fn a_short_buffer_cuts_the_packet() {
+        let (mut p, mut c) = pair();
+        p.push(1, 2, &[5; 100]).unwrap();
+        p.publish();
+        let mut buf = [0u8; 10];
+        assert_eq!(c.pop(&mut buf), Ok(Some((10, 1, 2))));
+    }
+
+    #[test]
+    fn hostile_indices_and_lengths_give_up_the_ring() {
+        let (mut p, mut c) = pair();
+        let mut buf = vec![0u8; MAX_PACKET];
+        // Tail far ahead of head.
+        c.scribble(OFF_TAIL, &(SLOTS + 1).to_ne_bytes());
+        assert_eq!(c.pop(&mut buf), Err(Corrupt));
+        // A length beyond the slot.
+        let (mut p2, mut c2) = pair();
+        p2.push(1, 0, b"ok").unwrap();
+        p2.publish();
+        c2.scribble(Mapping::slot(0), &u32::MAX.to_ne_bytes());
+        assert_eq!(c2.pop(&mut buf), Err(Corrupt));
+        // A consumer index that makes no sense: the producer sees a full ring.
+        c.scribble(OFF_HEAD, &(1u32 << 31).to_ne_bytes());
+        assert_eq!(p.free(), 0);
+        assert_eq!(p.push(1, 0, b"x"), Err(PushError::Full));
+    }
+
+    #[test]
+    fn unsealed_or_wrong_size_memfds_are_refused() {
+        let make = |size: usize, seals: libc::c_int| {
+            // SAFETY: a valid C string and flags.
+            let fd = unsafe {
+                libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+            };
+            assert!(fd >= 0);
+            // SAFETY: ours.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: plain calls on our descriptor.
+            unsafe {
+                assert_eq!(libc::ftruncate(fd.as_raw_fd(), size as libc::off_t), 0);
+                if seals != 0 {
+                    assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals), 0);
+                }
+            }
+            fd
+        };
+        assert!(Consumer::open(make(RING_BYTES, 0).as_fd()).is_err());
+        assert!(Consumer::open(make(RING_BYTES - 4096, SEALS).as_fd()).is_err());
+        assert!(Consumer::open(make(RING_BYTES * 2, SEALS).as_fd()).is_err());
+        assert!(Consumer::open(make(RING_BYTES, SEALS).as_fd()).is_ok());
+        // Not a memfd at all.
+        let f = std::fs::File::open("/proc/self/status").unwrap();
+        assert!(Consumer::open(f.as_fd()).is_err());
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            /// Random bytes anywhere in the shared mapping (header and slots), between
+            /// and during reads: the consumer never panics, never returns more than a slot
+            /// or more packets than the ring has slots before it reports corruption or
+            /// runs dry.
+            #[test]
+            fn hostile_contents_never_panic(
+                writes in proptest::collection::vec((0..RING_BYTES, proptest::collection::vec(any::<u8>(), 1..64)), 0..32),
+                packets in 0..8u32,
+            ) {
+                let (mut p, mut c) = pair();
+                for i in 0..packets {
+                    p.push(i as u16, 0, &[i as u8; 32]).unwrap();
+                }
+                p.publish();
+                let mut buf = vec![0u8; MAX_PACKET];
+                for (off, bytes) in &writes {
+                    c.scribble(*off, bytes);
+                }
+                let mut got = 0u32;
+                while let Ok(Some((n, _, _))) = c.pop(&mut buf) {
+                    prop_assert!(n <= MAX_PACKET);
+                    got += 1;
+                    prop_assert!(got <= SLOTS);
+                }
+                c.commit();
+                // The producer stays within its mapping whatever the consumer wrote.
+                let _ = p.push(1, 1, &[1; 16]);
+                let _ = p.free();
+                let _ = p.publish();
+            }
+        }
+    }
+}
