@@ -2,7 +2,8 @@
 //!
 //! - `SOFTRDMA_ADDR=IP[:PORT]` names the address of the default device `softrdma0`.
 //! - The configuration file (`$SOFTRDMA_CONFIG`, else `/etc/softrdma.conf`) has lines
-//!   `NAME IP[:PORT]`; `#` starts a comment; blank lines are ignored.
+//!   `NAME IP[:PORT] [shm=off]`; `#` starts a comment; blank lines are ignored. `shm=off`
+//!   keeps the device off the same-host path (`SOFTRDMA_SHM=0` does for every device).
 //! - With neither, there is one device `softrdma0` that takes the first free 127.0.0.x
 //!   on port 4791 when opened.
 
@@ -35,6 +36,8 @@ pub struct DeviceEntry {
     pub name: String,
     /// Its address.
     pub addr: DeviceAddr,
+    /// Whether the same-host path may be used (`shm=off` in the file says no).
+    pub shm: bool,
 }
 
 /// A configuration problem, with the place it was found.
@@ -77,8 +80,15 @@ pub fn parse_config(text: &str, origin: &str) -> Result<Vec<DeviceEntry>, Config
             msg: msg.to_string(),
         };
         let mut words = line.split_whitespace();
-        let (Some(name), Some(addr), None) = (words.next(), words.next(), words.next()) else {
-            return Err(err("expected `NAME IP[:PORT]`"));
+        let (Some(name), Some(addr), opt, None) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            return Err(err("expected `NAME IP[:PORT] [shm=on|off]`"));
+        };
+        let shm = match opt {
+            None | Some("shm=on") => true,
+            Some("shm=off") => false,
+            Some(_) => return Err(err("expected `shm=on` or `shm=off` after the address")),
         };
         let addr = parse_addr(addr).ok_or_else(|| err("bad address (IP or IP:PORT)"))?;
         if out.iter().any(|e| e.name == name) {
@@ -99,6 +109,7 @@ pub fn parse_config(text: &str, origin: &str) -> Result<Vec<DeviceEntry>, Config
         out.push(DeviceEntry {
             name: name.to_string(),
             addr: DeviceAddr::Fixed(addr),
+            shm,
         });
     }
     Ok(out)
@@ -168,6 +179,7 @@ pub fn devices() -> Result<Vec<DeviceEntry>, ConfigError> {
             DeviceEntry {
                 name: DEFAULT_NAME.into(),
                 addr: DeviceAddr::Fixed(addr),
+                shm: true,
             },
         );
     }
@@ -175,6 +187,7 @@ pub fn devices() -> Result<Vec<DeviceEntry>, ConfigError> {
         list.push(DeviceEntry {
             name: DEFAULT_NAME.into(),
             addr: DeviceAddr::AutoLoopback(ROCE_PORT),
+            shm: true,
         });
     }
     Ok(list)
@@ -238,6 +251,15 @@ pub struct DeviceConfig {
     /// peer on this host within a second, one elsewhere within 20 s. From
     /// `SOFTRDMA_KEEPALIVE` and `SOFTRDMA_KEEPALIVE_LOCAL` ([`keepalive_from_env`]).
     pub keepalive: KeepalivePolicy,
+    /// Reach the devices of this host through shared-memory rings rather than loopback
+    /// UDP (`softrdma_net::shm`); `SOFTRDMA_SHM=0` or `shm=off` in the configuration file
+    /// turns it off, and then the device is what it was before the path existed.
+    pub shm: bool,
+}
+
+/// Whether devices take the same-host path: unless `SOFTRDMA_SHM=0`.
+pub fn shm_wanted() -> bool {
+    std::env::var("SOFTRDMA_SHM").map_or(true, |v| v != "0")
 }
 
 /// The keepalive policy the environment asks for: `SOFTRDMA_KEEPALIVE=IDLE_MS,INTERVAL_MS,PROBES`
@@ -297,12 +319,15 @@ impl DeviceConfig {
             stats_dir: statsfile::default_dir(),
             dual_stack: dual_stack_wanted(),
             keepalive: keepalive_from_env(),
+            shm: shm_wanted(),
         }
     }
     /// The configuration of a configured device: an entry of the device list that
     /// `SOFTRDMA_ADDR`, `SOFTRDMA_CONFIG` or `/etc/softrdma.conf` gives.
     pub fn from_entry(e: &DeviceEntry) -> DeviceConfig {
-        DeviceConfig::new(&e.name, e.addr)
+        let mut c = DeviceConfig::new(&e.name, e.addr);
+        c.shm &= e.shm;
+        c
     }
 }
 
@@ -349,6 +374,18 @@ mod tests {
         assert_eq!(e.origin, "f:2");
         assert!(e.msg.contains("4791 differs from a's 5000"), "{}", e.msg);
         assert!(parse_config("a 1.2.3.4:5000\nb 1.2.3.5:5000\n", "f").is_ok());
+    }
+
+    #[test]
+    fn shm_setting() {
+        let l = parse_config("a 1.2.3.4 shm=off\nb 1.2.3.5\nc 1.2.3.6 shm=on\n", "t").unwrap();
+        assert_eq!(
+            l.iter().map(|e| e.shm).collect::<Vec<_>>(),
+            [false, true, true]
+        );
+        assert!(!DeviceConfig::from_entry(&l[0]).shm);
+        assert!(parse_config("a 1.2.3.4 shm=maybe\n", "f").is_err());
+        assert!(parse_config("a 1.2.3.4 shm=off extra\n", "f").is_err());
     }
 
     #[test]

@@ -203,7 +203,12 @@ impl Device {
         if let Some(i) = mc_ifindex {
             link.set_multicast_interface(i)?;
         }
-        Device::start(cfg, Box::new(link), alt, mc_ifindex)
+        let link = if cfg.shm {
+            same_host(link)?
+        } else {
+            Box::new(link)
+        };
+        Device::start(cfg, link, alt, mc_ifindex)
     }
 
     /// Open a new device on `link`, a driver of the caller's (the `sim` network's
@@ -250,6 +255,7 @@ impl Device {
         }
         // A descriptor of the socket to wait on without holding the receive half.
         let sock_fd = link.readable_fd().try_clone_to_owned()?;
+        let sleep_gate = link.sleep_gate();
         // The second address's socket is waited on through the same epoll set as the
         // multicast group sockets.
         let mc_poll = mcast::Groups::new_poll()?;
@@ -309,6 +315,7 @@ impl Device {
             async_fd: EventFd::new()?,
             mad_fd: EventFd::new()?,
             sock_fd,
+            sleep_gate,
             groups: Mutex::new(mcast::Groups::new()),
             has_groups: AtomicBool::new(false),
             mc_poll,
@@ -505,10 +512,16 @@ impl Device {
             if others > 0 {
                 t = Some(t.map_or(SHARED_BLOCK, |l| l.min(SHARED_BLOCK)));
             }
+            if !sh.sleep_begin() {
+                // Datagrams came into a same-host ring meanwhile: take them.
+                sh.blocked.fetch_sub(1, Ordering::SeqCst);
+                continue;
+            }
             let r = sys::poll_readable(
                 &[sh.sock_fd.as_fd(), sh.mc_poll.as_fd(), sh.notify.as_fd()],
                 t,
             );
+            sh.sleep_end();
             if r.is_ok_and(|v| v.get(1).copied().unwrap_or(false)) {
                 sh.extra_readable();
             }
@@ -694,6 +707,24 @@ impl Drop for Device {
             let _ = p.flush();
         }
     }
+}
+
+/// The device's socket with the same-host path beside it ([`softrdma_net::shm`]): its
+/// rendezvous socket lives in the `shm` directory of the per-user run directory
+/// ([`rundir`]). Without a usable run directory the device is reached by UDP alone (and
+/// says why in the log).
+fn same_host(link: udp::Driver) -> io::Result<Box<dyn Link>> {
+    let dir = match rundir::RunDir::open_default().and_then(|d| d.subdir("shm")) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::info!(error = %e, "no same-host path: no run directory");
+            return Ok(Box::new(link));
+        }
+    };
+    Ok(Box::new(softrdma_net::shm::HostLink::new(
+        link,
+        dir.as_fd(),
+    )?))
 }
 
 /// The receive half of a device socket (a duplicate descriptor) and its batch.

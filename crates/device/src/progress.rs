@@ -62,10 +62,14 @@ fn doze(rt: &Runtime, timeout: Duration, watch_socket: bool) -> bool {
         return false;
     }
     let arrived = if watch_socket {
+        if !rt.sleep_begin() {
+            return true;
+        }
         let r = sys::poll_readable(
             &[rt.wake.as_fd(), rt.sock_fd.as_fd(), rt.mc_poll.as_fd()],
             Some(timeout),
         );
+        rt.sleep_end();
         if r.as_ref().is_ok_and(|v| v.get(2).copied().unwrap_or(false)) {
             rt.extra_readable();
         }
@@ -94,10 +98,16 @@ fn block(rt: &Runtime) {
         }
         deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)))
     };
+    if !rt.sleep_begin() {
+        // Datagrams came into a same-host ring meanwhile: receive them.
+        rt.lock().sleeping_until = None;
+        return;
+    }
     let r = sys::poll_readable(
         &[rt.sock_fd.as_fd(), rt.mc_poll.as_fd(), rt.wake.as_fd()],
         timeout,
     );
+    rt.sleep_end();
     if r.is_ok_and(|v| v.get(1).copied().unwrap_or(false)) {
         rt.extra_readable();
     }

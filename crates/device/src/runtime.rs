@@ -120,6 +120,9 @@ pub(crate) struct Runtime {
     /// Readable while MADs wait in the engine's GSI inbox, for the connection manager.
     pub(crate) mad_fd: EventFd,
     pub(crate) sock_fd: OwnedFd,
+    /// What a thread goes through to block on `sock_fd`, if the link has it (the
+    /// same-host rings: their senders wake only a receiver that said it sleeps).
+    pub(crate) sleep_gate: Option<std::sync::Arc<dyn softrdma_net::SleepGate>>,
     /// The receive sockets of the multicast groups the device's QPs are attached to.
     pub(crate) groups: Mutex<Groups>,
     /// Whether `groups` has any socket, read without its lock on every step.
@@ -161,6 +164,20 @@ impl Runtime {
     /// The group sockets. A panic while the lock was held leaves them usable.
     pub(crate) fn groups(&self) -> MutexGuard<'_, Groups> {
         self.groups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// About to block on `sock_fd`: `false` if datagrams wait already (take them, do
+    /// not block; no [`Runtime::sleep_end`] then).
+    pub(crate) fn sleep_begin(&self) -> bool {
+        match &self.sleep_gate {
+            Some(g) => g.prepare_sleep(),
+            None => true,
+        }
+    }
+    /// Done blocking on `sock_fd`.
+    pub(crate) fn sleep_end(&self) {
+        if let Some(g) = &self.sleep_gate {
+            g.end_sleep();
+        }
     }
     /// The receive half, if no other thread is receiving.
     pub(crate) fn try_rx(&self) -> Option<MutexGuard<'_, Rx>> {

@@ -64,12 +64,15 @@ pub(crate) fn stats_of(sh: &Runtime) -> DeviceStats {
         driver.sent_batches += s.sent_batches;
         driver.gso_batches += s.gso_batches;
         driver.errors += s.errors;
+        driver.shm_sent_datagrams += s.shm_sent_datagrams;
+        driver.shm_full += s.shm_full;
     }
     for r in rx_drivers {
         driver.recv_datagrams += r.recv_datagrams;
         driver.recv_batches += r.recv_batches;
         driver.gro_segments += r.gro_segments;
         driver.errors += r.errors;
+        driver.shm_recv_datagrams += r.shm_recv_datagrams;
     }
     DeviceStats {
         engine: core.rnic.stats().clone(),

@@ -98,6 +98,9 @@ pub fn counters(s: &DeviceStats) -> Vec<(&'static str, u64)> {
         ("pcap_errors", l.pcap_errors),
         ("udp_tx_gso_messages", s.driver.gso_batches),
         ("udp_rx_gro_segments", s.driver.gro_segments),
+        ("shm_tx_datagrams", s.driver.shm_sent_datagrams),
+        ("shm_rx_datagrams", s.driver.shm_recv_datagrams),
+        ("shm_tx_full", s.driver.shm_full),
     ]
 }
 

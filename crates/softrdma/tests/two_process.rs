@@ -52,11 +52,20 @@ struct Side {
 }
 
 fn side(addr: Option<SocketAddr>) -> Side {
+    let shm = DeviceConfig::new("test", DeviceAddr::AutoLoopback(4791)).shm;
+    side_with("test", addr, shm)
+}
+
+/// A side whose device takes the same-host path to its peer if `shm`. Tests that run
+/// side by side in this process use devices of different names (one name, one device).
+fn side_with(name: &str, addr: Option<SocketAddr>, shm: bool) -> Side {
     let a = match addr {
         Some(a) => DeviceAddr::Fixed(a),
         None => DeviceAddr::AutoLoopback(4791),
     };
-    let dev = Device::open_with(&DeviceConfig::new("test", a)).expect("open device");
+    let mut cfg = DeviceConfig::new(name, a);
+    cfg.shm = shm;
+    let dev = Device::open_with(&cfg).expect("open device");
     let pd = dev.alloc_pd().unwrap();
     // Room for the 512 + 512 WRs of each of the three QPs.
     let cq = dev.create_cq(3 * 1024, None).unwrap();
@@ -259,7 +268,13 @@ fn peer_process() {
                     }
                     Some("STATS") => {
                         let st = s.dev.stats();
-                        let _ = writeln!(out, "STATS {}", st.engine.icrc_errors);
+                        let _ = writeln!(
+                            out,
+                            "STATS {} {} {}",
+                            st.engine.icrc_errors,
+                            st.driver.shm_sent_datagrams,
+                            st.driver.shm_recv_datagrams
+                        );
                     }
                     _ => return,
                 }
@@ -286,6 +301,10 @@ struct Peer {
 
 impl Peer {
     fn spawn(addr: Option<SocketAddr>) -> Peer {
+        Peer::spawn_with(addr, None)
+    }
+    /// The peer, with `SOFTRDMA_SHM` set to `shm` if given.
+    fn spawn_with(addr: Option<SocketAddr>, shm: Option<&str>) -> Peer {
         let exe = std::env::current_exe().unwrap();
         let mut cmd = Command::new(exe);
         cmd.args([
@@ -300,6 +319,9 @@ impl Peer {
         .stdout(Stdio::piped());
         if let Some(a) = addr {
             cmd.env("SOFTRDMA_TEST_ADDR", a.to_string());
+        }
+        if let Some(v) = shm {
+            cmd.env("SOFTRDMA_SHM", v);
         }
         let mut child = cmd.spawn().expect("spawn peer");
         let stdin = child.stdin.take().unwrap();
@@ -412,13 +434,28 @@ fn ok(cq: &CompletionQueue, wr_id: u64, op: WcOpcode) -> WorkCompletion {
     wc
 }
 
+/// Every opcode and QP type between two processes of this host: through the same-host
+/// rings (the default), every datagram both ways.
 #[test]
 fn every_opcode_and_qp_type() {
     if std::env::var("SOFTRDMA_TEST_PEER").is_ok() {
         return;
     }
-    let mut p = Peer::spawn(None);
-    let me = side(None);
+    every_opcode(true);
+}
+
+/// The same with `SOFTRDMA_SHM=0`: by UDP, no datagram through a ring.
+#[test]
+fn every_opcode_and_qp_type_over_udp() {
+    if std::env::var("SOFTRDMA_TEST_PEER").is_ok() {
+        return;
+    }
+    every_opcode(false);
+}
+
+fn every_opcode(shm: bool) {
+    let mut p = Peer::spawn_with(None, Some(if shm { "1" } else { "0" }));
+    let me = side_with(if shm { "test-shm" } else { "test-udp" }, None, shm);
     let psn = 0x12345;
     p.send(&format!(
         "PEER {} {} {} {psn}",
@@ -535,8 +572,35 @@ fn every_opcode_and_qp_type() {
     assert_eq!(&w.6[32..36], &me.dev.gid().0[12..16]);
 
     p.send("STATS");
-    assert_eq!(p.expect("STATS "), "STATS 0", "peer saw ICRC errors");
-    assert_eq!(me.dev.stats().engine.icrc_errors, 0);
+    let st = p.expect("STATS ");
+    let f: Vec<u64> = st[6..]
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(f[0], 0, "peer saw ICRC errors");
+    let mine = me.dev.stats();
+    assert_eq!(mine.engine.icrc_errors, 0);
+    let d = mine.driver;
+    if shm {
+        // Every datagram of ours went through the ring, and every one of the peer's
+        // (its ACKs, READ responses and atomic ACKs) came through its ring to us.
+        assert!(d.shm_sent_datagrams > 0, "{d:?}");
+        assert_eq!(d.sent_datagrams, 0, "nothing by UDP: {d:?}");
+        assert_eq!(d.recv_datagrams, 0, "nothing by UDP: {d:?}");
+        assert_eq!(
+            f[2], d.shm_sent_datagrams,
+            "the peer took all of ours from the ring"
+        );
+        assert_eq!(f[1], d.shm_recv_datagrams, "and we took all of its");
+    } else {
+        assert_eq!(
+            (d.shm_sent_datagrams, d.shm_recv_datagrams),
+            (0, 0),
+            "{d:?}"
+        );
+        assert_eq!((f[1], f[2]), (0, 0), "the peer used no ring");
+        assert!(d.sent_datagrams > 0 && d.recv_datagrams > 0, "{d:?}");
+    }
     p.quit();
 }
 
@@ -731,7 +795,11 @@ fn rc_exactly_once_through_lossy_relay() {
         "the relay's faults were not exercised"
     );
     p.send("STATS");
-    assert_eq!(p.expect("STATS "), "STATS 0", "ICRC errors after resealing");
+    let st = p.expect("STATS ");
+    assert!(
+        st.starts_with("STATS 0 "),
+        "ICRC errors after resealing: {st}"
+    );
     p.quit();
     stop.store(true, Ordering::Relaxed);
     let _ = t1.join();

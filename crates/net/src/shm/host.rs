@@ -57,9 +57,10 @@ fn canonical(a: SocketAddr) -> SocketAddr {
 }
 
 /// The network namespace's inode: devices of two namespaces may have the same address,
-/// and share a run directory.
+/// and share a run directory. The calling thread's (a thread may have a namespace of its
+/// own; the device's socket was made by the thread that opens it).
 fn netns_id() -> u64 {
-    std::fs::metadata("/proc/self/ns/net")
+    std::fs::metadata("/proc/thread-self/ns/net")
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
         .unwrap_or(0)
 }
@@ -828,7 +829,7 @@ fn on_conn(inner: &Inner, token: u64, flags: u32) {
             let mut buf = [0u8; HELLO_LEN + 1];
             match recv_with_fds(fd.as_fd(), &mut buf) {
                 Ok((n, fds)) if n > 0 => {
-                    if let Err(e) = take_ring(inner, fd, &buf[..n], fds) {
+                    if let Err(e) = take_ring(inner, token, fd, &buf[..n], fds) {
                         tracing::debug!(error = %e, "same-host ring refused");
                     }
                 }
@@ -877,7 +878,13 @@ fn on_conn(inner: &Inner, token: u64, flags: u32) {
 
 /// Take the ring a peer passed with its hello: map it, put it in the device's receive set,
 /// answer with our eventfd.
-fn take_ring(inner: &Inner, conn: OwnedFd, msg: &[u8], mut fds: Vec<OwnedFd>) -> io::Result<()> {
+fn take_ring(
+    inner: &Inner,
+    token: u64,
+    conn: OwnedFd,
+    msg: &[u8],
+    mut fds: Vec<OwnedFd>,
+) -> io::Result<()> {
     let peer =
         parse_hello(msg).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad hello"))?;
     if fds.len() != 1 {
@@ -892,6 +899,7 @@ fn take_ring(inner: &Inner, conn: OwnedFd, msg: &[u8], mut fds: Vec<OwnedFd>) ->
     let cons = Consumer::open(memfd.as_fd())?;
     drop(memfd);
     let wake = new_eventfd()?;
+    epoll_add(inner.epoll.as_fd(), wake.as_fd(), 0)?;
     send_with_fds(conn.as_fd(), b"ok", &[wake.as_raw_fd()])?;
     let ring = Arc::new(InRing {
         peer: canonical(peer),
@@ -910,13 +918,11 @@ fn take_ring(inner: &Inner, conn: OwnedFd, msg: &[u8], mut fds: Vec<OwnedFd>) ->
         if rin.sleepers > 0 {
             let _ = lock(&ring.cons).sleep_begin();
         }
-        epoll_add(inner.epoll.as_fd(), ring.wake.as_fd(), 0)?;
         rin.rings.push(Arc::clone(&ring));
         inner.rings_gen.fetch_add(1, Ordering::Release);
     }
-    let token = inner.next_token.fetch_add(1, Ordering::Relaxed);
+    // The connection stays in the thread's set under its token: its end drops the ring.
     lock(&inner.conns).insert(token, Conn::In(Arc::downgrade(&ring)));
-    epoll_add(inner.ctl_epoll.as_fd(), ring._conn.as_fd(), token)?;
     // Whatever the peer wrote before we mapped the ring: the device drains it now.
     eventfd_write(ring.wake.as_fd());
     tracing::debug!(peer = %ring.peer, "same-host ring accepted");
