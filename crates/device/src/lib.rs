@@ -46,6 +46,14 @@
 //!   `SOFTRDMA_KEEPALIVE`): a peer killed without a word is found lost within about a
 //!   second on this host, 20 s elsewhere; the QP fails and the connection manager hears
 //!   of it ([`Device::take_lost_peer`]) to end the connection, as the peer's DREQ would.
+//! - Between two devices of this host (and user, and network namespace), the datagrams go
+//!   through shared-memory rings instead of loopback UDP ([`softrdma_net::shm`]): the same
+//!   RoCEv2 packets, so every verbs semantic and every trace is the UDP path's. On by
+//!   default; `SOFTRDMA_SHM=0` ([`DeviceConfig::shm`], or `shm=off` in the configuration
+//!   file) keeps a device on UDP alone. A thread that blocks on the socket first tells the
+//!   link ([`softrdma_net::SleepGate`]), so that a peer writes the ring's eventfd only
+//!   while nobody polls. The driver counters say which path carried what
+//!   (`shm_tx_datagrams`, `shm_rx_datagrams` in the stats file).
 //! - `SOFTRDMA_PCAP=FILE` (or [`DeviceConfig::pcap`]) traces every datagram sent and
 //!   received as a pcap file.
 //! - Every open device publishes its counters for `softrdma stats` to a file ([`statsfile`]);

@@ -17,9 +17,13 @@ use crate::link::SleepGate;
 use crate::udp::{Driver, OutDatagram, RecvBatch, Stats};
 use crate::Link;
 
-/// How long a destination of this host with no usable rendezvous socket is sent to by
-/// UDP before we look for its socket again.
-const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long a destination of this host with no rendezvous socket (or a stale one) is
+/// sent to by UDP before we look for its socket again: a look costs a `statat` or a
+/// refused `connect`, and a restarted peer gets its ring this soon.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+/// How long a peer that took a ring and dropped it without an answer (it refuses rings:
+/// another user's, an older version) is sent to by UDP before we offer one again.
+const REFUSED_RETRY: Duration = Duration::from_secs(5);
 /// A receive that finds datagrams in the rings reads the UDP socket only every this many
 /// calls (and always after a sleep, and whenever no ring is connected).
 const UDP_EVERY: u32 = 4;
@@ -605,7 +609,7 @@ fn route(
         Some(Route::Ring(r)) if r.wake.get().is_none() => {
             // The peer took the connection and dropped it without answering: it does not
             // take rings (an older version, or it refused us). Not again for a while.
-            routes.insert(dst, Route::Udp(Instant::now() + RETRY_AFTER));
+            routes.insert(dst, Route::Udp(Instant::now() + REFUSED_RETRY));
             return None;
         }
         Some(_) => {}
@@ -1233,7 +1237,7 @@ mod tests {
         let mut b = link(&dir);
         let (aa, ba) = (a.local_addr(), b.local_addr());
         let sizes = [0, 1, 60, 1500, 4096 + 60, ring::MAX_PACKET];
-        let datas: Vec<Vec<u8>> = (0..600)
+        let datas: Vec<Vec<u8>> = (0..ring::SLOTS as usize * 2 + 100)
             .map(|i| payload(i, sizes[i % sizes.len()]))
             .collect();
         for dir_ab in [true, false] {
@@ -1272,7 +1276,7 @@ mod tests {
             assert_eq!(from.stats().shm_sent_datagrams, datas.len() as u64);
             assert!(
                 from.stats().shm_full > 0,
-                "600 datagrams overran a 256-slot ring"
+                "more datagrams than a ring holds"
             );
             assert_eq!(to.stats().shm_recv_datagrams, datas.len() as u64);
             assert_eq!(from.stats().sent_datagrams, 0, "nothing went by UDP");
@@ -1435,22 +1439,29 @@ mod tests {
         );
         assert_eq!(a.stats().sent_datagrams, 1);
         assert_eq!(a.stats().shm_sent_datagrams, 1);
-        // A new device at the same address: a ring at once (the failed look-up of a
-        // moment ago is not kept against a restarted peer... once its retry time passed).
+        // A new device at the same address: it gets every datagram (by UDP while the
+        // failed look-up of a moment ago holds, RETRY_AFTER), then a ring.
         let mut b2 = link_at(&dir, dst);
-        // Force the look-up now rather than after RETRY_AFTER.
-        lock(&a.host.inner.routes).remove(&dst);
-        send_all(
-            &mut a,
-            &[OutDatagram {
-                dst,
-                tos: 3,
-                data: b"two",
-            }],
+        for _ in 0..1000 {
+            send_all(
+                &mut a,
+                &[OutDatagram {
+                    dst,
+                    tos: 3,
+                    data: b"two",
+                }],
+            );
+            let got = recv_n(&mut b2, 1);
+            assert_eq!(got[0].3, b"two");
+            if b2.stats().shm_recv_datagrams > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            b2.stats().shm_recv_datagrams > 0,
+            "the restarted peer got a ring"
         );
-        let got = recv_n(&mut b2, 1);
-        assert_eq!(got[0].3, b"two");
-        assert_eq!(b2.stats().shm_recv_datagrams, 1);
     }
 
     #[test]
