@@ -139,6 +139,17 @@ fn new_eventfd() -> io::Result<OwnedFd> {
     )?)
 }
 
+/// Whether `fd` is a non-blocking eventfd: what we write to wake a peer must never block
+/// us (a peer could pass a pipe nobody reads).
+fn is_eventfd(fd: &OwnedFd) -> bool {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    // SAFETY: F_GETFL on a descriptor we own.
+    let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    link.is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
+        && fl >= 0
+        && fl & libc::O_NONBLOCK != 0
+}
+
 fn eventfd_write(fd: BorrowedFd<'_>) {
     // EAGAIN (counter saturated) leaves it readable, which is the point.
     let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
@@ -858,9 +869,10 @@ fn on_conn(inner: &Inner, token: u64, flags: u32) {
             let Some(r) = w.upgrade() else { return };
             let mut buf = [0u8; 8];
             match recv_with_fds(r.conn.as_fd(), &mut buf) {
-                Ok((n, mut fds)) if n > 0 && r.wake.get().is_none() && fds.len() == 1 => {
-                    let w = fds.pop();
-                    if let Some(w) = w {
+                Ok((n, mut fds))
+                    if n > 0 && r.wake.get().is_none() && fds.len() == 1 && is_eventfd(&fds[0]) =>
+                {
+                    if let Some(w) = fds.pop() {
                         let _ = r.wake.set(w);
                     }
                     // Packets published before the answer came could not wake the peer.
@@ -1543,6 +1555,15 @@ mod tests {
             }])
             .unwrap();
         assert_eq!(recv_n(&mut a, 1)[0].3, b"back");
+    }
+
+    #[test]
+    fn only_a_non_blocking_eventfd_is_taken_as_a_wake_up() {
+        assert!(is_eventfd(&new_eventfd().unwrap()));
+        let blocking = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+        assert!(!is_eventfd(&blocking));
+        let f = std::fs::File::open("/proc/self/status").unwrap();
+        assert!(!is_eventfd(&OwnedFd::from(f)));
     }
 
     #[test]
