@@ -128,6 +128,12 @@ fn print_record(r: &Record) {
         get("udp_tx_gso_messages"),
         get("udp_rx_gro_segments")
     );
+    outln!(
+        "    of those through same-host rings  tx {}  rx {}  (ring found full {})",
+        get("shm_tx_datagrams"),
+        get("shm_rx_datagrams"),
+        get("shm_tx_full")
+    );
 }
 
 /// Print an open device's counters.
