@@ -1558,6 +1558,54 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_for_a_ring_peer_and_a_udp_peer_reaches_both_in_order() {
+        let dir = TmpDir::new("mixed");
+        let mut a = link(&dir);
+        let mut b = link(&dir);
+        let mut plain = Driver::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let (bd, pd) = (b.local_addr(), plain.local_addr());
+        let datas: Vec<Vec<u8>> = (0..40).map(|i| payload(i, 100 + i)).collect();
+        // Runs of each: 3 to b, 2 to the plain socket, ...
+        let pkts: Vec<OutDatagram<'_>> = datas
+            .iter()
+            .enumerate()
+            .map(|(i, d)| OutDatagram {
+                dst: if i % 5 < 3 { bd } else { pd },
+                tos: 0,
+                data: d,
+            })
+            .collect();
+        send_all(&mut a, &pkts);
+        let got = recv_n(&mut b, 24);
+        let want: Vec<&Vec<u8>> = datas
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 5 < 3)
+            .map(|(_, d)| d)
+            .collect();
+        assert_eq!(got.iter().map(|g| &g.3).collect::<Vec<_>>(), want);
+        let mut batch = RecvBatch::new(32, 9216);
+        let mut by_udp = Vec::new();
+        for _ in 0..2000 {
+            if by_udp.len() == 16 {
+                break;
+            }
+            plain.recv_batch(&mut batch).unwrap();
+            by_udp.extend(batch.iter().map(|d| d.data.to_vec()));
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let want: Vec<Vec<u8>> = datas
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 5 >= 3)
+            .map(|(_, d)| d.clone())
+            .collect();
+        assert_eq!(by_udp, want);
+        let s = a.stats();
+        assert_eq!((s.shm_sent_datagrams, s.sent_datagrams), (24, 16));
+    }
+
+    #[test]
     fn only_a_non_blocking_eventfd_is_taken_as_a_wake_up() {
         assert!(is_eventfd(&new_eventfd().unwrap()));
         let blocking = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
