@@ -886,6 +886,23 @@ fn on_conn(inner: &Inner, token: u64, flags: u32) {
                 _ => {
                     r.dead.store(true, Ordering::Release);
                     epoll_del(inner.ctl_epoll.as_fd(), r.conn.as_fd());
+                    // Unmap it now rather than at the next datagram to that peer, which
+                    // may never come (the lock order is routes, then conns).
+                    drop(conns);
+                    let mut routes = lock(&inner.routes);
+                    let dst = routes
+                        .iter()
+                        .find(|(_, v)| matches!(v, Route::Ring(o) if Arc::ptr_eq(o, &r)))
+                        .map(|(k, _)| *k);
+                    if let Some(dst) = dst {
+                        if r.wake.get().is_none() {
+                            // It took the ring and never answered: it refuses them.
+                            routes.insert(dst, Route::Udp(Instant::now() + REFUSED_RETRY));
+                        } else {
+                            // It went away: the next datagram looks for it afresh.
+                            routes.remove(&dst);
+                        }
+                    }
                 }
             }
         }
@@ -1440,6 +1457,16 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(a.ring_count(), (0, 0));
+        for _ in 0..2000 {
+            if lock(&a.host.inner.routes).get(&dst).is_none() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            lock(&a.host.inner.routes).get(&dst).is_none(),
+            "the dead ring is unmapped without waiting for another datagram"
+        );
         // Nobody at that address: by UDP (the kernel takes it, nobody reads it).
         send_all(
             &mut a,
