@@ -480,7 +480,8 @@ impl HostLink {
     /// The device at `udp`'s address, with its rendezvous socket in the run directory
     /// `dir` (a descriptor of it, checked by the caller as decision 13 says). A stale
     /// socket of that name (its device is gone) is replaced; one whose device still
-    /// answers is left alone, and this device then only sends through rings.
+    /// answers is left alone, and this device then sends through rings but receives by
+    /// UDP alone.
     pub fn new(udp: Driver, dir: BorrowedFd<'_>) -> io::Result<HostLink> {
         let local = canonical(udp.local_addr());
         let inner = Arc::new(Inner::new(local, dir)?);
@@ -1104,8 +1105,11 @@ impl Link for HostLink {
             || inner.udp_due.swap(false, Ordering::Relaxed);
         if udp {
             // The rings were read first and the socket after, but the socket's datagrams
-            // go first: one sent by UDP before the peer's ring existed is older than any
-            // in the ring.
+            // go first: when a peer's traffic moves from UDP to a new ring, what it sent
+            // by UDP is older than anything in the ring (on loopback a datagram is in our
+            // socket when its send returns). Only within this call: a socket read skipped
+            // on an earlier call can still put one behind the ring's, which RC recovers
+            // from like any reordering.
             let r = self.udp.recv_append(out);
             out.rotate_front(from_rings);
             if let Err(e) = r {
