@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use softrdma_device::verbs::{Access, Mtu, Qpn, SendFlags, SendOp, WcStatus, WorkCompletion};
+use softrdma_device::{Device, DeviceAddr, DeviceConfig};
 
 /// Marks the run of this test inside `unshare -rn`.
 const IN_USERNS: &str = "SOFTRDMA_TEST_TOO_BIG_IN_USERNS";
@@ -59,8 +60,13 @@ struct Side {
 
 impl Side {
     fn new(name: &str, fill: u8) -> Side {
-        let host = rc::Host::new(
-            name,
+        // The refusal is the UDP socket's: the same-host rings have no link MTU, so
+        // these devices stay on UDP.
+        let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(4791));
+        cfg.stats_dir = None;
+        cfg.shm = false;
+        let host = rc::Host::on(
+            Device::open(&cfg).expect("open device"),
             LEN,
             fill,
             16,
@@ -143,9 +149,6 @@ fn refused_datagrams_fail_the_qp_and_are_counted() {
 
 #[test]
 fn a_datagram_above_the_link_mtu_is_refused_and_counted() {
-    // The refusal is the UDP socket's: the same-host rings have no link MTU, so both
-    // devices stay on UDP (the only test in this binary: nothing else reads the variable).
-    std::env::set_var("SOFTRDMA_SHM", "0");
     let inside = std::env::var_os(IN_USERNS).is_some();
     let t = std::thread::spawn(move || {
         // SAFETY: unshare(CLONE_NEWNET) moves only this thread to a new network namespace;
