@@ -247,8 +247,8 @@ pub struct Consumer {
 
 impl Consumer {
     /// Map the ring in `memfd`, a peer's: refused unless it is a memfd of exactly
-    /// [`RING_BYTES`] bytes sealed against resizing (see [`SEALS`]), so that it stays
-    /// backed for as long as we map it whatever the peer does.
+    /// [`RING_BYTES`] bytes sealed against resizing (shrink, grow and further seals
+    /// refused), so that it stays backed for as long as we map it whatever the peer does.
     pub fn open(memfd: BorrowedFd<'_>) -> io::Result<Consumer> {
         // SAFETY: F_GET_SEALS on a descriptor we hold; fails (EINVAL) on anything but a
         // memfd or a shmem file.
