@@ -129,10 +129,12 @@ fn print_record(r: &Record) {
         get("udp_rx_gro_segments")
     );
     outln!(
-        "    of those through same-host rings  tx {}  rx {}  (ring found full {})",
+        "    of those through same-host rings  tx {}  rx {}  (ring found full {}, datagrams held for room {}, dropped after waiting {})",
         get("shm_tx_datagrams"),
         get("shm_rx_datagrams"),
-        get("shm_tx_full")
+        get("shm_tx_full"),
+        get("shm_tx_held"),
+        get("shm_tx_held_expired")
     );
 }
 

@@ -309,6 +309,7 @@ impl Device {
                 via: Vec::new(),
                 deferred: Vec::new(),
                 deferred_via: Vec::new(),
+                held: tx::Held::default(),
             }),
             rx: Mutex::new(Rx {
                 link: rx_link,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::pacing::{Decision, Pacer, Verdict};
 use crate::runtime::Runtime;
 use crate::sys;
-use crate::tx::Flush;
+use crate::tx::{Flush, HELD_RETRY};
 
 /// Run the progress thread until the device stops.
 pub(crate) fn run(rt: &Runtime) {
@@ -96,7 +96,14 @@ fn block(rt: &Runtime) {
         if let Some(p) = engine.pcap.as_mut() {
             let _ = p.flush();
         }
-        deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)))
+        let timeout = deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)));
+        if engine.held.is_empty() {
+            timeout
+        } else {
+            // Datagrams wait for room in a ring, whose reader does not say when it frees
+            // some: look again soon.
+            Some(timeout.map_or(HELD_RETRY, |t| t.min(HELD_RETRY)))
+        }
     };
     if !rt.sleep_begin() {
         // Datagrams came into a same-host ring meanwhile: receive them.

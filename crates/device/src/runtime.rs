@@ -71,6 +71,10 @@ pub(crate) struct Engine {
     pub(crate) deferred: Vec<Transmit>,
     /// Where each of `deferred` leaves from.
     pub(crate) deferred_via: Vec<SendSocket>,
+    /// Datagrams a link held back (a same-host ring with no free slot: see
+    /// [`softrdma_net::Link::holds_back`]), oldest first: offered again before anything
+    /// new to their destination, see [`crate::tx::Held`].
+    pub(crate) held: crate::tx::Held,
 }
 
 /// The receive half of the device's link (a duplicate descriptor of its socket) and its

@@ -101,6 +101,8 @@ pub fn counters(s: &DeviceStats) -> Vec<(&'static str, u64)> {
         ("shm_tx_datagrams", s.driver.shm_sent_datagrams),
         ("shm_rx_datagrams", s.driver.shm_recv_datagrams),
         ("shm_tx_full", s.driver.shm_full),
+        ("shm_tx_held", l.tx_held),
+        ("shm_tx_held_expired", l.tx_held_expired),
     ]
 }
 

@@ -29,6 +29,44 @@ pub(crate) const ACK_DEFER: Duration = Duration::from_micros(20);
 /// port has no socket sends from the device socket, its ICRC resealed for that port.
 pub(crate) const SEND_PORTS_MAX: usize = 64;
 
+/// Datagrams held back at most (see [`Held`]): while this many wait, the engine's own
+/// output stays in it (its outbox is bounded, and requesters and responders make more only
+/// as it drains), so a reader that stops cannot make the device buffer without bound.
+/// 4096 of the largest are 17 MiB, four rings' worth.
+const HELD_MAX: usize = 4096;
+/// Longest a held datagram waits while its ring's reader frees no slot, before it is
+/// dropped as a congested network's would be: a reader this late has stopped (a process
+/// stopped in a debugger, or hung), and the transport's retries take over. A reader that
+/// is slow but reads keeps its datagrams, however long they wait.
+const HOLD_MAX_NS: u64 = 100_000_000;
+/// How soon the progress thread offers held datagrams again when it has nothing else to
+/// do (a ring's reader frees slots as it runs; it does not tell the writer).
+pub(crate) const HELD_RETRY: Duration = Duration::from_micros(20);
+
+/// Datagrams a link did not take and holds back ([`Link::holds_back`]: a same-host ring
+/// with no free slot), oldest first. They are offered again before anything new, and a
+/// new datagram to a destination that still has held ones waits behind them, so each
+/// destination's datagrams leave in the order the engine made them.
+#[derive(Default)]
+pub(crate) struct Held {
+    pkts: Vec<Transmit>,
+    via: Vec<SendSocket>,
+    /// Device time each was first refused.
+    since: Vec<u64>,
+    /// Destinations refused at the last offer.
+    blocked: Vec<SocketAddr>,
+    /// Scratch: positions that [`send_run`] kept.
+    keep: Vec<usize>,
+    /// When a ring with held datagrams last took some, per destination.
+    moved: Vec<(SocketAddr, u64)>,
+}
+
+impl Held {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pkts.is_empty()
+    }
+}
+
 /// Where a datagram leaves from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SendSocket {
@@ -61,6 +99,12 @@ impl Engine {
     /// request), or by themselves once [`ACK_DEFER`] has passed, or before any thread
     /// blocks. The peer gets them at most that much later, far inside its ACK timeout.
     pub(crate) fn flush_tx(&mut self, sh: &Runtime, now: u64, flush: Flush) {
+        if !self.held.is_empty() {
+            self.send_held(now);
+            if self.held.pkts.len() >= HELD_MAX {
+                return;
+            }
+        }
         let local = sh.addr;
         let alt = sh.alt_addr;
         let mut alt_sent = false;
@@ -139,15 +183,41 @@ impl Engine {
                 }
             }
         }
-        // One sendmmsg batch per run of datagrams leaving from the same socket.
+        self.held.keep.clear();
+        self.send_all(false);
+        // The buffers go back to the engine, which builds later packets in them: the
+        // packet path allocates nothing in the steady state.
+        let mut kept = self.held.keep.iter().copied().peekable();
+        for (i, t) in self.txq.drain(..).enumerate() {
+            if kept.next_if_eq(&i).is_some() {
+                self.stats.tx_held += 1;
+                self.held.pkts.push(t);
+                self.held.via.push(self.via[i]);
+                self.held.since.push(now);
+            } else {
+                self.rnic.recycle(t.data);
+            }
+        }
+        self.via.clear();
+    }
+
+    /// Send `txq` (or, if `held`, the held datagrams), one `sendmmsg` batch per run of
+    /// datagrams leaving from the same socket; the positions a link held back go into
+    /// `held.keep`.
+    fn send_all(&mut self, held: bool) {
+        let (txq, via) = if held {
+            (&mut self.held.pkts, &self.held.via)
+        } else {
+            (&mut self.txq, &self.via)
+        };
         let mut at = 0;
-        while at < self.txq.len() {
-            let via = self.via[at];
-            let end = self.via[at..]
+        while at < txq.len() {
+            let v = via[at];
+            let end = via[at..]
                 .iter()
-                .position(|v| *v != via)
-                .map_or(self.txq.len(), |k| at + k);
-            let link = match via {
+                .position(|x| *x != v)
+                .map_or(txq.len(), |k| at + k);
+            let link = match v {
                 SendSocket::Main => &mut self.link,
                 SendSocket::Alt => self.alt_link.as_mut().unwrap_or(&mut self.link),
                 SendSocket::Port(p) => match self.ports.get_mut(&p) {
@@ -157,18 +227,55 @@ impl Engine {
             };
             send_run(
                 &mut **link,
-                &mut self.txq[at..end],
+                &mut txq[at..end],
+                at,
                 &mut self.stats,
                 &mut self.ip_ids,
+                &mut self.held.blocked,
+                &mut self.held.keep,
             );
             at = end;
         }
-        // The buffers go back to the engine, which builds later packets in them: the
-        // packet path allocates nothing in the steady state.
-        for t in self.txq.drain(..) {
-            self.rnic.recycle(t.data);
+    }
+
+    /// Offer the held datagrams again; those still refused stay held unless they have
+    /// waited [`HOLD_MAX_NS`].
+    fn send_held(&mut self, now: u64) {
+        self.held.blocked.clear();
+        self.held.keep.clear();
+        self.send_all(true);
+        let pkts = std::mem::take(&mut self.held.pkts);
+        let via = std::mem::take(&mut self.held.via);
+        let since = std::mem::take(&mut self.held.since);
+        let mut kept = self.held.keep.iter().copied().peekable();
+        let moved = &mut self.held.moved;
+        for (i, t) in pkts.into_iter().enumerate() {
+            let last_moved = moved.iter().find(|m| m.0 == t.dst).map(|m| m.1);
+            if kept.next_if_eq(&i).is_none() {
+                match moved.iter_mut().find(|m| m.0 == t.dst) {
+                    Some(m) => m.1 = now,
+                    None => moved.push((t.dst, now)),
+                }
+                self.rnic.recycle(t.data);
+            } else if now.saturating_sub(since[i].max(last_moved.unwrap_or(0))) > HOLD_MAX_NS {
+                self.stats.tx_dropped += 1;
+                self.stats.tx_held_expired += 1;
+                if self.stats.tx_held_expired == 1 {
+                    tracing::warn!(dst = %t.dst,
+                        "a same-host peer has not read its ring for 100 ms: datagrams to it \
+                         are dropped as a congested network's (counted as tx_held_expired)");
+                }
+                self.rnic.recycle(t.data);
+            } else {
+                self.held.pkts.push(t);
+                self.held.via.push(via[i]);
+                self.held.since.push(since[i]);
+            }
         }
-        self.via.clear();
+        let held = &self.held.pkts;
+        self.held
+            .moved
+            .retain(|m| held.iter().any(|t| t.dst == m.0));
     }
 
     /// Whether a send-only socket for source address `src` exists (binding it on first use,
@@ -248,19 +355,26 @@ fn seal_gso_segments(link: &dyn Link, chunk: &mut [Transmit], ip_ids: &mut IpIdC
 }
 
 /// Send `txq` from `link`: retry a full socket buffer a few times, then drop the rest as a
-/// congested network would (the transport's retransmissions recover).
+/// congested network would (the transport's retransmissions recover). A datagram the link
+/// holds back ([`Link::holds_back`]) is kept instead: its position (plus `base`) goes into
+/// `keep`, its destination into `blocked`, and every later datagram to a destination in
+/// `blocked` is kept without being offered, so that none overtakes it.
 fn send_run(
     link: &mut dyn Link,
     txq: &mut [Transmit],
+    base: usize,
     stats: &mut LinkStats,
     ip_ids: &mut IpIdCache,
+    blocked: &mut Vec<SocketAddr>,
+    keep: &mut Vec<usize>,
 ) {
     let mut out: [udp::OutDatagram<'_>; TX_CHUNK] = [udp::OutDatagram {
         dst: SocketAddr::from(([0, 0, 0, 0], 0)),
         tos: 0,
         data: &[],
     }; TX_CHUNK];
-    for chunk in txq.chunks_mut(TX_CHUNK) {
+    for (c, chunk) in txq.chunks_mut(TX_CHUNK).enumerate() {
+        let base = base + c * TX_CHUNK;
         if link.gso_enabled() {
             seal_gso_segments(link, chunk, ip_ids);
         }
@@ -275,20 +389,36 @@ fn send_run(
         let mut at = 0;
         let mut full = 0;
         while at < out.len() {
+            if blocked.contains(&out[at].dst) {
+                keep.push(base + at);
+                at += 1;
+                continue;
+            }
+            // Up to the next datagram that must wait: a GSO run never spans one (a run is
+            // of one destination), so the messages the driver makes are the ones sealed for.
+            let end = if blocked.is_empty() {
+                out.len()
+            } else {
+                out[at..]
+                    .iter()
+                    .position(|o| blocked.contains(&o.dst))
+                    .map_or(out.len(), |k| at + k)
+            };
             stats.tx_batches += 1;
-            match link.send_batch(&out[at..]) {
+            match link.send_batch(&out[at..end]) {
+                Ok(0) if link.holds_back(out[at].dst) => blocked.push(out[at].dst),
                 Ok(0) if full < TX_FULL_RETRIES => {
                     // Socket buffer full: the kernel drains it within microseconds.
                     full += 1;
                     std::thread::yield_now();
                 }
                 Ok(0) => {
-                    stats.tx_dropped += (out.len() - at) as u64;
+                    stats.tx_dropped += (end - at) as u64;
                     tracing::debug!(
-                        dropped = out.len() - at,
+                        dropped = end - at,
                         "datagrams dropped: the socket send buffer stayed full"
                     );
-                    break;
+                    at = end;
                 }
                 Err(e) => {
                     // This datagram is refused (too big, bad address): lost like one the

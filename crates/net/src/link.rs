@@ -55,6 +55,15 @@ pub trait Link: Send + std::fmt::Debug {
     fn sleep_gate(&self) -> Option<Arc<dyn SleepGate>> {
         None
     }
+    /// Whether a datagram to `dst` that [`Link::send_batch`] did not take is to be kept
+    /// and offered again until it is taken, rather than dropped after a few tries as a
+    /// full socket buffer's datagrams are. True for the same-host rings: their reader
+    /// frees slots within microseconds of running, and a datagram dropped there is lost
+    /// to a queue of this host, not to a network (a READ streaming megabytes would lose
+    /// the same packets again on every retry).
+    fn holds_back(&self, _dst: SocketAddr) -> bool {
+        false
+    }
 }
 
 /// The two steps around blocking on a link's readable descriptor (see

@@ -453,6 +453,97 @@ fn every_opcode_and_qp_type_over_udp() {
     every_opcode(false);
 }
 
+/// A ring whose reader stops (the peer process stopped, as in a debugger) loses nothing:
+/// the sender holds what the ring has no room for and sends it, in order, once the reader
+/// runs again. UC has no retransmission, so every byte landing shows that no datagram was
+/// dropped.
+#[test]
+fn full_ring_holds_datagrams() {
+    if std::env::var("SOFTRDMA_TEST_PEER").is_ok() {
+        return;
+    }
+    let mut p = Peer::spawn_with(None, Some("1"));
+    let me = side_with("test-hold", None, true);
+    let psn = 0x777;
+    p.send(&format!(
+        "PEER {} {} {} {psn}",
+        hex(&me.dev.gid().0),
+        me.rc.qpn(),
+        me.uc.qpn()
+    ));
+    me.connect(p.gid, p.rc, p.uc, psn);
+    p.expect("READY");
+    // One SEND first, so that the ring exists before the peer stops.
+    me.mr.write(0, b"hi").unwrap();
+    me.rc
+        .post_send(wr::send(1, [me.mr.sge(0..2).unwrap()]))
+        .unwrap();
+    ok(&me.cq, 1, WcOpcode::Send);
+    assert_eq!(p.wc().6, b"hi");
+
+    let pid = p.child.id().to_string();
+    let signal = |sig: &str| {
+        let st = Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(st.success(), "kill {sig}");
+    };
+    // 40 UC WRITEs of the whole 64 KiB window at MTU 1024: 2560 datagrams, more than
+    // twice the ring's 1024 slots. Each message's bytes differ, so the last one's pattern
+    // is what the peer must end with.
+    const N: u64 = 40;
+    let pattern = |k: u64| -> Vec<u8> {
+        (0..MR_LEN)
+            .map(|i| (i as u64 * 31 + k * 7 + (i as u64 >> 10)) as u8)
+            .collect()
+    };
+    let mems: Vec<_> = (0..N)
+        .map(|k| {
+            let mr = me.pd.register(MR_LEN, ALL).unwrap();
+            mr.write(0, &pattern(k)).unwrap();
+            mr
+        })
+        .collect();
+    signal("-STOP");
+    for (k, mr) in mems.iter().enumerate() {
+        me.uc
+            .post_send(wr::write(100 + k as u64, [mr.sge(0..MR_LEN).unwrap()], &p.mem, 0).unwrap())
+            .unwrap();
+    }
+    for k in 0..N {
+        ok(&me.cq, 100 + k, WcOpcode::RdmaWrite);
+    }
+    let held = me.dev.stats().link.tx_held;
+    signal("-CONT");
+    assert!(held > 0, "the ring filled while its reader was stopped");
+    let want = pattern(N - 1);
+    let deadline = Instant::now() + T;
+    while p.dump(0, MR_LEN) != want {
+        assert!(
+            Instant::now() < deadline,
+            "the last UC WRITE did not land whole"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    p.send("STATS");
+    let st = p.expect("STATS ");
+    let f: Vec<u64> = st[6..]
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let s = me.dev.stats();
+    assert_eq!(
+        (s.link.tx_dropped, s.link.tx_held_expired),
+        (0, 0),
+        "{:?}",
+        s.link
+    );
+    assert_eq!(
+        f[2], s.driver.shm_sent_datagrams,
+        "the peer took every datagram we sent"
+    );
+    assert_eq!(s.driver.sent_datagrams, 0, "nothing by UDP");
+    p.quit();
+}
+
 fn every_opcode(shm: bool) {
     let mut p = Peer::spawn_with(None, Some(if shm { "1" } else { "0" }));
     let me = side_with(if shm { "test-shm" } else { "test-udp" }, None, shm);

@@ -1162,6 +1162,12 @@ impl Link for HostLink {
         self.udp.gso_enabled()
     }
 
+    fn holds_back(&self, dst: SocketAddr) -> bool {
+        self.rings_ok
+            && matches!(lock(&self.host.inner.routes).get(&canonical(dst)),
+                Some(Route::Ring(r)) if !r.dead.load(Ordering::Acquire))
+    }
+
     fn gso_run_len(&self, pkts: &[OutDatagram<'_>]) -> usize {
         if self.rings_ok && !pkts.is_empty() {
             let dst = canonical(pkts[0].dst);
