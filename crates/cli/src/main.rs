@@ -81,7 +81,7 @@ enum Cmd {
     Scale(ScaleArgs),
     /// Counters of the softrdma devices running on this host
     Stats(StatsArgs),
-    /// Run a command with its devices' packets traced to a pcap file
+    /// Run a command with its devices' packets traced to a pcapng file
     Trace(TraceArgs),
     /// Quick start: a server and a client process on loopback, round trips and a short benchmark
     Demo(DemoArgs),
@@ -136,7 +136,7 @@ pub struct DevOpts {
     /// Use this device (default: the first configured)
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     pub device: Option<String>,
-    /// Write every packet of the device to this pcap file
+    /// Write every packet of the device to this pcapng file
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<PathBuf>,
     /// Print the device's counters at the end
@@ -302,7 +302,7 @@ struct StatsArgs {
 
 #[derive(Args, Debug)]
 struct TraceArgs {
-    /// The pcap file to write
+    /// The pcapng file to write
     #[arg(short, long, value_name = "FILE.pcap")]
     output: PathBuf,
     /// The command to run, after `--`

@@ -167,11 +167,14 @@ pub fn show(json: bool, all: bool) -> CmdResult {
     Ok(())
 }
 
-/// Count the records of a pcap file (None if it is not one).
+/// Count the packets of a pcap or pcapng file (None if it is neither).
 fn pcap_records(p: &Path) -> Option<usize> {
     let b = std::fs::read(p).ok()?;
     if b.len() < 24 {
         return None;
+    }
+    if b[..4] == [0x0a, 0x0d, 0x0d, 0x0a] {
+        return pcapng_packets(&b);
     }
     let le = match b[..4] {
         [0xd4, 0xc3, 0xb2, 0xa1] | [0x4d, 0x3c, 0xb2, 0xa1] => true,
@@ -192,6 +195,36 @@ fn pcap_records(p: &Path) -> Option<usize> {
             break;
         }
         n += 1;
+    }
+    Some(n)
+}
+
+/// Count the packet blocks (enhanced, simple and obsolete) of a pcapng file, walking the
+/// blocks by their lengths; what follows a malformed length is not counted.
+fn pcapng_packets(b: &[u8]) -> Option<usize> {
+    let le = match b.get(8..12)? {
+        [0x4d, 0x3c, 0x2b, 0x1a] => true,
+        [0x1a, 0x2b, 0x3c, 0x4d] => false,
+        _ => return None,
+    };
+    let word = |at: usize| -> Option<u32> {
+        let f: [u8; 4] = b.get(at..at + 4)?.try_into().ok()?;
+        Some(if le {
+            u32::from_le_bytes(f)
+        } else {
+            u32::from_be_bytes(f)
+        })
+    };
+    let (mut at, mut n) = (0, 0);
+    while let (Some(kind), Some(len)) = (word(at), word(at + 4)) {
+        let len = len as usize;
+        if len < 12 || len % 4 != 0 || at + len > b.len() {
+            break;
+        }
+        if matches!(kind, 2 | 3 | 6) {
+            n += 1;
+        }
+        at += len;
     }
     Some(n)
 }

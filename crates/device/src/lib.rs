@@ -55,7 +55,8 @@
 //!   while nobody polls. The driver counters say which path carried what
 //!   (`shm_tx_datagrams`, `shm_rx_datagrams` in the stats file).
 //! - `SOFTRDMA_PCAP=FILE` (or [`DeviceConfig::pcap`]) traces every datagram sent and
-//!   received as a pcap file.
+//!   received as a pcapng file: each packet marked sent or received, and those that went
+//!   through a same-host ring commented so.
 //! - Every open device publishes its counters for `softrdma stats` to a file ([`statsfile`]);
 //!   `SOFTRDMA_STATS=0` (or [`DeviceConfig::stats_dir`] `None`) turns that off.
 //!
@@ -107,7 +108,7 @@ pub use softrdma_transport::{
 };
 use softrdma_wire::cm::MAD_LEN;
 use softrdma_wire::icrc::IpIdCache;
-use softrdma_wire::pcap::PcapWriter;
+use softrdma_wire::pcapng::PcapngWriter;
 
 pub use config::{devices, DeviceAddr, DeviceConfig, DeviceEntry};
 pub use poller::CqPoller;
@@ -238,7 +239,11 @@ impl Device {
         let (rx_link, batch) = receive_half(&*link)?;
         let addr = link.local_addr();
         let pcap = match &cfg.pcap {
-            Some(p) => Some(PcapWriter::new(BufWriter::new(File::create(p)?))?),
+            Some(p) => Some(PcapngWriter::new(
+                BufWriter::new(File::create(p)?),
+                concat!("softrdma ", env!("CARGO_PKG_VERSION")),
+                &cfg.name,
+            )?),
             None => None,
         };
         let seed = match cfg.seed {

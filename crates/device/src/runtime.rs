@@ -15,7 +15,8 @@ use softrdma_net::{udp, Link};
 use softrdma_transport::verbs::{AsyncEvent, ChannelId};
 use softrdma_transport::{Rnic, Transmit};
 use softrdma_wire::icrc::IpIdCache;
-use softrdma_wire::{frame, pcap::PcapWriter, Addrs};
+use softrdma_wire::pcapng::{Direction, PcapngWriter};
+use softrdma_wire::{frame, Addrs};
 
 use crate::mcast::{Groups, MC_BATCH};
 use crate::pacing::Seen;
@@ -51,7 +52,7 @@ pub(crate) struct Engine {
     pub(crate) ports_full_logged: bool,
     /// Per-length ICRC work for sealing GSO segments ([`seal_gso_segments`]).
     pub(crate) ip_ids: IpIdCache,
-    pub(crate) pcap: Option<PcapWriter<BufWriter<File>>>,
+    pub(crate) pcap: Option<PcapngWriter<BufWriter<File>>>,
     pub(crate) channels: HashMap<ChannelId, Chan>,
     pub(crate) async_q: VecDeque<AsyncEvent>,
     pub(crate) async_signaled: bool,
@@ -283,7 +284,10 @@ impl Runtime {
                 core.stats.rx_bytes += d.data.len() as u64;
                 if let Some(p) = core.pcap.as_mut() {
                     let f = frame::emit_ip_udp(&Addrs::new(d.src, d.dst), d.tos, d.data);
-                    if p.write_packet(ts, &f).is_err() {
+                    let note = d.shm.then_some(crate::tx::RING_NOTE);
+                    if p.write_packet(ts, &f, Some(Direction::Inbound), note)
+                        .is_err()
+                    {
                         core.stats.pcap_errors += 1;
                     }
                 }

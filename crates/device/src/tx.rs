@@ -9,6 +9,7 @@ use std::time::Duration;
 use softrdma_net::{udp, Link};
 use softrdma_transport::{Transmit, TransmitKind};
 use softrdma_wire::icrc::IpIdCache;
+use softrdma_wire::pcapng::Direction;
 use softrdma_wire::{frame, Addrs};
 
 use crate::runtime::{wall_ns, Engine, Runtime};
@@ -16,6 +17,9 @@ use crate::LinkStats;
 
 /// Times a full socket send buffer is retried before the rest of a burst is dropped.
 const TX_FULL_RETRIES: u32 = 64;
+/// The trace's comment on a datagram that went through a same-host ring (the packet is the
+/// RoCEv2 packet it stands for, as on UDP).
+pub(crate) const RING_NOTE: &str = "softrdma: through a same-host ring, not UDP";
 /// Datagrams handed to the driver per send call.
 pub(crate) const TX_CHUNK: usize = 256;
 /// Longest an ACK produced while an application thread drives progress waits to leave
@@ -174,15 +178,6 @@ impl Engine {
         if self.txq.is_empty() {
             return;
         }
-        if let Some(p) = self.pcap.as_mut() {
-            let ts = wall_ns();
-            for t in &self.txq {
-                let f = frame::emit_ip_udp(&Addrs::new(t.src, t.dst), t.tos, &t.data);
-                if p.write_packet(ts, &f).is_err() {
-                    self.stats.pcap_errors += 1;
-                }
-            }
-        }
         self.held.keep.clear();
         self.send_all(false);
         // The buffers go back to the engine, which builds later packets in them: the
@@ -203,8 +198,13 @@ impl Engine {
 
     /// Send `txq` (or, if `held`, the held datagrams), one `sendmmsg` batch per run of
     /// datagrams leaving from the same socket; the positions a link held back go into
-    /// `held.keep`.
+    /// `held.keep`. The trace gets `txq`'s datagrams (held ones are in it already).
     fn send_all(&mut self, held: bool) {
+        let ts = if self.pcap.is_some() && !held {
+            wall_ns()
+        } else {
+            0
+        };
         let (txq, via) = if held {
             (&mut self.held.pkts, &self.held.via)
         } else {
@@ -225,6 +225,17 @@ impl Engine {
                     _ => &mut self.link,
                 },
             };
+            if let (Some(p), false) = (self.pcap.as_mut(), held) {
+                for t in &txq[at..end] {
+                    let f = frame::emit_ip_udp(&Addrs::new(t.src, t.dst), t.tos, &t.data);
+                    let note = link.same_host_ring(t.dst).then_some(RING_NOTE);
+                    if p.write_packet(ts, &f, Some(Direction::Outbound), note)
+                        .is_err()
+                    {
+                        self.stats.pcap_errors += 1;
+                    }
+                }
+            }
             send_run(
                 &mut **link,
                 &mut txq[at..end],

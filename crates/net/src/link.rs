@@ -64,6 +64,11 @@ pub trait Link: Send + std::fmt::Debug {
     fn holds_back(&self, _dst: SocketAddr) -> bool {
         false
     }
+    /// Whether datagrams to `dst` go through a same-host ring rather than the network
+    /// (finding the ring on first use, as a send does), for a trace to say so.
+    fn same_host_ring(&self, _dst: SocketAddr) -> bool {
+        false
+    }
 }
 
 /// The two steps around blocking on a link's readable descriptor (see

@@ -103,6 +103,8 @@ pub struct InDatagram<'a> {
     pub tos: u8,
     /// UDP payload.
     pub data: &'a [u8],
+    /// Whether it came through a same-host ring rather than a socket.
+    pub shm: bool,
 }
 
 /// Counters of what a UDP driver (a device's socket, `Driver`) did.
@@ -898,6 +900,7 @@ impl Driver {
                 tos: ctl.tos,
                 len,
                 seg,
+                shm: false,
             };
             out.nmeta += 1;
             out.ndgrams += n;
@@ -1016,6 +1019,8 @@ struct Meta {
     len: usize,
     /// Datagram size inside the slot: `len` unless GRO coalesced several.
     seg: usize,
+    /// Came through a same-host ring.
+    shm: bool,
 }
 
 /// Preallocated receive buffers and `recvmmsg` arguments for [`Driver::recv_batch`].
@@ -1064,6 +1069,7 @@ impl RecvBatch {
             tos: 0,
             len: 0,
             seg: 0,
+            shm: false,
         };
         RecvBatch {
             count,
@@ -1118,6 +1124,7 @@ impl RecvBatch {
                     dst: m.dst,
                     tos: m.tos,
                     data,
+                    shm: m.shm,
                 })
         })
     }
@@ -1138,6 +1145,7 @@ impl RecvBatch {
                 tos: d.tos,
                 len,
                 seg: len,
+                shm: d.shm,
             };
             k += 1;
         }
@@ -1163,7 +1171,8 @@ impl RecvBatch {
         Some(&mut self.bufs[base..base + self.buf_size])
     }
 
-    /// Record the datagram of `len` bytes just written into [`RecvBatch::free_slot`].
+    /// Record the datagram of `len` bytes just written into [`RecvBatch::free_slot`] (by a
+    /// same-host ring).
     pub(crate) fn commit_slot(&mut self, len: usize, src: SocketAddr, dst: SocketAddr, tos: u8) {
         let k = self.nmeta;
         if k >= self.count {
@@ -1177,6 +1186,7 @@ impl RecvBatch {
             tos,
             len,
             seg: len,
+            shm: true,
         };
         self.nmeta += 1;
         self.ndgrams += 1;

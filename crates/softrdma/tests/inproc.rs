@@ -189,15 +189,30 @@ fn tmp(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("softrdma-{}-{name}", std::process::id()))
 }
 
+/// The trace tshark reads: every packet decoded as RoCEv2, with the traffic class on the
+/// wire, marked sent or received, and commented as having gone through a same-host ring
+/// exactly when it did.
 #[test]
 fn pcap_trace_is_readable_by_tshark() {
-    let pa = tmp("a.pcap");
-    let pb = tmp("b.pcap");
+    pcap_trace(true);
+}
+
+/// The same over UDP alone: no packet carries the ring's comment.
+#[test]
+fn pcap_trace_over_udp_has_no_ring_comment() {
+    pcap_trace(false);
+}
+
+fn pcap_trace(shm: bool) {
+    let tag = if shm { "shm" } else { "udp" };
+    let pa = tmp(&format!("a-{tag}.pcap"));
+    let pb = tmp(&format!("b-{tag}.pcap"));
     // Two names: a device opened twice is one device, with one trace.
     let open_pcap = |p: &std::path::Path| {
         let name = p.file_stem().unwrap().to_string_lossy();
         let mut cfg = DeviceConfig::new(&format!("trace-{name}"), DeviceAddr::AutoLoopback(4791));
         cfg.pcap = Some(p.to_path_buf());
+        cfg.shm = shm;
         Device::open_with(&cfg).unwrap()
     };
     {
@@ -233,8 +248,10 @@ fn pcap_trace_is_readable_by_tshark() {
     } // devices dropped: traces flushed
     for p in [&pa, &pb] {
         let bytes = std::fs::read(p).unwrap();
-        assert!(bytes.len() > 24 + 16, "trace {p:?} has packets");
-        assert_eq!(&bytes[..4], &[0x4D, 0x3C, 0xB2, 0xA1]);
+        assert!(bytes.len() > 100, "trace {p:?} has packets");
+        // a pcapng section header block, little-endian
+        assert_eq!(&bytes[..4], &[0x0A, 0x0D, 0x0D, 0x0A]);
+        assert_eq!(&bytes[8..12], &[0x4D, 0x3C, 0x2B, 0x1A]);
     }
     let tshark = std::process::Command::new("tshark")
         .arg("--version")
@@ -257,6 +274,10 @@ fn pcap_trace_is_readable_by_tshark() {
                 "infiniband.bth.opcode",
                 "-e",
                 "ip.dsfield",
+                "-e",
+                "frame.packet_flags_direction",
+                "-e",
+                "frame.comment",
             ])
             .output()
             .unwrap();
@@ -268,6 +289,7 @@ fn pcap_trace_is_readable_by_tshark() {
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         let rows: Vec<&str> = text.lines().collect();
         assert!(rows.len() >= 4, "{p:?}: {text}");
+        let (mut sent, mut received) = (0, 0);
         for r in &rows {
             let f: Vec<&str> = r.split('\t').collect();
             assert!(!f[0].is_empty(), "tshark did not decode a BTH: {r:?}");
@@ -276,7 +298,16 @@ fn pcap_trace_is_readable_by_tshark() {
                 Some("0x68"),
                 "traffic class on the wire: {r:?}"
             );
+            match f.get(2).copied() {
+                Some("0x00000002") => sent += 1,
+                Some("0x00000001") => received += 1,
+                d => panic!("no direction in the trace: {d:?} in {r:?}"),
+            }
+            let ring = "softrdma: through a same-host ring, not UDP";
+            let want = if shm { Some(ring) } else { Some("") };
+            assert_eq!(f.get(3).copied(), want, "{r:?}");
         }
+        assert!(sent > 0 && received > 0, "{p:?}: {text}");
         let _ = std::fs::remove_file(p);
     }
 }

@@ -47,6 +47,7 @@ pub mod ext;
 pub mod frame;
 pub mod icrc;
 pub mod pcap;
+pub mod pcapng;
 pub mod psn;
 pub mod rsocket;
 

@@ -1162,6 +1162,15 @@ impl Link for HostLink {
         self.udp.gso_enabled()
     }
 
+    fn same_host_ring(&self, dst: SocketAddr) -> bool {
+        if !self.rings_ok {
+            return false;
+        }
+        let inner = &self.host.inner;
+        let mut routes = lock(&inner.routes);
+        route(inner, &mut routes, canonical(dst)).is_some()
+    }
+
     fn holds_back(&self, dst: SocketAddr) -> bool {
         self.rings_ok
             && matches!(lock(&self.host.inner.routes).get(&canonical(dst)),

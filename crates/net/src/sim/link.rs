@@ -180,6 +180,7 @@ impl Link for SimLink {
             dst: p.dst,
             tos: p.tos,
             data: &p.data,
+            shm: false,
         }));
         if n > 0 {
             self.stats.recv_datagrams += n as u64;
