@@ -27,16 +27,38 @@ pub struct StatsJson {
     gid: String,
     #[serde(serialize_with = "ordered_map")]
     counters: Vec<(String, u64)>,
+    /// "on", or why the same-host path is off.
+    same_host: String,
+    peers: Vec<PeerJson>,
+}
+
+/// A peer's path in `--json`.
+#[derive(Serialize)]
+struct PeerJson {
+    addr: String,
+    /// "ring" or "udp".
+    path: String,
+    why: String,
 }
 
 impl From<Record> for StatsJson {
     fn from(r: Record) -> StatsJson {
+        let peers = r
+            .peer_paths()
+            .map(|(addr, path, why)| PeerJson {
+                addr: addr.to_string(),
+                path: path.to_string(),
+                why: why.to_string(),
+            })
+            .collect();
         StatsJson {
             name: r.name,
             pid: r.pid,
             addr: r.addr,
             gid: r.gid,
             counters: r.counters,
+            peers,
+            same_host: r.same_host,
         }
     }
 }
@@ -136,6 +158,17 @@ fn print_record(r: &Record) {
         get("shm_tx_held"),
         get("shm_tx_held_expired")
     );
+    if !r.same_host.is_empty() {
+        outln!("  same-host path {}", r.same_host);
+    }
+    for (addr, path, why) in r.peer_paths() {
+        let path = if path == "ring" {
+            "same-host ring"
+        } else {
+            "UDP"
+        };
+        outln!("    peer {addr}: {path} ({why})");
+    }
 }
 
 /// Print an open device's counters.

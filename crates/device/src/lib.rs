@@ -212,12 +212,13 @@ impl Device {
         if let Some(i) = mc_ifindex {
             link.set_multicast_interface(i)?;
         }
-        let link = if cfg.shm {
+        let (link, same_host) = if cfg.shm {
             same_host(link)?
         } else {
-            Box::new(link)
+            let why = "off (SOFTRDMA_SHM=0, or shm=off in the configuration file)";
+            (Box::new(link) as Box<dyn Link>, why.to_string())
         };
-        Device::start(cfg, link, alt, mc_ifindex)
+        Device::start(cfg, link, alt, mc_ifindex, same_host)
     }
 
     /// Open a new device on `link`, a driver of the caller's (the `sim` network's
@@ -225,7 +226,8 @@ impl Device {
     /// waits as on UDP, with one address (no [`DeviceConfig::dual_stack`]).
     /// [`Device::attach_mcast`] still joins groups on the host's network.
     pub fn open_on(cfg: &DeviceConfig, link: Box<dyn Link>) -> io::Result<Device> {
-        Device::start(cfg, link, None, None)
+        let same_host = "not a UDP device (a driver of the program's)".to_string();
+        Device::start(cfg, link, None, None, same_host)
     }
 
     /// Start a device on `link` (and `alt`, the second address's send and receive halves
@@ -235,6 +237,7 @@ impl Device {
         link: Box<dyn Link>,
         alt: Option<Halves>,
         mc_ifindex: Option<u32>,
+        same_host: String,
     ) -> io::Result<Device> {
         let (rx_link, batch) = receive_half(&*link)?;
         let addr = link.local_addr();
@@ -286,6 +289,7 @@ impl Device {
         };
         let shared = Arc::new(Runtime {
             name: cfg.name.clone(),
+            same_host,
             addr,
             link_mtu,
             start: Instant::now(),
@@ -726,19 +730,17 @@ impl Drop for Device {
 /// The device's socket with the same-host path beside it ([`softrdma_net::shm`]): its
 /// rendezvous socket lives in the `shm` directory of the per-user run directory
 /// ([`rundir`]). Without a usable run directory the device is reached by UDP alone (and
-/// says why in the log).
-fn same_host(link: udp::Driver) -> io::Result<Box<dyn Link>> {
+/// says why in the log). Returns the link and the path's state, for `softrdma stats`.
+fn same_host(link: udp::Driver) -> io::Result<(Box<dyn Link>, String)> {
     let dir = match rundir::RunDir::open_default().and_then(|d| d.subdir("shm")) {
         Ok(d) => d,
         Err(e) => {
             tracing::info!(error = %e, "no same-host path: no run directory");
-            return Ok(Box::new(link));
+            return Ok((Box::new(link), format!("off: no run directory ({e})")));
         }
     };
-    Ok(Box::new(softrdma_net::shm::HostLink::new(
-        link,
-        dir.as_fd(),
-    )?))
+    let host = softrdma_net::shm::HostLink::new(link, dir.as_fd())?;
+    Ok((Box::new(host), "on".to_string()))
 }
 
 /// The receive half of a device socket (a duplicate descriptor) and its batch.

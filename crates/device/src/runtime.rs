@@ -94,6 +94,8 @@ pub(crate) struct Rx {
 
 pub(crate) struct Runtime {
     pub(crate) name: String,
+    /// The same-host path's state: "on", or why it is off.
+    pub(crate) same_host: String,
     pub(crate) addr: SocketAddr,
     /// The RoCE MTU of the link the address was on when the device opened, if found
     /// (`netdev::roce_mtu_at`).

@@ -49,6 +49,10 @@ pub struct DeviceStats {
     pub link: LinkStats,
     /// The UDP driver's counters.
     pub driver: DriverStats,
+    /// The same-host path: "on", or why it is off.
+    pub same_host: String,
+    /// The peers the device has sent to, and which path each takes and why.
+    pub peers: Vec<softrdma_net::PeerPath>,
 }
 
 /// Engine and runtime counters ([`Device::stats`]); also the stats publisher's snapshot,
@@ -84,5 +88,7 @@ pub(crate) fn stats_of(sh: &Runtime) -> DeviceStats {
         engine: core.rnic.stats().clone(),
         link,
         driver,
+        same_host: sh.same_host.clone(),
+        peers: core.link.peer_paths(),
     }
 }

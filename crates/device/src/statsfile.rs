@@ -119,6 +119,10 @@ pub struct Record {
     pub gid: String,
     /// The counters as (key, value), in [`counters`] order.
     pub counters: Vec<(String, u64)>,
+    /// The same-host path: "on", or why it is off (empty: not said).
+    pub same_host: String,
+    /// One line per peer the device has sent to: its address, `ring` or `udp`, and why.
+    pub peers: Vec<String>,
 }
 
 impl Record {
@@ -133,6 +137,17 @@ impl Record {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
+            same_host: stats.same_host.clone(),
+            peers: stats
+                .peers
+                .iter()
+                .map(|p| {
+                    let path = if p.ring { "ring" } else { "udp" };
+                    // One line each: a reason never carries a line break into the file.
+                    let why = p.why.replace(['\n', '\r'], " ");
+                    format!("{} {path} {why}", p.peer)
+                })
+                .collect(),
         }
     }
 
@@ -144,6 +159,18 @@ impl Record {
             .map(|(_, v)| *v)
     }
 
+    /// Each of [`Record::peers`] as (address, `ring` or `udp`, why).
+    pub fn peer_paths(&self) -> impl Iterator<Item = (&str, &str, &str)> + '_ {
+        self.peers.iter().map(|p| {
+            let mut f = p.splitn(3, ' ');
+            (
+                f.next().unwrap_or(""),
+                f.next().unwrap_or(""),
+                f.next().unwrap_or(""),
+            )
+        })
+    }
+
     /// The record as the text of a stats file.
     pub fn to_text(&self) -> String {
         let mut s = format!(
@@ -152,6 +179,12 @@ impl Record {
         );
         for (k, v) in &self.counters {
             s.push_str(&format!("{k} {v}\n"));
+        }
+        if !self.same_host.is_empty() {
+            s.push_str(&format!("same_host {}\n", self.same_host));
+        }
+        for p in &self.peers {
+            s.push_str(&format!("peer {p}\n"));
         }
         s
     }
@@ -170,6 +203,8 @@ impl Record {
                 "pid" => r.pid = v.parse().ok()?,
                 "addr" => r.addr = v.to_string(),
                 "gid" => r.gid = v.to_string(),
+                "same_host" => r.same_host = v.to_string(),
+                "peer" => r.peers.push(v.to_string()),
                 _ => r.counters.push((k.to_string(), v.parse().ok()?)),
             }
         }
@@ -355,6 +390,8 @@ mod tests {
             addr: "127.0.0.1:4791".into(),
             gid: "::ffff:127.0.0.1".into(),
             counters: vec![("tx_packets".into(), 7), ("rx_packets".into(), 9)],
+            same_host: String::new(),
+            peers: Vec::new(),
         }
     }
 
@@ -367,6 +404,20 @@ mod tests {
         assert!(Record::parse("nonsense").is_none());
         assert!(Record::parse("softrdma-stats 1\npid 3\n").is_none());
         assert!(Record::parse("softrdma-stats 1\nname a\ntx_packets x\n").is_none());
+        let with_paths = Record {
+            same_host: "on".into(),
+            peers: vec![
+                "127.0.0.2:4791 ring a device of this host, same user".into(),
+                "10.0.0.9:4791 udp not an address of this host".into(),
+            ],
+            ..sample()
+        };
+        let text = with_paths.to_text();
+        assert!(text.ends_with(
+            "same_host on\npeer 127.0.0.2:4791 ring a device of this host, same user\n\
+             peer 10.0.0.9:4791 udp not an address of this host\n"
+        ));
+        assert_eq!(Record::parse(&text), Some(with_paths));
     }
 
     #[test]

@@ -25,4 +25,4 @@ pub mod sim;
 pub mod udp;
 
 #[cfg(target_os = "linux")]
-pub use link::{Link, SleepGate};
+pub use link::{Link, PeerPath, SleepGate};

@@ -69,6 +69,22 @@ pub trait Link: Send + std::fmt::Debug {
     fn same_host_ring(&self, _dst: SocketAddr) -> bool {
         false
     }
+    /// The peers this endpoint has sent to and how their datagrams go, for a network with
+    /// more than one path (the same-host rings); empty otherwise.
+    fn peer_paths(&self) -> Vec<PeerPath> {
+        Vec::new()
+    }
+}
+
+/// How datagrams to one peer go ([`Link::peer_paths`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerPath {
+    /// The peer's address and UDP port.
+    pub peer: SocketAddr,
+    /// Through a same-host ring (otherwise UDP).
+    pub ring: bool,
+    /// Why that path: what made it a ring, or what kept it on UDP.
+    pub why: String,
 }
 
 /// The two steps around blocking on a link's readable descriptor (see

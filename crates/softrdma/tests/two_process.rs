@@ -683,7 +683,16 @@ fn every_opcode(shm: bool) {
             "the peer took all of ours from the ring"
         );
         assert_eq!(f[1], d.shm_recv_datagrams, "and we took all of its");
+        assert_eq!(mine.same_host, "on");
+        let peer = mine.peers.iter().find(|x| x.peer == p.addr);
+        assert!(
+            peer.is_some_and(|x| x.ring && x.why.contains("this host")),
+            "the peer's path, as `softrdma stats` shows it: {:?}",
+            mine.peers
+        );
     } else {
+        assert!(mine.same_host.starts_with("off"), "{}", mine.same_host);
+        assert_eq!(mine.peers, vec![], "no same-host path, no per-peer paths");
         assert_eq!(
             (d.shm_sent_datagrams, d.shm_recv_datagrams),
             (0, 0),

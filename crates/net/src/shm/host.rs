@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::ring::{self, Consumer, Producer, PushError};
-use crate::link::SleepGate;
+use crate::link::{PeerPath, SleepGate};
 use crate::udp::{Driver, OutDatagram, RecvBatch, Stats};
 use crate::Link;
 
@@ -24,6 +24,8 @@ const RETRY_AFTER: Duration = Duration::from_millis(100);
 /// How long a peer that took a ring and dropped it without an answer (it refuses rings:
 /// another user's, an older version) is sent to by UDP before we offer one again.
 const REFUSED_RETRY: Duration = Duration::from_secs(5);
+/// Why a peer that took our ring and dropped it unanswered is reached by UDP.
+const REFUSED: &str = "the device there refused a ring (another version, or its limit)";
 /// A receive that finds datagrams in the rings reads the UDP socket only every this many
 /// calls (and always after a sleep, and whenever no ring is connected).
 const UDP_EVERY: u32 = 4;
@@ -362,8 +364,8 @@ impl OutRing {
 enum Route {
     /// Not a device of this host: UDP, for good.
     Remote,
-    /// A device of this host without a usable rendezvous socket: UDP until then.
-    Udp(Instant),
+    /// A device of this host without a usable rendezvous socket: UDP until then, and why.
+    Udp(Instant, String),
     Ring(Arc<OutRing>),
 }
 
@@ -617,11 +619,14 @@ fn route(
     match routes.get(&dst) {
         Some(Route::Remote) => return None,
         Some(Route::Ring(r)) if !r.dead.load(Ordering::Acquire) => return Some(Arc::clone(r)),
-        Some(Route::Udp(at)) if Instant::now() < *at => return None,
+        Some(Route::Udp(at, _)) if Instant::now() < *at => return None,
         Some(Route::Ring(r)) if r.wake.get().is_none() => {
             // The peer took the connection and dropped it without answering: it does not
             // take rings (an older version, or it refused us). Not again for a while.
-            routes.insert(dst, Route::Udp(Instant::now() + REFUSED_RETRY));
+            routes.insert(
+                dst,
+                Route::Udp(Instant::now() + REFUSED_RETRY, REFUSED.to_string()),
+            );
             return None;
         }
         Some(_) => {}
@@ -641,7 +646,15 @@ fn route(
         }
         Err(e) => {
             tracing::trace!(%dst, error = %e, "no same-host ring: by UDP");
-            routes.insert(dst, Route::Udp(Instant::now() + RETRY_AFTER));
+            let why = match e.kind() {
+                io::ErrorKind::NotFound => {
+                    "no softrdma device with the same-host path on listens for rings there"
+                        .to_string()
+                }
+                io::ErrorKind::PermissionDenied => format!("{e}: another user's device"),
+                _ => format!("no ring: {e}"),
+            };
+            routes.insert(dst, Route::Udp(Instant::now() + RETRY_AFTER, why));
             None
         }
     }
@@ -898,7 +911,10 @@ fn on_conn(inner: &Inner, token: u64, flags: u32) {
                     if let Some(dst) = dst {
                         if r.wake.get().is_none() {
                             // It took the ring and never answered: it refuses them.
-                            routes.insert(dst, Route::Udp(Instant::now() + REFUSED_RETRY));
+                            routes.insert(
+                                dst,
+                                Route::Udp(Instant::now() + REFUSED_RETRY, REFUSED.to_string()),
+                            );
                         } else {
                             // It went away: the next datagram looks for it afresh.
                             routes.remove(&dst);
@@ -1169,6 +1185,30 @@ impl Link for HostLink {
         let inner = &self.host.inner;
         let mut routes = lock(&inner.routes);
         route(inner, &mut routes, canonical(dst)).is_some()
+    }
+
+    fn peer_paths(&self) -> Vec<PeerPath> {
+        let mut v: Vec<PeerPath> = lock(&self.host.inner.routes)
+            .iter()
+            .map(|(dst, r)| PeerPath {
+                peer: *dst,
+                ring: matches!(r, Route::Ring(o) if !o.dead.load(Ordering::Acquire)),
+                why: match r {
+                    Route::Remote if dst.ip().is_multicast() => "multicast group".to_string(),
+                    Route::Remote => "not an address of this host".to_string(),
+                    Route::Udp(_, why) => why.clone(),
+                    Route::Ring(o) if o.dead.load(Ordering::Acquire) => {
+                        "its ring ended (the device there went away)".to_string()
+                    }
+                    Route::Ring(o) if o.wake.get().is_none() => {
+                        "ring offered, not yet answered".to_string()
+                    }
+                    Route::Ring(_) => "a device of this host, same user".to_string(),
+                },
+            })
+            .collect();
+        v.sort_by_key(|p| p.peer);
+        v
     }
 
     fn holds_back(&self, dst: SocketAddr) -> bool {
