@@ -544,6 +544,117 @@ fn full_ring_holds_datagrams() {
     p.quit();
 }
 
+/// A same-host peer killed (SIGKILL) in the middle of a transfer, while datagrams to it
+/// wait for room in its ring: the survivor's QP ends in the error completions UDP would
+/// give (retry exceeded, then flushes) in bounded time, and a peer restarted at the same
+/// address works at once (by UDP while the last failed look for its ring holds, 100 ms)
+/// and then through a ring.
+#[test]
+fn peer_killed_mid_transfer() {
+    if std::env::var("SOFTRDMA_TEST_PEER").is_ok() {
+        return;
+    }
+    let mut p = Peer::spawn_with(None, Some("1"));
+    let me = side_with("test-kill", None, true);
+    let psn = 0x4242;
+    p.send(&format!(
+        "PEER {} {} {} {psn}",
+        hex(&me.dev.gid().0),
+        me.rc.qpn(),
+        me.uc.qpn()
+    ));
+    me.connect(p.gid, p.rc, p.uc, psn);
+    p.expect("READY");
+    me.mr.write(0, b"hi").unwrap();
+    me.rc
+        .post_send(wr::send(1, [me.mr.sge(0..2).unwrap()]))
+        .unwrap();
+    ok(&me.cq, 1, WcOpcode::Send);
+    assert_eq!(p.wc().6, b"hi");
+
+    let pid = p.child.id().to_string();
+    let signal = |sig: &str| {
+        let st = Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(st.success(), "kill {sig}");
+    };
+    // Stopped first, so that the WRITEs fill its ring and wait in our device for room.
+    signal("-STOP");
+    const N: u64 = 16;
+    for k in 0..N {
+        me.rc
+            .post_send(wr::write(100 + k, [me.mr.sge(0..MR_LEN).unwrap()], &p.mem, 0).unwrap())
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while me.dev.stats().link.tx_held == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the stopped peer's ring never filled"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    signal("-KILL");
+    let _ = p.child.wait();
+    let first = me.cq.wait(T).expect("an error completion in bounded time");
+    assert_eq!(
+        (first.wr_id, first.status),
+        (100, WcStatus::RetryExcErr),
+        "{first:?}"
+    );
+    for k in 1..N {
+        let wc = me.cq.wait(T).expect("the rest flushed");
+        assert_eq!(
+            (wc.wr_id, wc.status),
+            (100 + k, WcStatus::WrFlushErr),
+            "{wc:?}"
+        );
+    }
+    assert_eq!(
+        me.dev.stats().link.tx_held_expired,
+        0,
+        "nothing waited 100 ms"
+    );
+
+    // A peer restarted at the same address works at once, and gets a ring.
+    let mut p2 = Peer::spawn_with(Some(p.addr), Some("1"));
+    assert_eq!(p2.addr, p.addr);
+    let me2 = side_with("test-kill", None, true);
+    assert_eq!(me2.dev.addr(), me.dev.addr(), "one device, new QPs");
+    p2.send(&format!(
+        "PEER {} {} {} {psn}",
+        hex(&me2.dev.gid().0),
+        me2.rc.qpn(),
+        me2.uc.qpn()
+    ));
+    me2.connect(p2.gid, p2.rc, p2.uc, psn);
+    p2.expect("READY");
+    me2.mr.write(0, b"again").unwrap();
+    me2.rc
+        .post_send(wr::send(2, [me2.mr.sge(0..5).unwrap()]))
+        .unwrap();
+    ok(&me2.cq, 2, WcOpcode::Send);
+    assert_eq!(p2.wc().6, b"again");
+    std::thread::sleep(Duration::from_millis(150));
+    let sent = me2.dev.stats().driver.shm_sent_datagrams;
+    me2.rc
+        .post_send(wr::send(3, [me2.mr.sge(0..5).unwrap()]))
+        .unwrap();
+    ok(&me2.cq, 3, WcOpcode::Send);
+    assert_eq!(p2.wc().6, b"again");
+    let st = me2.dev.stats();
+    assert!(
+        st.driver.shm_sent_datagrams > sent,
+        "through a ring: {:?}",
+        st.driver
+    );
+    assert!(
+        st.peers.iter().any(|x| x.peer == p.addr && x.ring),
+        "{:?}",
+        st.peers
+    );
+    p2.quit();
+}
+
 fn every_opcode(shm: bool) {
     let mut p = Peer::spawn_with(None, Some(if shm { "1" } else { "0" }));
     let me = side_with(if shm { "test-shm" } else { "test-udp" }, None, shm);
