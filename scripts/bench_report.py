@@ -113,6 +113,22 @@ def load_ucx(path):
     return {k: statistics.median(v) for k, v in rows.items()}
 
 
+def load_write_lat(path):
+    """Median t_typical (µs) of perftest's ib_write_lat 8-byte rows over the runs."""
+    v = []
+    for name in sorted(os.listdir(path)):
+        if name.startswith("ib_write_lat,") and name.endswith(".txt"):
+            with open(os.path.join(path, name)) as f:
+                for line in f:
+                    w = line.split()
+                    if len(w) >= 5 and w[0] == "8":
+                        try:
+                            v.append(float(w[4]))
+                        except ValueError:
+                            pass
+    return statistics.median(v) if v else None
+
+
 def load_tcp_conn(path):
     """Median TCP connections per second over every round of every tcp_conn run."""
     v = []
@@ -175,7 +191,8 @@ def main():
     for line in machine.splitlines():
         out.append(f"- {line.strip()}")
     out.append("")
-    out.append("## Bandwidth (`softrdma perf`, RC, path MTU 4096, two processes, one per core)\n")
+    out.append("## Bandwidth (`softrdma perf`, RC, path MTU 4096, two processes, one per core, "
+               "through the same-host rings, the default)\n")
     out.append("| test | 64 B | 4 KiB | 64 KiB | 1 MiB |")
     out.append("|---|---|---|---|---|")
     for test in ("write-bw", "read-bw", "send-bw"):
@@ -235,6 +252,39 @@ def main():
     for label, test in (("ucp_put_bw 1 MiB (GB/s)", "ucp_put_bw"), ("tag_lat 8 B, p50 (µs)", "tag_lat")):
         a, b = ucx.get(("softrdma", test)), ucx.get(("tcp", test))
         out.append(f"| {label} | {fmt(a)} | {fmt(b)} | {fmt(ratio(a, b))} |")
+    out.append("")
+    # The same-host path against UDP alone and the host's own limits.
+    cma = lambda size: anchor(anchors, rf"^process_vm_writev {size}$", "GB/s")[0]
+    shm_pp, _ = anchor(anchors, r"^shm spin ping-pong one-way median$", "ns")
+    shm_pp_us = None if shm_pp is None else shm_pp / 1000.0
+    ucx_shm_lat, _ = anchor(anchors, r"^ucx cma,posix,self tag_lat 8B one-way p50$", "us")
+    ucx_shm_bw, _ = anchor(anchors, r"^ucx cma,posix,self tag_bw 1MiB bandwidth$", "GB/s")
+    wlat = load_write_lat(sys.argv[2])
+    out.append("## Same-host path (rings) against UDP alone (`SOFTRDMA_SHM=0`)\n")
+    out.append("Two processes, one per core, path MTU 4096; the reference is the host's own "
+               "figure in the same run (`process_vm_writev`, the shared-memory spin ping-pong "
+               "one way, UCX over its own shared memory `cma,posix`).\n")
+    out.append("| figure | rings | UDP | rings / UDP | reference | rings / reference | target |")
+    out.append("|---|---|---|---|---|---|---|")
+    rows = [
+        ("send-lat 8 B busy poll (µs)", "send-lat (busy)", 8, "us", ucx_shm_lat, "≤ 1 × UCX cma,posix tag_lat"),
+        ("write-lat 8 B busy poll (µs)", "write-lat (busy)", 8, "us", ucx_shm_lat, "≤ 1 × UCX cma,posix tag_lat"),
+        ("send-lat 8 B adaptive (µs)", "send-lat (adaptive)", 8, "us", None, "≤ 2 µs"),
+        ("write-lat 8 B adaptive (µs)", "write-lat (adaptive)", 8, "us", None, "≤ 2 µs"),
+        ("write-bw 1 MiB (GB/s)", "write-bw", 1048576, "GB/s", cma("1MiB"), "≥ 0.9 × process_vm_writev 1 MiB"),
+        ("read-bw 1 MiB (GB/s)", "read-bw", 1048576, "GB/s", cma("1MiB"), "≥ 0.9 × process_vm_writev 1 MiB"),
+        ("write-bw 64 KiB (GB/s)", "write-bw", 65536, "GB/s", cma("64KiB"), "≥ 0.8 × process_vm_writev 64 KiB"),
+    ]
+    for label, test, size, unit, ref, target in rows:
+        a, b = mine(f"{test} shm1", size, unit), mine(f"{test} shm0", size, unit)
+        out.append(f"| {label} | {fmt(a)} | {fmt(b)} | {fmt(ratio(a, b))} | {fmt(ref)} | "
+                   f"{fmt(ratio(a, ref))} | {target} |")
+    rate = lambda gbs: None if gbs is None else gbs * 1000.0 / 8  # GB/s of 8-byte messages -> Mmsg/s
+    r1, r0 = rate(mine("write-bw shm1", 8, "GB/s")), rate(mine("write-bw shm0", 8, "GB/s"))
+    out.append(f"| write message rate, 8 B (M/s) | {fmt(r1)} | {fmt(r0)} | {fmt(ratio(r1, r0))} | – | – | ≥ 5 M/s |")
+    out.append(f"| perftest ib_write_lat 8 B through the drop-in, t_typical (µs) | {fmt(wlat)} | – | – | – | – | ≤ 1.5 µs |")
+    out.append(f"| (reference) shared-memory spin ping-pong one way (µs) | – | – | – | {fmt(shm_pp_us, 3)} | – | busy send-lat ≤ 4 × |")
+    out.append(f"| (reference) UCX cma,posix tag_bw 1 MiB (GB/s) | – | – | – | {fmt(ucx_shm_bw)} | – | write-bw 1 MiB ≥ 1 × |")
     out.append("")
     w1m = mine("write-bw", 1048576, "GB/s")
     lat = mine("send-lat (busy)", 8, "us")
