@@ -255,6 +255,10 @@ pub struct DeviceConfig {
     /// UDP (`softrdma_net::shm`); `SOFTRDMA_SHM=0` or `shm=off` in the configuration file
     /// turns it off, and then the device is what it was before the path existed.
     pub shm: bool,
+    /// How long datagrams wait for room in the ring of a same-host peer that reads none
+    /// (a process stopped in a debugger, or hung) before they are dropped as a congested
+    /// network's would be; a reader that reads keeps them however long. 100 ms by default.
+    pub shm_hold: std::time::Duration,
 }
 
 /// Whether devices take the same-host path: unless `SOFTRDMA_SHM=0`.
@@ -320,6 +324,7 @@ impl DeviceConfig {
             dual_stack: dual_stack_wanted(),
             keepalive: keepalive_from_env(),
             shm: shm_wanted(),
+            shm_hold: std::time::Duration::from_millis(100),
         }
     }
     /// The configuration of a configured device: an entry of the device list that

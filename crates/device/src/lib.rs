@@ -318,7 +318,7 @@ impl Device {
                 via: Vec::new(),
                 deferred: Vec::new(),
                 deferred_via: Vec::new(),
-                held: tx::Held::default(),
+                held: tx::Held::new(cfg.shm_hold),
             }),
             rx: Mutex::new(Rx {
                 link: rx_link,

@@ -21,8 +21,9 @@ pub struct LinkStats {
     /// Datagrams a same-host ring had no room for when first offered, kept and sent once
     /// its reader freed slots (see [`softrdma_net::Link::holds_back`]).
     pub tx_held: u64,
-    /// Of those, datagrams dropped because the ring's reader freed no slot for 100 ms (a
-    /// stopped or hung process); counted in `tx_dropped` too.
+    /// Of those, datagrams dropped because the ring's reader freed no slot for
+    /// [`crate::DeviceConfig::shm_hold`] (a stopped or hung process); counted in
+    /// `tx_dropped` too.
     pub tx_held_expired: u64,
     /// Datagrams received.
     pub rx_datagrams: u64,

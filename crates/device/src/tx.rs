@@ -38,11 +38,6 @@ pub(crate) const SEND_PORTS_MAX: usize = 64;
 /// as it drains), so a reader that stops cannot make the device buffer without bound.
 /// 4096 of the largest are 17 MiB, four rings' worth.
 const HELD_MAX: usize = 4096;
-/// Longest a held datagram waits while its ring's reader frees no slot, before it is
-/// dropped as a congested network's would be: a reader this late has stopped (a process
-/// stopped in a debugger, or hung), and the transport's retries take over. A reader that
-/// is slow but reads keeps its datagrams, however long they wait.
-const HOLD_MAX_NS: u64 = 100_000_000;
 /// How soon the progress thread offers held datagrams again when it has nothing else to
 /// do (a ring's reader frees slots as it runs; it does not tell the writer).
 pub(crate) const HELD_RETRY: Duration = Duration::from_micros(20);
@@ -63,9 +58,21 @@ pub(crate) struct Held {
     keep: Vec<usize>,
     /// When a ring with held datagrams last took some, per destination.
     moved: Vec<(SocketAddr, u64)>,
+    /// How long a datagram waits while its ring's reader frees no slot, in nanoseconds
+    /// ([`crate::DeviceConfig::shm_hold`]): a reader this late has stopped, and the
+    /// transport's retries take over from a drop.
+    hold_max_ns: u64,
 }
 
 impl Held {
+    /// Nothing held; datagrams wait at most `hold_max` for a reader that reads none.
+    pub(crate) fn new(hold_max: Duration) -> Held {
+        Held {
+            hold_max_ns: u64::try_from(hold_max.as_nanos()).unwrap_or(u64::MAX),
+            ..Held::default()
+        }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.pkts.is_empty()
     }
@@ -250,7 +257,7 @@ impl Engine {
     }
 
     /// Offer the held datagrams again; those still refused stay held unless they have
-    /// waited [`HOLD_MAX_NS`].
+    /// waited `hold_max_ns` with no progress.
     fn send_held(&mut self, now: u64) {
         self.held.blocked.clear();
         self.held.keep.clear();
@@ -268,13 +275,16 @@ impl Engine {
                     None => moved.push((t.dst, now)),
                 }
                 self.rnic.recycle(t.data);
-            } else if now.saturating_sub(since[i].max(last_moved.unwrap_or(0))) > HOLD_MAX_NS {
+            } else if now.saturating_sub(since[i].max(last_moved.unwrap_or(0)))
+                > self.held.hold_max_ns
+            {
                 self.stats.tx_dropped += 1;
                 self.stats.tx_held_expired += 1;
                 if self.stats.tx_held_expired == 1 {
-                    tracing::warn!(dst = %t.dst,
-                        "a same-host peer has not read its ring for 100 ms: datagrams to it \
-                         are dropped as a congested network's (counted as tx_held_expired)");
+                    tracing::warn!(dst = %t.dst, hold_ms = self.held.hold_max_ns / 1_000_000,
+                        "a same-host peer has not read its ring for the hold time: datagrams \
+                         to it are dropped as a congested network's (counted as \
+                         tx_held_expired)");
                 }
                 self.rnic.recycle(t.data);
             } else {

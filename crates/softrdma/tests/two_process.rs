@@ -65,7 +65,21 @@ fn side_with(name: &str, addr: Option<SocketAddr>, shm: bool) -> Side {
     };
     let mut cfg = DeviceConfig::new(name, a);
     cfg.shm = shm;
-    let dev = Device::open_with(&cfg).expect("open device");
+    side_of(&cfg)
+}
+
+/// A side on a device that holds datagrams for a same-host peer that reads none for as
+/// long as a test stops one (30 s), so that no drop depends on how fast a loaded machine
+/// runs the test.
+fn side_holding(name: &str) -> Side {
+    let mut cfg = DeviceConfig::new(name, DeviceAddr::AutoLoopback(4791));
+    cfg.shm = true;
+    cfg.shm_hold = Duration::from_secs(30);
+    side_of(&cfg)
+}
+
+fn side_of(cfg: &DeviceConfig) -> Side {
+    let dev = Device::open_with(cfg).expect("open device");
     let pd = dev.alloc_pd().unwrap();
     // Room for the 512 + 512 WRs of each of the three QPs.
     let cq = dev.create_cq(3 * 1024, None).unwrap();
@@ -463,7 +477,7 @@ fn full_ring_holds_datagrams() {
         return;
     }
     let mut p = Peer::spawn_with(None, Some("1"));
-    let me = side_with("test-hold", None, true);
+    let me = side_holding("test-hold");
     let psn = 0x777;
     p.send(&format!(
         "PEER {} {} {} {psn}",
@@ -554,8 +568,11 @@ fn peer_killed_mid_transfer() {
     if std::env::var("SOFTRDMA_TEST_PEER").is_ok() {
         return;
     }
-    let mut p = Peer::spawn_with(None, Some("1"));
-    let me = side_with("test-kill", None, true);
+    // The peer at an address of its own, outside the 127.0.0.x that devices opened
+    // anywhere on the host take first free: its restart below finds it still free.
+    let addr = SocketAddr::from(([127, 0, 9, (std::process::id() % 250 + 1) as u8], 4791));
+    let mut p = Peer::spawn_with(Some(addr), Some("1"));
+    let me = side_holding("test-kill");
     let psn = 0x4242;
     p.send(&format!(
         "PEER {} {} {} {psn}",
@@ -577,8 +594,16 @@ fn peer_killed_mid_transfer() {
         let st = Command::new("kill").args([sig, &pid]).status().unwrap();
         assert!(st.success(), "kill {sig}");
     };
-    // Stopped first, so that the WRITEs fill its ring and wait in our device for room.
+    // Stopped first, so that its ring fills and what we send waits in our device for room:
+    // UC WRITEs fill it (UC has no window: 2560 datagrams, more than twice its slots),
+    // then RC WRITEs queue behind them.
     signal("-STOP");
+    const UC: u64 = 40;
+    for k in 0..UC {
+        me.uc
+            .post_send(wr::write(200 + k, [me.mr.sge(0..MR_LEN).unwrap()], &p.mem, 0).unwrap())
+            .unwrap();
+    }
     const N: u64 = 16;
     for k in 0..N {
         me.rc
@@ -595,20 +620,29 @@ fn peer_killed_mid_transfer() {
     }
     signal("-KILL");
     let _ = p.child.wait();
-    let first = me.cq.wait(T).expect("an error completion in bounded time");
-    assert_eq!(
-        (first.wr_id, first.status),
-        (100, WcStatus::RetryExcErr),
-        "{first:?}"
-    );
-    for k in 1..N {
-        let wc = me.cq.wait(T).expect("the rest flushed");
-        assert_eq!(
-            (wc.wr_id, wc.status),
-            (100 + k, WcStatus::WrFlushErr),
-            "{wc:?}"
-        );
+    // UC completes as it sends; RC ends in retry exceeded, then flushes, in order.
+    let mut rc = Vec::new();
+    let mut uc = 0;
+    while rc.len() < N as usize || uc < UC {
+        let wc = me.cq.wait(T).expect("every completion in bounded time");
+        if wc.wr_id >= 200 {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            uc += 1;
+        } else {
+            rc.push((wc.wr_id, wc.status));
+        }
     }
+    let want: Vec<_> = (0..N)
+        .map(|k| {
+            let st = if k == 0 {
+                WcStatus::RetryExcErr
+            } else {
+                WcStatus::WrFlushErr
+            };
+            (100 + k, st)
+        })
+        .collect();
+    assert_eq!(rc, want);
     assert_eq!(
         me.dev.stats().link.tx_held_expired,
         0,
@@ -618,7 +652,7 @@ fn peer_killed_mid_transfer() {
     // A peer restarted at the same address works at once, and gets a ring.
     let mut p2 = Peer::spawn_with(Some(p.addr), Some("1"));
     assert_eq!(p2.addr, p.addr);
-    let me2 = side_with("test-kill", None, true);
+    let me2 = side_holding("test-kill");
     assert_eq!(me2.dev.addr(), me.dev.addr(), "one device, new QPs");
     p2.send(&format!(
         "PEER {} {} {} {psn}",
