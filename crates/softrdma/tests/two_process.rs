@@ -313,6 +313,16 @@ struct Peer {
     addr: SocketAddr,
 }
 
+/// A peer outlives no test: one that panics while its peer is stopped (SIGSTOP) would
+/// otherwise leave a stopped process holding a loopback address and its port, which every
+/// later connection to that address waits on in vain.
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Peer {
     fn spawn(addr: Option<SocketAddr>) -> Peer {
         Peer::spawn_with(addr, None)
