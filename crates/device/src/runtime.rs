@@ -354,6 +354,14 @@ impl Engine {
         while let Some(ev) = self.rnic.next_event() {
             self.async_q.push_back(ev);
         }
+        if !self.async_q.is_empty() {
+            // An event of an object destroyed before the program read it goes with the
+            // object, as the kernel's uverbs drops it: a program that tears down must not
+            // be handed events of QPs, CQs or SRQs it no longer has (UCX's handlers crash
+            // on one).
+            let rnic = &self.rnic;
+            self.async_q.retain(|e| event_object_lives(rnic, e));
+        }
         let ctx = &self.rnic;
         for (ch, c) in self.channels.iter_mut() {
             let pending = ctx.channel_pending(*ch) > 0;
@@ -429,6 +437,21 @@ fn receive(sock: &mut dyn Link, batch: &mut udp::RecvBatch, errors: &mut u64, wh
         tracing::debug!(error = %e, socket = what, "receive failed");
         0
     })
+}
+
+/// Whether the object async event `e` is about still exists.
+fn event_object_lives(rnic: &Rnic, e: &AsyncEvent) -> bool {
+    match *e {
+        AsyncEvent::QpFatal(q)
+        | AsyncEvent::QpReqErr(q)
+        | AsyncEvent::QpAccessErr(q)
+        | AsyncEvent::CommEst(q)
+        | AsyncEvent::SqDrained(q)
+        | AsyncEvent::QpLastWqeReached(q) => rnic.qp_init_attr(q).is_ok(),
+        AsyncEvent::CqErr(c) => rnic.cq_len(c).is_ok(),
+        AsyncEvent::SrqLimitReached(s) => rnic.query_srq(s).is_ok(),
+        AsyncEvent::PortActive(_) | AsyncEvent::DeviceFatal => true,
+    }
 }
 
 /// Wall-clock time for pcap records, in nanoseconds since the epoch.

@@ -44,3 +44,23 @@ fn reads_and_object_changes_wake_nobody_modifies_and_arms_do() {
     dev.req_notify_cq(h.cq.cq(), Arm::Next).unwrap();
     assert_ne!(dev.generation(), g2, "an arm did not move the generation");
 }
+
+/// An async event of a QP destroyed before the program read it goes with the QP, as the
+/// kernel drops it: a program tearing down is never handed events of objects it no longer
+/// has. Events of live objects stay.
+#[test]
+fn a_destroyed_qps_unread_events_go_with_it() {
+    let h = rc::Host::new("ops-events", 4096, 0, 16, Access::LOCAL_WRITE);
+    let dev = &h.dev;
+    let (gone, kept) = (h.rc_qp(4), h.rc_qp(4));
+    dev.objects(|r| {
+        r.raise_qp_fatal(gone);
+        r.raise_qp_fatal(kept);
+    });
+    dev.destroy_qp(gone).unwrap();
+    assert_eq!(
+        dev.next_async_event(),
+        Some(softrdma_device::verbs::AsyncEvent::QpFatal(kept))
+    );
+    assert_eq!(dev.next_async_event(), None);
+}
