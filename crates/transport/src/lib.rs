@@ -182,6 +182,7 @@ impl Rnic {
             req: ReqState::default(),
             resp: RespState::default(),
             ka: keepalive::KaState::default(),
+            indexed: timers::Indexed::default(),
         };
         self.qps.insert(qpn, ctx);
         Ok(qpn)
@@ -192,9 +193,9 @@ impl Rnic {
         self.env.ctx.destroy_qp(qpn)?;
         if let Some(mut qp) = self.qps.remove(&qpn) {
             qp.resp.held.clear(&mut self.env.held_bytes);
+            self.timers.set(qpn, &mut qp.indexed.req, None);
+            self.ka_timers.set(qpn, &mut qp.indexed.ka, None);
         }
-        self.timers.set(qpn, None);
-        self.ka_timers.set(qpn, None);
         Ok(())
     }
 
@@ -381,9 +382,13 @@ impl Rnic {
     /// Re-read QP `qpn`'s timer deadlines into the index (after anything that may have
     /// armed, moved or cleared them).
     fn sync_timer(&mut self, qpn: verbs::Qpn) {
-        let qp = self.qps.get(&qpn);
-        self.timers.set(qpn, qp.and_then(timers::deadline));
-        self.ka_timers.set(qpn, qp.and_then(|q| q.ka.deadline));
+        // A QP no longer in the table left both indexes when it was destroyed.
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            let d = timers::deadline(qp);
+            self.timers.set(qpn, &mut qp.indexed.req, d);
+            let k = qp.ka.deadline;
+            self.ka_timers.set(qpn, &mut qp.indexed.ka, k);
+        }
     }
 
     /// Poll completions.

@@ -631,6 +631,8 @@ pub(crate) struct QpCtx {
     pub resp: RespState,
     /// Liveness of the peer while the connection is idle ([`crate::keepalive`]).
     pub ka: KaState,
+    /// The deadlines the device's timer indexes hold for this QP.
+    pub indexed: crate::timers::Indexed,
 }
 
 impl QpCtx {

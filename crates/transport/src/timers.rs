@@ -4,17 +4,29 @@
 //!
 //! The protocol handlers keep setting `req.rto`, the round-trip timer and `req.rnr_until` on the QP;
 //! [`crate::Rnic`] re-reads a QP's deadline here after every call that may have changed it.
+//! That happens several times per packet, and most calls change nothing, so each QP keeps
+//! the deadline it is indexed under ([`Indexed`]): an unchanged deadline costs one
+//! comparison, with no hashing and no tree walk.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use crate::qp::QpCtx;
 use crate::verbs::Qpn;
 
-/// Each QP's earliest deadline, indexed both ways.
+/// Each QP's earliest deadline, ordered; the QP itself keeps the deadline it is indexed
+/// under ([`Indexed`]).
 #[derive(Debug, Default)]
 pub(crate) struct Timers {
     by_deadline: BTreeSet<(u64, Qpn)>,
-    of: HashMap<Qpn, u64>,
+}
+
+/// The deadlines a QP is indexed under in the device's two indexes (None: not indexed).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Indexed {
+    /// In [`crate::Rnic`]'s index of requests in flight ([`deadline`]).
+    pub req: Option<u64>,
+    /// In its keepalive index.
+    pub ka: Option<u64>,
 }
 
 /// A QP's earliest deadline of those that mean requests in flight: its local ACK
@@ -28,21 +40,19 @@ pub(crate) fn deadline(qp: &QpCtx) -> Option<u64> {
 }
 
 impl Timers {
-    /// Record QP `qpn`'s earliest deadline (None: no timer, or no such QP).
-    pub fn set(&mut self, qpn: Qpn, deadline: Option<u64>) {
-        let old = match deadline {
-            Some(d) => self.of.insert(qpn, d),
-            None => self.of.remove(&qpn),
-        };
-        if old == deadline {
+    /// Record QP `qpn`'s earliest deadline (None: no timer), `indexed` being where the
+    /// QP keeps the deadline it is indexed under here, updated to match.
+    pub fn set(&mut self, qpn: Qpn, indexed: &mut Option<u64>, deadline: Option<u64>) {
+        if *indexed == deadline {
             return;
         }
-        if let Some(o) = old {
+        if let Some(o) = indexed.take() {
             self.by_deadline.remove(&(o, qpn));
         }
         if let Some(d) = deadline {
             self.by_deadline.insert((d, qpn));
         }
+        *indexed = deadline;
     }
 
     /// The earliest deadline of all.
@@ -70,22 +80,28 @@ mod tests {
     #[test]
     fn index_follows_changes() {
         let mut t = Timers::default();
+        // What QPs 3, 7 and 9 keep.
+        let (mut q3, mut q7, mut q9) = (None, None, None);
         assert_eq!(t.first(), None);
-        t.set(7, Some(100));
-        t.set(3, Some(50));
-        t.set(9, Some(50));
+        t.set(7, &mut q7, Some(100));
+        t.set(3, &mut q3, Some(50));
+        t.set(9, &mut q9, Some(50));
+        assert_eq!((q3, q7, q9), (Some(50), Some(100), Some(50)));
         assert_eq!(t.first(), Some(50));
         assert_eq!(t.due(49), Vec::<Qpn>::new());
         assert_eq!(t.due(50), vec![3, 9]);
         assert_eq!(t.due(u64::MAX), vec![3, 7, 9]);
-        t.set(3, Some(200));
-        t.set(9, None);
-        t.set(9, None);
+        t.set(3, &mut q3, Some(200));
+        t.set(3, &mut q3, Some(200));
+        t.set(9, &mut q9, None);
+        t.set(9, &mut q9, None);
         assert_eq!(t.first(), Some(100));
         assert_eq!(t.due(150), vec![7]);
-        t.set(7, None);
-        t.set(3, None);
+        assert_eq!(t.due(u64::MAX), vec![3, 7]);
+        t.set(7, &mut q7, None);
+        t.set(3, &mut q3, None);
+        assert_eq!((q3, q7, q9), (None, None, None));
         assert_eq!(t.first(), None);
-        assert!(t.of.is_empty() && t.by_deadline.is_empty());
+        assert!(t.by_deadline.is_empty());
     }
 }
