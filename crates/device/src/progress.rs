@@ -122,14 +122,15 @@ fn block(rt: &Runtime) {
     rt.lock().sleeping_until = None;
 }
 
-/// One turn of a spin that found nothing to receive. Unless busy polling was asked for
-/// (a core given over to it), the turn gives the core to any thread that waits for it:
+/// One turn of a spin that found nothing to receive. Unless `keep_core` (busy polling was
+/// asked for, a core given over to it, or a wait's turn that does not yield, see
+/// `WAIT_YIELD_EVERY`), the turn gives the core to any thread that waits for it:
 /// on a machine with more busy threads than cores (two processes, each with an
 /// application thread and a progress thread, on two cores) a spinning thread otherwise
 /// takes its turns from the threads that make the datagrams it waits for. With nothing
 /// else runnable, `sched_yield` returns at once and the spin stays as quick.
-pub(crate) fn spin_pause(busy_poll: bool) {
-    if busy_poll {
+pub(crate) fn spin_pause(keep_core: bool) {
+    if keep_core {
         std::hint::spin_loop();
     } else {
         std::thread::yield_now();
