@@ -385,6 +385,23 @@ impl Peer {
         p.addr = f[7].parse().unwrap();
         p
     }
+    /// Connect `me`'s RC and UC QPs and this peer's, both from `psn`: the peer's READY line.
+    fn connect(&mut self, me: &Side, psn: u32) -> String {
+        self.send(&format!(
+            "PEER {} {} {} {psn}",
+            hex(&me.dev.gid().0),
+            me.rc.qpn(),
+            me.uc.qpn()
+        ));
+        me.connect(self.gid, self.rc, self.uc, psn);
+        self.expect("READY")
+    }
+    /// Send the peer process signal `sig` (`-STOP`, `-CONT`, `-KILL`).
+    fn signal(&self, sig: &str) {
+        let pid = self.child.id().to_string();
+        let st = Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(st.success(), "kill {sig}");
+    }
     fn send(&mut self, l: &str) {
         writeln!(self.stdin, "{l}").unwrap();
         self.stdin.flush().unwrap();
@@ -489,14 +506,7 @@ fn full_ring_holds_datagrams() {
     let mut p = Peer::spawn_with(None, Some("1"));
     let me = side_holding("test-hold");
     let psn = 0x777;
-    p.send(&format!(
-        "PEER {} {} {} {psn}",
-        hex(&me.dev.gid().0),
-        me.rc.qpn(),
-        me.uc.qpn()
-    ));
-    me.connect(p.gid, p.rc, p.uc, psn);
-    p.expect("READY");
+    p.connect(&me, psn);
     // One SEND first, so that the ring exists before the peer stops.
     me.mr.write(0, b"hi").unwrap();
     me.rc
@@ -505,11 +515,6 @@ fn full_ring_holds_datagrams() {
     ok(&me.cq, 1, WcOpcode::Send);
     assert_eq!(p.wc().6, b"hi");
 
-    let pid = p.child.id().to_string();
-    let signal = |sig: &str| {
-        let st = Command::new("kill").args([sig, &pid]).status().unwrap();
-        assert!(st.success(), "kill {sig}");
-    };
     // 40 UC WRITEs of the whole 64 KiB window at MTU 1024: 2560 datagrams, more than
     // twice the ring's 1024 slots. Each message's bytes differ, so the last one's pattern
     // is what the peer must end with.
@@ -526,7 +531,7 @@ fn full_ring_holds_datagrams() {
             mr
         })
         .collect();
-    signal("-STOP");
+    p.signal("-STOP");
     for (k, mr) in mems.iter().enumerate() {
         me.uc
             .post_send(wr::write(100 + k as u64, [mr.sge(0..MR_LEN).unwrap()], &p.mem, 0).unwrap())
@@ -536,7 +541,7 @@ fn full_ring_holds_datagrams() {
         ok(&me.cq, 100 + k, WcOpcode::RdmaWrite);
     }
     let held = me.dev.stats().link.tx_held;
-    signal("-CONT");
+    p.signal("-CONT");
     assert!(held > 0, "the ring filled while its reader was stopped");
     let want = pattern(N - 1);
     let deadline = Instant::now() + T;
@@ -584,14 +589,7 @@ fn peer_killed_mid_transfer() {
     let mut p = Peer::spawn_with(Some(addr), Some("1"));
     let me = side_holding("test-kill");
     let psn = 0x4242;
-    p.send(&format!(
-        "PEER {} {} {} {psn}",
-        hex(&me.dev.gid().0),
-        me.rc.qpn(),
-        me.uc.qpn()
-    ));
-    me.connect(p.gid, p.rc, p.uc, psn);
-    p.expect("READY");
+    p.connect(&me, psn);
     me.mr.write(0, b"hi").unwrap();
     me.rc
         .post_send(wr::send(1, [me.mr.sge(0..2).unwrap()]))
@@ -599,15 +597,10 @@ fn peer_killed_mid_transfer() {
     ok(&me.cq, 1, WcOpcode::Send);
     assert_eq!(p.wc().6, b"hi");
 
-    let pid = p.child.id().to_string();
-    let signal = |sig: &str| {
-        let st = Command::new("kill").args([sig, &pid]).status().unwrap();
-        assert!(st.success(), "kill {sig}");
-    };
     // Stopped first, so that its ring fills and what we send waits in our device for room:
     // UC WRITEs fill it (UC has no window: 2560 datagrams, more than twice its slots),
     // then RC WRITEs queue behind them.
-    signal("-STOP");
+    p.signal("-STOP");
     const UC: u64 = 40;
     for k in 0..UC {
         me.uc
@@ -628,7 +621,7 @@ fn peer_killed_mid_transfer() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    signal("-KILL");
+    p.signal("-KILL");
     let _ = p.child.wait();
     // UC completes as it sends; RC ends in retry exceeded, then flushes, in order.
     let mut rc = Vec::new();
@@ -664,14 +657,7 @@ fn peer_killed_mid_transfer() {
     assert_eq!(p2.addr, p.addr);
     let me2 = side_holding("test-kill");
     assert_eq!(me2.dev.addr(), me.dev.addr(), "one device, new QPs");
-    p2.send(&format!(
-        "PEER {} {} {} {psn}",
-        hex(&me2.dev.gid().0),
-        me2.rc.qpn(),
-        me2.uc.qpn()
-    ));
-    me2.connect(p2.gid, p2.rc, p2.uc, psn);
-    p2.expect("READY");
+    p2.connect(&me2, psn);
     me2.mr.write(0, b"again").unwrap();
     me2.rc
         .post_send(wr::send(2, [me2.mr.sge(0..5).unwrap()]))
@@ -703,14 +689,7 @@ fn every_opcode(shm: bool) {
     let mut p = Peer::spawn_with(None, Some(if shm { "1" } else { "0" }));
     let me = side_with(if shm { "test-shm" } else { "test-udp" }, None, shm);
     let psn = 0x12345;
-    p.send(&format!(
-        "PEER {} {} {} {psn}",
-        hex(&me.dev.gid().0),
-        me.rc.qpn(),
-        me.uc.qpn()
-    ));
-    me.connect(p.gid, p.rc, p.uc, psn);
-    let r = p.expect("READY");
+    let r = p.connect(&me, psn);
     p.mw_rkey = r[6..].parse().unwrap();
     let mr = &me.mr;
 
