@@ -1300,6 +1300,11 @@ mod tests {
         got
     }
 
+    /// One datagram of TOS 0 to `dst`, through [`send_all`].
+    fn send_one(l: &mut HostLink, dst: SocketAddr, data: &[u8]) {
+        send_all(l, &[OutDatagram { dst, tos: 0, data }]);
+    }
+
     fn send_all(l: &mut HostLink, pkts: &[OutDatagram<'_>]) {
         let mut at = 0;
         for _ in 0..20_000 {
@@ -1408,14 +1413,7 @@ mod tests {
         let mut a = link(&dir);
         let mut b = link(&dir);
         let dst = b.local_addr();
-        send_all(
-            &mut a,
-            &[OutDatagram {
-                dst,
-                tos: 0,
-                data: b"first",
-            }],
-        );
+        send_one(&mut a, dst, b"first");
         assert_eq!(recv_n(&mut b, 1).len(), 1);
         let gate = b.sleep_gate().unwrap();
         let readable = |l: &HostLink, ms: i64| {
@@ -1441,14 +1439,7 @@ mod tests {
         // Its wake-ups are cleared as b goes to sleep.
         assert!(gate.prepare_sleep());
         assert!(!readable(&b, 20), "nothing arrived: nothing to wake for");
-        send_all(
-            &mut a,
-            &[OutDatagram {
-                dst,
-                tos: 0,
-                data: b"second",
-            }],
-        );
+        send_one(&mut a, dst, b"second");
         assert!(
             readable(&b, 900),
             "a datagram into the ring wakes the sleeper"
@@ -1460,25 +1451,11 @@ mod tests {
         // is cleared, a datagram leaves the fd unreadable.
         assert!(gate.prepare_sleep());
         gate.end_sleep();
-        send_all(
-            &mut a,
-            &[OutDatagram {
-                dst,
-                tos: 0,
-                data: b"third",
-            }],
-        );
+        send_one(&mut a, dst, b"third");
         assert!(!readable(&b, 20), "a polling receiver is not woken");
         assert_eq!(recv_n(&mut b, 1)[0].3, b"third");
         // A sleep that starts with a datagram waiting is refused.
-        send_all(
-            &mut a,
-            &[OutDatagram {
-                dst,
-                tos: 0,
-                data: b"fourth",
-            }],
-        );
+        send_one(&mut a, dst, b"fourth");
         assert!(!gate.prepare_sleep());
     }
 
@@ -1488,14 +1465,7 @@ mod tests {
         let mut a = link(&dir);
         let mut b = link(&dir);
         let dst = b.local_addr();
-        send_all(
-            &mut a,
-            &[OutDatagram {
-                dst,
-                tos: 0,
-                data: b"one",
-            }],
-        );
+        send_one(&mut a, dst, b"one");
         assert_eq!(recv_n(&mut b, 1).len(), 1);
         let name = sock_name(netns_id(), dst);
         drop(b);
@@ -1527,14 +1497,7 @@ mod tests {
             "the dead ring is unmapped without waiting for another datagram"
         );
         // Nobody at that address: by UDP (the kernel takes it, nobody reads it).
-        send_all(
-            &mut a,
-            &[OutDatagram {
-                dst,
-                tos: 0,
-                data: b"lost",
-            }],
-        );
+        send_one(&mut a, dst, b"lost");
         assert_eq!(a.stats().sent_datagrams, 1);
         assert_eq!(a.stats().shm_sent_datagrams, 1);
         // A new device at the same address: it gets every datagram (by UDP while the
@@ -1569,26 +1532,12 @@ mod tests {
         let dst = a.local_addr();
         let mut b = link(&dir);
         let baddr = b.local_addr();
-        send_all(
-            &mut b,
-            &[OutDatagram {
-                dst,
-                tos: 0,
-                data: b"x",
-            }],
-        );
+        send_one(&mut b, dst, b"x");
         assert_eq!(recv_n(&mut a, 1).len(), 1);
         // b's process "restarts": its link goes, a new one at the same address connects.
         drop(b);
         let mut b2 = link_at(&dir, baddr);
-        send_all(
-            &mut b2,
-            &[OutDatagram {
-                dst,
-                tos: 0,
-                data: b"y",
-            }],
-        );
+        send_one(&mut b2, dst, b"y");
         let got = recv_n(&mut a, 1);
         assert_eq!((got[0].0, got[0].3.as_slice()), (baddr, &b"y"[..]));
         for _ in 0..2000 {
@@ -1609,14 +1558,7 @@ mod tests {
         let mut a = link(&dir);
         let mut plain = Driver::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let dst = plain.local_addr();
-        send_all(
-            &mut a,
-            &[OutDatagram {
-                dst,
-                tos: 0,
-                data: b"hello",
-            }],
-        );
+        send_one(&mut a, dst, b"hello");
         let mut batch = RecvBatch::new(4, 9216);
         let mut n = 0;
         for _ in 0..2000 {
@@ -1719,14 +1661,7 @@ mod tests {
         let mut b = HostLink::new(udp, dir.fd()).unwrap();
         assert!(b.host.listener.is_some(), "the stale socket was replaced");
         let mut a = link(&dir);
-        send_all(
-            &mut a,
-            &[OutDatagram {
-                dst: addr,
-                tos: 0,
-                data: b"z",
-            }],
-        );
+        send_one(&mut a, addr, b"z");
         assert_eq!(recv_n(&mut b, 1).len(), 1);
         assert_eq!(b.stats().shm_recv_datagrams, 1);
         // A second device claiming the same name while the first answers leaves it alone.
