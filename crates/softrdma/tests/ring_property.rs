@@ -13,7 +13,7 @@ use std::time::Duration;
 use softrdma::*;
 
 mod support;
-use support::ALL;
+use support::{Rng, ALL};
 
 const T: Duration = Duration::from_secs(30);
 const SRC_LEN: usize = 1 << 20;
@@ -26,23 +26,6 @@ const MAX_LEN: usize = 64 * 1024;
 /// Largest READ: 192 KiB. The responder streams the responses of 16 such READs at once,
 /// three rings' worth at MTU 1024, so the target's ring to the requester fills.
 const READ_MAX: usize = 192 * 1024;
-
-/// xorshift64*: a case is its seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 > 1.0 - p
-    }
-}
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use softrdma::*;
 
+mod support;
+use support::Rng;
+
 const T: Duration = Duration::from_secs(20);
 const ALL: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
@@ -839,20 +842,6 @@ fn every_opcode(shm: bool) {
 }
 
 // ------------------------------------------------------------------ lossy relay
-
-/// Tiny seeded PRNG (xorshift64*), so a failing run can be repeated from its seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 > 1.0 - p
-    }
-}
 
 /// Free 127.0.0.x addresses on port 4791: bound sockets (kept for the relay, or dropped
 /// just before a device binds the address).

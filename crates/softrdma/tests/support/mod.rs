@@ -46,3 +46,23 @@ pub fn pair_of(side: impl Fn() -> Side) -> (Side, Side) {
     connect(&a, &b);
     (a, b)
 }
+
+/// Tiny seeded PRNG (xorshift64*), so a failing run can be repeated from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// A number below `n` (0 for `n` 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 > 1.0 - p
+    }
+}
