@@ -20,9 +20,10 @@
 //! consumer that is spinning costs the producer no system call.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use super::map::{check_sealed_memfd, sealed_memfd, Mapping};
+use std::sync::atomic::{fence, Ordering};
 
 /// Slots per ring (a power of two). As many as the packets a device's 8 MiB socket
 /// buffer holds (Linux charges a 4 KiB datagram about 8.4 KiB of it): a sender's RC
@@ -48,73 +49,9 @@ const OFF_TAIL: usize = 128;
 const OFF_ASLEEP: usize = 192;
 const MASK: u32 = SLOTS - 1;
 
-/// The seals a ring's memfd must carry: its size can never change, so a peer cannot
-/// truncate it under our mapping (which would turn our reads into SIGBUS).
-const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-
-/// A shared read-write mapping of a whole ring.
-#[derive(Debug)]
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is process-shared memory reached only through atomics and raw
-// copies (see `Mapping`'s methods); it has no thread affinity.
-unsafe impl Send for Mapping {}
-// SAFETY: as above: every access through `&Mapping` is an atomic operation or a copy of
-// plain bytes whose contents are never trusted.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    fn map(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mapping> {
-        // SAFETY: a fresh shared mapping chosen by the kernel (no fixed address), of a
-        // memfd whose size is at least `len` and sealed against shrinking, so every byte
-        // of it stays backed.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap at 0"))?;
-        Ok(Mapping { ptr, len })
-    }
-
-    fn u32_at(&self, off: usize) -> &AtomicU32 {
-        assert!(off % 4 == 0 && off + 4 <= self.len);
-        // SAFETY: in bounds and aligned (the mapping is page-aligned), checked above;
-        // AtomicU32 has the layout of u32 and any bit pattern is valid.
-        unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU32>() }
-    }
-
-    fn u64_at(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= self.len);
-        // SAFETY: as for `u32_at`.
-        unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU64>() }
-    }
-
-    /// Offset of slot `i` (any index: it is masked).
-    fn slot(i: u32) -> usize {
-        HDR_SIZE + (i & MASK) as usize * SLOT_SIZE
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once; no reference into it outlives
-        // `self` (the atomics' lifetimes are tied to `&self`).
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
-    }
+/// Offset of slot `i` (any index: it is masked).
+fn slot_off(i: u32) -> usize {
+    HDR_SIZE + (i & MASK) as usize * SLOT_SIZE
 }
 
 /// The sending side of a ring: it made the memfd and writes packets into it.
@@ -141,24 +78,7 @@ impl Producer {
     /// A new empty ring in a fresh memfd, sealed against resizing. The consumer, once it
     /// has mapped the ring, drains what it already holds (it cannot be woken before).
     pub fn create() -> io::Result<Producer> {
-        let name = c"softrdma-ring";
-        // SAFETY: a valid C string; the flags are plain constants.
-        let fd = unsafe {
-            libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a descriptor we just got and own.
-        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain calls on our descriptor.
-        if unsafe { libc::ftruncate(memfd.as_raw_fd(), RING_BYTES as libc::off_t) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: as above.
-        if unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let memfd = sealed_memfd(c"softrdma-ring", RING_BYTES)?;
         let map = Mapping::map(memfd.as_fd(), RING_BYTES)?;
         map.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
         Ok(Producer {
@@ -190,7 +110,7 @@ impl Producer {
         if self.free() == 0 {
             return Err(PushError::Full);
         }
-        let off = Mapping::slot(self.tail);
+        let off = slot_off(self.tail);
         self.map
             .u32_at(off)
             .store(data.len() as u32, Ordering::Relaxed);
@@ -204,7 +124,7 @@ impl Producer {
         unsafe {
             std::ptr::copy_nonoverlapping(
                 data.as_ptr(),
-                self.map.ptr.as_ptr().add(off + SLOT_HDR),
+                self.map.ptr().as_ptr().add(off + SLOT_HDR),
                 data.len(),
             );
         }
@@ -250,35 +170,7 @@ impl Consumer {
     /// [`RING_BYTES`] bytes sealed against resizing (shrink, grow and further seals
     /// refused), so that it stays backed for as long as we map it whatever the peer does.
     pub fn open(memfd: BorrowedFd<'_>) -> io::Result<Consumer> {
-        // SAFETY: F_GET_SEALS on a descriptor we hold; fails (EINVAL) on anything but a
-        // memfd or a shmem file.
-        let seals = unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "ring descriptor is not a sealable memfd",
-            ));
-        }
-        if seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL)
-            != (libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL)
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "ring memfd is not sealed against shrinking",
-            ));
-        }
-        // SAFETY: a zeroed stat buffer for fstat to fill.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `st` is a valid buffer for the call.
-        if unsafe { libc::fstat(memfd.as_raw_fd(), &mut st) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if st.st_size as u64 != RING_BYTES as u64 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "ring memfd has the wrong size",
-            ));
-        }
+        check_sealed_memfd(memfd, RING_BYTES, "ring")?;
         let map = Mapping::map(memfd, RING_BYTES)?;
         // A ring starts empty at index 0 (the producer made it so before passing it on).
         Ok(Consumer {
@@ -307,7 +199,7 @@ impl Consumer {
         if avail > SLOTS {
             return Err(Corrupt);
         }
-        let off = Mapping::slot(self.head);
+        let off = slot_off(self.head);
         let len = self.map.u32_at(off).load(Ordering::Relaxed) as usize;
         let meta = self.map.u32_at(off + 4).load(Ordering::Relaxed);
         if len > MAX_PACKET {
@@ -320,7 +212,7 @@ impl Consumer {
         // checks like any datagram's. `buf` is ours and does not overlap the mapping.
         unsafe {
             std::ptr::copy_nonoverlapping(
-                self.map.ptr.as_ptr().add(off + SLOT_HDR),
+                self.map.ptr().as_ptr().add(off + SLOT_HDR),
                 buf.as_mut_ptr(),
                 n,
             );
@@ -361,7 +253,7 @@ impl Consumer {
         let end = (off + bytes.len()).min(RING_BYTES);
         for (k, b) in bytes[..end.saturating_sub(off)].iter().enumerate() {
             // SAFETY: `off + k < end <= RING_BYTES`: inside the mapping.
-            unsafe { self.map.ptr.as_ptr().add(off + k).write_volatile(*b) };
+            unsafe { self.map.ptr().as_ptr().add(off + k).write_volatile(*b) };
         }
     }
 }
@@ -369,6 +261,8 @@ impl Consumer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shm::map::SEALS;
+    use std::os::fd::{AsRawFd, FromRawFd};
 
     fn pair() -> (Producer, Consumer) {
         let p = Producer::create().unwrap();
@@ -463,7 +357,7 @@ mod tests {
         let (mut p2, mut c2) = pair();
         p2.push(1, 0, b"ok").unwrap();
         p2.publish();
-        c2.scribble(Mapping::slot(0), &u32::MAX.to_ne_bytes());
+        c2.scribble(slot_off(0), &u32::MAX.to_ne_bytes());
         assert_eq!(c2.pop(&mut buf), Err(Corrupt));
         // A consumer index that makes no sense: the producer sees a full ring.
         c.scribble(OFF_HEAD, &(1u32 << 31).to_ne_bytes());
