@@ -113,6 +113,11 @@ fn unix_socket() -> io::Result<OwnedFd> {
 
 /// The uid of the process at the other end of the Unix socket `fd`.
 fn peer_uid(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    peer_cred(fd).map(|c| c.uid)
+}
+
+/// The peer's credentials, its PID as our PID namespace sees it (0: another one).
+fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<libc::ucred> {
     // SAFETY: ucred is plain integers.
     let mut cred: libc::ucred = unsafe { mem::zeroed() };
     let mut len = mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -126,7 +131,7 @@ fn peer_uid(fd: BorrowedFd<'_>) -> io::Result<u32> {
             &mut len,
         )
     })?;
-    Ok(cred.uid)
+    Ok(cred)
 }
 
 fn my_uid() -> u32 {
@@ -318,6 +323,28 @@ fn hello(from: SocketAddr) -> [u8; HELLO_LEN] {
     m
 }
 
+/// Length of the answer to a hello: `ok`, then where this process's cookie is and what
+/// it holds (see `cma`), so that the peer can probe cross-memory attach to us.
+const ANSWER_LEN: usize = 18;
+
+fn answer() -> [u8; ANSWER_LEN] {
+    let (addr, value) = super::cma::cookie();
+    let mut m = [0u8; ANSWER_LEN];
+    m[..2].copy_from_slice(b"ok");
+    m[2..10].copy_from_slice(&addr.to_le_bytes());
+    m[10..18].copy_from_slice(&value.to_le_bytes());
+    m
+}
+
+/// The cookie's address and value from an answer, if it is one.
+fn parse_answer(m: &[u8]) -> Option<(u64, u64)> {
+    if m.len() != ANSWER_LEN || &m[..2] != b"ok" {
+        return None;
+    }
+    let word = |at: usize| u64::from_le_bytes(m[at..at + 8].try_into().unwrap_or([0; 8]));
+    Some((word(2), word(10)))
+}
+
 /// The sender's device address from a hello, if it is one of ours in every other field.
 fn parse_hello(m: &[u8]) -> Option<SocketAddr> {
     if m.len() != HELLO_LEN || m[..8] != HELLO_MAGIC {
@@ -349,6 +376,8 @@ struct OutRing {
     wake: OnceLock<OwnedFd>,
     /// The connection ended (the peer is gone): stop using the ring.
     dead: AtomicBool,
+    /// Whether we can copy into and out of the peer's process (set with its answer).
+    cma: OnceLock<Result<(), String>>,
 }
 
 impl OutRing {
@@ -699,6 +728,7 @@ fn connect(inner: &Inner, dst: SocketAddr) -> io::Result<Arc<OutRing>> {
         conn: sock,
         wake: OnceLock::new(),
         dead: AtomicBool::new(false),
+        cma: OnceLock::new(),
     });
     let token = inner.next_token.fetch_add(1, Ordering::Relaxed);
     lock(&inner.conns).insert(token, Conn::Out(Arc::downgrade(&ring)));
@@ -881,7 +911,7 @@ fn on_conn(inner: &Inner, token: u64, flags: u32) {
         }
         Conn::Out(w) => {
             let Some(r) = w.upgrade() else { return };
-            let mut buf = [0u8; 8];
+            let mut buf = [0u8; ANSWER_LEN + 1];
             match recv_with_fds(r.conn.as_fd(), &mut buf) {
                 Ok((n, mut fds))
                     if n > 0 && r.wake.get().is_none() && fds.len() == 1 && is_eventfd(&fds[0]) =>
@@ -889,6 +919,12 @@ fn on_conn(inner: &Inner, token: u64, flags: u32) {
                     if let Some(w) = fds.pop() {
                         let _ = r.wake.set(w);
                     }
+                    let cma = match (parse_answer(&buf[..n]), peer_cred(r.conn.as_fd())) {
+                        (Some((addr, value)), Ok(c)) => super::cma::probe(c.pid, addr, value),
+                        (None, _) => Err("the device there did not say where to probe".into()),
+                        (_, Err(e)) => Err(format!("no peer credentials: {e}")),
+                    };
+                    let _ = r.cma.set(cma);
                     // Packets published before the answer came could not wake the peer.
                     fence(Ordering::SeqCst);
                     r.wake();
@@ -950,7 +986,7 @@ fn take_ring(
     drop(memfd);
     let wake = new_eventfd()?;
     epoll_add(inner.epoll.as_fd(), wake.as_fd(), 0)?;
-    send_with_fds(conn.as_fd(), b"ok", &[wake.as_raw_fd()])?;
+    send_with_fds(conn.as_fd(), &answer(), &[wake.as_raw_fd()])?;
     let ring = Arc::new(InRing {
         peer: canonical(peer),
         cons: Mutex::new(cons),
@@ -1203,7 +1239,13 @@ impl Link for HostLink {
                     Route::Ring(o) if o.wake.get().is_none() => {
                         "ring offered, not yet answered".to_string()
                     }
-                    Route::Ring(_) => "a device of this host, same user".to_string(),
+                    Route::Ring(o) => match o.cma.get() {
+                        Some(Ok(())) => {
+                            "a device of this host, same user; cross-memory attach works".into()
+                        }
+                        Some(Err(why)) => format!("a device of this host, same user; {why}"),
+                        None => "a device of this host, same user".to_string(),
+                    },
                 },
             })
             .collect();
@@ -1376,6 +1418,23 @@ mod tests {
         }
         assert_eq!(a.ring_count(), (1, 1));
         assert_eq!(b.ring_count(), (1, 1));
+        // Each probed cross-memory attach to the other (this very process: it works), and
+        // says so with the peer's path.
+        for (l, peer) in [(&a, ba), (&b, aa)] {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let p = l.peer_paths();
+                let why = p.iter().find(|x| x.peer == peer).map(|x| x.why.clone());
+                if why
+                    .as_deref()
+                    .is_some_and(|w| w.ends_with("cross-memory attach works"))
+                {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{p:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,122 @@
+//! Cross-memory attach (`process_vm_readv` / `process_vm_writev`) between the processes of
+//! two same-host devices: probed per peer with a real call, never assumed. It is refused
+//! in places: Yama's `ptrace_scope` of 1 and up, container seccomp profiles, another user
+//! or PID namespace.
+//!
+//! Each process has a cookie, a random word in its memory. A device tells its peers where
+//! the cookie is and what it holds; a peer reads it with `process_vm_readv` and compares:
+//! the same word at the same address means the call works and reaches that very process
+//! (not one that reused its PID).
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// This process's cookie (0 until first asked for).
+static COOKIE: AtomicU64 = AtomicU64::new(0);
+
+/// The address and value of this process's cookie.
+pub(crate) fn cookie() -> (u64, u64) {
+    let mut v = COOKIE.load(Ordering::Acquire);
+    if v == 0 {
+        let mut fresh = 0u64;
+        while fresh == 0 {
+            let mut b = [0u8; 8];
+            // Best effort: a cookie only has to differ from what another process holds
+            // at that address, which a PID reuse would make of it.
+            // SAFETY: `b` is valid for 8 bytes of writes.
+            let _ = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+            fresh = u64::from_ne_bytes(b) | 1;
+        }
+        v = match COOKIE.compare_exchange(0, fresh, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => fresh,
+            Err(old) => old,
+        };
+    }
+    (COOKIE.as_ptr() as u64, v)
+}
+
+/// Whether this process may copy into and out of process `pid` (in our PID namespace; 0
+/// if it is in another one): `Ok` if reading 8 bytes at `addr` there gives `expect`,
+/// else why not, in words for `softrdma stats`.
+pub(crate) fn probe(pid: i32, addr: u64, expect: u64) -> Result<(), String> {
+    if pid <= 0 {
+        return Err("the device there is in another PID namespace".into());
+    }
+    let mut got = [0u8; 8];
+    let local = libc::iovec {
+        iov_base: got.as_mut_ptr().cast(),
+        iov_len: got.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: 8,
+    };
+    // SAFETY: `local` describes our own 8-byte buffer, valid for writes for the call;
+    // `remote` names memory of the other process, which the kernel checks (a wrong
+    // address is EFAULT, never a write here beyond `got`).
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EPERM) => match ptrace_scope() {
+                Some(s) if s >= 1 => {
+                    format!("cross-memory attach refused: Yama ptrace_scope is {s} (0 allows it)")
+                }
+                _ => "cross-memory attach refused (EPERM: a seccomp profile, or missing \
+                      capabilities)"
+                    .into(),
+            },
+            Some(libc::ENOSYS) => "process_vm_readv is not available (ENOSYS)".into(),
+            Some(libc::ESRCH) => "the process of the device there is gone".into(),
+            _ => format!("cross-memory attach failed: {e}"),
+        });
+    }
+    if n != 8 || u64::from_ne_bytes(got) != expect {
+        return Err("cross-memory attach reached another process (a reused PID?)".into());
+    }
+    Ok(())
+}
+
+/// Yama's `ptrace_scope`, if the module is there.
+fn ptrace_scope() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_reads_its_own_cookie_and_not_a_wrong_one() {
+        let (addr, v) = cookie();
+        assert_ne!(v, 0);
+        assert_eq!(cookie(), (addr, v), "one cookie per process");
+        let me = std::process::id() as i32;
+        assert_eq!(probe(me, addr, v), Ok(()));
+        assert!(probe(me, addr, v ^ 1)
+            .unwrap_err()
+            .contains("another process"));
+        assert!(probe(0, addr, v).unwrap_err().contains("PID namespace"));
+        // Memory that is not mapped: refused by the kernel, not a crash.
+        assert!(probe(me, 8, v).is_err());
+    }
+
+    #[test]
+    fn a_child_process_is_probed_through_the_kernel() {
+        // Another program's process: whatever is at our cookie's address there (if
+        // anything is mapped), it is not our cookie.
+        let (addr, v) = cookie();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let r = probe(child.id() as i32, addr, v);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(r.is_err(), "{r:?}");
+    }
+}
