@@ -77,6 +77,36 @@ pub(crate) fn probe(pid: i32, addr: u64, expect: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Copy `data` into process `pid` at `remote`, all of it: one `process_vm_writev` (and
+/// more if the kernel copied part). An error if the kernel refuses or the target's memory
+/// is not there (EFAULT), with what was copied before unknown to the caller but harmless
+/// (it is inside a region the caller holds).
+pub fn write_to(pid: i32, remote: u64, data: &[u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < data.len() {
+        let local = libc::iovec {
+            iov_base: data[done..].as_ptr() as *mut libc::c_void,
+            iov_len: data.len() - done,
+        };
+        let target = libc::iovec {
+            iov_base: (remote + done as u64) as *mut libc::c_void,
+            iov_len: data.len() - done,
+        };
+        // SAFETY: `local` describes our own bytes, valid for reads for the call (the
+        // kernel only reads them); `target` names memory of the other process, checked
+        // by the kernel against its mappings.
+        let n = unsafe { libc::process_vm_writev(pid, &local, 1, &target, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "nothing copied"));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
 /// Yama's `ptrace_scope`, if the module is there.
 fn ptrace_scope() -> Option<u32> {
     std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")

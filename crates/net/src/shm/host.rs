@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::grants::{Grants, PeerGrants};
 use super::ring::{self, Consumer, Producer, PushError};
 use crate::link::{PeerPath, SleepGate};
 use crate::udp::{Driver, OutDatagram, RecvBatch, Stats};
@@ -325,24 +326,29 @@ fn hello(from: SocketAddr) -> [u8; HELLO_LEN] {
 
 /// Length of the answer to a hello: `ok`, then where this process's cookie is and what
 /// it holds (see `cma`), so that the peer can probe cross-memory attach to us.
-const ANSWER_LEN: usize = 18;
+/// Then the slot of our grants the peer may hold regions in (255: none; the grants'
+/// memfd comes with the answer when there is one).
+const ANSWER_LEN: usize = 19;
+const NO_SLOT: u8 = 255;
 
-fn answer() -> [u8; ANSWER_LEN] {
+fn answer(slot: Option<usize>) -> [u8; ANSWER_LEN] {
     let (addr, value) = super::cma::cookie();
     let mut m = [0u8; ANSWER_LEN];
     m[..2].copy_from_slice(b"ok");
     m[2..10].copy_from_slice(&addr.to_le_bytes());
     m[10..18].copy_from_slice(&value.to_le_bytes());
+    m[18] = slot.and_then(|s| u8::try_from(s).ok()).unwrap_or(NO_SLOT);
     m
 }
 
-/// The cookie's address and value from an answer, if it is one.
-fn parse_answer(m: &[u8]) -> Option<(u64, u64)> {
+/// The cookie's address and value and the grants slot from an answer, if it is one.
+fn parse_answer(m: &[u8]) -> Option<(u64, u64, Option<usize>)> {
     if m.len() != ANSWER_LEN || &m[..2] != b"ok" {
         return None;
     }
     let word = |at: usize| u64::from_le_bytes(m[at..at + 8].try_into().unwrap_or([0; 8]));
-    Some((word(2), word(10)))
+    let slot = (m[18] != NO_SLOT).then_some(usize::from(m[18]));
+    Some((word(2), word(10), slot))
 }
 
 /// The sender's device address from a hello, if it is one of ours in every other field.
@@ -376,8 +382,11 @@ struct OutRing {
     wake: OnceLock<OwnedFd>,
     /// The connection ended (the peer is gone): stop using the ring.
     dead: AtomicBool,
-    /// Whether we can copy into and out of the peer's process (set with its answer).
-    cma: OnceLock<Result<(), String>>,
+    /// Whether we can copy into and out of the peer's process (set with its answer), and
+    /// its PID.
+    cma: OnceLock<Result<i32, String>>,
+    /// The peer's grants (see `grants`), with the slot it gave us, from its answer.
+    grants: OnceLock<Mutex<PeerGrants>>,
 }
 
 impl OutRing {
@@ -411,6 +420,16 @@ struct InRing {
     /// The connection ended or a newer ring from the same peer replaced this one:
     /// drain it and drop it.
     closed: AtomicBool,
+    /// The slot of our grants this peer holds regions in, released with the ring.
+    slot: Option<(usize, Arc<Mutex<Grants>>)>,
+}
+
+impl Drop for InRing {
+    fn drop(&mut self) {
+        if let Some((s, g)) = &self.slot {
+            lock(g).release_slot(*s);
+        }
+    }
 }
 
 /// What the rendezvous thread watches, by epoll token.
@@ -447,6 +466,9 @@ struct Inner {
     rings_gen: AtomicU64,
     /// A waiter slept: the next receive reads the UDP socket too.
     udp_due: AtomicBool,
+    /// What this device lets its peers copy into and out of (None: the table could not
+    /// be made, and peers copy through the rings only).
+    grants: Option<Arc<Mutex<Grants>>>,
 }
 
 #[derive(Debug, Default)]
@@ -729,6 +751,7 @@ fn connect(inner: &Inner, dst: SocketAddr) -> io::Result<Arc<OutRing>> {
         wake: OnceLock::new(),
         dead: AtomicBool::new(false),
         cma: OnceLock::new(),
+        grants: OnceLock::new(),
     });
     let token = inner.next_token.fetch_add(1, Ordering::Relaxed);
     lock(&inner.conns).insert(token, Conn::Out(Arc::downgrade(&ring)));
@@ -914,16 +937,31 @@ fn on_conn(inner: &Inner, token: u64, flags: u32) {
             let mut buf = [0u8; ANSWER_LEN + 1];
             match recv_with_fds(r.conn.as_fd(), &mut buf) {
                 Ok((n, mut fds))
-                    if n > 0 && r.wake.get().is_none() && fds.len() == 1 && is_eventfd(&fds[0]) =>
+                    if n > 0
+                        && r.wake.get().is_none()
+                        && matches!(fds.len(), 1 | 2)
+                        && is_eventfd(&fds[0]) =>
                 {
+                    let grants_fd = (fds.len() == 2).then(|| fds.pop()).flatten();
                     if let Some(w) = fds.pop() {
                         let _ = r.wake.set(w);
                     }
-                    let cma = match (parse_answer(&buf[..n]), peer_cred(r.conn.as_fd())) {
-                        (Some((addr, value)), Ok(c)) => super::cma::probe(c.pid, addr, value),
+                    let answer = parse_answer(&buf[..n]);
+                    let cma = match (answer, peer_cred(r.conn.as_fd())) {
+                        (Some((addr, value, _)), Ok(c)) => {
+                            super::cma::probe(c.pid, addr, value).map(|()| c.pid)
+                        }
                         (None, _) => Err("the device there did not say where to probe".into()),
                         (_, Err(e)) => Err(format!("no peer credentials: {e}")),
                     };
+                    if let (Some((_, _, Some(slot))), Some(fd)) = (answer, grants_fd) {
+                        match PeerGrants::open(fd.as_fd(), slot) {
+                            Ok(g) => {
+                                let _ = r.grants.set(Mutex::new(g));
+                            }
+                            Err(e) => tracing::debug!(error = %e, "peer's grants refused"),
+                        }
+                    }
                     let _ = r.cma.set(cma);
                     // Packets published before the answer came could not wake the peer.
                     fence(Ordering::SeqCst);
@@ -986,13 +1024,34 @@ fn take_ring(
     drop(memfd);
     let wake = new_eventfd()?;
     epoll_add(inner.epoll.as_fd(), wake.as_fd(), 0)?;
-    send_with_fds(conn.as_fd(), &answer(), &[wake.as_raw_fd()])?;
+    let slot = inner
+        .grants
+        .as_ref()
+        .and_then(|g| lock(g).claim_slot().map(|s| (s, Arc::clone(g))));
+    let sent = match &slot {
+        Some((s, g)) => {
+            let g = lock(g);
+            send_with_fds(
+                conn.as_fd(),
+                &answer(Some(*s)),
+                &[wake.as_raw_fd(), g.memfd().as_raw_fd()],
+            )
+        }
+        None => send_with_fds(conn.as_fd(), &answer(None), &[wake.as_raw_fd()]),
+    };
+    if let Err(e) = sent {
+        if let Some((s, g)) = &slot {
+            lock(g).release_slot(*s);
+        }
+        return Err(e);
+    }
     let ring = Arc::new(InRing {
         peer: canonical(peer),
         cons: Mutex::new(cons),
         wake,
         _conn: conn,
         closed: AtomicBool::new(false),
+        slot,
     });
     {
         let mut rin = lock(&inner.rings_in);
@@ -1039,6 +1098,13 @@ impl Inner {
             rings_in: Mutex::new(InRings::default()),
             rings_gen: AtomicU64::new(0),
             udp_due: AtomicBool::new(false),
+            grants: match Grants::create() {
+                Ok(g) => Some(Arc::new(Mutex::new(g))),
+                Err(e) => {
+                    tracing::debug!(error = %e, "no grants table: peers copy through the rings");
+                    None
+                }
+            },
         })
     }
 
@@ -1089,6 +1155,38 @@ fn end_sleep(rin: &mut InRings) {
         for r in &rin.rings {
             lock(&r.cons).sleep_end();
         }
+    }
+}
+
+impl HostLink {
+    /// This device's grants, which the device keeps equal to what its peers may reach
+    /// (None: the table could not be made).
+    pub fn grants(&self) -> Option<Arc<Mutex<Grants>>> {
+        self.host.inner.grants.clone()
+    }
+
+    /// Whether the peer given grants slot `slot` is still connected: a revocation waits
+    /// for its holds only while it is.
+    pub fn slot_alive(&self, slot: usize) -> bool {
+        lock(&self.host.inner.rings_in).rings.iter().any(|r| {
+            !r.closed.load(Ordering::Acquire) && r.slot.as_ref().is_some_and(|(s, _)| *s == slot)
+        })
+    }
+
+    /// Run `f` with the grants of the device at `dst` and its process's PID, if its ring
+    /// is up, cross-memory attach to it works and it gave us its grants.
+    pub fn with_peer_grants<R>(
+        &self,
+        dst: SocketAddr,
+        f: impl FnOnce(&mut PeerGrants, i32) -> R,
+    ) -> Option<R> {
+        let ring = match lock(&self.host.inner.routes).get(&canonical(dst)) {
+            Some(Route::Ring(r)) if !r.dead.load(Ordering::Acquire) => Arc::clone(r),
+            _ => return None,
+        };
+        let pid = *ring.cma.get()?.as_ref().ok()?;
+        let mut g = lock(ring.grants.get()?);
+        Some(f(&mut g, pid))
     }
 }
 
@@ -1240,7 +1338,7 @@ impl Link for HostLink {
                         "ring offered, not yet answered".to_string()
                     }
                     Route::Ring(o) => match o.cma.get() {
-                        Some(Ok(())) => {
+                        Some(Ok(_)) => {
                             "a device of this host, same user; cross-memory attach works".into()
                         }
                         Some(Err(why)) => format!("a device of this host, same user; {why}"),
@@ -1363,6 +1461,70 @@ mod tests {
 
     fn payload(i: usize, len: usize) -> Vec<u8> {
         (0..len).map(|k| (k * 7 + i) as u8).collect()
+    }
+
+    #[test]
+    fn a_peer_copies_into_granted_memory_and_not_after_the_revocation() {
+        use crate::shm::grants::{Ask, QpGrant, Refusal, RegionGrant, REMOTE_WRITE};
+        let dir = TmpDir::new("grants");
+        let a = link(&dir);
+        let mut b = link(&dir);
+        let ba = b.local_addr();
+        // One datagram from a to b sets up a's ring to b; b's answer brings its grants.
+        let one = [OutDatagram {
+            dst: ba,
+            tos: 0,
+            data: b"x",
+        }];
+        let mut a = a;
+        assert_eq!(a.send_batch(&one).unwrap(), 1);
+        assert_eq!(recv_n(&mut b, 1).len(), 1);
+        // The peer writes it through the kernel: its address comes from a mutable borrow.
+        let mut target = vec![0u8; 4096];
+        let target_host = target.as_mut_ptr() as u64;
+        let grants = b.grants().expect("a grants table");
+        assert!(lock(&grants).grant_qp(&QpGrant {
+            qpn: 7,
+            access: REMOTE_WRITE,
+            pd: 1
+        }));
+        let region = RegionGrant {
+            rkey: 0x1234,
+            iova: 0x10_0000,
+            len: 4096,
+            host: target_host,
+            access: REMOTE_WRITE,
+            pd: 1,
+        };
+        assert!(lock(&grants).grant_region(&region, |s| b.slot_alive(s)));
+        let ask = Ask {
+            qpn: 7,
+            rkey: 0x1234,
+            va: 0x10_0100,
+            len: 5,
+            access: REMOTE_WRITE,
+        };
+        // The answer is taken by a's rendezvous thread: wait for it, bounded.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let written = loop {
+            let r = a.with_peer_grants(ba, |g, pid| {
+                let h = g.hold(&ask).map_err(|e| format!("{e:?}"))?;
+                crate::shm::cma::write_to(pid, h.host(), b"hello").map_err(|e| e.to_string())
+            });
+            match r {
+                Some(r) => break r,
+                None => {
+                    assert!(Instant::now() < deadline, "no grants from the peer");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        };
+        assert_eq!(written, Ok(()));
+        assert_eq!(&target[0x100..0x105], b"hello");
+        lock(&grants).revoke_region(0x1234, |s| b.slot_alive(s));
+        let refused = a.with_peer_grants(ba, |g, _| g.hold(&ask).map(|_| ()));
+        assert_eq!(refused, Some(Err(Refusal::NoRegion)));
+        assert_eq!(&target[0x105..0x10a], &[0; 5]);
     }
 
     #[test]

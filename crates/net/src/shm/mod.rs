@@ -25,7 +25,7 @@
 //! a peer with another uid on either end of a connection is refused (its traffic stays on
 //! UDP).
 
-mod cma;
+pub mod cma;
 pub mod grants;
 mod map;
 pub mod ring;
