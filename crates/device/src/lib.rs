@@ -73,6 +73,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod grants;
 pub mod log;
 mod mcast;
 pub mod netdev;
@@ -268,6 +269,10 @@ impl Device {
             rnic.set_rx_buffer(b);
         }
         rnic.set_keepalive(cfg.keepalive);
+        // Same-host peers check their one-sided operations against what the engine grants.
+        if let Some(shared) = link.grants() {
+            rnic.set_grant_sink(Box::new(grants::ShmGrants(shared)));
+        }
         // The port's active MTU is its link's, as rxe sets it from its netdev's: 4096 on
         // loopback, 1024 on a 1500-byte Ethernet (the engine's 1024 when the interface
         // is not found). It cannot exceed the port's maximum, 4096.

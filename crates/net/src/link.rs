@@ -74,6 +74,11 @@ pub trait Link: Send + std::fmt::Debug {
     fn peer_paths(&self) -> Vec<PeerPath> {
         Vec::new()
     }
+    /// The table through which same-host peers copy into and out of this endpoint's
+    /// device's memory (`shm::grants`), if it has one.
+    fn grants(&self) -> Option<crate::shm::grants::Shared> {
+        None
+    }
 }
 
 /// How datagrams to one peer go ([`Link::peer_paths`]).

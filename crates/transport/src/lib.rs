@@ -38,6 +38,7 @@ mod cc;
 mod completer;
 mod completion;
 mod device_ctx;
+mod grants;
 mod gsi;
 mod keepalive;
 mod liveness;
@@ -67,6 +68,7 @@ use softrdma_wire as wire;
 use verbs::{QpState, QpType, SendFlags, WcStatus};
 
 pub use cc::DEFAULT_RX_BUFFER;
+pub use grants::GrantSink;
 pub use gsi::{GsiMad, GSI_INBOX_MAX};
 pub use keepalive::{Keepalive, KeepalivePolicy};
 pub use softrdma_verbs as verbs;
@@ -91,6 +93,8 @@ pub struct Rnic {
     ka_timers: timers::Timers,
     /// Bumped whenever a multicast group gains its first QP or loses its last one.
     mcast_generation: u64,
+    /// Where the engine publishes what same-host peers may reach ([`GrantSink`]).
+    grants: Option<Box<dyn GrantSink>>,
 }
 
 impl Rnic {
@@ -133,6 +137,7 @@ impl Rnic {
             timers: timers::Timers::default(),
             ka_timers: timers::Timers::default(),
             mcast_generation: 0,
+            grants: None,
         }
     }
     /// Our address.
@@ -190,7 +195,14 @@ impl Rnic {
 
     /// Destroy a QP. Queued WRs vanish without completions, as `ibv_destroy_qp` does.
     pub fn destroy_qp(&mut self, qpn: verbs::Qpn) -> verbs::Result<()> {
-        self.env.ctx.destroy_qp(qpn)?;
+        if let Some(sink) = self.grants.as_mut() {
+            sink.qp(qpn, None);
+        }
+        let r = self.env.ctx.destroy_qp(qpn);
+        if r.is_err() {
+            self.publish_qp(qpn);
+        }
+        r?;
         if let Some(mut qp) = self.qps.remove(&qpn) {
             qp.resp.held.clear(&mut self.env.held_bytes);
             self.timers.set(qpn, &mut qp.indexed.req, None);

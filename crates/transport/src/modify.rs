@@ -20,6 +20,7 @@ impl Rnic {
     ) -> verbs::Result<()> {
         let r = self.modify_qp_inner(now, qpn, attr, mask);
         self.sync_timer(qpn);
+        self.publish_qp(qpn);
         r
     }
 

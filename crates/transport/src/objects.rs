@@ -43,8 +43,6 @@ delegate_mut! {
     fn dealloc_pd(pd: PdId) -> verbs::Result<()>;
     /// Register `len` bytes of device memory `dm` at `offset` as an MR of `pd`.
     fn reg_dm_mr(pd: PdId, dm: DmId, offset: u64, len: usize, access: Access) -> verbs::Result<MrInfo>;
-    /// Deregister the MR with local key `lkey` (EBUSY while windows are bound to it).
-    fn dereg_mr(lkey: u32) -> verbs::Result<()>;
     /// Allocate a memory window of type 1 or 2 in `pd`.
     fn alloc_mw(pd: PdId, mw_type: u8) -> verbs::Result<MwId>;
     /// Free a memory window.
@@ -121,41 +119,6 @@ delegate_ref! {
 }
 
 impl Rnic {
-    /// Register `len` bytes at `ptr` in `pd`, addressed by the peer as `iova`.
-    ///
-    /// # Safety
-    /// The contract of `verbs::Context::reg_mr`: the memory stays valid (mapped, and not
-    /// freed or reused for anything else) until the region is deregistered, and the
-    /// program accepts that the device and peers read and write it at any time.
-    pub unsafe fn reg_mr(
-        &mut self,
-        pd: PdId,
-        ptr: *mut u8,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> verbs::Result<MrInfo> {
-        // SAFETY: forwarded to the caller.
-        unsafe { self.env.ctx.reg_mr(pd, ptr, len, iova, access) }
-    }
-
-    /// Re-register region `lkey` in place ([`verbs::Context::rereg_mr`]): the PD, the
-    /// memory (`ptr`, `len`, `iova`) and the access given replace the region's; its keys
-    /// stay.
-    ///
-    /// # Safety
-    /// With `memory`, the contract of [`Rnic::reg_mr`] for the new range.
-    pub unsafe fn rereg_mr(
-        &mut self,
-        lkey: u32,
-        pd: Option<PdId>,
-        memory: Option<(*mut u8, usize, u64)>,
-        access: Option<Access>,
-    ) -> verbs::Result<MrInfo> {
-        // SAFETY: forwarded to the caller.
-        unsafe { self.env.ctx.rereg_mr(lkey, pd, memory, access) }
-    }
-
     /// Take QP `qpn`'s completions out of its CQs
     /// ([`verbs::Context::discard_completions`]); how many.
     pub fn discard_completions(&mut self, qpn: Qpn) -> verbs::Result<usize> {

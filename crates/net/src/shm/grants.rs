@@ -269,6 +269,22 @@ impl Grants {
     }
 }
 
+/// A device's grants as its link shares them with the device: the table, and whether
+/// the peer given a slot is still connected (a revocation waits for its holds only then).
+#[derive(Clone)]
+pub struct Shared {
+    /// The table.
+    pub grants: std::sync::Arc<std::sync::Mutex<Grants>>,
+    /// Whether slot `s`'s peer is connected.
+    pub alive: std::sync::Arc<dyn Fn(usize) -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
+    }
+}
+
 /// Why a requester may not copy on its own (it then sends the operation's packets, and
 /// the target's responder answers as it would any other).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1351,6 +1351,22 @@ impl Link for HostLink {
         v
     }
 
+    fn grants(&self) -> Option<super::grants::Shared> {
+        let grants = self.host.inner.grants.clone()?;
+        let inner = Arc::downgrade(&self.host.inner);
+        Some(super::grants::Shared {
+            grants,
+            alive: Arc::new(move |slot| {
+                inner.upgrade().is_some_and(|i| {
+                    lock(&i.rings_in).rings.iter().any(|r| {
+                        !r.closed.load(Ordering::Acquire)
+                            && r.slot.as_ref().is_some_and(|(s, _)| *s == slot)
+                    })
+                })
+            }),
+        })
+    }
+
     fn holds_back(&self, dst: SocketAddr) -> bool {
         self.rings_ok
             && matches!(lock(&self.host.inner.routes).get(&canonical(dst)),

@@ -29,7 +29,7 @@ use std::collections::VecDeque;
 pub use cq::Arm;
 pub use device::{DeviceAttr, PortAttr};
 pub use mem::MemSpan;
-pub use mr::{Advice, MrInfo, Prefetch, RemoteKeyError};
+pub use mr::{Advice, MrInfo, Prefetch, RemoteKeyError, RemoteView};
 pub use mw::inc_rkey;
 pub use qp::Qp;
 

@@ -23,6 +23,23 @@ pub struct MrInfo {
     pub length: u64,
 }
 
+/// A region as a same-host peer may reach it ([`Context::mr_remote_view`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteView {
+    /// Its protection domain.
+    pub pd: PdId,
+    /// Its remote key.
+    pub rkey: u32,
+    /// The first address peers name.
+    pub iova: u64,
+    /// Its length.
+    pub len: u64,
+    /// Where `iova` is in this process.
+    pub host: u64,
+    /// Its remote access rights (REMOTE_WRITE, REMOTE_READ).
+    pub access: Access,
+}
+
 /// What a prefetch of on-demand memory asks for ([`Context::advise_mr`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Advice {
@@ -308,6 +325,33 @@ impl Context {
             length: len as u64,
         })
     }
+    /// The local keys of every region.
+    pub fn mr_keys(&self) -> Vec<u32> {
+        self.mrs.by_index.values().map(|m| m.key).collect()
+    }
+
+    /// What peers may reach of the region with local key `lkey` without the device (see
+    /// the same-host path's grants): its PD, rkey, first address, length, where that
+    /// address is in this process, and its remote access. None unless it is plain host
+    /// memory the program registered whole (not device memory, not on-demand, not the
+    /// implicit region) that allows remote writes or reads.
+    pub fn mr_remote_view(&self, lkey: u32) -> Option<RemoteView> {
+        let m = self.mrs.by_key(lkey)?;
+        let remote = m.access & (Access::REMOTE_WRITE | Access::REMOTE_READ);
+        if m.implicit || m.dm.is_some() || m.access.contains(Access::ON_DEMAND) || remote.is_empty()
+        {
+            return None;
+        }
+        Some(RemoteView {
+            pd: m.pd,
+            rkey: m.key,
+            iova: m.base(),
+            len: m.len as u64,
+            host: m.host(m.base()) as usize as u64,
+            access: remote,
+        })
+    }
+
     /// The PD and keys of the region with local key `lkey` (for importing it by handle);
     /// EINVAL if there is none.
     pub fn query_mr(&self, lkey: u32) -> Result<(PdId, MrInfo)> {

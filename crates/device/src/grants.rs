@@ -1,0 +1,68 @@
+//! The engine's grants ([`softrdma_transport::GrantSink`]) kept in the same-host path's
+//! shared table ([`softrdma_net::shm::grants`]), which the device's peers on this host
+//! check one-sided operations against.
+
+use softrdma_net::shm::grants::{self, QpGrant, RegionGrant, Shared};
+use softrdma_transport::verbs::{Access, PdId, Qpn, RemoteView};
+use softrdma_transport::GrantSink;
+
+/// A [`GrantSink`] over the link's shared table.
+#[derive(Debug)]
+pub(crate) struct ShmGrants(pub(crate) Shared);
+
+fn bits(a: Access) -> u32 {
+    let mut b = 0;
+    if a.contains(Access::REMOTE_WRITE) {
+        b |= grants::REMOTE_WRITE;
+    }
+    if a.contains(Access::REMOTE_READ) {
+        b |= grants::REMOTE_READ;
+    }
+    b
+}
+
+impl ShmGrants {
+    fn table(&self) -> std::sync::MutexGuard<'_, grants::Grants> {
+        self.0.grants.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl GrantSink for ShmGrants {
+    fn region(&mut self, r: &RemoteView) {
+        let g = RegionGrant {
+            rkey: r.rkey,
+            iova: r.iova,
+            len: r.len,
+            host: r.host,
+            access: bits(r.access),
+            pd: r.pd.0,
+        };
+        let alive = std::sync::Arc::clone(&self.0.alive);
+        if !self.table().grant_region(&g, |s| alive(s)) {
+            tracing::debug!(
+                rkey = format_args!("{:#x}", r.rkey),
+                "region not in the grants table (its entries near the key are taken): \
+                 same-host peers reach it through the rings"
+            );
+        }
+    }
+
+    fn revoke_region(&mut self, rkey: u32) {
+        let alive = std::sync::Arc::clone(&self.0.alive);
+        self.table().revoke_region(rkey, |s| alive(s));
+    }
+
+    fn qp(&mut self, qpn: Qpn, ready: Option<(Access, PdId)>) {
+        let mut t = self.table();
+        match ready {
+            Some((access, pd)) => {
+                t.grant_qp(&QpGrant {
+                    qpn,
+                    access: bits(access),
+                    pd: pd.0,
+                });
+            }
+            None => t.revoke_qp(qpn),
+        }
+    }
+}
