@@ -2,9 +2,40 @@
 //! shared table ([`softrdma_net::shm::grants`]), which the device's peers on this host
 //! check one-sided operations against.
 
-use softrdma_net::shm::grants::{self, QpGrant, RegionGrant, Shared};
+use std::net::SocketAddr;
+
+use softrdma_net::shm::grants::{self, Ask, QpGrant, RegionGrant, Shared};
+use softrdma_net::shm::Placer;
 use softrdma_transport::verbs::{Access, PdId, Qpn, RemoteView};
-use softrdma_transport::GrantSink;
+use softrdma_transport::{GrantSink, Placement};
+
+/// The engine's [`Placement`] through the link's [`Placer`].
+#[derive(Debug)]
+pub(crate) struct ShmPlacement(pub(crate) Placer);
+
+impl Placement for ShmPlacement {
+    fn write(
+        &mut self,
+        dst: SocketAddr,
+        dqpn: Qpn,
+        rkey: u32,
+        va: u64,
+        src: &[(u64, usize)],
+    ) -> bool {
+        let len: usize = src.iter().map(|p| p.1).sum();
+        let ask = Ask {
+            qpn: dqpn,
+            rkey,
+            va,
+            len: len as u64,
+            access: grants::REMOTE_WRITE,
+        };
+        // SAFETY: the engine gives the pieces of a registered region (checked by
+        // `local_iovecs` under the engine lock, which the region cannot be deregistered
+        // without) or of the WR's own inline copy: memory of this process it may read.
+        unsafe { self.0.write(dst, &ask, src) }
+    }
+}
 
 /// A [`GrantSink`] over the link's shared table.
 #[derive(Debug)]

@@ -286,15 +286,20 @@ impl Runtime {
                 core.stats.rx_bytes += d.data.len() as u64;
                 if let Some(p) = core.pcap.as_mut() {
                     let f = frame::emit_ip_udp(&Addrs::new(d.src, d.dst), d.tos, d.data);
-                    let note = d.shm.then_some(crate::tx::RING_NOTE);
+                    let note = crate::tx::trace_note(d.data, d.shm);
                     if p.write_packet(ts, &f, Some(Direction::Inbound), note)
                         .is_err()
                     {
                         core.stats.pcap_errors += 1;
                     }
                 }
-                core.rnic
-                    .handle_datagram_tos(now, d.src, d.dst, d.tos, d.data);
+                if d.shm {
+                    core.rnic
+                        .handle_datagram_from_ring(now, d.src, d.dst, d.tos, d.data);
+                } else {
+                    core.rnic
+                        .handle_datagram_tos(now, d.src, d.dst, d.tos, d.data);
+                }
             }
         }
         // A full batch means more may be waiting in the socket, perhaps the very ACK that

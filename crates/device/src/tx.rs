@@ -20,6 +20,22 @@ const TX_FULL_RETRIES: u32 = 64;
 /// The trace's comment on a datagram that went through a same-host ring (the packet is the
 /// RoCEv2 packet it stands for, as on UDP).
 pub(crate) const RING_NOTE: &str = "softrdma: through a same-host ring, not UDP";
+/// The trace's comment on a placed WRITE (`wire::ext::PLACED_WRITE`).
+pub(crate) const PLACED_NOTE: &str = "softrdma: a placed WRITE through a same-host ring: the \
+     requester copied its payload into this memory itself (cross-memory attach); this \
+     packet, an RDMA WRITE ONLY without payload, stands for the message";
+
+/// The trace's comment on datagram `data`, which went through a same-host ring if `ring`.
+pub(crate) fn trace_note(data: &[u8], ring: bool) -> Option<&'static str> {
+    let placed = data
+        .first()
+        .is_some_and(|&op| softrdma_wire::ext::placed_as(softrdma_wire::Opcode(op)).is_some());
+    if placed {
+        Some(PLACED_NOTE)
+    } else {
+        ring.then_some(RING_NOTE)
+    }
+}
 /// Datagrams handed to the driver per send call.
 pub(crate) const TX_CHUNK: usize = 256;
 /// Longest an ACK produced while an application thread drives progress waits to leave
@@ -235,7 +251,7 @@ impl Engine {
             if let (Some(p), false) = (self.pcap.as_mut(), held) {
                 for t in &txq[at..end] {
                     let f = frame::emit_ip_udp(&Addrs::new(t.src, t.dst), t.tos, &t.data);
-                    let note = link.same_host_ring(t.dst).then_some(RING_NOTE);
+                    let note = trace_note(&t.data, link.same_host_ring(t.dst));
                     if p.write_packet(ts, &f, Some(Direction::Outbound), note)
                         .is_err()
                     {

@@ -148,7 +148,9 @@ fn two_thousand_connected_rc_qps_each_move_checked_data() {
         assert_eq!(mem[s..s + MSG], pattern(i, 2), "QP {i}'s SEND");
     }
     // 2 × 2000 QPs have about 2 × 1700 distinct source ports: the devices' sockets stay
-    // bounded by the send-socket cache, not by the QPs.
+    // bounded by the send-socket cache, not by the QPs. Besides those, each device has a
+    // few of its own (sockets, epoll sets, eventfds, and for the same-host path its
+    // rendezvous socket, its grants table and a ring each way).
     let opened = fds().saturating_sub(fds_before);
-    assert!(opened < 2 * 64 + 40, "{opened} descriptors for two devices");
+    assert!(opened < 2 * 64 + 48, "{opened} descriptors for two devices");
 }

@@ -79,6 +79,11 @@ pub trait Link: Send + std::fmt::Debug {
     fn grants(&self) -> Option<crate::shm::grants::Shared> {
         None
     }
+    /// What copies into same-host peers' memory for this endpoint's device, if its
+    /// network has such peers.
+    fn placer(&self) -> Option<crate::shm::Placer> {
+        None
+    }
 }
 
 /// How datagrams to one peer go ([`Link::peer_paths`]).

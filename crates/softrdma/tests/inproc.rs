@@ -303,7 +303,7 @@ fn pcap_trace(shm: bool) {
             })
             .collect();
         assert!(rows.len() >= 4, "{p:?}: {text}");
-        let (mut sent, mut received) = (0, 0);
+        let (mut sent, mut received, mut placed) = (0, 0, 0);
         for r in &rows {
             let f: Vec<&str> = r.split('\t').collect();
             assert!(!f[0].is_empty(), "tshark did not decode a BTH: {r:?}");
@@ -318,8 +318,19 @@ fn pcap_trace(shm: bool) {
                 d => panic!("no direction in the trace: {d:?} in {r:?}"),
             }
             let ring = "softrdma: through a same-host ring, not UDP";
-            let want = if shm { Some(ring) } else { Some("") };
-            assert_eq!(f.get(3).copied(), want, "{r:?}");
+            let comment = f.get(3).copied().unwrap_or("");
+            if !shm {
+                assert_eq!(comment, "", "{r:?}");
+            } else if f[0] == "194" {
+                // The WRITE went by cross-memory attach: its placed WRITE says so.
+                assert!(comment.contains("placed WRITE"), "{r:?}");
+                placed += 1;
+            } else {
+                assert_eq!(comment, ring, "{r:?}");
+            }
+        }
+        if shm && p == &pa {
+            assert_eq!(placed, 1, "the 2000-byte WRITE was placed: {text}");
         }
         assert!(sent > 0 && received > 0, "{p:?}: {text}");
         let _ = std::fs::remove_file(p);

@@ -299,13 +299,15 @@ fn run_case(seed: u64, ops: usize, shm: bool) {
     );
     let (sa, sb) = (da.stats(), db.stats());
     eprintln!(
-        "{tag}: ring datagrams {}+{}, held {}+{}, retransmits {}+{}",
+        "{tag}: ring datagrams {}+{}, held {}+{}, retransmits {}+{}, placed WRITEs {} (taken {})",
         sa.driver.shm_sent_datagrams,
         sb.driver.shm_sent_datagrams,
         sa.link.tx_held,
         sb.link.tx_held,
         sa.engine.retransmits,
-        sb.engine.retransmits
+        sb.engine.retransmits,
+        sa.engine.placed_writes,
+        sb.engine.placed_writes_taken
     );
     if shm {
         // Everything went through the rings, and nothing waited so long it was dropped.
@@ -315,6 +317,13 @@ fn run_case(seed: u64, ops: usize, shm: bool) {
             "{tag}"
         );
         assert_eq!((sa.link.tx_held_expired, sb.link.tx_held_expired), (0, 0));
+        // The WRITEs went straight into the target's memory, each a placed WRITE through
+        // the ring, and the target took every one.
+        assert!(sa.engine.placed_writes > 0, "{tag}: no WRITE was placed");
+        assert_eq!(
+            sa.engine.placed_writes, sb.engine.placed_writes_taken,
+            "{tag}"
+        );
     } else {
         assert_eq!(
             (sa.driver.shm_sent_datagrams, sb.driver.shm_sent_datagrams),

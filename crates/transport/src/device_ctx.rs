@@ -47,6 +47,9 @@ pub(crate) struct DeviceCtx {
     pub rx_buffer: usize,
     /// Liveness checks of idle RC connections (see [`Rnic::set_keepalive`]).
     pub keepalive: KeepalivePolicy,
+    /// Where RC WRITEs to same-host peers are copied straight into their memory
+    /// ([`crate::Placement`]).
+    pub placement: Option<Box<dyn crate::Placement>>,
 }
 
 impl DeviceCtx {
@@ -127,6 +130,31 @@ impl DeviceCtx {
             kind,
             data,
         });
+    }
+
+    /// Build, seal and queue a placed WRITE ([`wire::ext::PLACED_WRITE`]): the headers `h`
+    /// of an RC WRITE ONLY (with immediate), no payload, under the vendor opcode `op`.
+    pub fn send_placed(
+        &mut self,
+        src_qpn: u32,
+        dst: SocketAddr,
+        tos: u8,
+        h: &Headers,
+        op: wire::Opcode,
+    ) {
+        let total = h.packet_len(0);
+        let mut data = self.take_buf(total);
+        match h.emit_header(0, &mut data) {
+            Ok(at) => {
+                data[at..].fill(0); // ICRC
+                data[0] = op.0;
+                self.seal_and_queue(src_qpn, dst, tos, TransmitKind::of(h), data);
+            }
+            Err(_) => {
+                self.stats.dropped += 1;
+                self.recycle(data);
+            }
+        }
     }
 
     /// Build, seal and queue one of softrdma's extension messages ([`wire::ext`]) from QP

@@ -19,7 +19,29 @@ pub trait GrantSink: Send + std::fmt::Debug {
     fn qp(&mut self, qpn: Qpn, ready: Option<(Access, PdId)>);
 }
 
+/// Copies a WRITE's payload straight into a same-host peer's memory, as the peer's grants
+/// allow (see the module docs); the device's is the same-host path's.
+pub trait Placement: Send + std::fmt::Debug {
+    /// Copy the bytes at `src` (addresses of this process, in order) into the region
+    /// `rkey` at `va` of the device at `dst`, reached through its QP `dqpn`. True only if
+    /// every byte was copied under the peer's grant; false (nothing to rely on) when it
+    /// cannot, and the caller sends the WRITE's packets.
+    fn write(
+        &mut self,
+        dst: std::net::SocketAddr,
+        dqpn: Qpn,
+        rkey: u32,
+        va: u64,
+        src: &[(u64, usize)],
+    ) -> bool;
+}
+
 impl Rnic {
+    /// Let the requester copy RC WRITEs to same-host peers through `p` from now on.
+    pub fn set_placement(&mut self, p: Box<dyn Placement>) {
+        self.env.placement = Some(p);
+    }
+
     /// Publish this engine's grants to `sink` from now on (every region and QP already
     /// reachable at once).
     pub fn set_grant_sink(&mut self, mut sink: Box<dyn GrantSink>) {

@@ -68,7 +68,7 @@ use softrdma_wire as wire;
 use verbs::{QpState, QpType, SendFlags, WcStatus};
 
 pub use cc::DEFAULT_RX_BUFFER;
-pub use grants::GrantSink;
+pub use grants::{GrantSink, Placement};
 pub use gsi::{GsiMad, GSI_INBOX_MAX};
 pub use keepalive::{Keepalive, KeepalivePolicy};
 pub use softrdma_verbs as verbs;
@@ -131,6 +131,7 @@ impl Rnic {
                 held_bytes: 0,
                 rx_buffer: cc::DEFAULT_RX_BUFFER,
                 keepalive: KeepalivePolicy::OFF,
+                placement: None,
             },
             gsi: gsi::Gsi::default(),
             qps: BTreeMap::new(),

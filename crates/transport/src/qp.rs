@@ -87,6 +87,9 @@ pub(crate) struct SendWqe {
     /// READ: an answer past its last PSN came, so every response was sent.
     pub read_whole_sent: bool,
     pub ud: Option<UdTarget>,
+    /// An RC WRITE whose payload the requester copied into the peer itself: one packet,
+    /// a placed WRITE ([`softrdma_wire::ext::PLACED_WRITE`]), stands for it.
+    pub placed: bool,
 }
 
 impl SendWqe {
@@ -110,6 +113,7 @@ impl SendWqe {
             read_ooo: Default::default(),
             read_whole_sent: false,
             ud,
+            placed: false,
         }
     }
     /// Complete in error, with the status and the detail of `e`.
@@ -353,6 +357,8 @@ pub(crate) struct HeldPkt {
     pub h: Headers,
     pub payload: Vec<u8>,
     pub src_port: u16,
+    /// A placed WRITE (its payload in our memory already).
+    pub placed: bool,
 }
 
 /// Request packets an RC responder holds past a gap, by PSN, to execute in order once
@@ -746,6 +752,7 @@ mod tests {
             h,
             payload: vec![p as u8; len],
             src_port: 4791,
+            placed: false,
         }
     }
 

@@ -32,6 +32,32 @@ impl Rnic {
         tos: u8,
         data: &[u8],
     ) {
+        self.receive(now, src, dst, tos, data, false)
+    }
+
+    /// A datagram that came through a same-host ring rather than the network: as
+    /// [`Rnic::handle_datagram_tos`], and a placed WRITE ([`wire::ext::PLACED_WRITE`]),
+    /// whose payload its requester copied into our memory itself, is taken only here.
+    pub fn handle_datagram_from_ring(
+        &mut self,
+        now: u64,
+        src: SocketAddr,
+        dst: SocketAddr,
+        tos: u8,
+        data: &[u8],
+    ) {
+        self.receive(now, src, dst, tos, data, true)
+    }
+
+    fn receive(
+        &mut self,
+        now: u64,
+        src: SocketAddr,
+        dst: SocketAddr,
+        tos: u8,
+        data: &[u8],
+        via_ring: bool,
+    ) {
         let env = &mut self.env;
         env.stats.rx_packets += 1;
         env.stats.rx_bytes += data.len() as u64;
@@ -78,6 +104,29 @@ impl Rnic {
             env.stats.icrc_errors += 1;
             return;
         }
+        // A placed WRITE is parsed as the WRITE ONLY whose headers it carries.
+        let as_write;
+        let (data, placed) = match wire::ext::placed_as(wire::Opcode(data[0])) {
+            Some(op) if via_ring => {
+                as_write = {
+                    let mut v = data.to_vec();
+                    v[0] = op.0;
+                    v
+                };
+                (&as_write[..], true)
+            }
+            Some(_) => {
+                tracing::debug!(
+                    peer = %src,
+                    counter = "malformed",
+                    reason = "a placed WRITE from the network (taken only from a same-host ring)",
+                    "packet dropped"
+                );
+                env.stats.malformed += 1;
+                return;
+            }
+            None => (data, false),
+        };
         if wire::ext::is_vendor(wire::Opcode(data[0])) {
             self.receive_ext(now, src, data);
             return;
@@ -137,8 +186,19 @@ impl Rnic {
             return;
         }
         liveness::heard(qp, now);
+        if placed && qp.qp_type != QpType::Rc {
+            tracing::debug!(
+                peer = %src,
+                qpn = format_args!("{:#x}", h.bth.dest_qp),
+                counter = "dropped",
+                reason = "a placed WRITE for a QP that is not RC",
+                "packet dropped"
+            );
+            env.stats.dropped += 1;
+            return;
+        }
         if info.is_request {
-            responder::handle_request(qp, env, now, &addrs, tos, &h, payload, data.len());
+            responder::handle_request(qp, env, now, &addrs, tos, &h, payload, data.len(), placed);
         } else {
             completer::handle_response(qp, env, now, src.port(), &h, payload);
         }
@@ -245,7 +305,17 @@ impl Rnic {
                 continue;
             };
             if admit(qp, &mut self.env, info, h, addrs.src) && info.is_request {
-                responder::handle_request(qp, &mut self.env, now, addrs, tos, h, payload, udp_len);
+                responder::handle_request(
+                    qp,
+                    &mut self.env,
+                    now,
+                    addrs,
+                    tos,
+                    h,
+                    payload,
+                    udp_len,
+                    false,
+                );
             }
             self.sync_timer(qpn);
         }

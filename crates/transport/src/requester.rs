@@ -183,7 +183,16 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
         if !w.started {
             w.started = true;
             w.first_psn = qp.req.next_psn;
-            w.npkts = if w.is_atomic() { 1 } else { npkts(w.len, mtu) };
+            w.placed =
+                qp.qp_type == QpType::Rc && place(env, w, qp.pd, qp.peer, qp.attr.dest_qp_num);
+            if w.placed {
+                env.stats.placed_writes += 1;
+            }
+            w.npkts = if w.is_atomic() || w.placed {
+                1
+            } else {
+                npkts(w.len, mtu)
+            };
             w.last_psn = psn::add(w.first_psn, w.npkts - 1);
             qp.req.next_psn = psn::add(w.last_psn, 1);
         }
@@ -284,6 +293,19 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
                 qp.req.offset = 0;
                 in_wqe = false;
             }
+            SendOp::Write { remote_addr, rkey }
+            | SendOp::WriteWithImm {
+                remote_addr, rkey, ..
+            } if w.placed => {
+                pkt_psn = w.first_psn;
+                end_psn = pkt_psn;
+                send_placed(env, qp.qpn, dst, tos, dqpn, w, remote_addr, rkey);
+                qp.req.noack_pkts = 0;
+                w.sent_all = true;
+                qp.req.cur += 1;
+                qp.req.offset = 0;
+                in_wqe = false;
+            }
             _ => {
                 // SEND / WRITE data packet at the current offset.
                 let offset = qp.req.offset.min(w.len);
@@ -351,6 +373,77 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     }
     // UC/UD sends and local ops finish without a response: report them now.
     completion::complete_front(qp, env, now);
+}
+
+/// Copy WRITE `w`'s payload straight into the peer's memory if the device's
+/// [`crate::Placement`] can (a same-host peer whose grants allow it): true if every byte
+/// is there, and one placed WRITE then stands for the message.
+fn place(
+    env: &mut DeviceCtx,
+    w: &SendWqe,
+    pd: PdId,
+    peer: Option<std::net::SocketAddr>,
+    dqpn: u32,
+) -> bool {
+    let (SendOp::Write { remote_addr, rkey }
+    | SendOp::WriteWithImm {
+        remote_addr, rkey, ..
+    }) = w.wr.op
+    else {
+        return false;
+    };
+    let (Some(p), Some(peer)) = (env.placement.as_mut(), peer) else {
+        return false;
+    };
+    if w.len == 0 || w.len > u32::MAX as usize {
+        return false;
+    }
+    let src = match &w.inline {
+        Some(d) => vec![(d.as_ptr() as u64, d.len())],
+        None => match env.ctx.local_iovecs(pd, &w.wr.sg_list, w.len) {
+            Ok(v) => v,
+            // The packets' path reports the error, in the WR's completion.
+            Err(_) => return false,
+        },
+    };
+    p.write(peer, dqpn, rkey, remote_addr, &src)
+}
+
+/// Queue the placed WRITE that stands for `w` (its payload already in the peer): the
+/// headers of an RC WRITE ONLY (with immediate), asking for an ACK.
+#[allow(clippy::too_many_arguments)]
+fn send_placed(
+    env: &mut DeviceCtx,
+    qpn: u32,
+    dst: std::net::SocketAddr,
+    tos: u8,
+    dqpn: u32,
+    w: &SendWqe,
+    remote_addr: u64,
+    rkey: u32,
+) {
+    let imm = match w.wr.op {
+        SendOp::WriteWithImm { imm, .. } => Some(imm),
+        _ => None,
+    };
+    let (as_op, op) = match imm {
+        Some(_) => (
+            Opcode::RC_RDMA_WRITE_ONLY_IMM,
+            softrdma_wire::ext::PLACED_WRITE_IMM,
+        ),
+        None => (Opcode::RC_RDMA_WRITE_ONLY, softrdma_wire::ext::PLACED_WRITE),
+    };
+    let mut bth = Bth::new(as_op, dqpn, w.first_psn);
+    bth.ack_req = true;
+    bth.solicited = w.wr.flags.contains(SendFlags::SOLICITED);
+    let mut h = Headers::new(bth);
+    h.reth = Some(Reth {
+        va: remote_addr,
+        rkey,
+        dma_len: w.len as u32,
+    });
+    h.imm = imm;
+    env.send_placed(qpn, dst, tos, &h, op);
 }
 
 /// Build and queue the SEND / WRITE data packet of `w` at byte `offset` (`plen` bytes, at
@@ -456,6 +549,20 @@ pub(crate) fn resend_one(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64, k: u32) 
         return false;
     };
     if w.is_rd_atomic() || w.is_local() || qp.qp_type != QpType::Rc {
+        return false;
+    }
+    if w.placed {
+        // Its payload is in the peer already: the placed WRITE again, nothing copied.
+        if let SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        } = w.wr.op
+        {
+            send_placed(env, qp.qpn, dst, tos, dqpn, w, remote_addr, rkey);
+            env.stats.retransmits += 1;
+            qp.arm_timers(now);
+            return true;
+        }
         return false;
     }
     let idx = psn::diff(k, w.first_psn) as u32;

@@ -43,6 +43,7 @@ pub(crate) fn handle_request(
     h: &Headers,
     payload: &[u8],
     udp_len: usize,
+    placed: bool,
 ) {
     match qp.qp_type {
         QpType::Ud => ud_request(qp, env, now, addrs, tos, h, payload, udp_len),
@@ -54,7 +55,7 @@ pub(crate) fn handle_request(
             }
             uc_request(qp, env, now, h, payload)
         }
-        QpType::Rc => rc_request(qp, env, now, addrs.src.port(), h, payload),
+        QpType::Rc => rc_request(qp, env, now, addrs.src.port(), h, payload, placed),
     }
 }
 
@@ -159,6 +160,8 @@ fn length_ok(position: Position, plen: usize, mtu: usize, has_payload: bool) -> 
     }
 }
 
+/// `placed`: a placed WRITE, whose payload is in our memory already (see
+/// [`softrdma_wire::ext::PLACED_WRITE`]).
 fn rc_request(
     qp: &mut QpCtx,
     env: &mut DeviceCtx,
@@ -166,9 +169,10 @@ fn rc_request(
     src_port: u16,
     h: &Headers,
     payload: &[u8],
+    placed: bool,
 ) {
     let in_order = h.bth.psn == qp.resp.epsn;
-    rc_request_one(qp, env, now, src_port, h, payload);
+    rc_request_one(qp, env, now, src_port, h, payload, placed);
     if in_order && !qp.resp.held.is_empty() {
         drain_held(qp, env, now);
     }
@@ -182,7 +186,7 @@ fn drain_held(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     let mut last = None;
     while let Some(pkt) = qp.resp.held.take(qp.resp.epsn, &mut env.held_bytes) {
         let before = qp.resp.epsn;
-        rc_request_one(qp, env, now, pkt.src_port, &pkt.h, &pkt.payload);
+        rc_request_one(qp, env, now, pkt.src_port, &pkt.h, &pkt.payload, pkt.placed);
         let (psn, kind) = (pkt.h.bth.psn, pkt.h.bth.opcode.info().map(|i| i.kind));
         env.recycle(pkt.payload);
         if qp.resp.epsn == before || qp.resp.fatal || qp.state == crate::verbs::QpState::Err {
@@ -222,6 +226,7 @@ fn rc_request_one(
     src_port: u16,
     h: &Headers,
     payload: &[u8],
+    placed: bool,
 ) {
     let Some(info) = h.bth.opcode.info() else {
         return;
@@ -254,6 +259,7 @@ fn rc_request_one(
                 h: *h,
                 payload: copy,
                 src_port,
+                placed,
             };
             qp.resp.held.insert(p, pkt, &mut env.held_bytes)
         };
@@ -340,7 +346,7 @@ fn rc_request_one(
         );
         return;
     }
-    if !length_ok(info.position, payload.len(), qp.mtu(), info.has_payload) {
+    if !placed && !length_ok(info.position, payload.len(), qp.mtu(), info.has_payload) {
         fatal_nak(
             qp,
             env,
@@ -359,7 +365,7 @@ fn rc_request_one(
             }
         }
         OpKind::Write => {
-            if rc_write(qp, env, now, h, info.position, payload) && h.bth.ack_req {
+            if rc_write(qp, env, now, h, info.position, payload, placed) && h.bth.ack_req {
                 schedule_ack(qp, env, p);
             }
         }
@@ -492,6 +498,7 @@ fn rc_write(
     h: &Headers,
     position: Position,
     payload: &[u8],
+    placed: bool,
 ) -> bool {
     let p = h.bth.psn;
     let last = matches!(position, Position::Last | Position::Only);
@@ -554,7 +561,13 @@ fn rc_write(
         return false;
     };
     let off = qp.resp.offset;
-    let end = off + payload.len();
+    // A placed WRITE (a WRITE ONLY) says the whole message is in place.
+    let end = if placed {
+        env.stats.placed_writes_taken += 1;
+        len as usize
+    } else {
+        off + payload.len()
+    };
     if end > len as usize || (last && end != len as usize) {
         fatal_nak(
             qp,
@@ -567,7 +580,7 @@ fn rc_write(
         );
         return false;
     }
-    if !payload.is_empty() {
+    if !payload.is_empty() && !placed {
         let wrote = match env.ctx.remote_span(
             qp.pd,
             qp.qpn,

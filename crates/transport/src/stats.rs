@@ -52,6 +52,12 @@ pub struct Stats {
     /// READ's duplicates may cost (`READ_REPLAY_FACTOR`), which bounds what a READ can be
     /// made to reflect, or too many parts of one READ waiting to be sent again.
     pub read_replays_refused: u64,
+    /// RC WRITEs whose payload went straight into a same-host peer's memory, one copy by
+    /// cross-memory attach ([`crate::Placement`]), with only a placed WRITE through the
+    /// ring.
+    pub placed_writes: u64,
+    /// Placed WRITEs taken by the responder.
+    pub placed_writes_taken: u64,
     /// Requests ahead of the expected PSN.
     pub out_of_sequence: u64,
     /// Of those, RC requests held until the gap before them filled (`qp::Held`).

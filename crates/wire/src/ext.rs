@@ -33,6 +33,24 @@ use crate::{psn, Bth, Error, Opcode, Result, BTH_LEN, ICRC_LEN};
 pub const SACK_PERMIT: Opcode = Opcode(0xC0);
 /// Opcode of the responder's selective acknowledgement.
 pub const SACK: Opcode = Opcode(0xC1);
+/// Opcode of a WRITE whose payload the requester copied into the responder's memory
+/// itself, between two softrdma devices of one host (cross-memory attach): the headers of
+/// an RC RDMA WRITE ONLY (BTH, RETH naming the whole message) and no payload. A
+/// responder takes it only from a same-host ring, never from the network.
+pub const PLACED_WRITE: Opcode = Opcode(0xC2);
+/// [`PLACED_WRITE`] with immediate data: the headers of an RC RDMA WRITE ONLY with
+/// Immediate.
+pub const PLACED_WRITE_IMM: Opcode = Opcode(0xC3);
+
+/// The IBTA opcode whose headers a placed WRITE carries, if `op` is one.
+pub fn placed_as(op: Opcode) -> Option<Opcode> {
+    match op {
+        PLACED_WRITE => Some(Opcode::RC_RDMA_WRITE_ONLY),
+        PLACED_WRITE_IMM => Some(Opcode::RC_RDMA_WRITE_ONLY_IMM),
+        _ => None,
+    }
+}
+
 /// The body's first four bytes: "SR", version 2, zero. Another vendor's use of the same
 /// opcodes does not carry it.
 pub const TAG: [u8; 4] = [b'S', b'R', 2, 0];

@@ -107,6 +107,54 @@ pub fn write_to(pid: i32, remote: u64, data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Copy the pieces `src` of this process (address, length; in order) into process `pid`
+/// from `remote` on, all of them: `process_vm_writev`, again past what a call copied.
+///
+/// # Safety
+/// Every piece of `src` is memory of this process the caller may read for the call (the
+/// kernel reads it; a piece that is not mapped fails the call with EFAULT instead).
+pub unsafe fn writev_to(pid: i32, remote: u64, src: &[(u64, usize)]) -> io::Result<()> {
+    let total: usize = src.iter().map(|p| p.1).sum();
+    let mut done = 0usize;
+    while done < total {
+        // The pieces from `done` on (the first cut where a call stopped); at most 1024,
+        // what one call takes (IOV_MAX): a longer list goes in several calls.
+        let mut skip = done;
+        let mut iov = Vec::with_capacity(src.len().min(1024));
+        for &(a, n) in src {
+            if skip >= n {
+                skip -= n;
+                continue;
+            }
+            iov.push(libc::iovec {
+                iov_base: (a + skip as u64) as *mut libc::c_void,
+                iov_len: n - skip,
+            });
+            skip = 0;
+            if iov.len() == 1024 {
+                break;
+            }
+        }
+        let want: usize = iov.iter().map(|v| v.iov_len).sum();
+        let target = libc::iovec {
+            iov_base: (remote + done as u64) as *mut libc::c_void,
+            iov_len: want,
+        };
+        // SAFETY: the local pieces are readable memory of this process (the caller's
+        // contract); `target` names memory of the other process, checked by the kernel.
+        let n =
+            unsafe { libc::process_vm_writev(pid, iov.as_ptr(), iov.len() as u64, &target, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "nothing copied"));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
 /// Yama's `ptrace_scope`, if the module is there.
 fn ptrace_scope() -> Option<u32> {
     std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")

@@ -1158,7 +1158,56 @@ fn end_sleep(rin: &mut InRings) {
     }
 }
 
+/// Copies into same-host peers' memory under their grants, for the device's requester
+/// (a handle on the link's peers, independent of any one link handle).
+#[derive(Debug, Clone)]
+pub struct Placer {
+    inner: Arc<Inner>,
+}
+
+impl Placer {
+    /// Copy `src` (this process's pieces, in order) into the region `ask` names at the
+    /// device `dst`, if its ring is up, cross-memory attach to it works and its grants
+    /// allow `ask` (a write): true if every byte is there.
+    ///
+    /// # Safety
+    /// Every piece of `src` is memory of this process the caller may read for the call.
+    pub unsafe fn write(
+        &self,
+        dst: SocketAddr,
+        ask: &super::grants::Ask,
+        src: &[(u64, usize)],
+    ) -> bool {
+        let ring = match lock(&self.inner.routes).get(&canonical(dst)) {
+            Some(Route::Ring(r)) if !r.dead.load(Ordering::Acquire) => Arc::clone(r),
+            _ => return false,
+        };
+        let Some(Ok(pid)) = ring.cma.get() else {
+            return false;
+        };
+        let Some(g) = ring.grants.get() else {
+            return false;
+        };
+        let mut g = lock(g);
+        let Ok(hold) = g.hold(ask) else {
+            return false;
+        };
+        // SAFETY: the caller's contract for `src`; the target range is inside the region
+        // the hold keeps granted until it is dropped, after the copy.
+        let r = unsafe { super::cma::writev_to(*pid, hold.host(), src) };
+        drop(hold);
+        r.is_ok()
+    }
+}
+
 impl HostLink {
+    /// The placer of this link's device ([`Placer`]).
+    pub fn placer(&self) -> Placer {
+        Placer {
+            inner: Arc::clone(&self.host.inner),
+        }
+    }
+
     /// This device's grants, which the device keeps equal to what its peers may reach
     /// (None: the table could not be made).
     pub fn grants(&self) -> Option<Arc<Mutex<Grants>>> {
@@ -1349,6 +1398,10 @@ impl Link for HostLink {
             .collect();
         v.sort_by_key(|p| p.peer);
         v
+    }
+
+    fn placer(&self) -> Option<Placer> {
+        Some(HostLink::placer(self))
     }
 
     fn grants(&self) -> Option<super::grants::Shared> {

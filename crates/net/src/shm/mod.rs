@@ -32,4 +32,4 @@ pub mod ring;
 
 mod host;
 
-pub use host::HostLink;
+pub use host::{HostLink, Placer};

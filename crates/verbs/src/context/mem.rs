@@ -72,6 +72,13 @@ impl MemSpan<'_> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// The address of byte `offset` in this process, if `offset..offset+n` lies inside the
+    /// span: for the kernel to copy from or into (cross-memory attach), never dereferenced
+    /// here.
+    pub fn addr_at(&self, offset: usize, n: usize) -> Option<u64> {
+        self.fits(offset, n)
+            .then(|| self.ptr.wrapping_add(offset) as usize as u64)
+    }
     /// Whether `offset..offset+n` lies inside the span.
     fn fits(&self, offset: usize, n: usize) -> bool {
         matches!(offset.checked_add(n), Some(end) if end <= self.len)
