@@ -158,6 +158,12 @@ fn print_record(r: &Record) {
         get("shm_tx_held"),
         get("shm_tx_held_expired")
     );
+    outln!(
+        "    one-sided, one copy into or out of a same-host peer's memory  WRITEs {}  READs {}  (placed WRITEs taken {})",
+        get("placed_writes"),
+        get("placed_reads"),
+        get("placed_writes_taken")
+    );
     if !r.same_host.is_empty() {
         outln!("  same-host path {}", r.same_host);
     }

@@ -35,6 +35,29 @@ impl Placement for ShmPlacement {
         // without) or of the WR's own inline copy: memory of this process it may read.
         unsafe { self.0.write(dst, &ask, src) }
     }
+
+    fn read(
+        &mut self,
+        dst: SocketAddr,
+        dqpn: Qpn,
+        rkey: u32,
+        va: u64,
+        dst_pieces: &[(u64, usize)],
+    ) -> bool {
+        let len: usize = dst_pieces.iter().map(|p| p.1).sum();
+        let ask = Ask {
+            qpn: dqpn,
+            rkey,
+            va,
+            len: len as u64,
+            access: grants::REMOTE_READ,
+        };
+        // SAFETY: the engine gives the pieces of a region registered for local writes
+        // (checked by `local_iovecs` under the engine lock, which the region cannot be
+        // deregistered without), the READ's destination, which nothing else of the device
+        // touches while the READ is not finished.
+        unsafe { self.0.read(dst, &ask, dst_pieces) }
+    }
 }
 
 /// A [`GrantSink`] over the link's shared table.

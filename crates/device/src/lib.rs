@@ -276,6 +276,7 @@ impl Device {
         if let Some(p) = link.placer() {
             rnic.set_placement(Box::new(grants::ShmPlacement(p)));
         }
+        rnic.set_trace_placed(pcap.is_some());
         // The port's active MTU is its link's, as rxe sets it from its netdev's: 4096 on
         // loopback, 1024 on a 1500-byte Ethernet (the engine's 1024 when the interface
         // is not found). It cannot exceed the port's maximum, 4096.

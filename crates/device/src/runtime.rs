@@ -16,7 +16,7 @@ use softrdma_transport::verbs::{AsyncEvent, ChannelId};
 use softrdma_transport::{Rnic, Transmit};
 use softrdma_wire::icrc::IpIdCache;
 use softrdma_wire::pcapng::{Direction, PcapngWriter};
-use softrdma_wire::{frame, Addrs};
+use softrdma_wire::Addrs;
 
 use crate::mcast::{Groups, MC_BATCH};
 use crate::pacing::Seen;
@@ -285,8 +285,8 @@ impl Runtime {
                 core.stats.rx_datagrams += 1;
                 core.stats.rx_bytes += d.data.len() as u64;
                 if let Some(p) = core.pcap.as_mut() {
-                    let f = frame::emit_ip_udp(&Addrs::new(d.src, d.dst), d.tos, d.data);
-                    let note = crate::tx::trace_note(d.data, d.shm);
+                    let addrs = Addrs::new(d.src, d.dst);
+                    let (f, note) = crate::tx::trace_frame(&addrs, d.tos, d.data, d.shm);
                     if p.write_packet(ts, &f, Some(Direction::Inbound), note)
                         .is_err()
                     {

@@ -21,19 +21,35 @@ const TX_FULL_RETRIES: u32 = 64;
 /// RoCEv2 packet it stands for, as on UDP).
 pub(crate) const RING_NOTE: &str = "softrdma: through a same-host ring, not UDP";
 /// The trace's comment on a placed WRITE (`wire::ext::PLACED_WRITE`).
-pub(crate) const PLACED_NOTE: &str = "softrdma: a placed WRITE through a same-host ring: the \
-     requester copied its payload into this memory itself (cross-memory attach); this \
-     packet, an RDMA WRITE ONLY without payload, stands for the message";
+pub(crate) const PLACED_NOTE: &str = "softrdma: a WRITE between same-host devices whose \
+     payload the requester copied into the responder's memory itself (process_vm_writev) \
+     after the responder's checks; this packet, its RDMA WRITE ONLY headers without the \
+     payload, is what went through the ring (under a softrdma opcode, shown here as the \
+     IBTA opcode it stands for)";
 
-/// The trace's comment on datagram `data`, which went through a same-host ring if `ring`.
-pub(crate) fn trace_note(data: &[u8], ring: bool) -> Option<&'static str> {
+/// The frame the trace shows for datagram `data` (UDP payload) between `addrs`, which went
+/// through a same-host ring if `ring`, and its comment: a placed WRITE shows as the RDMA
+/// WRITE ONLY (with immediate) it stands for, so that the trace reads as RoCEv2.
+pub(crate) fn trace_frame(
+    addrs: &Addrs,
+    tos: u8,
+    data: &[u8],
+    ring: bool,
+) -> (Vec<u8>, Option<&'static str>) {
     let placed = data
         .first()
-        .is_some_and(|&op| softrdma_wire::ext::placed_as(softrdma_wire::Opcode(op)).is_some());
-    if placed {
-        Some(PLACED_NOTE)
-    } else {
-        ring.then_some(RING_NOTE)
+        .and_then(|&op| softrdma_wire::ext::placed_as(softrdma_wire::Opcode(op)));
+    match placed {
+        Some(op) => {
+            let mut d = data.to_vec();
+            d[0] = op.0;
+            softrdma_wire::icrc::seal(addrs, &mut d);
+            (frame::emit_ip_udp(addrs, tos, &d), Some(PLACED_NOTE))
+        }
+        None => (
+            frame::emit_ip_udp(addrs, tos, data),
+            ring.then_some(RING_NOTE),
+        ),
     }
 }
 /// Datagrams handed to the driver per send call.
@@ -162,6 +178,7 @@ impl Engine {
             // Its answers will come to the second address: read that socket every step.
             sh.alt_used(now);
         }
+        self.trace_placed();
         if !self.deferred.is_empty() || matches!(flush, Flush::Defer | Flush::Hold) {
             let due = sh.ack_due.load(Ordering::Relaxed);
             let hold = match flush {
@@ -219,6 +236,30 @@ impl Engine {
         self.via.clear();
     }
 
+    /// Write the packets that stand for one-sided operations placed with no packet into the
+    /// trace (the engine makes them only while there is one).
+    fn trace_placed(&mut self) {
+        let Some(p) = self.pcap.as_mut() else {
+            return;
+        };
+        let placed = self.rnic.take_placed_traces();
+        if placed.is_empty() {
+            return;
+        }
+        let ts = wall_ns();
+        for t in placed {
+            let f = frame::emit_ip_udp(&Addrs::new(t.src, t.dst), t.tos, &t.data);
+            let dir = if t.inbound {
+                Direction::Inbound
+            } else {
+                Direction::Outbound
+            };
+            if p.write_packet(ts, &f, Some(dir), Some(&t.note)).is_err() {
+                self.stats.pcap_errors += 1;
+            }
+        }
+    }
+
     /// Send `txq` (or, if `held`, the held datagrams), one `sendmmsg` batch per run of
     /// datagrams leaving from the same socket; the positions a link held back go into
     /// `held.keep`. The trace gets `txq`'s datagrams (held ones are in it already).
@@ -250,8 +291,9 @@ impl Engine {
             };
             if let (Some(p), false) = (self.pcap.as_mut(), held) {
                 for t in &txq[at..end] {
-                    let f = frame::emit_ip_udp(&Addrs::new(t.src, t.dst), t.tos, &t.data);
-                    let note = trace_note(&t.data, link.same_host_ring(t.dst));
+                    let addrs = Addrs::new(t.src, t.dst);
+                    let ring = link.same_host_ring(t.dst);
+                    let (f, note) = trace_frame(&addrs, t.tos, &t.data, ring);
                     if p.write_packet(ts, &f, Some(Direction::Outbound), note)
                         .is_err()
                     {

@@ -215,6 +215,7 @@ fn pcap_trace(shm: bool) {
         cfg.shm = shm;
         Device::open_with(&cfg).unwrap()
     };
+    let pattern: Vec<u8> = (0..2000u32).map(|i| (i * 7 + 3) as u8).collect();
     let qpns = {
         let (da, db) = (open_pcap(&pa), open_pcap(&pb));
         let (pda, pdb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
@@ -242,9 +243,26 @@ fn pcap_trace(shm: bool) {
         qa.post_send(wr::send(1, [ma.sge(0..16).unwrap()])).unwrap();
         assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
         assert_eq!(cqb.wait(T).unwrap().status, WcStatus::Success);
+        ma.write(0, &pattern).unwrap();
         qa.post_send(wr::write(2, [ma.sge(0..2000).unwrap()], &mb.remote(), 0).unwrap())
             .unwrap();
         assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
+        // A READ back, and a WRITE with immediate (which the responder must see).
+        qa.post_send(wr::read(3, [ma.sge(2048..2448).unwrap()], &mb.remote(), 100).unwrap())
+            .unwrap();
+        assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
+        assert_eq!(ma.to_vec(2048, 400).unwrap(), pattern[100..500]);
+        qb.post_recv(wr::recv(4, [])).unwrap();
+        qa.post_send(
+            wr::write_with_imm(4, [ma.sge(0..300).unwrap()], &mb.remote(), 3000, 0xfeed).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
+        let wc = cqb.wait(T).unwrap();
+        assert_eq!(
+            (wc.status, wc.imm_data, wc.byte_len),
+            (WcStatus::Success, 0xfeed, 300)
+        );
         [qa.qpn(), qb.qpn()]
     }; // devices dropped: traces flushed
     for p in [&pa, &pb] {
@@ -281,6 +299,10 @@ fn pcap_trace(shm: bool) {
                 "frame.comment",
                 "-e",
                 "infiniband.bth.destqp",
+                "-e",
+                "infiniband.reth.dmalen",
+                "-e",
+                "data.data",
             ])
             .output()
             .unwrap();
@@ -303,7 +325,11 @@ fn pcap_trace(shm: bool) {
             })
             .collect();
         assert!(rows.len() >= 4, "{p:?}: {text}");
-        let (mut sent, mut received, mut placed) = (0, 0, 0);
+        let (mut sent, mut received) = (0, 0);
+        // The one-sided WRITE and READ as the requester's trace shows them; the WRITE
+        // with immediate as both show it.
+        let mut one_sided = Vec::new();
+        let mut with_imm = 0;
         for r in &rows {
             let f: Vec<&str> = r.split('\t').collect();
             assert!(!f[0].is_empty(), "tshark did not decode a BTH: {r:?}");
@@ -319,18 +345,38 @@ fn pcap_trace(shm: bool) {
             }
             let ring = "softrdma: through a same-host ring, not UDP";
             let comment = f.get(3).copied().unwrap_or("");
+            // Every packet reads as RoCEv2: no softrdma opcode in the trace.
+            let opcode: u8 = f[0].parse().unwrap();
+            assert!(opcode < 0xC0, "a vendor opcode in the trace: {r:?}");
             if !shm {
                 assert_eq!(comment, "", "{r:?}");
-            } else if f[0] == "194" {
-                // The WRITE went by cross-memory attach: its placed WRITE says so.
-                assert!(comment.contains("placed WRITE"), "{r:?}");
-                placed += 1;
+            } else if comment.contains("one-sided") {
+                one_sided.push((opcode, f[2], f[5].to_string(), f[6].to_string()));
+            } else if opcode == 11 {
+                // WRITE ONLY with immediate: its payload went by cross-memory attach.
+                assert!(comment.contains("process_vm_writev"), "{r:?}");
+                assert_eq!(f[5], "300", "{r:?}");
+                with_imm += 1;
             } else {
                 assert_eq!(comment, ring, "{r:?}");
             }
         }
-        if shm && p == &pa {
-            assert_eq!(placed, 1, "the 2000-byte WRITE was placed: {text}");
+        if shm {
+            assert_eq!(with_imm, 1, "{p:?}: {text}");
+            let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+            let expect = if p == &pa {
+                vec![
+                    // The WRITE: its RETH and its payload, sent.
+                    (10, "0x00000002", "2000".to_string(), hex(&pattern)),
+                    // The READ: its request sent, its response received with the data.
+                    (12, "0x00000002", "400".to_string(), String::new()),
+                    (16, "0x00000001", String::new(), hex(&pattern[100..500])),
+                ]
+            } else {
+                // Nothing reached the responder for them.
+                vec![]
+            };
+            assert_eq!(one_sided, expect, "{p:?}: {text}");
         }
         assert!(sent > 0 && received > 0, "{p:?}: {text}");
         let _ = std::fs::remove_file(p);

@@ -602,7 +602,8 @@ fn peer_killed_mid_transfer() {
 
     // Stopped first, so that its ring fills and what we send waits in our device for room:
     // UC WRITEs fill it (UC has no window: 2560 datagrams, more than twice its slots),
-    // then RC WRITEs queue behind them.
+    // then RC SENDs queue behind them (RC WRITEs would not: they go straight into the
+    // stopped process's memory, and finish).
     p.signal("-STOP");
     const UC: u64 = 40;
     for k in 0..UC {
@@ -613,7 +614,7 @@ fn peer_killed_mid_transfer() {
     const N: u64 = 16;
     for k in 0..N {
         me.rc
-            .post_send(wr::write(100 + k, [me.mr.sge(0..MR_LEN).unwrap()], &p.mem, 0).unwrap())
+            .post_send(wr::send(100 + k, [me.mr.sge(0..MR_LEN).unwrap()]))
             .unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(5);

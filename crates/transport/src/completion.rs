@@ -135,6 +135,10 @@ pub(crate) fn fail(
     }
     env.ctx.set_qp_error(qp.qpn);
     qp.state = QpState::Err;
+    // Same-host peers stop reaching its memory through it, as packets would be refused.
+    if let Some(sink) = env.grants.as_mut() {
+        sink.qp(qp.qpn, None);
+    }
     flush(qp, env, now);
 }
 

@@ -50,6 +50,12 @@ pub(crate) struct DeviceCtx {
     /// Where RC WRITEs to same-host peers are copied straight into their memory
     /// ([`crate::Placement`]).
     pub placement: Option<Box<dyn crate::Placement>>,
+    /// Where the engine publishes what same-host peers may reach ([`crate::GrantSink`]).
+    pub grants: Option<Box<dyn crate::GrantSink>>,
+    /// Whether one-sided operations placed without a packet are traced
+    /// ([`crate::Rnic::set_trace_placed`]), and the packets that stand for them.
+    pub trace_placed: bool,
+    pub placed_traces: Vec<crate::PlacedTrace>,
 }
 
 impl DeviceCtx {
@@ -129,6 +135,45 @@ impl DeviceCtx {
             tos,
             kind,
             data,
+        });
+    }
+
+    /// Keep, for the trace, the packet with headers `h` and `payload` that stands for a
+    /// one-sided operation of QP `src_qpn` placed with no packet: from us to `peer`, or, if
+    /// `inbound`, from `peer` (its QP `src_qpn`) to us.
+    #[allow(clippy::too_many_arguments)]
+    pub fn trace_placed_packet(
+        &mut self,
+        src_qpn: u32,
+        peer: SocketAddr,
+        tos: u8,
+        h: &Headers,
+        payload: &[u8],
+        inbound: bool,
+        note: String,
+    ) {
+        let mut data = vec![0u8; h.packet_len(payload.len())];
+        let Ok(at) = h.emit_header(payload.len(), &mut data) else {
+            return;
+        };
+        data[at..at + payload.len()].copy_from_slice(payload);
+        let port = wire::udp_src_port(src_qpn);
+        let (src, dst) = if inbound {
+            (
+                SocketAddr::new(peer.ip(), port),
+                SocketAddr::new(self.src_ip(peer.ip()), peer.port()),
+            )
+        } else {
+            (SocketAddr::new(self.src_ip(peer.ip()), port), peer)
+        };
+        wire::icrc::seal(&Addrs::new(src, dst), &mut data);
+        self.placed_traces.push(crate::PlacedTrace {
+            src,
+            dst,
+            tos,
+            inbound,
+            data,
+            note,
         });
     }
 

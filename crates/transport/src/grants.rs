@@ -19,8 +19,9 @@ pub trait GrantSink: Send + std::fmt::Debug {
     fn qp(&mut self, qpn: Qpn, ready: Option<(Access, PdId)>);
 }
 
-/// Copies a WRITE's payload straight into a same-host peer's memory, as the peer's grants
-/// allow (see the module docs); the device's is the same-host path's.
+/// Copies a WRITE's payload straight into a same-host peer's memory, and a READ's out of
+/// it, as the peer's grants allow (see the module docs); the device's is the same-host
+/// path's.
 pub trait Placement: Send + std::fmt::Debug {
     /// Copy the bytes at `src` (addresses of this process, in order) into the region
     /// `rkey` at `va` of the device at `dst`, reached through its QP `dqpn`. True only if
@@ -34,12 +35,62 @@ pub trait Placement: Send + std::fmt::Debug {
         va: u64,
         src: &[(u64, usize)],
     ) -> bool;
+
+    /// Copy the region `rkey` from `va` on of the device at `dst`, reached through its QP
+    /// `dqpn`, into `dst_pieces` (addresses of this process, in order, which the engine
+    /// lets the copy overwrite). True only if every byte was copied under the peer's grant;
+    /// false when it cannot (the pieces may hold part of a copy), and the caller sends the
+    /// READ request.
+    fn read(
+        &mut self,
+        dst: std::net::SocketAddr,
+        dqpn: Qpn,
+        rkey: u32,
+        va: u64,
+        dst_pieces: &[(u64, usize)],
+    ) -> bool;
 }
+
+/// A packet that stands, in a trace, for a one-sided operation placed with no packet
+/// ([`Rnic::set_trace_placed`]): the RoCEv2 packet it would have been, sealed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacedTrace {
+    /// The requester's address (or the responder's, for a READ response).
+    pub src: std::net::SocketAddr,
+    /// Where it would have gone.
+    pub dst: std::net::SocketAddr,
+    /// Its traffic class.
+    pub tos: u8,
+    /// Whether it stands for a packet this device would have received (a READ response).
+    pub inbound: bool,
+    /// The packet: BTH to ICRC, its payload cut to [`PLACED_TRACE_PAYLOAD`] bytes.
+    pub data: Vec<u8>,
+    /// What happened instead, for the trace's comment.
+    pub note: String,
+}
+
+/// At most this much of a placed operation's payload goes into the packet that stands for
+/// it in a trace (a capture's packets stay under a datagram's size).
+pub const PLACED_TRACE_PAYLOAD: usize = 4096;
 
 impl Rnic {
     /// Let the requester copy RC WRITEs to same-host peers through `p` from now on.
     pub fn set_placement(&mut self, p: Box<dyn Placement>) {
         self.env.placement = Some(p);
+    }
+
+    /// Trace one-sided operations placed with no packet from now on ([`PlacedTrace`],
+    /// taken with [`Rnic::take_placed_traces`]), or not.
+    pub fn set_trace_placed(&mut self, on: bool) {
+        self.env.trace_placed = on;
+        if !on {
+            self.env.placed_traces.clear();
+        }
+    }
+
+    /// The packets that stand for the one-sided operations placed since the last call.
+    pub fn take_placed_traces(&mut self) -> Vec<PlacedTrace> {
+        std::mem::take(&mut self.env.placed_traces)
     }
 
     /// Publish this engine's grants to `sink` from now on (every region and QP already
@@ -51,7 +102,7 @@ impl Rnic {
             }
         }
         let qpns: Vec<Qpn> = self.qps.keys().copied().collect();
-        self.grants = Some(sink);
+        self.env.grants = Some(sink);
         for q in qpns {
             self.publish_qp(q);
         }
@@ -59,7 +110,7 @@ impl Rnic {
 
     /// Tell the sink whether QP `qpn` may be reached now.
     pub(crate) fn publish_qp(&mut self, qpn: Qpn) {
-        let Some(sink) = self.grants.as_mut() else {
+        let Some(sink) = self.env.grants.as_mut() else {
             return;
         };
         let ready = self.env.ctx.qp(qpn).and_then(|q| {
@@ -72,13 +123,14 @@ impl Rnic {
 
     /// Publish region `lkey` if peers may reach it.
     fn publish_region(&mut self, lkey: u32) {
-        if let (Some(sink), Some(v)) = (self.grants.as_mut(), self.env.ctx.mr_remote_view(lkey)) {
+        if let (Some(sink), Some(v)) = (self.env.grants.as_mut(), self.env.ctx.mr_remote_view(lkey))
+        {
             sink.region(&v);
         }
     }
 
     fn revoke_region(&mut self, lkey: u32) {
-        if let Some(sink) = self.grants.as_mut() {
+        if let Some(sink) = self.env.grants.as_mut() {
             // A region's rkey is its lkey.
             sink.revoke_region(lkey);
         }

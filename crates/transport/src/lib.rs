@@ -68,7 +68,7 @@ use softrdma_wire as wire;
 use verbs::{QpState, QpType, SendFlags, WcStatus};
 
 pub use cc::DEFAULT_RX_BUFFER;
-pub use grants::{GrantSink, Placement};
+pub use grants::{GrantSink, PlacedTrace, Placement};
 pub use gsi::{GsiMad, GSI_INBOX_MAX};
 pub use keepalive::{Keepalive, KeepalivePolicy};
 pub use softrdma_verbs as verbs;
@@ -93,8 +93,6 @@ pub struct Rnic {
     ka_timers: timers::Timers,
     /// Bumped whenever a multicast group gains its first QP or loses its last one.
     mcast_generation: u64,
-    /// Where the engine publishes what same-host peers may reach ([`GrantSink`]).
-    grants: Option<Box<dyn GrantSink>>,
 }
 
 impl Rnic {
@@ -132,13 +130,15 @@ impl Rnic {
                 rx_buffer: cc::DEFAULT_RX_BUFFER,
                 keepalive: KeepalivePolicy::OFF,
                 placement: None,
+                grants: None,
+                trace_placed: false,
+                placed_traces: Vec::new(),
             },
             gsi: gsi::Gsi::default(),
             qps: BTreeMap::new(),
             timers: timers::Timers::default(),
             ka_timers: timers::Timers::default(),
             mcast_generation: 0,
-            grants: None,
         }
     }
     /// Our address.
@@ -196,7 +196,7 @@ impl Rnic {
 
     /// Destroy a QP. Queued WRs vanish without completions, as `ibv_destroy_qp` does.
     pub fn destroy_qp(&mut self, qpn: verbs::Qpn) -> verbs::Result<()> {
-        if let Some(sink) = self.grants.as_mut() {
+        if let Some(sink) = self.env.grants.as_mut() {
             sink.qp(qpn, None);
         }
         let r = self.env.ctx.destroy_qp(qpn);

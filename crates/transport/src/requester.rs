@@ -7,7 +7,7 @@ use softrdma_wire::{psn, AtomicEth, Bth, Deth, Headers, Opcode, Reth};
 use crate::completion;
 use crate::device_ctx::DeviceCtx;
 use crate::qp::{QpCtx, SendWqe, HOLD_SPAN, MAX_PKT_PER_ACK, OUTBOX_MAX};
-use crate::verbs::{PdId, QpState, QpType, SendFlags, SendOp, WcDetail, WcError, WcStatus};
+use crate::verbs::{Access, PdId, QpState, QpType, SendFlags, SendOp, WcDetail, WcError, WcStatus};
 
 /// Position of packet `idx` among `n`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -129,6 +129,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
                 }
             }
         }
+        let placeable = !in_wqe && may_place(qp, env, cur);
         let Some(w) = qp.sq.get_mut(cur) else {
             break;
         };
@@ -183,8 +184,28 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
         if !w.started {
             w.started = true;
             w.first_psn = qp.req.next_psn;
-            w.placed =
-                qp.qp_type == QpType::Rc && place(env, w, qp.pd, qp.peer, qp.attr.dest_qp_num);
+            // Placed only behind WQEs whose effects are all in the peer's memory already
+            // (finished, or placed themselves): a WRITE placed now would otherwise land
+            // before the packets of an earlier one, which a peer polling its memory sees.
+            w.placed = placeable && place(env, w, qp.pd, qp.peer, qp.attr.dest_qp_num);
+            if w.placed && !matches!(w.wr.op, SendOp::WriteWithImm { .. }) {
+                // One-sided indeed: the bytes are where they belong, nothing tells the
+                // peer (it has nothing to do), and the WQE is finished as a local
+                // operation is, taking no PSN.
+                match w.wr.op {
+                    SendOp::Read { .. } => env.stats.placed_reads += 1,
+                    _ => env.stats.placed_writes += 1,
+                }
+                if env.trace_placed {
+                    trace_placed(env, qp, cur);
+                }
+                let w = &mut qp.sq[cur];
+                w.npkts = 0;
+                w.last_psn = psn::add(w.first_psn, psn::MASK);
+                w.done = true;
+                qp.req.cur += 1;
+                continue;
+            }
             if w.placed {
                 env.stats.placed_writes += 1;
             }
@@ -375,9 +396,25 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     completion::complete_front(qp, env, now);
 }
 
-/// Copy WRITE `w`'s payload straight into the peer's memory if the device's
-/// [`crate::Placement`] can (a same-host peer whose grants allow it): true if every byte
-/// is there, and one placed WRITE then stands for the message.
+/// Whether WQE `cur`, not started, may be placed ([`place`]): an RC WRITE or READ with
+/// data, to a peer the device may place into, behind WQEs that are all finished or placed.
+fn may_place(qp: &QpCtx, env: &DeviceCtx, cur: usize) -> bool {
+    if qp.qp_type != QpType::Rc || env.placement.is_none() || qp.peer.is_none() {
+        return false;
+    }
+    let Some(w) = qp.sq.get(cur) else {
+        return false;
+    };
+    let op = matches!(
+        w.wr.op,
+        SendOp::Write { .. } | SendOp::WriteWithImm { .. } | SendOp::Read { .. }
+    );
+    op && !w.started && w.len > 0 && qp.sq.range(..cur).all(|e| e.done || e.placed)
+}
+
+/// Copy WRITE `w`'s payload straight into the peer's memory, or READ `w`'s out of it into
+/// its scatter list, if the device's [`crate::Placement`] can (a same-host peer whose
+/// grants allow it): true if every byte is there.
 fn place(
     env: &mut DeviceCtx,
     w: &SendWqe,
@@ -385,28 +422,131 @@ fn place(
     peer: Option<std::net::SocketAddr>,
     dqpn: u32,
 ) -> bool {
-    let (SendOp::Write { remote_addr, rkey }
-    | SendOp::WriteWithImm {
-        remote_addr, rkey, ..
-    }) = w.wr.op
-    else {
-        return false;
-    };
     let (Some(p), Some(peer)) = (env.placement.as_mut(), peer) else {
         return false;
     };
     if w.len == 0 || w.len > u32::MAX as usize {
         return false;
     }
-    let src = match &w.inline {
-        Some(d) => vec![(d.as_ptr() as u64, d.len())],
-        None => match env.ctx.local_iovecs(pd, &w.wr.sg_list, w.len) {
-            Ok(v) => v,
-            // The packets' path reports the error, in the WR's completion.
-            Err(_) => return false,
-        },
+    match w.wr.op {
+        SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        } => {
+            let src = match &w.inline {
+                Some(d) => vec![(d.as_ptr() as u64, d.len())],
+                None => match env
+                    .ctx
+                    .local_iovecs(pd, &w.wr.sg_list, w.len, Access::empty())
+                {
+                    Ok(v) => v,
+                    // The packets' path reports the error, in the WR's completion.
+                    Err(_) => return false,
+                },
+            };
+            p.write(peer, dqpn, rkey, remote_addr, &src)
+        }
+        SendOp::Read { remote_addr, rkey } => {
+            match env
+                .ctx
+                .local_iovecs(pd, &w.wr.sg_list, w.len, Access::LOCAL_WRITE)
+            {
+                // A failed copy may have written part of the scatter list: the READ's
+                // responses overwrite it all.
+                Ok(dst) => p.read(peer, dqpn, rkey, remote_addr, &dst),
+                Err(_) => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Queue the packets that stand for WQE `cur`, placed with no packet, for the trace: the
+/// WRITE ONLY it would have been, or the READ request and its READ RESPONSE ONLY (both
+/// with the PSN the next request takes, since it took none), their payload cut to
+/// [`crate::grants::PLACED_TRACE_PAYLOAD`] bytes and read back from this process's memory.
+fn trace_placed(env: &mut DeviceCtx, qp: &QpCtx, cur: usize) {
+    let (Some(w), Some(peer)) = (qp.sq.get(cur), qp.peer) else {
+        return;
     };
-    p.write(peer, dqpn, rkey, remote_addr, &src)
+    let dqpn = qp.attr.dest_qp_num;
+    let tos = qp.attr.ah_attr.grh.traffic_class;
+    let shown = w.len.min(crate::grants::PLACED_TRACE_PAYLOAD);
+    let mut payload = vec![0u8; shown];
+    let got = match &w.inline {
+        Some(d) => {
+            payload.copy_from_slice(&d[..shown]);
+            true
+        }
+        None => env
+            .ctx
+            .gather(qp.pd, &w.wr.sg_list, 0, &mut payload)
+            .is_ok(),
+    };
+    if !got {
+        payload.clear();
+    }
+    let (opcode, remote_addr, rkey, how) = match w.wr.op {
+        SendOp::Write { remote_addr, rkey } => (
+            Opcode::RC_RDMA_WRITE_ONLY,
+            remote_addr,
+            rkey,
+            "written into the responder's memory by the requester itself (process_vm_writev)",
+        ),
+        SendOp::Read { remote_addr, rkey } => (
+            Opcode::RC_RDMA_READ_REQUEST,
+            remote_addr,
+            rkey,
+            "read out of the responder's memory by the requester itself (process_vm_readv)",
+        ),
+        _ => return,
+    };
+    let note = format!(
+        "softrdma: a one-sided {} of {} bytes between same-host devices, {how} after the \
+         responder's checks, with no packet and no PSN; this packet stands for it{}",
+        if opcode == Opcode::RC_RDMA_READ_REQUEST {
+            "READ"
+        } else {
+            "WRITE"
+        },
+        w.len,
+        if shown < w.len && opcode != Opcode::RC_RDMA_READ_REQUEST {
+            format!(" (its first {shown} bytes shown)")
+        } else {
+            String::new()
+        },
+    );
+    let mut bth = Bth::new(opcode, dqpn, qp.req.next_psn);
+    bth.ack_req = true;
+    let mut h = Headers::new(bth);
+    h.reth = Some(Reth {
+        va: remote_addr,
+        rkey,
+        dma_len: w.len as u32,
+    });
+    let request: &[u8] = if opcode == Opcode::RC_RDMA_READ_REQUEST {
+        &[]
+    } else {
+        &payload
+    };
+    env.trace_placed_packet(qp.qpn, peer, tos, &h, request, false, note.clone());
+    if opcode == Opcode::RC_RDMA_READ_REQUEST {
+        let mut h = Headers::new(Bth::new(
+            Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+            qp.qpn,
+            qp.req.next_psn,
+        ));
+        h.aeth = Some(softrdma_wire::Aeth {
+            syndrome: softrdma_wire::Syndrome::Ack { credits: 31 },
+            msn: 0,
+        });
+        let note = if shown < w.len {
+            format!("{note} (its first {shown} bytes shown)")
+        } else {
+            note
+        };
+        env.trace_placed_packet(dqpn, peer, tos, &h, &payload, true, note);
+    }
 }
 
 /// Queue the placed WRITE that stands for `w` (its payload already in the peer): the

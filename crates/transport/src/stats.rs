@@ -53,9 +53,12 @@ pub struct Stats {
     /// made to reflect, or too many parts of one READ waiting to be sent again.
     pub read_replays_refused: u64,
     /// RC WRITEs whose payload went straight into a same-host peer's memory, one copy by
-    /// cross-memory attach ([`crate::Placement`]), with only a placed WRITE through the
-    /// ring.
+    /// cross-memory attach ([`crate::Placement`]): with no packet, or (with immediate data)
+    /// with only a placed WRITE through the ring.
     pub placed_writes: u64,
+    /// RC READs whose data came straight out of a same-host peer's memory, one copy by
+    /// cross-memory attach, with no packet.
+    pub placed_reads: u64,
     /// Placed WRITEs taken by the responder.
     pub placed_writes_taken: u64,
     /// Requests ahead of the expected PSN.

@@ -2856,3 +2856,5 @@ fn the_probe_is_an_acknowledged_duplicate() {
     assert_eq!(a.nic.poll_timeout(), Some(now + KA.idle_ns));
     assert_eq!((a.wcs(), b.wcs()), (vec![], vec![]));
 }
+
+mod placement;

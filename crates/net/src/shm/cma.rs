@@ -114,14 +114,45 @@ pub fn write_to(pid: i32, remote: u64, data: &[u8]) -> io::Result<()> {
 /// Every piece of `src` is memory of this process the caller may read for the call (the
 /// kernel reads it; a piece that is not mapped fails the call with EFAULT instead).
 pub unsafe fn writev_to(pid: i32, remote: u64, src: &[(u64, usize)]) -> io::Result<()> {
-    let total: usize = src.iter().map(|p| p.1).sum();
+    // SAFETY: the caller's contract, for the pieces the kernel reads.
+    unsafe { copy(pid, remote, src, Way::Out) }
+}
+
+/// Copy process `pid`'s memory from `remote` on into the pieces `dst` of this process
+/// (address, length; in order), all of them: `process_vm_readv`, again past what a call
+/// copied.
+///
+/// # Safety
+/// Every piece of `dst` is memory of this process the caller may overwrite for the call,
+/// with nothing else reading or writing it meanwhile (the kernel writes it; a piece that
+/// is not mapped fails the call with EFAULT instead, after what it copied before).
+pub unsafe fn readv_from(pid: i32, remote: u64, dst: &[(u64, usize)]) -> io::Result<()> {
+    // SAFETY: the caller's contract, for the pieces the kernel writes.
+    unsafe { copy(pid, remote, dst, Way::In) }
+}
+
+/// Which way [`copy`] copies.
+#[derive(Clone, Copy)]
+enum Way {
+    /// From our pieces into the other process.
+    Out,
+    /// From the other process into our pieces.
+    In,
+}
+
+/// The loop of [`writev_to`] and [`readv_from`].
+///
+/// # Safety
+/// Their contracts, for `Out` and `In`.
+unsafe fn copy(pid: i32, remote: u64, local: &[(u64, usize)], way: Way) -> io::Result<()> {
+    let total: usize = local.iter().map(|p| p.1).sum();
     let mut done = 0usize;
     while done < total {
         // The pieces from `done` on (the first cut where a call stopped); at most 1024,
         // what one call takes (IOV_MAX): a longer list goes in several calls.
         let mut skip = done;
-        let mut iov = Vec::with_capacity(src.len().min(1024));
-        for &(a, n) in src {
+        let mut iov = Vec::with_capacity(local.len().min(1024));
+        for &(a, n) in local {
             if skip >= n {
                 skip -= n;
                 continue;
@@ -140,10 +171,15 @@ pub unsafe fn writev_to(pid: i32, remote: u64, src: &[(u64, usize)]) -> io::Resu
             iov_base: (remote + done as u64) as *mut libc::c_void,
             iov_len: want,
         };
-        // SAFETY: the local pieces are readable memory of this process (the caller's
-        // contract); `target` names memory of the other process, checked by the kernel.
-        let n =
-            unsafe { libc::process_vm_writev(pid, iov.as_ptr(), iov.len() as u64, &target, 1, 0) };
+        let (ptr, cnt) = (iov.as_ptr(), iov.len() as u64);
+        let n = match way {
+            // SAFETY: the local pieces are readable memory of this process (the caller's
+            // contract); `target` names memory of the other process, checked by the kernel.
+            Way::Out => unsafe { libc::process_vm_writev(pid, ptr, cnt, &target, 1, 0) },
+            // SAFETY: the local pieces are memory of this process the caller lets the
+            // kernel write (its contract); `target` is checked by the kernel as above.
+            Way::In => unsafe { libc::process_vm_readv(pid, ptr, cnt, &target, 1, 0) },
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }

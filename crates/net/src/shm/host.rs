@@ -1178,6 +1178,42 @@ impl Placer {
         ask: &super::grants::Ask,
         src: &[(u64, usize)],
     ) -> bool {
+        // SAFETY: the caller's contract for `src`; the target range is inside the region
+        // the hold keeps granted until after the copy.
+        self.under_hold(dst, ask, |pid, host| unsafe {
+            super::cma::writev_to(pid, host, src)
+        })
+    }
+
+    /// Copy the region `ask` names at the device `dst` (a read) into `dst_pieces` (this
+    /// process's, in order), under the same conditions as [`Placer::write`]: true if every
+    /// byte is here. False may leave part of the pieces overwritten.
+    ///
+    /// # Safety
+    /// Every piece of `dst_pieces` is memory of this process the caller may overwrite for
+    /// the call, with nothing else using it meanwhile.
+    pub unsafe fn read(
+        &self,
+        dst: SocketAddr,
+        ask: &super::grants::Ask,
+        dst_pieces: &[(u64, usize)],
+    ) -> bool {
+        // SAFETY: the caller's contract for `dst_pieces`; the source range is inside the
+        // region the hold keeps granted until after the copy.
+        self.under_hold(dst, ask, |pid, host| unsafe {
+            super::cma::readv_from(pid, host, dst_pieces)
+        })
+    }
+
+    /// Run `copy(pid, host address)` while the peer at `dst` holds the region of `ask`
+    /// granted: true if the ring is up, cross-memory attach works, the grants allow `ask`
+    /// and the copy succeeded.
+    fn under_hold(
+        &self,
+        dst: SocketAddr,
+        ask: &super::grants::Ask,
+        copy: impl FnOnce(i32, u64) -> io::Result<()>,
+    ) -> bool {
         let ring = match lock(&self.inner.routes).get(&canonical(dst)) {
             Some(Route::Ring(r)) if !r.dead.load(Ordering::Acquire) => Arc::clone(r),
             _ => return false,
@@ -1192,9 +1228,7 @@ impl Placer {
         let Ok(hold) = g.hold(ask) else {
             return false;
         };
-        // SAFETY: the caller's contract for `src`; the target range is inside the region
-        // the hold keeps granted until it is dropped, after the copy.
-        let r = unsafe { super::cma::writev_to(*pid, hold.host(), src) };
+        let r = copy(*pid, hold.host());
         drop(hold);
         r.is_ok()
     }

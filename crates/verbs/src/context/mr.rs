@@ -605,28 +605,25 @@ impl Context {
     }
     /// Where the `len` bytes of the message laid out over `sg_list` are in this process,
     /// as (address, length) pieces in order, after the checks [`Context::gather`] makes
-    /// (for the kernel to copy them out of: cross-memory attach).
+    /// (`need` empty) or [`Context::scatter`] makes (`need` LOCAL_WRITE): for the kernel to
+    /// copy them out of or into (cross-memory attach).
     pub fn local_iovecs(
         &self,
         pd: PdId,
         sg_list: &[Sge],
         len: usize,
+        need: Access,
     ) -> core::result::Result<Vec<(u64, usize)>, WcError> {
         let mut v = Vec::with_capacity(sg_list.len());
-        self.walk_sgl(
-            pd,
-            sg_list,
-            0,
-            len,
-            Access::empty(),
-            |span, at, _, n| match span.addr_at(at, n) {
+        self.walk_sgl(pd, sg_list, 0, len, need, |span, at, _, n| {
+            match span.addr_at(at, n) {
                 Some(a) => {
                     v.push((a, n));
                     true
                 }
                 None => false,
-            },
-        )?;
+            }
+        })?;
         Ok(v)
     }
     /// Write `data` at byte `offset` of the message laid out over `sg_list`.
