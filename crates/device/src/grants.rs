@@ -36,6 +36,29 @@ impl Placement for ShmPlacement {
         unsafe { self.0.write(dst, &ask, src) }
     }
 
+    fn reachable(
+        &mut self,
+        dst: SocketAddr,
+        dqpn: Qpn,
+        rkey: u32,
+        va: u64,
+        len: usize,
+        write: bool,
+    ) -> bool {
+        let ask = Ask {
+            qpn: dqpn,
+            rkey,
+            va,
+            len: len as u64,
+            access: if write {
+                grants::REMOTE_WRITE
+            } else {
+                grants::REMOTE_READ
+            },
+        };
+        self.0.check(dst, &ask)
+    }
+
     fn read(
         &mut self,
         dst: SocketAddr,

@@ -158,7 +158,14 @@ fn peer_process() {
     let addr = std::env::var("SOFTRDMA_TEST_ADDR")
         .ok()
         .and_then(|a| a.parse().ok());
+    if std::env::var("SOFTRDMA_TEST_NO_CMA").as_deref() == Ok("1") {
+        refuse_cross_memory_attach();
+    }
     let s = side(addr);
+    // A second region, registered and deregistered on command (REG2, DEREG2); after its
+    // deregistration its memory stays this process's, filled with a sentinel (CHECK2).
+    let mut reg2: Option<MemoryRegion> = None;
+    let mut freed2: Option<Vec<u8>> = None;
     let mw = s.pd.alloc_mw(2).unwrap();
     let mut out = std::io::stdout();
     let _ = writeln!(
@@ -283,6 +290,52 @@ fn peer_process() {
                         let off: usize = f[1].parse().unwrap();
                         let _ = writeln!(out, "U64 {}", s.mr.read_u64(off).unwrap());
                     }
+                    Some("REG2") => {
+                        let len: usize = f[1].parse().unwrap();
+                        let mr = s.pd.register(len, ALL).unwrap();
+                        let _ = writeln!(out, "REG2 {} {}", mr.addr(), mr.rkey());
+                        reg2 = Some(mr);
+                    }
+                    Some("DEREG2") => {
+                        let mr = reg2.take().expect("REG2 first");
+                        let addr = mr.addr();
+                        let mut v = mr.into_vec().unwrap();
+                        assert_eq!(v.as_ptr() as u64, addr, "the region's own memory");
+                        v.fill(0xEE);
+                        freed2 = Some(v);
+                        let _ = writeln!(out, "DEREGGED");
+                    }
+                    Some("CHECK2") => {
+                        let v = freed2.as_ref().expect("DEREG2 first");
+                        let bad = v.iter().filter(|&&b| b != 0xEE).count();
+                        let _ = writeln!(out, "CHECK2 {bad}");
+                    }
+                    Some("PUT") => {
+                        // An RC WRITE of our first LEN bytes to ADDR/RKEY of the test's
+                        // device: its status, whether it was placed, and the path to it.
+                        let remote = RemoteMemory {
+                            addr: f[1].parse().unwrap(),
+                            rkey: f[2].parse().unwrap(),
+                            len: f[3].parse().unwrap(),
+                        };
+                        let len = remote.len as usize;
+                        s.mr.write(0, &vec![0x3C; len]).unwrap();
+                        let w = wr::write(77, [s.mr.sge(0..len).unwrap()], &remote, 0).unwrap();
+                        s.rc.post_send(w).unwrap();
+                        let wc = s.cq.wait(T).unwrap();
+                        let st = s.dev.stats();
+                        let why = st
+                            .peers
+                            .iter()
+                            .map(|p| format!("{}: {}", p.peer, p.why))
+                            .collect::<Vec<_>>()
+                            .join("; ");
+                        let _ = writeln!(
+                            out,
+                            "PUT {} {} {} {why}",
+                            wc.wr_id, wc.status as u32, st.engine.placed_writes
+                        );
+                    }
                     Some("STATS") => {
                         let st = s.dev.stats();
                         let _ = writeln!(
@@ -300,6 +353,50 @@ fn peer_process() {
             Err(_) => return,
         }
     }
+}
+
+/// Make this process's `process_vm_readv` and `process_vm_writev` fail with EPERM, as a
+/// container's seccomp profile may: a filter on this thread and the threads it starts
+/// after (the device's), so that the same-host path finds cross-memory attach refused.
+fn refuse_cross_memory_attach() {
+    let errno = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jeq = |k: u32, jt: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf: 0,
+        k,
+    };
+    let prog = [
+        // The system call's number (offset 0 of `seccomp_data`).
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        jeq(libc::SYS_process_vm_readv as u32, 2),
+        jeq(libc::SYS_process_vm_writev as u32, 1),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+        stmt(libc::BPF_RET | libc::BPF_K, errno),
+    ];
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with integer arguments; no_new_privs only narrows what exec gives.
+    let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    assert_eq!(r, 0, "PR_SET_NO_NEW_PRIVS");
+    // SAFETY: `fprog` points at `prog`, a valid filter that outlives the call (the kernel
+    // copies it).
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    assert_eq!(r, 0, "PR_SET_SECCOMP: {}", std::io::Error::last_os_error());
 }
 
 /// The spawned peer, seen from the test.
@@ -332,6 +429,10 @@ impl Peer {
     }
     /// The peer, with `SOFTRDMA_SHM` set to `shm` if given.
     fn spawn_with(addr: Option<SocketAddr>, shm: Option<&str>) -> Peer {
+        Peer::spawn_env(addr, shm, &[])
+    }
+    /// The peer, with `SOFTRDMA_SHM` set to `shm` if given, and `env` besides.
+    fn spawn_env(addr: Option<SocketAddr>, shm: Option<&str>, env: &[(&str, &str)]) -> Peer {
         let exe = std::env::current_exe().unwrap();
         let mut cmd = Command::new(exe);
         cmd.args([
@@ -350,6 +451,7 @@ impl Peer {
         if let Some(v) = shm {
             cmd.env("SOFTRDMA_SHM", v);
         }
+        cmd.envs(env.iter().copied());
         let mut child = cmd.spawn().expect("spawn peer");
         let stdin = child.stdin.take().unwrap();
         let stdout = child.stdout.take().unwrap();
@@ -1028,4 +1130,116 @@ fn rc_exactly_once_through_lossy_relay() {
     stop.store(true, Ordering::Relaxed);
     let _ = t1.join();
     let _ = t2.join();
+}
+
+/// A region deregistered while a same-host peer streams WRITEs into it is never written
+/// after the deregistration returns: the requester's copies (cross-memory attach) stop
+/// before it, and the WRITEs after it are refused as they are over the network.
+#[test]
+fn a_deregistered_region_is_never_written() {
+    if std::env::var("SOFTRDMA_TEST_PEER").is_ok() {
+        return;
+    }
+    let mut p = Peer::spawn_with(None, Some("1"));
+    let me = side_with("test-dereg", None, true);
+    p.connect(&me, 0x4242);
+    const LEN: usize = 1 << 20;
+    p.send(&format!("REG2 {LEN}"));
+    let r = p.expect("REG2 ");
+    let f: Vec<&str> = r.split_whitespace().collect();
+    let target = RemoteMemory {
+        addr: f[1].parse().unwrap(),
+        rkey: f[2].parse().unwrap(),
+        len: LEN as u64,
+    };
+    let src = me.pd.register(LEN, ALL).unwrap();
+    src.write(0, &vec![0x11; LEN]).unwrap();
+    // Keep WRITEs going (a few in flight) until one fails; the deregistration comes
+    // while they go.
+    let mut posted = 0u64;
+    let mut done = 0u64;
+    let mut dereg_sent = false;
+    let mut failed = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while failed.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "no WRITE failed after the deregistration"
+        );
+        while posted - done < 4 {
+            let w = wr::write(posted, [src.sge(0..LEN).unwrap()], &target, 0).unwrap();
+            if me.rc.post_send(w).is_err() {
+                break;
+            }
+            posted += 1;
+        }
+        if posted >= 16 && !dereg_sent {
+            p.send("DEREG2");
+            dereg_sent = true;
+        }
+        let wc = me.cq.wait(T).expect("a completion");
+        done += 1;
+        if wc.status != WcStatus::Success {
+            failed = Some(wc);
+        }
+    }
+    p.expect("DEREGGED");
+    let wc = failed.unwrap();
+    assert_eq!(wc.status, WcStatus::RemAccessErr, "{wc:?}");
+    // Whatever was in flight has finished (the QP is in error: the rest flush).
+    while me.cq.wait(Duration::from_millis(200)).is_ok() {}
+    p.send("CHECK2");
+    assert_eq!(
+        p.expect("CHECK2 "),
+        "CHECK2 0",
+        "written after its deregistration"
+    );
+    assert!(
+        me.dev.stats().engine.placed_writes > 0,
+        "the WRITEs before the deregistration went by cross-memory attach"
+    );
+}
+
+/// Where cross-memory attach is refused (here a seccomp filter in the requester's process,
+/// as a container profile may set), the same-host path still carries one-sided operations,
+/// through the ring, and says why per peer.
+#[test]
+fn refused_cross_memory_attach_falls_back_to_the_ring() {
+    if std::env::var("SOFTRDMA_TEST_PEER").is_ok() {
+        return;
+    }
+    let mut p = Peer::spawn_env(None, Some("1"), &[("SOFTRDMA_TEST_NO_CMA", "1")]);
+    let me = side_with("test-nocma", None, true);
+    p.connect(&me, 0x99);
+    // One SEND first, so that the ring exists.
+    me.mr.write(0, b"hi").unwrap();
+    me.rc
+        .post_send(wr::send(9, [me.mr.sge(0..2).unwrap()]))
+        .unwrap();
+    ok(&me.cq, 9, WcOpcode::Send);
+    assert_eq!(p.wc().6, b"hi");
+    // Our WRITE to it: cross-memory attach into it works from here.
+    me.mr.write(0, &[0x5A; 3000]).unwrap();
+    me.rc
+        .post_send(wr::write(1, [me.mr.sge(0..3000).unwrap()], &p.mem, 0).unwrap())
+        .unwrap();
+    ok(&me.cq, 1, WcOpcode::RdmaWrite);
+    assert_eq!(p.dump(0, 3000), vec![0x5A; 3000]);
+    assert_eq!(me.dev.stats().engine.placed_writes, 1);
+    // Its WRITE to us: refused by its filter, so its packets go through the ring.
+    p.send(&format!("PUT {} {} 3000", me.mr.addr(), me.mr.rkey()));
+    let put = p.expect("PUT ");
+    let f: Vec<&str> = put.splitn(5, ' ').collect();
+    assert_eq!(
+        f[1..4],
+        ["77", &(WcStatus::Success as u32).to_string(), "0"],
+        "{put}"
+    );
+    assert!(f[4].contains("cross-memory attach refused"), "{put}");
+    assert_eq!(me.mr.to_vec(0, 3000).unwrap(), vec![0x3C; 3000]);
+    let st = me.dev.stats();
+    assert!(
+        st.driver.shm_recv_datagrams >= 3,
+        "through the ring: {st:?}"
+    );
 }

@@ -36,6 +36,18 @@ pub trait Placement: Send + std::fmt::Debug {
         src: &[(u64, usize)],
     ) -> bool;
 
+    /// Whether the peer's grants would take a WRITE (`write`) or READ of `len` bytes at
+    /// `va` of region `rkey` through its QP `dqpn` now (a check, copying nothing).
+    fn reachable(
+        &mut self,
+        dst: std::net::SocketAddr,
+        dqpn: Qpn,
+        rkey: u32,
+        va: u64,
+        len: usize,
+        write: bool,
+    ) -> bool;
+
     /// Copy the region `rkey` from `va` on of the device at `dst`, reached through its QP
     /// `dqpn`, into `dst_pieces` (addresses of this process, in order, which the engine
     /// lets the copy overwrite). True only if every byte was copied under the peer's grant;

@@ -129,7 +129,18 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
                 }
             }
         }
-        let placeable = !in_wqe && may_place(qp, env, cur);
+        let placeable = match if in_wqe {
+            Place::No
+        } else {
+            may_place(qp, env, cur)
+        } {
+            Place::Now => true,
+            Place::No => false,
+            // Continue once the WQEs before it are finished (completer progress runs the
+            // requester again): placing it is worth a round trip, and sending its packets
+            // would keep every WRITE after it from being placed while they are in flight.
+            Place::Wait => break,
+        };
         let Some(w) = qp.sq.get_mut(cur) else {
             break;
         };
@@ -396,20 +407,44 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     completion::complete_front(qp, env, now);
 }
 
+/// What the requester does with a WQE it has not started ([`may_place`]).
+enum Place {
+    /// Send its packets.
+    No,
+    /// Try to place it ([`place`]).
+    Now,
+    /// Wait for the WQEs before it to finish, then place it.
+    Wait,
+}
+
 /// Whether WQE `cur`, not started, may be placed ([`place`]): an RC WRITE or READ with
-/// data, to a peer the device may place into, behind WQEs that are all finished or placed.
-fn may_place(qp: &QpCtx, env: &DeviceCtx, cur: usize) -> bool {
-    if qp.qp_type != QpType::Rc || env.placement.is_none() || qp.peer.is_none() {
-        return false;
-    }
-    let Some(w) = qp.sq.get(cur) else {
-        return false;
+/// data, to a peer the device may place into, behind WQEs that are all finished or placed
+/// (else it waits for them, if the peer's grants would take it).
+fn may_place(qp: &QpCtx, env: &mut DeviceCtx, cur: usize) -> Place {
+    let (Some(p), Some(peer)) = (env.placement.as_mut(), qp.peer) else {
+        return Place::No;
     };
-    let op = matches!(
-        w.wr.op,
-        SendOp::Write { .. } | SendOp::WriteWithImm { .. } | SendOp::Read { .. }
-    );
-    op && !w.started && w.len > 0 && qp.sq.range(..cur).all(|e| e.done || e.placed)
+    let Some(w) = qp.sq.get(cur) else {
+        return Place::No;
+    };
+    if qp.qp_type != QpType::Rc || w.started || w.len == 0 || w.len > u32::MAX as usize {
+        return Place::No;
+    }
+    let (remote_addr, rkey, write) = match w.wr.op {
+        SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        } => (remote_addr, rkey, true),
+        SendOp::Read { remote_addr, rkey } => (remote_addr, rkey, false),
+        _ => return Place::No,
+    };
+    if qp.sq.range(..cur).all(|e| e.done || e.placed) {
+        Place::Now
+    } else if p.reachable(peer, qp.attr.dest_qp_num, rkey, remote_addr, w.len, write) {
+        Place::Wait
+    } else {
+        Place::No
+    }
 }
 
 /// Copy WRITE `w`'s payload straight into the peer's memory, or READ `w`'s out of it into

@@ -1205,6 +1205,12 @@ impl Placer {
         })
     }
 
+    /// Whether [`Placer::write`] or [`Placer::read`] of `ask` could copy now (copying
+    /// nothing).
+    pub fn check(&self, dst: SocketAddr, ask: &super::grants::Ask) -> bool {
+        self.under_hold(dst, ask, |_, _| Ok(()))
+    }
+
     /// Run `copy(pid, host address)` while the peer at `dst` holds the region of `ask`
     /// granted: true if the ring is up, cross-memory attach works, the grants allow `ask`
     /// and the copy succeeded.

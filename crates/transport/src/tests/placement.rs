@@ -37,6 +37,18 @@ impl Placement for Fake {
         self.ok
     }
 
+    fn reachable(
+        &mut self,
+        _dst: SocketAddr,
+        _dqpn: u32,
+        _rkey: u32,
+        _va: u64,
+        _len: usize,
+        _write: bool,
+    ) -> bool {
+        self.ok
+    }
+
     fn read(
         &mut self,
         _dst: SocketAddr,
@@ -145,25 +157,28 @@ fn a_placed_write_and_read_send_nothing_take_no_psn_and_complete_in_order() {
 }
 
 #[test]
-fn a_write_behind_an_unacknowledged_send_goes_as_packets() {
+fn a_write_behind_an_unacknowledged_send_waits_for_it() {
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
     let calls = placing(&mut a, true);
     let data = pattern(2000, 4);
     a.write(0, &data);
     b.post_recv(7, 8192, 64);
     let mut now = 0;
-    // Posted together: the WRITE would land before the SEND's packets if it were placed.
+    // Posted together: the WRITE would land before the SEND's packets if it were placed
+    // at once, and would keep the WRITEs after it from being placed if it went as
+    // packets; it waits for the SEND's acknowledgement instead.
     a.send(now, 1, SendOp::Send, vec![a.sge(0, 64)]).unwrap();
     a.send(now, 2, write_op(&b, 0), vec![a.sge(0, 2000)])
         .unwrap();
-    assert!(pump_counting(&mut a, &mut b, &mut now) >= 2);
-    assert!(calls.lock().unwrap().is_empty(), "nothing placed");
-    assert_eq!(b.read(0, 2000), data, "the WRITE's packets placed it");
-    // Once the SEND is acknowledged, the next WRITE is placed.
     a.send(now, 3, write_op(&b, 4000), vec![a.sge(0, 100)])
         .unwrap();
-    assert_eq!(pump_counting(&mut a, &mut b, &mut now), 0);
-    assert_eq!(calls.lock().unwrap().len(), 1);
+    assert!(
+        calls.lock().unwrap().is_empty(),
+        "nothing placed before the ACK"
+    );
+    assert_eq!(pump_counting(&mut a, &mut b, &mut now), 1, "the SEND alone");
+    assert_eq!(calls.lock().unwrap().len(), 2);
+    assert_eq!(b.read(8192, 64), data[..64]);
     let ids: Vec<_> = a.wcs().iter().map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(
         ids,
