@@ -68,7 +68,7 @@ use softrdma_wire as wire;
 use verbs::{QpState, QpType, SendFlags, WcStatus};
 
 pub use cc::DEFAULT_RX_BUFFER;
-pub use grants::{GrantSink, PlacedTrace, Placement};
+pub use grants::{GrantSink, PlacedTrace, Placement, PLACED_TRACE_PAYLOAD};
 pub use gsi::{GsiMad, GSI_INBOX_MAX};
 pub use keepalive::{Keepalive, KeepalivePolicy};
 pub use softrdma_verbs as verbs;
