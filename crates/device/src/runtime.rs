@@ -230,6 +230,14 @@ impl Runtime {
             alt,
         } = rx;
         let n = receive(&mut **link, batch, errors, "device");
+        if link.take_nudged() {
+            // A same-host peer wrote into our memory with no datagram: whoever waits for
+            // memory to change looks again (see `after_step_with`).
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            if self.blocked.load(Ordering::SeqCst) > 0 {
+                self.notify.set();
+            }
+        }
         mc_counts.clear();
         let mut mc_full = false;
         if self.has_groups.load(Ordering::Acquire) {

@@ -64,6 +64,12 @@ pub trait Link: Send + std::fmt::Debug {
     fn holds_back(&self, _dst: SocketAddr) -> bool {
         false
     }
+    /// Whether, since the last call, a peer changed this endpoint's device's memory with no
+    /// datagram (a one-sided WRITE by cross-memory attach, seen in
+    /// [`Link::recv_batch`]): threads that wait for the device to change must look again.
+    fn take_nudged(&mut self) -> bool {
+        false
+    }
     /// Whether datagrams to `dst` go through a same-host ring rather than the network
     /// (finding the ring on first use, as a send does), for a trace to say so.
     fn same_host_ring(&self, _dst: SocketAddr) -> bool {

@@ -527,6 +527,8 @@ pub struct HostLink {
     next_ring: usize,
     calls: u32,
     stats: Stats,
+    /// A ring's producer nudged since the last [`Link::take_nudged`].
+    nudged: bool,
 }
 
 impl HostLink {
@@ -570,6 +572,7 @@ impl HostLink {
             rings_gen: u64::MAX,
             next_ring: 0,
             calls: 0,
+            nudged: false,
             stats: Stats::default(),
         }
     }
@@ -1135,7 +1138,7 @@ impl SleepGate for Host {
             if rin.sleepers == 1 {
                 empty &= c.sleep_begin();
             } else {
-                empty &= c.is_empty();
+                empty &= c.is_quiet();
             }
         }
         if !empty {
@@ -1180,9 +1183,17 @@ impl Placer {
     ) -> bool {
         // SAFETY: the caller's contract for `src`; the target range is inside the region
         // the hold keeps granted until after the copy.
-        self.under_hold(dst, ask, |pid, host| unsafe {
+        let ring = self.under_hold(dst, ask, |pid, host| unsafe {
             super::cma::writev_to(pid, host, src)
-        })
+        });
+        let Some(ring) = ring else {
+            return false;
+        };
+        // Its threads that wait for their memory to change look again.
+        if lock(&ring.prod).nudge() {
+            ring.wake();
+        }
+        true
     }
 
     /// Copy the region `ask` names at the device `dst` (a read) into `dst_pieces` (this
@@ -1203,40 +1214,37 @@ impl Placer {
         self.under_hold(dst, ask, |pid, host| unsafe {
             super::cma::readv_from(pid, host, dst_pieces)
         })
+        .is_some()
     }
 
     /// Whether [`Placer::write`] or [`Placer::read`] of `ask` could copy now (copying
     /// nothing).
     pub fn check(&self, dst: SocketAddr, ask: &super::grants::Ask) -> bool {
-        self.under_hold(dst, ask, |_, _| Ok(()))
+        self.under_hold(dst, ask, |_, _| Ok(())).is_some()
     }
 
     /// Run `copy(pid, host address)` while the peer at `dst` holds the region of `ask`
-    /// granted: true if the ring is up, cross-memory attach works, the grants allow `ask`
-    /// and the copy succeeded.
+    /// granted: its ring if the ring is up, cross-memory attach works, the grants allow
+    /// `ask` and the copy succeeded.
     fn under_hold(
         &self,
         dst: SocketAddr,
         ask: &super::grants::Ask,
         copy: impl FnOnce(i32, u64) -> io::Result<()>,
-    ) -> bool {
+    ) -> Option<Arc<OutRing>> {
         let ring = match lock(&self.inner.routes).get(&canonical(dst)) {
             Some(Route::Ring(r)) if !r.dead.load(Ordering::Acquire) => Arc::clone(r),
-            _ => return false,
+            _ => return None,
         };
-        let Some(Ok(pid)) = ring.cma.get() else {
-            return false;
+        let pid = *ring.cma.get()?.as_ref().ok()?;
+        let r = {
+            let mut g = lock(ring.grants.get()?);
+            let hold = g.hold(ask).ok()?;
+            let r = copy(pid, hold.host());
+            drop(hold);
+            r
         };
-        let Some(g) = ring.grants.get() else {
-            return false;
-        };
-        let mut g = lock(g);
-        let Ok(hold) = g.hold(ask) else {
-            return false;
-        };
-        let r = copy(*pid, hold.host());
-        drop(hold);
-        r.is_ok()
+        r.ok().map(|()| ring)
     }
 }
 
@@ -1322,6 +1330,7 @@ impl Link for HostLink {
                 }
             }
             c.commit();
+            self.nudged |= c.take_nudge();
             if corrupt {
                 tracing::warn!(peer = %r.peer, "same-host ring from this peer corrupt: dropped");
                 self.stats.errors += 1;
@@ -1362,6 +1371,10 @@ impl Link for HostLink {
 
     fn readable_fd(&self) -> BorrowedFd<'_> {
         self.host.inner.epoll.as_fd()
+    }
+
+    fn take_nudged(&mut self) -> bool {
+        std::mem::take(&mut self.nudged)
     }
 
     fn clone_link(&self) -> io::Result<Box<dyn Link>> {
@@ -1634,6 +1647,82 @@ mod tests {
         let refused = a.with_peer_grants(ba, |g, _| g.hold(&ask).map(|_| ()));
         assert_eq!(refused, Some(Err(Refusal::NoRegion)));
         assert_eq!(&target[0x105..0x10a], &[0; 5]);
+    }
+
+    /// A WRITE placed by cross-memory attach sends no datagram, yet a thread of the target
+    /// blocked on its device (through the sleep gate, as a program waiting for its memory
+    /// to change is) wakes, and the next receive reports the change.
+    #[test]
+    fn a_placed_write_wakes_a_sleeping_target() {
+        use crate::shm::grants::{Ask, QpGrant, RegionGrant, REMOTE_WRITE};
+        let dir = TmpDir::new("nudge");
+        let mut a = link(&dir);
+        let mut b = link(&dir);
+        let ba = b.local_addr();
+        send_one(&mut a, ba, b"x");
+        assert_eq!(recv_n(&mut b, 1).len(), 1);
+        assert!(!b.take_nudged(), "a datagram is no nudge");
+        let mut target = vec![0u8; 64];
+        let grants = b.grants().expect("a grants table");
+        assert!(lock(&grants).grant_qp(&QpGrant {
+            qpn: 3,
+            access: REMOTE_WRITE,
+            pd: 1
+        }));
+        let region = RegionGrant {
+            rkey: 0x77,
+            iova: 0,
+            len: 64,
+            host: target.as_mut_ptr() as u64,
+            access: REMOTE_WRITE,
+            pd: 1,
+        };
+        assert!(lock(&grants).grant_region(&region, |s| b.slot_alive(s)));
+        let ask = Ask {
+            qpn: 3,
+            rkey: 0x77,
+            va: 8,
+            len: 4,
+            access: REMOTE_WRITE,
+        };
+        let placer = a.placer();
+        let data = *b"wake";
+        let src = [(data.as_ptr() as u64, data.len())];
+        // The answer with b's grants reaches a's rendezvous thread: wait for it, bounded.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !placer.check(ba, &ask) {
+            assert!(Instant::now() < deadline, "no grants from the peer");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let gate = b.sleep_gate().expect("a sleep gate");
+        assert!(gate.prepare_sleep(), "nothing waits: b may block");
+        // SAFETY: `src` is our own `data`, alive and unchanged for the call.
+        assert!(unsafe { placer.write(ba, &ask, &src) });
+        let woken = {
+            let fd = b.readable_fd();
+            let mut p = [rustix::event::PollFd::new(
+                &fd,
+                rustix::event::PollFlags::IN,
+            )];
+            let t = rustix::event::Timespec {
+                tv_sec: 10,
+                tv_nsec: 0,
+            };
+            rustix::event::poll(&mut p, Some(&t)).unwrap() > 0
+        };
+        gate.end_sleep();
+        assert!(woken, "the placed WRITE woke the sleeper");
+        assert_eq!(&target[8..12], b"wake");
+        let mut batch = RecvBatch::new(8, 9216);
+        assert_eq!(b.recv_batch(&mut batch).unwrap(), 0, "no datagram");
+        assert!(b.take_nudged(), "the receive saw the nudge");
+        assert!(!b.take_nudged(), "once");
+        // One that comes before the sleep keeps the sleeper from blocking at all.
+        // SAFETY: as above.
+        assert!(unsafe { placer.write(ba, &ask, &src) });
+        assert!(!gate.prepare_sleep(), "a nudge waits: do not block");
+        assert_eq!(b.recv_batch(&mut batch).unwrap(), 0);
+        assert!(b.take_nudged());
     }
 
     #[test]

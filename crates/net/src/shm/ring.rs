@@ -2,8 +2,8 @@
 //! processes of one host.
 //!
 //! Layout (all offsets fixed by this module, none read from the mapping): a 4 KiB header
-//! with the consumer's index (`head`), the producer's index (`tail`) and the consumer's
-//! "asleep" flag, each on its own cache line; then [`SLOTS`] slots of [`SLOT_SIZE`] bytes,
+//! with the consumer's index (`head`), the producer's index (`tail`), the consumer's
+//! "asleep" flag and the producer's nudge count, each on its own cache line; then [`SLOTS`] slots of [`SLOT_SIZE`] bytes,
 //! each a length word, a word of UDP source port and TOS, and the packet. Indices run
 //! freely (wrapping `u32`) and are masked to a slot.
 //!
@@ -17,7 +17,10 @@
 //! Wake-ups: the consumer sets `asleep` before it blocks, then looks at the ring once
 //! more; the producer publishes `tail`, then looks at `asleep` (a SeqCst fence on both
 //! sides orders the store before the load), and only then writes the ring's eventfd. A
-//! consumer that is spinning costs the producer no system call.
+//! consumer that is spinning costs the producer no system call. A one-sided WRITE that the
+//! producer's process placed in the consumer's memory (no packet) is announced the same
+//! way, by a count in the header the consumer compares before it blocks (a nudge), so a
+//! thread waiting for its memory to change wakes for it.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -47,6 +50,9 @@ const OFF_MAGIC: usize = 0;
 const OFF_HEAD: usize = 64;
 const OFF_TAIL: usize = 128;
 const OFF_ASLEEP: usize = 192;
+/// The producer's count of one-sided operations it placed in the consumer's memory (see
+/// [`Producer::nudge`]).
+const OFF_PLACED: usize = 256;
 const MASK: u32 = SLOTS - 1;
 
 /// Offset of slot `i` (any index: it is masked).
@@ -63,6 +69,8 @@ pub struct Producer {
     tail: u32,
     /// Slots written since the last [`Producer::publish`].
     pending: u32,
+    /// Our count of nudges. Never read back from the mapping.
+    placed: u32,
 }
 
 /// Why [`Producer::push`] did not take a packet.
@@ -82,6 +90,7 @@ impl Producer {
         let map = Mapping::map(memfd.as_fd(), RING_BYTES)?;
         map.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
         Ok(Producer {
+            placed: 0,
             map,
             memfd,
             tail: 0,
@@ -151,6 +160,23 @@ impl Producer {
     }
 }
 
+impl Producer {
+    /// Tell the consumer that its memory changed with no packet (a one-sided WRITE placed
+    /// in it): a thread of its device that waits for the device to change (a program
+    /// watching its memory through `wait_or`) looks again. Returns whether the consumer is
+    /// (or may be) asleep, so the caller must write the ring's eventfd. The same pairing
+    /// as [`Producer::publish`]: the consumer, about to block, looks at the count after
+    /// marking itself asleep.
+    pub fn nudge(&mut self) -> bool {
+        self.placed = self.placed.wrapping_add(1);
+        self.map
+            .u32_at(OFF_PLACED)
+            .store(self.placed, Ordering::Release);
+        fence(Ordering::SeqCst);
+        self.map.u32_at(OFF_ASLEEP).load(Ordering::Relaxed) != 0
+    }
+}
+
 /// Why a ring was given up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Corrupt;
@@ -163,6 +189,8 @@ pub struct Consumer {
     head: u32,
     /// Slots read since the last [`Consumer::commit`].
     pending: u32,
+    /// The producer's nudge count as last taken ([`Consumer::take_nudge`]).
+    placed_seen: u32,
 }
 
 impl Consumer {
@@ -177,6 +205,7 @@ impl Consumer {
             map,
             head: 0,
             pending: 0,
+            placed_seen: 0,
         })
     }
 
@@ -222,6 +251,25 @@ impl Consumer {
         Ok(Some((n, meta as u16, (meta >> 16) as u8)))
     }
 
+    /// Whether the producer nudged ([`Producer::nudge`]) since the last call. Any value a
+    /// hostile producer writes only makes a waiter look again.
+    pub fn take_nudge(&mut self) -> bool {
+        let p = self.map.u32_at(OFF_PLACED).load(Ordering::Acquire);
+        let new = p != self.placed_seen;
+        self.placed_seen = p;
+        new
+    }
+
+    /// Whether a nudge waits to be taken.
+    fn nudged(&self) -> bool {
+        self.map.u32_at(OFF_PLACED).load(Ordering::Acquire) != self.placed_seen
+    }
+
+    /// Whether neither packets nor a nudge wait.
+    pub fn is_quiet(&self) -> bool {
+        self.is_empty() && !self.nudged()
+    }
+
     /// Free the slots read so far for the producer.
     pub fn commit(&mut self) {
         if self.pending > 0 {
@@ -233,13 +281,13 @@ impl Consumer {
     }
 
     /// A thread of ours is about to block on the ring's eventfd: mark us asleep, then
-    /// look once more. Returns `true` if the ring is empty (block), `false` if packets
-    /// arrived meanwhile (don't: receive them).
+    /// look once more. Returns `true` if the ring is quiet (block), `false` if packets or
+    /// a nudge arrived meanwhile (don't: take them).
     pub fn sleep_begin(&self) -> bool {
         self.map.u32_at(OFF_ASLEEP).store(1, Ordering::Relaxed);
-        // Pairs with the producer's fence in `Producer::publish`.
+        // Pairs with the producer's fence in `Producer::publish` and `Producer::nudge`.
         fence(Ordering::SeqCst);
-        self.is_empty()
+        self.is_quiet()
     }
 
     /// No thread of ours blocks any more: producers need not write the eventfd.
