@@ -404,18 +404,13 @@ impl Engine {
 /// (Linux rxe) checks exactly that; a UDP-socket receiver solves for the ID and believes
 /// one below `IpIdGuard::GSO_IDS`.
 fn seal_gso_segments(link: &dyn Link, chunk: &mut [Transmit], ip_ids: &mut IpIdCache) {
+    if chunk.len() < 2 {
+        return;
+    }
     // (start, length) of each run of more than one datagram, planned as the driver will
     // send them.
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    {
-        let out: Vec<udp::OutDatagram<'_>> = chunk
-            .iter()
-            .map(|t| udp::OutDatagram {
-                dst: t.dst,
-                tos: t.tos,
-                data: &t.data,
-            })
-            .collect();
+    let runs = with_views(chunk, |out| {
+        let mut runs: Vec<(usize, usize)> = Vec::new();
         let mut at = 0;
         while at < out.len() {
             let n = link.gso_run_len(&out[at..]).max(1);
@@ -424,12 +419,43 @@ fn seal_gso_segments(link: &dyn Link, chunk: &mut [Transmit], ip_ids: &mut IpIdC
             }
             at += n;
         }
-    }
+        runs
+    });
     for (start, n) in runs {
         for (k, t) in chunk[start + 1..start + n].iter_mut().enumerate() {
             // The last segment may be shorter: its own length, its own effect.
             t.reseal_for_ip_id((k + 1) as u16, ip_ids);
         }
+    }
+}
+
+/// Chunks of at most this many datagrams get the driver's views of them on the stack,
+/// longer ones in a vector: an array for a whole [`TX_CHUNK`] is 14 KiB to fill on every
+/// send, most of what sending a ping-pong's reply and ACK cost before the system call.
+const VIEWS_ON_STACK: usize = 8;
+
+/// Run `f` on the driver's views of `chunk` (destination, traffic class, bytes).
+fn with_views<R>(chunk: &[Transmit], f: impl FnOnce(&[udp::OutDatagram<'_>]) -> R) -> R {
+    fn view(t: &Transmit) -> udp::OutDatagram<'_> {
+        udp::OutDatagram {
+            dst: t.dst,
+            tos: t.tos,
+            data: &t.data,
+        }
+    }
+    if chunk.len() <= VIEWS_ON_STACK {
+        let mut out = [udp::OutDatagram {
+            dst: SocketAddr::from(([0, 0, 0, 0], 0)),
+            tos: 0,
+            data: &[],
+        }; VIEWS_ON_STACK];
+        for (o, t) in out.iter_mut().zip(chunk) {
+            *o = view(t);
+        }
+        f(&out[..chunk.len()])
+    } else {
+        let out: Vec<udp::OutDatagram<'_>> = chunk.iter().map(view).collect();
+        f(&out)
     }
 }
 
@@ -447,83 +473,85 @@ fn send_run(
     blocked: &mut Vec<SocketAddr>,
     keep: &mut Vec<usize>,
 ) {
-    let mut out: [udp::OutDatagram<'_>; TX_CHUNK] = [udp::OutDatagram {
-        dst: SocketAddr::from(([0, 0, 0, 0], 0)),
-        tos: 0,
-        data: &[],
-    }; TX_CHUNK];
     for (c, chunk) in txq.chunks_mut(TX_CHUNK).enumerate() {
         let base = base + c * TX_CHUNK;
         if link.gso_enabled() {
             seal_gso_segments(link, chunk, ip_ids);
         }
-        for (o, t) in out.iter_mut().zip(chunk.iter()) {
-            *o = udp::OutDatagram {
-                dst: t.dst,
-                tos: t.tos,
-                data: &t.data,
-            };
+        with_views(chunk, |out| {
+            send_chunk(link, out, base, stats, blocked, keep)
+        });
+    }
+}
+
+/// [`send_run`] of one chunk, `out` being its datagrams and `base` the position of its
+/// first.
+fn send_chunk(
+    link: &mut dyn Link,
+    out: &[udp::OutDatagram<'_>],
+    base: usize,
+    stats: &mut LinkStats,
+    blocked: &mut Vec<SocketAddr>,
+    keep: &mut Vec<usize>,
+) {
+    let mut at = 0;
+    let mut full = 0;
+    while at < out.len() {
+        if blocked.contains(&out[at].dst) {
+            keep.push(base + at);
+            at += 1;
+            continue;
         }
-        let out = &out[..chunk.len()];
-        let mut at = 0;
-        let mut full = 0;
-        while at < out.len() {
-            if blocked.contains(&out[at].dst) {
-                keep.push(base + at);
-                at += 1;
-                continue;
+        // Up to the next datagram that must wait: a GSO run never spans one (a run is
+        // of one destination), so the messages the driver makes are the ones sealed for.
+        let end = if blocked.is_empty() {
+            out.len()
+        } else {
+            out[at..]
+                .iter()
+                .position(|o| blocked.contains(&o.dst))
+                .map_or(out.len(), |k| at + k)
+        };
+        stats.tx_batches += 1;
+        match link.send_batch(&out[at..end]) {
+            Ok(0) if link.holds_back(out[at].dst) => blocked.push(out[at].dst),
+            Ok(0) if full < TX_FULL_RETRIES => {
+                // Socket buffer full: the kernel drains it within microseconds.
+                full += 1;
+                std::thread::yield_now();
             }
-            // Up to the next datagram that must wait: a GSO run never spans one (a run is
-            // of one destination), so the messages the driver makes are the ones sealed for.
-            let end = if blocked.is_empty() {
-                out.len()
-            } else {
-                out[at..]
-                    .iter()
-                    .position(|o| blocked.contains(&o.dst))
-                    .map_or(out.len(), |k| at + k)
-            };
-            stats.tx_batches += 1;
-            match link.send_batch(&out[at..end]) {
-                Ok(0) if link.holds_back(out[at].dst) => blocked.push(out[at].dst),
-                Ok(0) if full < TX_FULL_RETRIES => {
-                    // Socket buffer full: the kernel drains it within microseconds.
-                    full += 1;
-                    std::thread::yield_now();
-                }
-                Ok(0) => {
-                    stats.tx_dropped += (end - at) as u64;
-                    tracing::debug!(
-                        dropped = end - at,
-                        "datagrams dropped: the socket send buffer stayed full"
-                    );
-                    at = end;
-                }
-                Err(e) => {
-                    // This datagram is refused (too big, bad address): lost like one the
-                    // network drops.
-                    stats.tx_dropped += 1;
-                    if e.raw_os_error() == Some(libc::EMSGSIZE) {
-                        stats.tx_too_big += 1;
-                        if stats.tx_too_big == 1 {
-                            // Every resend will be refused the same way, so say it once.
-                            tracing::warn!(dst = %out[at].dst, len = out[at].data.len(),
-                                "datagram larger than the route to its destination carries \
-                                 (EMSGSIZE): a path MTU above the link's; the QP will end in \
-                                 a retry error (counted as udp_tx_too_big)");
-                        }
+            Ok(0) => {
+                stats.tx_dropped += (end - at) as u64;
+                tracing::debug!(
+                    dropped = end - at,
+                    "datagrams dropped: the socket send buffer stayed full"
+                );
+                at = end;
+            }
+            Err(e) => {
+                // This datagram is refused (too big, bad address): lost like one the
+                // network drops.
+                stats.tx_dropped += 1;
+                if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                    stats.tx_too_big += 1;
+                    if stats.tx_too_big == 1 {
+                        // Every resend will be refused the same way, so say it once.
+                        tracing::warn!(dst = %out[at].dst, len = out[at].data.len(),
+                            "datagram larger than the route to its destination carries \
+                             (EMSGSIZE): a path MTU above the link's; the QP will end in \
+                             a retry error (counted as udp_tx_too_big)");
                     }
-                    tracing::debug!(dst = %out[at].dst, len = out[at].data.len(), error = %e,
-                        "datagram refused by the socket, dropped");
-                    at += 1;
                 }
-                Ok(n) => {
-                    for t in &out[at..at + n] {
-                        stats.tx_datagrams += 1;
-                        stats.tx_bytes += t.data.len() as u64;
-                    }
-                    at += n;
+                tracing::debug!(dst = %out[at].dst, len = out[at].data.len(), error = %e,
+                    "datagram refused by the socket, dropped");
+                at += 1;
+            }
+            Ok(n) => {
+                for t in &out[at..at + n] {
+                    stats.tx_datagrams += 1;
+                    stats.tx_bytes += t.data.len() as u64;
                 }
+                at += n;
             }
         }
     }
