@@ -16,8 +16,9 @@
 //!   not a fragment" behaviour.
 //! - **Per-datagram traffic class.** The traffic class of an address vector is the IP
 //!   TOS byte (DSCP and ECN), and it differs per destination, so it rides in an
-//!   `IP_TOS` / `IPV6_TCLASS` control message on every datagram rather than a socket
-//!   option; received datagrams report theirs (`IP_RECVTOS` / `IPV6_RECVTCLASS`).
+//!   `IP_TOS` / `IPV6_TCLASS` control message on every datagram whose class is not 0
+//!   rather than a socket option (the socket's own class stays 0, so 0 needs no message);
+//!   received datagrams report theirs (`IP_RECVTOS` / `IPV6_RECVTCLASS`).
 //! - **Destination address on receive.** The ICRC also covers the destination IP, and a
 //!   socket bound to a wildcard address does not otherwise know it, so every datagram
 //!   reports it (`IP_PKTINFO` / `IPV6_RECVPKTINFO`).
@@ -743,7 +744,12 @@ impl Driver {
             }
             s.addrs[m] = raw;
             let tos = libc::c_int::from(p.tos).to_ne_bytes();
-            let mut off = if v6 {
+            // Traffic class 0 is the socket's own (it never sets one): no control message,
+            // which the kernel would parse for every datagram (a tenth of a ping-pong's
+            // two-datagram send on loopback).
+            let mut off = if p.tos == 0 {
+                0
+            } else if v6 {
                 put_cmsg(
                     &mut s.ctrl[m],
                     0,
