@@ -877,6 +877,7 @@ impl Driver {
         };
         if r > 0 {
             self.stats.recv_batches += 1;
+            out.written(start, (start + r).min(out.count));
         }
         let local_port = self.local.port();
         for k in start..(start + r).min(out.count) {
@@ -1043,6 +1044,10 @@ pub struct RecvBatch {
     nmeta: usize,
     /// Datagrams the valid entries hold after GRO splitting.
     ndgrams: usize,
+    /// Headers the kernel may have written since they were last armed (all, at first):
+    /// only these are armed again, so a receive that finds nothing (a busy poll's usual
+    /// turn) rewrites no header.
+    dirty: std::ops::Range<usize>,
 }
 
 // SAFETY: the raw pointers in `hdrs` and `iovs` point into this struct's own heap
@@ -1090,6 +1095,7 @@ impl RecvBatch {
             metas: vec![placeholder; count],
             nmeta: 0,
             ndgrams: 0,
+            dirty: 0..count,
         }
     }
 
@@ -1206,14 +1212,27 @@ impl RecvBatch {
         }
     }
 
-    /// Point every header from slot `start` on at its slot, name and control buffer, and
-    /// reset the lengths the kernel overwrote last time.
+    /// The kernel wrote headers `from..to` (it writes those of the datagrams it returns,
+    /// and no other).
+    fn written(&mut self, from: usize, to: usize) {
+        self.dirty = if self.dirty.is_empty() {
+            from..to
+        } else {
+            self.dirty.start.min(from)..self.dirty.end.max(to)
+        };
+    }
+
+    /// Make every header from slot `start` on point at its slot, name and control buffer
+    /// with the lengths reset, rewriting only those the kernel wrote since (see `dirty`).
     fn arm(&mut self, start: usize) {
         let bufs = self.bufs.as_mut_ptr();
         let iovs = self.iovs.as_mut_ptr();
         let names = self.names.as_mut_ptr();
         let ctrl = self.ctrl.as_mut_ptr();
-        for k in start..self.count {
+        let (lo, hi) = (self.dirty.start.max(start), self.dirty.end);
+        // Those below `start` stay as the kernel left them until a later call arms them.
+        self.dirty = self.dirty.start..self.dirty.end.min(start);
+        for k in lo..hi {
             let h = &mut self.hdrs[k];
             // SAFETY: `k < count`, the length of `iovs`, `names` and `ctrl`, and
             // `k * buf_size < count * buf_size`, the length of `bufs`, so every pointer

@@ -257,6 +257,54 @@ fn gso_run_arrives_as_separate_datagrams_with_and_without_gro() {
 }
 
 #[test]
+fn a_reused_batch_takes_more_control_data_than_its_last_receive() {
+    // A receive rearms only the headers the kernel wrote last time: one that came back
+    // with little control data (a plain datagram) must be armed to its full room again
+    // before a coalesced GRO buffer, whose segment size is one more control message,
+    // lands in the same slot. Left as the kernel wrote it, the last control message
+    // (the TOS, after the segment size and the destination) is cut off.
+    let mut a = Driver::bind(lo(30)).unwrap();
+    let mut b = Driver::bind(lo(31)).unwrap();
+    require_gso(&mut a);
+    require_gro(&mut b);
+    let mut batch = RecvBatch::new(4, GRO_BUF_SIZE);
+    let plain = payload(0, 100);
+    send_all(
+        &mut a,
+        &[OutDatagram {
+            dst: b.local_addr(),
+            tos: 0,
+            data: &plain,
+        }],
+    );
+    let got = recv_n(&mut b, &mut batch, 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].data, plain);
+    // An empty receive in between, as a busy poll makes many of.
+    assert_eq!(b.recv_batch(&mut batch).unwrap(), 0);
+    let bodies: Vec<Vec<u8>> = (1..=10).map(|i| payload(i, 1000)).collect();
+    let run: Vec<OutDatagram<'_>> = bodies
+        .iter()
+        .map(|d| OutDatagram {
+            dst: b.local_addr(),
+            tos: 0x28,
+            data: d,
+        })
+        .collect();
+    assert_eq!(a.gso_run_len(&run), 10, "one GSO message");
+    send_all(&mut a, &run);
+    let got = recv_n(&mut b, &mut batch, 10);
+    assert_eq!(got.len(), 10, "the run's datagrams, split");
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.data, bodies[i], "bytes of #{i}");
+        assert_eq!(g.tos, 0x28, "TOS of #{i}");
+        assert_eq!((g.src, g.dst), (a.local_addr(), b.local_addr()));
+    }
+    assert!(b.stats().gro_segments > 0, "the run came coalesced");
+    assert_eq!(a.stats().errors + b.stats().errors, 0);
+}
+
+#[test]
 fn gso_runs_are_never_split_across_send_calls() {
     let mut a = Driver::bind(lo(19)).unwrap();
     let mut b = Driver::bind(lo(20)).unwrap();
