@@ -404,7 +404,12 @@ impl Engine {
 /// (Linux rxe) checks exactly that; a UDP-socket receiver solves for the ID and believes
 /// one below `IpIdGuard::GSO_IDS`.
 fn seal_gso_segments(link: &dyn Link, chunk: &mut [Transmit], ip_ids: &mut IpIdCache) {
-    if chunk.len() < 2 {
+    // A run is a datagram followed by ones no longer, to the same destination with the
+    // same class: without such a pair (a reply after a shorter ACK, say) there is none.
+    if !chunk
+        .windows(2)
+        .any(|w| w[0].dst == w[1].dst && w[0].tos == w[1].tos && w[1].data.len() <= w[0].data.len())
+    {
         return;
     }
     // (start, length) of each run of more than one datagram, planned as the driver will
