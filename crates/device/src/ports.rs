@@ -289,6 +289,68 @@ fn alloc_any_port(
     }
 }
 
+/// A port of a block another process leases (the registry's port leases), as the rules
+/// see it: a binding of every address of both families, without REUSEADDR, so that every
+/// bind on the port conflicts and no port-0 bind shares it. Whether the leasing process has
+/// handed the port to one of its ids yet, others cannot know; the port is taken either way.
+pub fn leased(ps: PortSpace, port: u16, seq: u64) -> Bound {
+    Bound {
+        ps,
+        addr: SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+        dst: None,
+        listening: false,
+        reuse: false,
+        afonly: false,
+        seq,
+    }
+}
+
+/// A block of `size` consecutive ports of `range` on which no binding of `live` in `ps`
+/// sits, for a port lease: the first such run upwards from a point `random` picks, with
+/// wrap-around (a block itself never wraps). None if there is no such run.
+pub fn free_block(
+    ps: PortSpace,
+    range: RangeInclusive<u16>,
+    size: u16,
+    random: u64,
+    live: &[&Bound],
+) -> Option<RangeInclusive<u16>> {
+    let (low, high) = (*range.start(), *range.end());
+    if low > high || size == 0 {
+        return None;
+    }
+    let n = usize::from(high - low) + 1;
+    let size = usize::from(size);
+    if size > n {
+        return None;
+    }
+    let mut used = vec![false; n];
+    for b in live.iter().filter(|b| b.ps == ps) {
+        if let Some(i) = b.addr.port().checked_sub(low).map(usize::from) {
+            if i < n {
+                used[i] = true;
+            }
+        }
+    }
+    let start = (random % n as u64) as usize;
+    // From `start` to the end, then from the beginning to just past `start` (a run that
+    // reaches `start` from below may go on above it).
+    let order = (start..n).chain(0..(start + size).min(n));
+    let mut run = 0;
+    for i in order {
+        if i == 0 {
+            run = 0;
+        }
+        run = if used[i] { 0 } else { run + 1 };
+        if run == size {
+            // `i < n <= 65536` and `low + i <= high`, so both fit in u16.
+            let lo = low + (i + 1 - size) as u16;
+            return Some(lo..=low + i as u16);
+        }
+    }
+    None
+}
+
 /// How well listener `l` matches destination `dst` (higher is better), or None if a
 /// connection to `dst` does not reach it (cma.c `cma_match_private_data`).
 fn match_rank(l: &Bound, dst: IpAddr) -> Option<u8> {
@@ -587,6 +649,49 @@ mod tests {
         let spec = rec("192.0.2.1:10");
         let other = rec("192.0.2.2:0");
         assert_eq!(alloc_any_port(10..=10, None, 0, &other, &[&spec]), Ok(10));
+    }
+
+    #[test]
+    fn free_block_finds_a_run_of_unused_ports() {
+        let at = |port: u16| rec(&format!("192.0.2.1:{port}"));
+        // From the random point upwards.
+        assert_eq!(free_block(TCP, 10..=29, 4, 3, &[]), Some(13..=16));
+        // A used port breaks a run; the search goes on past it.
+        let used = [at(14), at(20)];
+        let used: Vec<&Bound> = used.iter().collect();
+        assert_eq!(free_block(TCP, 10..=29, 4, 3, &used), Some(15..=18));
+        assert_eq!(free_block(TCP, 10..=29, 5, 3, &used), Some(15..=19));
+        assert_eq!(free_block(TCP, 10..=29, 6, 3, &used), Some(21..=26));
+        // A block never wraps: from 27, the run 27..=29 is too short, and the search goes
+        // on at the start of the range...
+        assert_eq!(free_block(TCP, 10..=29, 4, 17, &used), Some(10..=13));
+        // ...up into the ports above the random point, for a run that reaches it.
+        let one = [at(11)];
+        let one: Vec<&Bound> = one.iter().collect();
+        assert_eq!(free_block(TCP, 10..=15, 4, 3, &one), Some(12..=15));
+        // Other port spaces do not count; nothing long enough is None.
+        let mut udp = at(12);
+        udp.ps = PortSpace::Udp;
+        assert_eq!(free_block(TCP, 10..=13, 4, 1, &[&udp]), Some(10..=13));
+        assert_eq!(free_block(TCP, 10..=29, 10, 0, &used), None);
+        assert_eq!(free_block(TCP, 10..=12, 4, 0, &[]), None);
+        assert_eq!(free_block(TCP, 10..=12, 0, 0, &[]), None);
+        // A leased port conflicts with every bind and is shared by no port-0 bind.
+        let l = leased(TCP, 10, 5);
+        for (addr, e) in [
+            ("192.0.2.1:10", Errno::ADDRNOTAVAIL),
+            ("[2001:db8::1]:10", Errno::ADDRNOTAVAIL),
+        ] {
+            let mut new = rec(addr);
+            new.reuse = true;
+            assert_eq!(check_port(&new, &[&l], true), Err(e));
+        }
+        let mut new = rec("192.0.2.1:0");
+        new.dst = Some(sa("192.0.2.9:7174"));
+        assert_eq!(
+            alloc_any_port(10..=10, None, 0, &new, &[&l]),
+            Err(Errno::ADDRNOTAVAIL)
+        );
     }
 
     #[test]

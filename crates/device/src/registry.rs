@@ -33,6 +33,17 @@
 //!   in destination port, or both source addresses are specific and differ, or both
 //!   destination addresses are specific and differ (destinations come from
 //!   [`BindOptions::dst`]). REUSEADDR and AFONLY play no part. None left: `EADDRNOTAVAIL`.
+//! - **Port leases** (softrdma's, not Linux's): a process takes its port-0 ports out of
+//!   blocks of free ephemeral ports it leases (16 ports, each further lease held at once
+//!   twice the last, up to 256; fewer when no such block is free), the search above run
+//!   within a lease over the process's own bindings, onwards from the port the lease
+//!   handed out last; only when no lease has room is another taken, and only when no
+//!   block is free does the search above run over the whole range. To every other
+//!   process each port of a lease is taken, as by a binding of any address of both
+//!   families without REUSEADDR, whether or not an id holds it yet: a fixed bind there
+//!   fails with `EADDRNOTAVAIL`, where Linux would let a bind share or take a port that
+//!   no id holds. The process's own fixed binds see only its bindings. A lease goes when
+//!   no binding of the process sits in it any more.
 //! - **Listening** (`rdma_listen`): a binding made with REUSEADDR is checked again as by
 //!   `cma_check_port` with REUSEADDR off for itself, so every other binding on the port
 //!   counts (same errnos); on success it loses REUSEADDR for good, so later binds that
@@ -84,12 +95,22 @@
 //!
 //!   `dst` is `-` or an address, flags are `0`/`1`, `seq` orders bindings (newest is
 //!   highest). Unknown keys are ignored; a file missing a key, with a bad value or a wrong
-//!   first line is not a record.
+//!   first line is not a record. A binding on a leased port has no record until it
+//!   listens: lookups read listeners from the records.
+//! - `PPPP-LOW-HIGH-PID-RANDOM.lease`: a port lease, the ports `LOW..=HIGH`:
+//!
+//!   ```text
+//!   softrdma-cm-lease 1
+//!   ps 0x0106
+//!   ports 40000-40015
+//!   seq 3
+//!   pid 4242
+//!   ```
 //! - `.NAME.tmp`: a record being written; it is renamed over `NAME.bind` whole, so readers
 //!   never see half a record.
 //!
 //! Liveness: the owner holds `flock(LOCK_EX)` on its record for as long as the [`Binding`]
-//! lives, and the kernel drops the lock when the process dies, however it dies. A scanner
+//! lives (on its lease for as long as the lease lives), and the kernel drops the lock when the process dies, however it dies. A scanner
 //! probes with `flock(LOCK_SH | LOCK_NB)`: if it gets the lock nobody owns the record, and
 //! a bind or listen (which hold the registry lock) removes it, as it removes unlocked
 //! files that are not records. Lookups take no lock and only skip such files.
@@ -98,6 +119,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV6, UdpSocket};
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -116,6 +138,14 @@ pub const CM_DIR_ENV: &str = "SOFTRDMA_CM_DIR";
 
 /// First line of a record: the format and its version.
 const MAGIC: &str = "softrdma-cm-binding 1";
+/// First line of a port lease.
+const LEASE_MAGIC: &str = "softrdma-cm-lease 1";
+/// The ports of a process's first lease in a port space; each further lease it holds at
+/// once doubles, up to [`MAX_LEASE`]: a program with one connection holds few ports, one
+/// with hundreds takes few leases.
+const FIRST_LEASE: u16 = 16;
+/// The most ports one lease covers.
+const MAX_LEASE: u16 = 256;
 /// Name of the registry-wide lock file.
 const LOCK_FILE: &str = "lock";
 /// A record is a few hundred bytes; anything longer is not one of ours.
@@ -170,6 +200,124 @@ fn own() -> MutexGuard<'static, BTreeMap<(DirKey, String), Record>> {
     OWN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// This process's records in the registry `key`, with their names.
+fn own_entries(key: DirKey) -> Vec<Entry> {
+    own()
+        .iter()
+        .filter(|((k, _), _)| *k == key)
+        .map(|((_, name), rec)| Entry {
+            name: name.clone(),
+            rec: rec.clone(),
+        })
+        .collect()
+}
+
+/// The port leases this process holds (see [`Lease`]). Every bind, listen and flag change
+/// of the process decides under this lock, taken before the registry's file lock: a
+/// port-0 bind that takes a port from a lease reads no file, so the file lock alone would
+/// not keep it from racing a bind of a fixed port in another thread.
+static LEASES: Mutex<Vec<Lease>> = Mutex::new(Vec::new());
+
+fn leases() -> MutexGuard<'static, Vec<Lease>> {
+    LEASES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A block of ephemeral ports that one process holds in one port space: its `.lease` file,
+/// locked for as long as the lease lives, makes every port of the block taken for every
+/// other process (as a binding of any address, see [`ports::leased`]), so the process's
+/// port-0 binds take ports out of it in memory, with the rules applied to its own
+/// bindings, and write nothing. The lease goes (its file removed) when no binding of the
+/// process sits in it any more, and with the process, as records do.
+struct Lease {
+    key: DirKey,
+    /// The process that took it: a child forked from it inherits the vector, not the lease.
+    pid: u32,
+    ps: PortSpace,
+    ports: RangeInclusive<u16>,
+    /// The port handed out last from this lease, which the next bind skips.
+    last: Option<u16>,
+    /// The file name.
+    name: String,
+    dir: Arc<RunDir>,
+    /// The open lease file, locked exclusively.
+    _file: File,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // Removed while still locked, as a record is; only by the process that took it.
+        if self.pid == std::process::id() {
+            let _ = self.dir.remove(&self.name);
+        }
+    }
+}
+
+impl Lease {
+    fn text(ps: PortSpace, ports: &RangeInclusive<u16>, seq: u64, pid: u32) -> String {
+        format!(
+            "{LEASE_MAGIC}\nps {:#06x}\nports {}-{}\nseq {seq}\npid {pid}\n",
+            ps.raw(),
+            ports.start(),
+            ports.end()
+        )
+    }
+
+    /// The port space, ports and seq of the lease in `text`; None unless well-formed.
+    fn parse(text: &str) -> Option<(PortSpace, RangeInclusive<u16>, u64)> {
+        let mut lines = text.lines();
+        if lines.next()? != LEASE_MAGIC {
+            return None;
+        }
+        let (mut ps, mut range, mut seq, mut pid) = (None, None, None, None::<u32>);
+        for l in lines {
+            let (k, v) = l.split_once(' ')?;
+            match k {
+                "ps" => {
+                    let hex = v.strip_prefix("0x")?;
+                    ps = Some(PortSpace::from_raw(u32::from_str_radix(hex, 16).ok()?)?);
+                }
+                "ports" => {
+                    let (lo, hi) = v.split_once('-')?;
+                    let (lo, hi): (u16, u16) = (lo.parse().ok()?, hi.parse().ok()?);
+                    if lo == 0 || lo > hi {
+                        return None;
+                    }
+                    range = Some(lo..=hi);
+                }
+                "seq" => seq = Some(v.parse().ok()?),
+                "pid" => pid = Some(v.parse().ok()?),
+                _ => {}
+            }
+        }
+        pid?;
+        Some((ps?, range?, seq?))
+    }
+}
+
+/// The file names of this process's leases in the registry `key`: a scan skips them
+/// (they stand for this process's own bindings, which it knows).
+fn own_lease_names(leases: &[Lease], key: DirKey) -> Vec<String> {
+    let pid = std::process::id();
+    leases
+        .iter()
+        .filter(|l| l.key == key && l.pid == pid)
+        .map(|l| l.name.clone())
+        .collect()
+}
+
+/// Let go of this process's leases in `key` and `ps` on which none of its bindings sits.
+fn release_idle_leases(leases: &mut Vec<Lease>, key: DirKey, ps: PortSpace) {
+    let pid = std::process::id();
+    let used: Vec<u16> = own()
+        .iter()
+        .filter(|((k, _), r)| *k == key && r.b.ps == ps)
+        .map(|(_, r)| r.b.addr.port())
+        .collect();
+    leases.retain(|l| {
+        l.key != key || l.pid != pid || l.ps != ps || used.iter().any(|p| l.ports.contains(p))
+    });
+}
+
 impl Registry {
     /// Use `dir` as the registry, creating it (mode 0700) if missing. Refused if it is not
     /// a directory, is a symbolic link, belongs to another user, or others may write to
@@ -220,8 +368,18 @@ impl Registry {
                 || may_bind_service_ports(),
             bindv6only: addr.is_ipv6() && opts.af_only.is_none() && bindv6only(),
         };
+        let mut leases = leases();
+        if addr.port() == 0 {
+            match self.bind_leased(&mut leases, ps, addr, device, opts, host) {
+                Ok(b) => return Ok(b),
+                // No block of free ports left: the search below may still share a port
+                // (`cma_port_is_unique`).
+                Err(e) if Errno::from_io_error(&e) == Some(Errno::ADDRNOTAVAIL) => {}
+                Err(e) => return Err(e),
+            }
+        }
         let mut lock = RegistryLock::acquire(&self.dir)?;
-        let live = scan(&self.dir, self.key)?;
+        let live = scan(&self.dir, self.key, &own_lease_names(&leases, self.key))?;
         let bounds: Vec<&Bound> = live.iter().map(|e| &e.rec.b).collect();
         let eph = Ephemeral {
             range: EPHEMERAL_PORTS,
@@ -239,13 +397,7 @@ impl Registry {
             device,
             pid: std::process::id(),
         };
-        let stem = format!(
-            "{:04x}-{}-{}-{:016x}",
-            ps.raw(),
-            rec.b.addr.port(),
-            rec.pid,
-            sys::random_seed()
-        );
+        let stem = record_stem(&rec);
         let file = write_record(&self.dir, &stem, &rec)?;
         own().insert((self.key, format!("{stem}.bind")), rec.clone());
         if ephemeral {
@@ -257,8 +409,132 @@ impl Registry {
             dir: Arc::clone(&self.dir),
             key: self.key,
             stem,
-            file,
+            file: Some(file),
             rec,
+        })
+    }
+
+    /// A port-0 bind out of this process's leases in `ps`, taking another lease when they
+    /// are full: no file is written unless a lease is. `EADDRNOTAVAIL` when no block of
+    /// free ports is left for a new lease.
+    fn bind_leased(
+        &self,
+        leases: &mut Vec<Lease>,
+        ps: PortSpace,
+        addr: SocketAddr,
+        device: SocketAddr,
+        opts: BindOptions,
+        host: HostFacts,
+    ) -> io::Result<Binding> {
+        let pid = std::process::id();
+        // Only this process's bindings can sit on its leased ports.
+        let own = own_entries(self.key);
+        let bounds: Vec<&Bound> = own.iter().map(|e| &e.rec.b).collect();
+        let mut held = 0u32;
+        for l in leases
+            .iter_mut()
+            .filter(|l| l.key == self.key && l.pid == pid && l.ps == ps)
+        {
+            held += 1;
+            // Onwards from the port handed out last, so that a port just released is
+            // handed out again only after the rest of the lease, as a search from a random
+            // point of the whole range would rarely hit it soon.
+            let next = l.last.map_or(0, |p| p - l.ports.start() + 1);
+            let eph = Ephemeral {
+                range: l.ports.clone(),
+                last: l.last,
+                random: u64::from(next),
+            };
+            match ports::bind(ps, addr, opts, host, &bounds, eph) {
+                Ok(b) => {
+                    l.last = Some(b.addr.port());
+                    return Ok(self.leased_binding(b, device));
+                }
+                Err(e) if e == Errno::ADDRNOTAVAIL => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let size = (u32::from(FIRST_LEASE) << held.min(8)).min(u32::from(MAX_LEASE)) as u16;
+        let mut lease = self.take_lease(leases, ps, size)?;
+        let eph = Ephemeral {
+            range: lease.ports.clone(),
+            last: None,
+            random: sys::random_seed(),
+        };
+        // The block is free of every binding, this process's too; but the rules may still
+        // refuse `addr` (a link-local address without a scope): the lease then goes.
+        let b = ports::bind(ps, addr, opts, host, &bounds, eph)?;
+        lease.last = Some(b.addr.port());
+        leases.push(lease);
+        Ok(self.leased_binding(b, device))
+    }
+
+    /// A binding on a leased port: known to this process only, until it listens.
+    fn leased_binding(&self, b: Bound, device: SocketAddr) -> Binding {
+        let rec = Record {
+            b,
+            device,
+            pid: std::process::id(),
+        };
+        let stem = record_stem(&rec);
+        own().insert((self.key, format!("{stem}.bind")), rec.clone());
+        Binding {
+            dir: Arc::clone(&self.dir),
+            key: self.key,
+            stem,
+            file: None,
+            rec,
+        }
+    }
+
+    /// Take a lease of up to `size` free ports in `ps` (fewer when no block that long is
+    /// free), under the registry lock: its file is written before the lock goes, so no
+    /// other process can bind a port of the block in between.
+    fn take_lease(&self, leases: &[Lease], ps: PortSpace, size: u16) -> io::Result<Lease> {
+        let _lock = RegistryLock::acquire(&self.dir)?;
+        let live = scan(&self.dir, self.key, &own_lease_names(leases, self.key))?;
+        let pid = std::process::id();
+        // This process's own leases are blocks taken too.
+        let mine: Vec<Bound> = leases
+            .iter()
+            .filter(|l| l.key == self.key && l.pid == pid && l.ps == ps)
+            .flat_map(|l| l.ports.clone().map(|p| ports::leased(ps, p, 0)))
+            .collect();
+        let bounds: Vec<&Bound> = live.iter().map(|e| &e.rec.b).chain(&mine).collect();
+        let random = sys::random_seed();
+        let mut size = size;
+        let ports = loop {
+            if let Some(p) = ports::free_block(ps, EPHEMERAL_PORTS, size, random, &bounds) {
+                break p;
+            }
+            if size == 1 {
+                return Err(Errno::ADDRNOTAVAIL.into());
+            }
+            size /= 2;
+        };
+        let seq = bounds
+            .iter()
+            .map(|b| b.seq)
+            .max()
+            .map_or(0, |s| s.saturating_add(1));
+        let stem = format!(
+            "{:04x}-{}-{}-{pid}-{:016x}",
+            ps.raw(),
+            ports.start(),
+            ports.end(),
+            sys::random_seed()
+        );
+        let name = format!("{stem}.lease");
+        let file = write_file(&self.dir, &stem, &name, &Lease::text(ps, &ports, seq, pid))?;
+        Ok(Lease {
+            key: self.key,
+            pid,
+            ps,
+            ports,
+            last: None,
+            name,
+            dir: Arc::clone(&self.dir),
+            _file: file,
         })
     }
 
@@ -310,8 +586,9 @@ pub struct Binding {
     key: DirKey,
     /// The record's file name without `.bind`.
     stem: String,
-    /// The open record, locked exclusively: the proof that the owner lives.
-    file: File,
+    /// The open record, locked exclusively: the proof that the owner lives. None for a
+    /// binding on a leased port that does not listen: the lease stands for it.
+    file: Option<File>,
     rec: Record,
 }
 
@@ -376,8 +653,11 @@ impl Binding {
         if rec == self.rec {
             return Ok(());
         }
-        let _lock = RegistryLock::acquire(&self.dir)?;
-        self.file = write_record(&self.dir, &self.stem, &rec)?;
+        let _leases = leases();
+        if self.file.is_some() {
+            let _lock = RegistryLock::acquire(&self.dir)?;
+            self.file = Some(write_record(&self.dir, &self.stem, &rec)?);
+        }
         self.note_own(&rec);
         self.rec = rec;
         Ok(())
@@ -401,12 +681,13 @@ impl Binding {
         if on && self.rec.b.dst.is_some() {
             return Err(Errno::INVAL.into());
         }
+        let leases = leases();
         let _lock = RegistryLock::acquire(&self.dir)?;
         let mut rec = self.rec.clone();
         if on {
             // Only a REUSEADDR binding is checked again, so only it needs the others.
             let live = if rec.b.reuse {
-                scan(&self.dir, self.key)?
+                scan(&self.dir, self.key, &own_lease_names(&leases, self.key))?
             } else {
                 Vec::new()
             };
@@ -421,8 +702,9 @@ impl Binding {
             rec.b.listening = false;
         }
         // The new record, locked, replaces the old one whole; the old file's lock goes
-        // with its descriptor, after the rename.
-        self.file = write_record(&self.dir, &self.stem, &rec)?;
+        // with its descriptor, after the rename. A binding on a leased port gets its
+        // record here: other processes look listeners up in the files.
+        self.file = Some(write_record(&self.dir, &self.stem, &rec)?);
         self.note_own(&rec);
         self.rec = rec;
         Ok(())
@@ -433,9 +715,15 @@ impl Drop for Binding {
     fn drop(&mut self) {
         // Removed while still locked, so no scanner takes a half-released record for
         // stale and removes a successor of the same name.
+        // Any binding may be the last on a leased port: a fixed bind of this process may
+        // sit in one of its leases.
+        let mut leases = leases();
         let name = format!("{}.bind", self.stem);
-        let _ = self.dir.remove(&name);
+        if self.file.is_some() {
+            let _ = self.dir.remove(&name);
+        }
         own().remove(&(self.key, name));
+        release_idle_leases(&mut leases, self.key, self.rec.b.ps);
     }
 }
 
@@ -587,6 +875,10 @@ fn is_record_name(name: &str) -> bool {
     name.ends_with(".bind") && !name.starts_with('.')
 }
 
+fn is_lease_name(name: &str) -> bool {
+    name.ends_with(".lease") && !name.starts_with('.')
+}
+
 fn is_tmp_name(name: &str) -> bool {
     name.starts_with('.') && name.ends_with(".tmp")
 }
@@ -608,24 +900,24 @@ fn read_record(f: &mut File) -> Option<Record> {
     Record::parse(&s)
 }
 
-/// The live records of the registry (`key` names it in [`OWN`]); removes records and
-/// other files that nobody holds. Only under the registry lock: an unlocked file is then
-/// certainly abandoned.
-fn scan(dir: &RunDir, key: DirKey) -> io::Result<Vec<Entry>> {
-    let mut out = Vec::new();
+/// The live records of the registry (`key` names it in [`OWN`]), this process's first, and
+/// every port of other processes' leases as a binding ([`ports::leased`]); removes records,
+/// leases and other files that nobody holds. `own_leases` are this process's leases,
+/// skipped: its bindings on their ports are among its records. Only under the registry
+/// lock: an unlocked file is then certainly abandoned.
+fn scan(dir: &RunDir, key: DirKey, own_leases: &[String]) -> io::Result<Vec<Entry>> {
+    let mut out = own_entries(key);
+    let mine = out.len();
     for name in dir.files()? {
         let record = is_record_name(&name);
-        if !record && !is_tmp_name(&name) {
+        let lease = is_lease_name(&name);
+        if !record && !lease && !is_tmp_name(&name) {
             continue;
         }
-        if record {
-            if let Some(rec) = own().get(&(key, name.clone())) {
-                out.push(Entry {
-                    rec: rec.clone(),
-                    name,
-                });
-                continue;
-            }
+        if (lease && own_leases.contains(&name))
+            || (record && out[..mine].iter().any(|e| e.name == name))
+        {
+            continue;
         }
         let Ok(mut f) = dir.open_read(&name) else {
             continue;
@@ -639,24 +931,60 @@ fn scan(dir: &RunDir, key: DirKey) -> io::Result<Vec<Entry>> {
             Err(_) => continue,
         }
         // A live file that does not parse is someone else's business: skipped.
-        if let Some(rec) = record.then(|| read_record(&mut f)).flatten() {
-            out.push(Entry { name, rec });
+        if record {
+            if let Some(rec) = read_record(&mut f) {
+                out.push(Entry { name, rec });
+            }
+        } else if lease {
+            let mut text = String::new();
+            if f.take(MAX_RECORD).read_to_string(&mut text).is_err() {
+                continue;
+            }
+            let Some((ps, ports, seq)) = Lease::parse(&text) else {
+                continue;
+            };
+            for p in ports {
+                out.push(Entry {
+                    name: name.clone(),
+                    rec: Record {
+                        b: ports::leased(ps, p, seq),
+                        device: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+                        pid: 0,
+                    },
+                });
+            }
         }
     }
     Ok(out)
+}
+
+/// The file name of `rec` without `.bind`: port space, port, owner and a random part.
+fn record_stem(rec: &Record) -> String {
+    format!(
+        "{:04x}-{}-{}-{:016x}",
+        rec.b.ps.raw(),
+        rec.b.addr.port(),
+        rec.pid,
+        sys::random_seed()
+    )
 }
 
 /// Write `rec` to `.stem.tmp`, lock it, and rename it to `stem.bind`. Returns the open,
 /// locked file. Only under the registry lock: a scan would remove an unlocked
 /// temporary file.
 fn write_record(dir: &RunDir, stem: &str, rec: &Record) -> io::Result<File> {
+    write_file(dir, stem, &format!("{stem}.bind"), &rec.to_text())
+}
+
+/// Write `text` to `.stem.tmp`, lock it, and rename it to `name`, as [`write_record`].
+fn write_file(dir: &RunDir, stem: &str, name: &str, text: &str) -> io::Result<File> {
     // `stem` ends in a random number, so the temporary name is not predictable either.
     let tmp = format!(".{stem}.tmp");
     let mut f = dir.create_new(&tmp, 0o600)?;
     let done = flock(&f, FlockOperation::NonBlockingLockExclusive)
         .map_err(io::Error::from)
-        .and_then(|()| f.write_all(rec.to_text().as_bytes()))
-        .and_then(|()| dir.rename(&tmp, &format!("{stem}.bind")));
+        .and_then(|()| f.write_all(text.as_bytes()))
+        .and_then(|()| dir.rename(&tmp, name));
     match done {
         Ok(()) => Ok(f),
         Err(e) => {
@@ -735,6 +1063,17 @@ mod tests {
             TempReg {
                 reg: Registry::open(&dir).unwrap(),
             }
+        }
+        /// The ports of the leases in the directory.
+        fn lease_ports(&self) -> Vec<u16> {
+            self.files()
+                .iter()
+                .filter(|n| is_lease_name(n))
+                .flat_map(|n| {
+                    let text = fs::read_to_string(self.reg.dir().join(n)).unwrap();
+                    Lease::parse(&text).unwrap().1
+                })
+                .collect()
         }
         fn files(&self) -> Vec<String> {
             let mut v: Vec<String> = fs::read_dir(self.reg.dir())
@@ -1305,6 +1644,91 @@ mod tests {
         assert!(Registry::open(&file).is_err());
     }
 
+    #[test]
+    fn port_zero_binds_share_one_lease_file() {
+        let t = TempReg::new("lease");
+        let mut held: Vec<Binding> = (0..10)
+            .map(|_| bind(&t.reg, "0.0.0.0:0").unwrap())
+            .collect();
+        // One lease stands for all ten: no record file per binding.
+        let files = t.files();
+        assert_eq!(files.len(), 1, "{files:?}");
+        assert!(is_lease_name(&files[0]), "{files:?}");
+        let leased = t.lease_ports();
+        assert_eq!(leased.len(), usize::from(FIRST_LEASE));
+        for b in &held {
+            assert!(leased.contains(&b.port()));
+        }
+        // This process's own rules still hold on the leased ports...
+        let p = held[3].port();
+        assert_eq!(
+            errno(bind(&t.reg, &format!("0.0.0.0:{p}"))),
+            Errno::ADDRNOTAVAIL
+        );
+        // ...and a leased port nobody holds is free to a fixed bind of this process.
+        let free = leased
+            .iter()
+            .copied()
+            .find(|p| held.iter().all(|b| b.port() != *p))
+            .unwrap();
+        let fixed = bind(&t.reg, &format!("0.0.0.0:{free}")).unwrap();
+        // A listener on a leased port gets its record, which other processes read.
+        held[0].set_listening(true).unwrap();
+        let port = held[0].port();
+        let rec = t
+            .files()
+            .into_iter()
+            .find(|n| n.starts_with(&format!("0106-{port}-")) && n.ends_with(".bind"))
+            .expect("the listener's record");
+        let text = fs::read_to_string(t.reg.dir().join(rec)).unwrap();
+        assert!(text.contains("listening 1\n"), "{text}");
+        // More bindings than the first lease holds take a second, larger one.
+        held.extend((0..10).map(|_| bind(&t.reg, "0.0.0.0:0").unwrap()));
+        let leases = t.files().iter().filter(|n| is_lease_name(n)).count();
+        assert_eq!(leases, 2, "{:?}", t.files());
+        assert_eq!(t.lease_ports().len(), usize::from(FIRST_LEASE) * 3);
+        // The leases go with the last binding on their ports.
+        drop(held);
+        assert_eq!(t.lease_ports().len(), usize::from(FIRST_LEASE));
+        drop(fixed);
+        assert!(t.files().is_empty(), "{:?}", t.files());
+    }
+
+    #[test]
+    fn another_process_lease_takes_its_ports() {
+        let t = TempReg::new("foreign-lease");
+        let text = Lease::text(TCP, &(40000..=40015), 7, 1);
+        let p = t.reg.dir().join("0106-40000-40015-1-0.lease");
+        fs::write(&p, text).unwrap();
+        let f = hold(&p);
+        for port in [40000, 40007, 40015] {
+            assert_eq!(
+                errno(bind(&t.reg, &format!("192.0.2.1:{port}"))),
+                Errno::ADDRNOTAVAIL
+            );
+        }
+        let _next = bind(&t.reg, "0.0.0.0:40016").unwrap();
+        // Port-0 binds of this process lease around it.
+        let held: Vec<Binding> = (0..300)
+            .map(|_| bind(&t.reg, "0.0.0.0:0").unwrap())
+            .collect();
+        assert!(held.iter().all(|b| !(40000..=40015).contains(&b.port())));
+        let mine: Vec<u16> = t
+            .lease_ports()
+            .into_iter()
+            .filter(|p| !(40000..=40015).contains(p))
+            .collect();
+        assert!(
+            mine.iter().all(|p| !(40000..=40016).contains(p)),
+            "{:?}",
+            t.files()
+        );
+        drop(f);
+        // Its owner gone, the lease is reclaimed by the next bind that scans.
+        let _b = bind(&t.reg, "192.0.2.1:40007").unwrap();
+        assert!(!p.exists());
+    }
+
     /// Set in the child process of `killed_owner_leaves_nothing_behind`: the registry
     /// directory it binds in.
     const CHILD_ENV: &str = "SOFTRDMA_REGISTRY_TEST_CHILD";
@@ -1363,14 +1787,24 @@ mod tests {
         let at = sa(&format!("127.0.0.1:{port}"));
         let found = t.reg.lookup(TCP, at);
         let taken = bind(&t.reg, &format!("0.0.0.0:{port}")).map(|_| ());
+        // The child's port came from its lease, whose other ports are taken too.
+        let leased = t.lease_ports();
+        let other = leased.iter().copied().find(|&p| p != port);
+        let other_taken = other.map(|p| bind(&t.reg, &format!("0.0.0.0:{p}")).map(|_| ()));
         child.kill().unwrap(); // SIGKILL: no destructor runs.
         child.wait().unwrap();
         assert_eq!(found.map(|l| l.device), Some(sa("127.0.0.7:4791")));
         assert_eq!(errno(taken), Errno::ADDRNOTAVAIL);
-        // The record is still there, but nobody holds it.
-        assert_eq!(t.files().len(), 1);
+        assert!(leased.contains(&port), "{port} not in {leased:?}");
+        assert_eq!(
+            errno(other_taken.expect("a lease of one port")),
+            Errno::ADDRNOTAVAIL
+        );
+        // The record and the lease are still there, but nobody holds them.
+        assert_eq!(t.files().len(), 2, "{:?}", t.files());
         assert_eq!(t.reg.lookup(TCP, at), None);
         let _b = bind(&t.reg, &format!("0.0.0.0:{port}")).unwrap();
         assert_eq!(t.files().len(), 1, "{:?}", t.files());
+        let _c = bind(&t.reg, &format!("0.0.0.0:{}", other.unwrap())).unwrap();
     }
 }
