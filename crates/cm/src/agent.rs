@@ -14,7 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -191,6 +191,11 @@ struct Shared {
     cma: Mutex<Cma>,
     channels: Mutex<HashMap<u32, Weak<ChanInner>>>,
     wake: EventFd,
+    /// The CM timer the thread sleeps towards (device time; `u64::MAX`: none), written
+    /// under the CM's lock before it sleeps: a call wakes it only for an earlier timer.
+    /// Waking it for every call cost a context switch per call, on the caller's core
+    /// when the two share one (cmtime's 100 connections: 500 calls, 500 switches).
+    sleeps_until: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -269,6 +274,7 @@ impl Agent {
             dev,
             channels: Mutex::new(HashMap::new()),
             wake: EventFd::new()?,
+            sleeps_until: AtomicU64::new(u64::MAX),
             stop: AtomicBool::new(false),
             pid: std::process::id(),
         });
@@ -339,9 +345,14 @@ impl Agent {
         let now = self.sh.dev.now();
         let r = f(&mut cma, now);
         self.sh.pump(&mut cma);
-        drop(cma);
         // A new timer may be earlier than the one the thread sleeps towards.
-        self.sh.wake.set();
+        let earlier = cma
+            .poll_timeout()
+            .is_some_and(|t| t < self.sh.sleeps_until.load(Ordering::SeqCst));
+        drop(cma);
+        if earlier {
+            self.sh.wake.set();
+        }
         r
     }
 }
@@ -427,7 +438,13 @@ pub fn timeouts_from_env() -> Timeouts {
 /// The agent's thread: wait for a MAD, a wake-up or the next CM timer; handle it.
 fn run(sh: &Shared) {
     while !sh.stop.load(Ordering::SeqCst) {
-        let next = sh.lock().poll_timeout();
+        let next = {
+            let cma = sh.lock();
+            let next = cma.poll_timeout();
+            sh.sleeps_until
+                .store(next.unwrap_or(u64::MAX), Ordering::SeqCst);
+            next
+        };
         let now = sh.dev.now();
         let timeout = next.map(|t| Duration::from_nanos(t.saturating_sub(now)));
         let _ = poll_readable(&[sh.dev.mad_fd(), sh.wake.as_fd()], timeout);
