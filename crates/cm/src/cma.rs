@@ -898,13 +898,22 @@ impl Cma {
         }
         let (ps, dst) = (i.ps, i.dst);
         self.refresh_peer_device(id)?;
+        let listener_found = self.id(id)?.peer_is_listener;
         let (peer, req) = self.req_for(id, p)?;
         // A destination on this host that no listener and no device serves: the host's CM
         // rejects at once ("invalid service ID"), as Linux's does.
         if let Some(dst) = dst {
-            let local = dst.ip().is_loopback() || self.ports.is_local(dst.ip());
-            let listener = port_space_of(ps).map(|s| self.ports.lookup(s, dst));
-            if local && matches!(listener, Ok(None)) && !self.ports.has_device(peer.ip) {
+            // The REQ goes to the device of the listener found before (which rejects it
+            // if the listener has gone since): only that device's being gone matters, and
+            // asking the port space again cost every connection a directory read.
+            let unserved = if listener_found {
+                !self.ports.has_device(peer.ip)
+            } else {
+                let local = dst.ip().is_loopback() || self.ports.is_local(dst.ip());
+                let listener = port_space_of(ps).map(|s| self.ports.lookup(s, dst));
+                local && matches!(listener, Ok(None)) && !self.ports.has_device(peer.ip)
+            };
+            if unserved {
                 // For a UD id it is the SIDR_REP "unsupported" a Linux host would send.
                 let (event, status, param) = if ud {
                     let param = UdParam {
