@@ -212,6 +212,18 @@ fn own_entries(key: DirKey) -> Vec<Entry> {
         .collect()
 }
 
+/// Other processes' listener records that lookups read, kept open by name. A record's
+/// owner changes it only by renaming a new file over it and then closing the old one,
+/// which lets the old file's lock go, and removes it while still holding the lock: while
+/// the lock of the file read is held, the file is the record and says what it said. So a
+/// lookup probes the lock of the file it holds instead of opening and reading the record
+/// again (a client's every connection looked its server's listener up, twice).
+static SEEN: Mutex<BTreeMap<(DirKey, String), (File, Record)>> = Mutex::new(BTreeMap::new());
+
+fn seen_listeners() -> MutexGuard<'static, BTreeMap<(DirKey, String), (File, Record)>> {
+    SEEN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The port leases this process holds (see [`Lease`]). Every bind, listen and flag change
 /// of the process decides under this lock, taken before the registry's file lock: a
 /// port-0 bind that takes a port from a lease reads no file, so the file lock alone would
@@ -548,6 +560,10 @@ impl Registry {
         }
         let names = self.dir.files().ok()?;
         let mut found: Vec<Record> = Vec::new();
+        let mut seen = seen_listeners();
+        // Records whose names are gone are forgotten (their files closed).
+        let listed: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+        seen.retain(|(k, n), _| *k != self.key || listed.contains(n.as_str()));
         for name in names {
             if !is_record_name(&name) {
                 continue;
@@ -558,17 +574,31 @@ impl Registry {
                 }
                 continue;
             }
-            let Ok(mut f) = self.dir.open_read(&name) else {
+            let k = (self.key, name);
+            if let Some((f, rec)) = seen.get(&k) {
+                if matches!(owned(f), Ok(true)) {
+                    if ports::reaches(&rec.b, ps, dst) {
+                        found.push(rec.clone());
+                    }
+                    continue;
+                }
+                // Its owner let it go: gone, or replaced by a new file of that name.
+                seen.remove(&k);
+            }
+            let Ok(mut f) = self.dir.open_read(&k.1) else {
                 continue;
             };
             let Some(rec) = read_record(&mut f) else {
                 continue;
             };
-            // The rules first: probing a record's lock is the dearer test.
-            if !ports::reaches(&rec.b, ps, dst) || !matches!(owned(&f), Ok(true)) {
+            // Only listeners are looked up, and only a live one is kept.
+            if !rec.b.listening || !matches!(owned(&f), Ok(true)) {
                 continue;
             }
-            found.push(rec);
+            if ports::reaches(&rec.b, ps, dst) {
+                found.push(rec.clone());
+            }
+            seen.insert(k, (f, rec));
         }
         let best = ports::lookup(found.iter().map(|r| &r.b), ps, dst)?;
         let rec = found.iter().find(|r| std::ptr::eq(&r.b, best))?;
@@ -1540,6 +1570,45 @@ mod tests {
         l.set_listening(true).unwrap();
         drop(l);
         assert_eq!(t.reg.lookup(TCP, sa("127.0.0.1:7174")), None);
+    }
+
+    #[test]
+    fn another_process_listener_is_read_once_while_its_owner_holds_it() {
+        let t = TempReg::new("seen");
+        let mut r = rec("0.0.0.0:7180");
+        r.b.listening = true;
+        r.device = sa("127.0.0.8:4791");
+        let name = "0106-7180-1-0.bind";
+        let p = plant(&t, name, &r);
+        let owner = hold(&p);
+        let at = |d: &str| t.reg.lookup(TCP, sa(d)).map(|l| l.device);
+        assert_eq!(at("127.0.0.1:7180"), Some(sa("127.0.0.8:4791")));
+        // Written over in place behind its owner's back (no owner does that): the record
+        // read before stands while the owner holds the file.
+        let mut other = r.clone();
+        other.device = sa("127.0.0.9:4791");
+        fs::write(&p, other.to_text()).unwrap();
+        assert_eq!(at("127.0.0.1:7180"), Some(sa("127.0.0.8:4791")));
+        // The owner's way: a new file renamed over the name, then the old one closed.
+        let tmp = t.reg.dir().join(".new.tmp");
+        fs::write(&tmp, other.to_text()).unwrap();
+        let new_owner = hold(&tmp);
+        fs::rename(&tmp, &p).unwrap();
+        drop(owner);
+        assert_eq!(at("127.0.0.1:7180"), Some(sa("127.0.0.9:4791")));
+        // Not listening any more, by the same way.
+        other.b.listening = false;
+        let tmp = t.reg.dir().join(".new2.tmp");
+        fs::write(&tmp, other.to_text()).unwrap();
+        let last_owner = hold(&tmp);
+        fs::rename(&tmp, &p).unwrap();
+        drop(new_owner);
+        assert_eq!(at("127.0.0.1:7180"), None);
+        // Removed, and its owner gone: nothing, and nothing kept open.
+        drop(last_owner);
+        fs::remove_file(&p).unwrap();
+        assert_eq!(at("127.0.0.1:7180"), None);
+        assert!(!seen_listeners().keys().any(|(k, _)| *k == t.reg.key));
     }
 
     #[test]
