@@ -302,6 +302,12 @@ pub trait Ports: Send {
     fn is_local(&self, ip: IpAddr) -> bool;
     /// Whether a device (its CM) serves at `ip` on this host.
     fn has_device(&self, ip: IpAddr) -> bool;
+    /// Whether a listener known to be alive, on the device at `device`, still serves
+    /// `dst` in `ps`: a cheaper yes than [`Ports::lookup`] for a listener found before;
+    /// false when not known.
+    fn listener_alive(&self, ps: PortSpace, dst: SocketAddr, device: IpAddr) -> bool {
+        self.lookup(ps, dst).is_some_and(|d| d.ip() == device)
+    }
 }
 
 /// How long a CM waits for answers (IBTA exponents and retries, as the Linux rdma_cm
@@ -907,7 +913,9 @@ impl Cma {
             // if the listener has gone since): only that device's being gone matters, and
             // asking the port space again cost every connection a directory read.
             let unserved = if listener_found {
-                !self.ports.has_device(peer.ip)
+                let alive =
+                    port_space_of(ps).is_ok_and(|s| self.ports.listener_alive(s, dst, peer.ip));
+                !alive && !self.ports.has_device(peer.ip)
             } else {
                 let local = dst.ip().is_loopback() || self.ports.is_local(dst.ip());
                 let listener = port_space_of(ps).map(|s| self.ports.lookup(s, dst));

@@ -64,6 +64,12 @@ impl Ports for HostPorts {
         ip.is_loopback() || UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
     }
 
+    fn listener_alive(&self, ps: PortSpace, dst: SocketAddr, device: IpAddr) -> bool {
+        // A lock probe of the listener's record, kept from the lookup that found it,
+        // where has_device makes and binds a socket.
+        self.reg.listener_known(ps, dst, |d| d.ip() == device)
+    }
+
     fn has_device(&self, ip: IpAddr) -> bool {
         // A device holds its address's RoCE port: if we can bind it, nobody serves there.
         match UdpSocket::bind(SocketAddr::new(ip, self.device_port)) {

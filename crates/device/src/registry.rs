@@ -609,6 +609,30 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// Whether a listener this process knows to be alive still takes connections to `dst`
+    /// in `ps` on the device `device` says yes to: one of its own, or another process's
+    /// that a [`Registry::lookup`] read and whose owner still holds it. Reads no directory
+    /// (one lock probe per listener kept): for a client that found its listener before
+    /// and asks whether it is still served. False says only "not known": look up.
+    pub fn listener_known(
+        &self,
+        ps: PortSpace,
+        dst: SocketAddr,
+        device: impl Fn(SocketAddr) -> bool,
+    ) -> bool {
+        let mine = own()
+            .iter()
+            .any(|((k, _), r)| *k == self.key && ports::reaches(&r.b, ps, dst) && device(r.device));
+        mine || seen_listeners().iter().any(|((k, _), (f, r))| {
+            *k == self.key
+                && ports::reaches(&r.b, ps, dst)
+                && device(r.device)
+                && matches!(owned(f), Ok(true))
+        })
+    }
+}
+
 /// A reserved address and port, held by the CM id that bound it. Dropping it releases the
 /// reservation; so does the death of the process.
 pub struct Binding {
@@ -1609,6 +1633,43 @@ mod tests {
         fs::remove_file(&p).unwrap();
         assert_eq!(at("127.0.0.1:7180"), None);
         assert!(!seen_listeners().keys().any(|(k, _)| *k == t.reg.key));
+    }
+
+    #[test]
+    fn a_listener_read_before_is_known_while_its_owner_holds_it() {
+        let t = TempReg::new("known");
+        let mut r = rec("0.0.0.0:7181");
+        r.b.listening = true;
+        r.device = sa("127.0.0.8:4791");
+        let p = plant(&t, "0106-7181-1-0.bind", &r);
+        let owner = hold(&p);
+        let dev = |d: SocketAddr| d == sa("127.0.0.8:4791");
+        let dst = sa("127.0.0.1:7181");
+        // Not read yet: not known (a lookup would find it).
+        assert!(!t.reg.listener_known(TCP, dst, dev));
+        assert!(t.reg.lookup(TCP, dst).is_some());
+        assert!(t.reg.listener_known(TCP, dst, dev));
+        // Another device, port or port space: not this listener.
+        assert!(!t
+            .reg
+            .listener_known(TCP, dst, |d| d == sa("127.0.0.9:4791")));
+        assert!(!t.reg.listener_known(TCP, sa("127.0.0.1:7182"), dev));
+        assert!(!t.reg.listener_known(PortSpace::Udp, dst, dev));
+        // Its owner gone: no longer known, though nothing read the directory again.
+        drop(owner);
+        assert!(!t.reg.listener_known(TCP, dst, dev));
+        // This process's own listeners are known without a lookup.
+        let mine = sa("127.0.0.3:4791");
+        let mut l = t
+            .reg
+            .bind(TCP, sa("0.0.0.0:7183"), mine, BindOptions::default())
+            .unwrap();
+        let dst = sa("127.0.0.1:7183");
+        assert!(!t.reg.listener_known(TCP, dst, |d| d == mine));
+        l.set_listening(true).unwrap();
+        assert!(t.reg.listener_known(TCP, dst, |d| d == mine));
+        drop(l);
+        assert!(!t.reg.listener_known(TCP, dst, |d| d == mine));
     }
 
     #[test]
