@@ -263,7 +263,10 @@ fn alloc_any_port(
         return Err(Errno::ADDRNOTAVAIL);
     }
     let mut by_port: HashMap<u16, Vec<&Bound>> = HashMap::new();
-    for b in live.iter().filter(|b| b.ps == new.ps) {
+    for b in live
+        .iter()
+        .filter(|b| b.ps == new.ps && (low..=high).contains(&b.addr.port()))
+    {
         by_port.entry(b.addr.port()).or_default().push(b);
     }
     for v in by_port.values_mut() {

@@ -440,8 +440,12 @@ impl Registry {
     ) -> io::Result<Binding> {
         let pid = std::process::id();
         // Only this process's bindings can sit on its leased ports.
-        let own = own_entries(self.key);
-        let bounds: Vec<&Bound> = own.iter().map(|e| &e.rec.b).collect();
+        let own: Vec<Bound> = own()
+            .iter()
+            .filter(|((k, _), r)| *k == self.key && r.b.ps == ps)
+            .map(|(_, r)| r.b.clone())
+            .collect();
+        let bounds: Vec<&Bound> = own.iter().collect();
         let mut held = 0u32;
         for l in leases
             .iter_mut()
