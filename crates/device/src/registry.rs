@@ -110,10 +110,13 @@
 //!   never see half a record.
 //!
 //! Liveness: the owner holds `flock(LOCK_EX)` on its record for as long as the [`Binding`]
-//! lives (on its lease for as long as the lease lives), and the kernel drops the lock when the process dies, however it dies. A scanner
-//! probes with `flock(LOCK_SH | LOCK_NB)`: if it gets the lock nobody owns the record, and
-//! a bind or listen (which hold the registry lock) removes it, as it removes unlocked
-//! files that are not records. Lookups take no lock and only skip such files.
+//! lives (on its lease for as long as the lease lives), and the kernel drops the lock when
+//! the process dies, however it dies. A scanner probes with `flock(LOCK_SH | LOCK_NB)`: if
+//! it gets the lock nobody owns the record, and a bind or listen (which hold the registry
+//! lock) removes it, as it removes unlocked files that are not records. Lookups take no
+//! lock and only skip such files; they keep the live listener records of other processes
+//! they read open, and read one again only once its lock is let go (a changed record is a
+//! new file renamed over the old, whose lock then goes).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -628,12 +631,21 @@ impl Registry {
         let mine = own()
             .iter()
             .any(|((k, _), r)| *k == self.key && ports::reaches(&r.b, ps, dst) && device(r.device));
-        mine || seen_listeners().iter().any(|((k, _), (f, r))| {
-            *k == self.key
-                && ports::reaches(&r.b, ps, dst)
-                && device(r.device)
-                && matches!(owned(f), Ok(true))
-        })
+        if mine {
+            return true;
+        }
+        let mut seen = seen_listeners();
+        let mut alive = false;
+        seen.retain(|(k, _), (f, r)| {
+            if alive || *k != self.key || !ports::reaches(&r.b, ps, dst) || !device(r.device) {
+                return true;
+            }
+            // A probe that got the lock holds it: that file goes now, not at the next
+            // lookup.
+            alive = matches!(owned(f), Ok(true));
+            alive
+        });
+        alive
     }
 }
 
@@ -1659,9 +1671,11 @@ mod tests {
             .listener_known(TCP, dst, |d| d == sa("127.0.0.9:4791")));
         assert!(!t.reg.listener_known(TCP, sa("127.0.0.1:7182"), dev));
         assert!(!t.reg.listener_known(PortSpace::Udp, dst, dev));
-        // Its owner gone: no longer known, though nothing read the directory again.
+        // Its owner gone: no longer known, though nothing read the directory again, and
+        // no longer kept open.
         drop(owner);
         assert!(!t.reg.listener_known(TCP, dst, dev));
+        assert!(!seen_listeners().keys().any(|(k, _)| *k == t.reg.key));
         // This process's own listeners are known without a lookup.
         let mine = sa("127.0.0.3:4791");
         let mut l = t
