@@ -156,11 +156,18 @@ impl Producer {
         // Pairs with the consumer's fence in `Consumer::prepare_sleep`: either it sees the
         // new tail, or we see it asleep.
         fence(Ordering::SeqCst);
-        self.map.u32_at(OFF_ASLEEP).load(Ordering::Relaxed) != 0
+        self.take_sleeper()
     }
 }
 
 impl Producer {
+    /// Whether the consumer is (or may be) asleep, marking it awake: the caller writes its
+    /// eventfd once, and the producers after it, who find it awake, make no system call
+    /// while it has not blocked again (it marks itself asleep anew before every block).
+    fn take_sleeper(&self) -> bool {
+        self.map.u32_at(OFF_ASLEEP).swap(0, Ordering::Relaxed) != 0
+    }
+
     /// Tell the consumer that its memory changed with no packet (a one-sided WRITE placed
     /// in it): a thread of its device that waits for the device to change (a program
     /// watching its memory through `wait_or`) looks again. Returns whether the consumer is
@@ -173,7 +180,7 @@ impl Producer {
             .u32_at(OFF_PLACED)
             .store(self.placed, Ordering::Release);
         fence(Ordering::SeqCst);
-        self.map.u32_at(OFF_ASLEEP).load(Ordering::Relaxed) != 0
+        self.take_sleeper()
     }
 }
 
@@ -380,6 +387,18 @@ mod tests {
         assert!(p.publish(), "a sleeping consumer is woken");
         // Nothing pending: nothing to wake for.
         assert!(!p.publish());
+        // Woken once: the next packet makes no second wake-up before it blocks again.
+        p.push(1, 0, b"v").unwrap();
+        assert!(!p.publish(), "woken already");
+        assert!(!p.nudge(), "woken already");
+        assert!(!c.sleep_begin(), "packets wait");
+        while c.pop(&mut buf).unwrap().is_some() {}
+        c.commit();
+        assert!(c.take_nudge());
+        assert!(c.sleep_begin());
+        assert!(p.nudge(), "a nudge wakes it once it sleeps again");
+        assert!(!c.sleep_begin(), "a nudge waits");
+        assert!(c.take_nudge());
         c.sleep_end();
         p.push(1, 0, b"w").unwrap();
         assert!(!p.publish());
