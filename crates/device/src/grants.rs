@@ -59,6 +59,10 @@ impl Placement for ShmPlacement {
         self.0.check(dst, &ask)
     }
 
+    fn peer_polls(&mut self, dst: SocketAddr) -> bool {
+        self.0.peer_polls(dst)
+    }
+
     fn read(
         &mut self,
         dst: SocketAddr,

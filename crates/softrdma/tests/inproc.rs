@@ -215,7 +215,7 @@ fn pcap_trace(shm: bool) {
         cfg.shm = shm;
         Device::open_with(&cfg).unwrap()
     };
-    let pattern: Vec<u8> = (0..2000u32).map(|i| (i * 7 + 3) as u8).collect();
+    let pattern: Vec<u8> = (0..6000u32).map(|i| (i * 7 + 3) as u8).collect();
     let qpns = {
         let (da, db) = (open_pcap(&pa), open_pcap(&pb));
         let (pda, pdb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
@@ -230,8 +230,8 @@ fn pcap_trace(shm: bool) {
             .create_qp(&QpInit::new(QpType::Rc, &cqb).depth(8, 8))
             .unwrap();
         let (ma, mb) = (
-            pda.register(4096, ALL).unwrap(),
-            pdb.register(4096, ALL).unwrap(),
+            pda.register(16384, ALL).unwrap(),
+            pdb.register(16384, ALL).unwrap(),
         );
         let o = PathOptions {
             traffic_class: 0x68, // DSCP 26 (AF31), ECN 0
@@ -244,24 +244,24 @@ fn pcap_trace(shm: bool) {
         assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
         assert_eq!(cqb.wait(T).unwrap().status, WcStatus::Success);
         ma.write(0, &pattern).unwrap();
-        qa.post_send(wr::write(2, [ma.sge(0..2000).unwrap()], &mb.remote(), 0).unwrap())
+        qa.post_send(wr::write(2, [ma.sge(0..6000).unwrap()], &mb.remote(), 0).unwrap())
             .unwrap();
         assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
         // A READ back, and a WRITE with immediate (which the responder must see).
-        qa.post_send(wr::read(3, [ma.sge(2048..2448).unwrap()], &mb.remote(), 100).unwrap())
+        qa.post_send(wr::read(3, [ma.sge(10000..10400).unwrap()], &mb.remote(), 100).unwrap())
             .unwrap();
         assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
-        assert_eq!(ma.to_vec(2048, 400).unwrap(), pattern[100..500]);
+        assert_eq!(ma.to_vec(10000, 400).unwrap(), pattern[100..500]);
         qb.post_recv(wr::recv(4, [])).unwrap();
         qa.post_send(
-            wr::write_with_imm(4, [ma.sge(0..300).unwrap()], &mb.remote(), 3000, 0xfeed).unwrap(),
+            wr::write_with_imm(4, [ma.sge(0..5000).unwrap()], &mb.remote(), 8000, 0xfeed).unwrap(),
         )
         .unwrap();
         assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
         let wc = cqb.wait(T).unwrap();
         assert_eq!(
             (wc.status, wc.imm_data, wc.byte_len),
-            (WcStatus::Success, 0xfeed, 300)
+            (WcStatus::Success, 0xfeed, 5000)
         );
         [qa.qpn(), qb.qpn()]
     }; // devices dropped: traces flushed
@@ -355,7 +355,7 @@ fn pcap_trace(shm: bool) {
             } else if opcode == 11 {
                 // WRITE ONLY with immediate: its payload went by cross-memory attach.
                 assert!(comment.contains("process_vm_writev"), "{r:?}");
-                assert_eq!(f[5], "300", "{r:?}");
+                assert_eq!(f[5], "5000", "{r:?}");
                 with_imm += 1;
             } else {
                 assert_eq!(comment, ring, "{r:?}");
@@ -367,7 +367,7 @@ fn pcap_trace(shm: bool) {
             let expect = if p == &pa {
                 vec![
                     // The WRITE: its RETH and its payload, sent.
-                    (10, "0x00000002", "2000".to_string(), hex(&pattern)),
+                    (10, "0x00000002", "6000".to_string(), hex(&pattern[..4096])),
                     // The READ: its request sent, its response received with the data.
                     (12, "0x00000002", "400".to_string(), String::new()),
                     (16, "0x00000001", String::new(), hex(&pattern[100..500])),

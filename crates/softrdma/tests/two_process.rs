@@ -1219,12 +1219,13 @@ fn refused_cross_memory_attach_falls_back_to_the_ring() {
     ok(&me.cq, 9, WcOpcode::Send);
     assert_eq!(p.wc().6, b"hi");
     // Our WRITE to it: cross-memory attach into it works from here.
-    me.mr.write(0, &[0x5A; 3000]).unwrap();
+    // (8 KiB: a smaller one goes as packets while the peer's device polls.)
+    me.mr.write(0, &[0x5A; 8192]).unwrap();
     me.rc
-        .post_send(wr::write(1, [me.mr.sge(0..3000).unwrap()], &p.mem, 0).unwrap())
+        .post_send(wr::write(1, [me.mr.sge(0..8192).unwrap()], &p.mem, 0).unwrap())
         .unwrap();
     ok(&me.cq, 1, WcOpcode::RdmaWrite);
-    assert_eq!(p.dump(0, 3000), vec![0x5A; 3000]);
+    assert_eq!(p.dump(0, 8192), vec![0x5A; 8192]);
     assert_eq!(me.dev.stats().engine.placed_writes, 1);
     // Its WRITE to us: refused by its filter, so its packets go through the ring.
     p.send(&format!("PUT {} {} 3000", me.mr.addr(), me.mr.rkey()));

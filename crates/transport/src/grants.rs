@@ -48,6 +48,11 @@ pub trait Placement: Send + std::fmt::Debug {
         write: bool,
     ) -> bool;
 
+    /// Whether a thread of the device at `dst` polls for packets now (none is blocked
+    /// waiting for one): packets then reach it at once, and for small payloads they cost
+    /// less than a cross-memory copy, a system call each.
+    fn peer_polls(&mut self, dst: std::net::SocketAddr) -> bool;
+
     /// Copy the region `rkey` from `va` on of the device at `dst`, reached through its QP
     /// `dqpn`, into `dst_pieces` (addresses of this process, in order, which the engine
     /// lets the copy overwrite). True only if every byte was copied under the peer's grant;

@@ -407,6 +407,11 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     completion::complete_front(qp, env, now);
 }
 
+/// Below this many bytes a WRITE is placed only when the peer does not poll ([`may_place`]):
+/// a cross-memory copy is a system call, about 1.5 µs, where the packets of a small WRITE
+/// cost a peer that polls less.
+const PLACE_SMALL: usize = 4096;
+
 /// What the requester does with a WQE it has not started ([`may_place`]).
 enum Place {
     /// Send its packets.
@@ -431,13 +436,21 @@ fn may_place(qp: &QpCtx, env: &mut DeviceCtx, cur: usize) -> Place {
         return Place::No;
     }
     let (remote_addr, rkey, write) = match w.wr.op {
-        SendOp::Write { remote_addr, rkey }
-        | SendOp::WriteWithImm {
+        SendOp::Write { remote_addr, rkey } => (remote_addr, rkey, true),
+        // Its placed WRITE wakes the peer anyway: a small one goes as its packet alone.
+        SendOp::WriteWithImm {
             remote_addr, rkey, ..
-        } => (remote_addr, rkey, true),
+        } if w.len >= PLACE_SMALL => (remote_addr, rkey, true),
         SendOp::Read { remote_addr, rkey } => (remote_addr, rkey, false),
         _ => return Place::No,
     };
+    // A small WRITE to a peer that polls goes as packets: it takes them at once, and they
+    // cost less than a cross-memory copy. To one whose threads all sleep it is placed, so
+    // that a program watching its memory (a latency test) sees it without waiting for
+    // them to wake.
+    if write && w.len < PLACE_SMALL && p.peer_polls(peer) {
+        return Place::No;
+    }
     if qp.sq.range(..cur).all(|e| e.done || e.placed) {
         Place::Now
     } else if p.reachable(peer, qp.attr.dest_qp_num, rkey, remote_addr, w.len, write) {

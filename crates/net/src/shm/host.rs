@@ -1214,6 +1214,15 @@ impl Placer {
         .is_some()
     }
 
+    /// Whether a thread of the device at `dst` polls its rings now (none of its threads is
+    /// blocked waiting for a packet); false if there is no ring to it.
+    pub fn peer_polls(&self, dst: SocketAddr) -> bool {
+        match lock(&self.inner.routes).get(&canonical(dst)) {
+            Some(Route::Ring(r)) => !lock(&r.prod).consumer_asleep(),
+            _ => false,
+        }
+    }
+
     /// Whether [`Placer::write`] or [`Placer::read`] of `ask` could copy now (copying
     /// nothing).
     pub fn check(&self, dst: SocketAddr, ask: &super::grants::Ask) -> bool {

@@ -14,6 +14,7 @@ type Calls = Arc<Mutex<Vec<(bool, u32, u64, Vec<u8>)>>>;
 #[derive(Debug)]
 struct Fake {
     ok: bool,
+    polls: bool,
     fill: u8,
     calls: Calls,
 }
@@ -49,6 +50,10 @@ impl Placement for Fake {
         self.ok
     }
 
+    fn peer_polls(&mut self, _dst: SocketAddr) -> bool {
+        self.polls
+    }
+
     fn read(
         &mut self,
         _dst: SocketAddr,
@@ -72,11 +77,18 @@ impl Placement for Fake {
     }
 }
 
-/// `a` places through a [`Fake`] (`ok`), and the calls it made.
+/// `a` places through a [`Fake`] (`ok`) to a peer that does not poll, and the calls it
+/// made.
 fn placing(a: &mut Node, ok: bool) -> Calls {
+    placing_to(a, ok, false)
+}
+
+/// As [`placing`], to a peer that polls if `polls`.
+fn placing_to(a: &mut Node, ok: bool, polls: bool) -> Calls {
     let calls = Calls::default();
     a.nic.set_placement(Box::new(Fake {
         ok,
+        polls,
         fill: 0x5A,
         calls: Arc::clone(&calls),
     }));
@@ -194,7 +206,7 @@ fn a_write_behind_an_unacknowledged_send_waits_for_it() {
 fn a_write_with_immediate_is_placed_and_its_placed_write_is_refused_from_the_network() {
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
     let calls = placing(&mut a, true);
-    a.write(0, &pattern(300, 1));
+    a.write(0, &pattern(5000, 1));
     b.post_recv(7, 8192, 0);
     let mut now = 0;
     a.send(
@@ -205,7 +217,7 @@ fn a_write_with_immediate_is_placed_and_its_placed_write_is_refused_from_the_net
             rkey: b.rkey,
             imm: 0x1234,
         },
-        vec![a.sge(0, 300)],
+        vec![a.sge(0, 5000)],
     )
     .unwrap();
     // The placed WRITE that stands for it crosses `sim`, a network: the responder drops
@@ -289,5 +301,44 @@ fn a_qp_that_fails_withdraws_its_grant() {
         seen.lock().unwrap().last(),
         Some(&(a.qpn, false)),
         "withdrawn when the engine failed the QP"
+    );
+}
+
+#[test]
+fn a_small_write_to_a_polling_peer_goes_as_packets_and_a_large_one_is_placed() {
+    let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
+    let calls = placing_to(&mut a, true, true);
+    let data = pattern(8192, 6);
+    a.write(0, &data);
+    let mut now = 0;
+    a.send(now, 1, write_op(&b, 0), vec![a.sge(0, 64)]).unwrap();
+    assert_eq!(pump_counting(&mut a, &mut b, &mut now), 1, "its packet");
+    assert!(calls.lock().unwrap().is_empty());
+    assert_eq!(b.read(0, 64), data[..64]);
+    a.send(now, 2, write_op(&b, 100), vec![a.sge(0, 8192)])
+        .unwrap();
+    assert_eq!(pump_counting(&mut a, &mut b, &mut now), 0, "placed");
+    assert_eq!(calls.lock().unwrap().len(), 1);
+    // A small READ is placed all the same: its packets would need the peer to answer.
+    a.send(
+        now,
+        3,
+        SendOp::Read {
+            remote_addr: b.base,
+            rkey: b.rkey,
+        },
+        vec![a.sge(20_000, 8)],
+    )
+    .unwrap();
+    assert_eq!(pump_counting(&mut a, &mut b, &mut now), 0);
+    assert_eq!(calls.lock().unwrap().len(), 2);
+    let ids: Vec<_> = a.wcs().iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        ids,
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
     );
 }
