@@ -176,6 +176,8 @@ pub(crate) struct ReqState {
     pub sqd_notified: bool,
     /// Stopped at a full outbox; queued in `DeviceCtx::tx_wait` to continue when it drains.
     pub tx_wait: bool,
+    /// When the last small WRITE started (see `requester::may_place`), if one did.
+    pub small_write_at: Option<u64>,
 }
 
 impl ReqState {

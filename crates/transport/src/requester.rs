@@ -132,7 +132,7 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
         let placeable = match if in_wqe {
             Place::No
         } else {
-            may_place(qp, env, cur)
+            may_place(qp, env, cur, now)
         } {
             Place::Now => true,
             Place::No => false,
@@ -412,6 +412,10 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
 /// cost a peer that polls less.
 const PLACE_SMALL: usize = 4096;
 
+/// Small WRITEs that start closer together than this are a stream ([`may_place`]): a
+/// latency test's WRITEs are a round trip apart, a few microseconds at least.
+const STREAM_GAP_NS: u64 = 3_000;
+
 /// What the requester does with a WQE it has not started ([`may_place`]).
 enum Place {
     /// Send its packets.
@@ -425,7 +429,7 @@ enum Place {
 /// Whether WQE `cur`, not started, may be placed ([`place`]): an RC WRITE or READ with
 /// data, to a peer the device may place into, behind WQEs that are all finished or placed
 /// (else it waits for them, if the peer's grants would take it).
-fn may_place(qp: &QpCtx, env: &mut DeviceCtx, cur: usize) -> Place {
+fn may_place(qp: &mut QpCtx, env: &mut DeviceCtx, cur: usize, now: u64) -> Place {
     let (Some(p), Some(peer)) = (env.placement.as_mut(), qp.peer) else {
         return Place::No;
     };
@@ -444,12 +448,18 @@ fn may_place(qp: &QpCtx, env: &mut DeviceCtx, cur: usize) -> Place {
         SendOp::Read { remote_addr, rkey } => (remote_addr, rkey, false),
         _ => return Place::No,
     };
-    // A small WRITE to a peer that polls goes as packets: it takes them at once, and they
-    // cost less than a cross-memory copy. To one whose threads all sleep it is placed, so
-    // that a program watching its memory (a latency test) sees it without waiting for
-    // them to wake.
-    if write && w.len < PLACE_SMALL && p.peer_polls(peer) {
-        return Place::No;
+    // A small WRITE in a stream of them (started within STREAM_GAP_NS of the last) to a
+    // peer that polls goes as packets: the peer takes them as they come, and they cost
+    // less than a cross-memory copy each. A lone one is placed, as is one to a peer whose
+    // threads all sleep: a program watching its memory (a latency test, its own thread
+    // spinning on the core its device's thread would need) sees it with none of them
+    // having to run.
+    if write && w.len < PLACE_SMALL {
+        let last = qp.req.small_write_at.replace(now);
+        let streaming = last.is_some_and(|t| now.saturating_sub(t) < STREAM_GAP_NS);
+        if streaming && p.peer_polls(peer) {
+            return Place::No;
+        }
     }
     if qp.sq.range(..cur).all(|e| e.done || e.placed) {
         Place::Now

@@ -305,24 +305,29 @@ fn a_qp_that_fails_withdraws_its_grant() {
 }
 
 #[test]
-fn a_small_write_to_a_polling_peer_goes_as_packets_and_a_large_one_is_placed() {
+fn a_stream_of_small_writes_to_a_polling_peer_goes_as_packets_and_a_large_one_is_placed() {
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
     let calls = placing_to(&mut a, true, true);
     let data = pattern(8192, 6);
     a.write(0, &data);
     let mut now = 0;
+    // A lone small WRITE is placed (its peer may be a program watching its memory)...
     a.send(now, 1, write_op(&b, 0), vec![a.sge(0, 64)]).unwrap();
+    assert_eq!(calls.lock().unwrap().len(), 1);
+    // ...one that follows it at once is a stream: its packets, while the peer polls.
+    a.send(now, 2, write_op(&b, 64), vec![a.sge(64, 64)])
+        .unwrap();
     assert_eq!(pump_counting(&mut a, &mut b, &mut now), 1, "its packet");
-    assert!(calls.lock().unwrap().is_empty());
-    assert_eq!(b.read(0, 64), data[..64]);
-    a.send(now, 2, write_op(&b, 100), vec![a.sge(0, 8192)])
+    assert_eq!(calls.lock().unwrap().len(), 1);
+    assert_eq!(b.read(64, 64), data[64..128]);
+    a.send(now, 3, write_op(&b, 100), vec![a.sge(0, 8192)])
         .unwrap();
     assert_eq!(pump_counting(&mut a, &mut b, &mut now), 0, "placed");
-    assert_eq!(calls.lock().unwrap().len(), 1);
+    assert_eq!(calls.lock().unwrap().len(), 2);
     // A small READ is placed all the same: its packets would need the peer to answer.
     a.send(
         now,
-        3,
+        4,
         SendOp::Read {
             remote_addr: b.base,
             rkey: b.rkey,
@@ -331,14 +336,14 @@ fn a_small_write_to_a_polling_peer_goes_as_packets_and_a_large_one_is_placed() {
     )
     .unwrap();
     assert_eq!(pump_counting(&mut a, &mut b, &mut now), 0);
-    assert_eq!(calls.lock().unwrap().len(), 2);
+    assert_eq!(calls.lock().unwrap().len(), 3);
+    // Long after the last, a small WRITE is lone again: placed.
+    now += 1_000_000;
+    a.send(now, 5, write_op(&b, 0), vec![a.sge(0, 64)]).unwrap();
+    assert_eq!(calls.lock().unwrap().len(), 4);
     let ids: Vec<_> = a.wcs().iter().map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(
         ids,
-        vec![
-            (1, WcStatus::Success),
-            (2, WcStatus::Success),
-            (3, WcStatus::Success)
-        ]
+        (1..=5).map(|k| (k, WcStatus::Success)).collect::<Vec<_>>()
     );
 }
