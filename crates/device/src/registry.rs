@@ -227,6 +227,12 @@ fn seen_listeners() -> MutexGuard<'static, BTreeMap<(DirKey, String), (File, Rec
     SEEN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A port space as records and leases write it (`0x` and hex).
+fn parse_port_space(v: &str) -> Option<PortSpace> {
+    let hex = v.strip_prefix("0x")?;
+    PortSpace::from_raw(u32::from_str_radix(hex, 16).ok()?)
+}
+
 /// The port leases this process holds (see [`Lease`]). Every bind, listen and flag change
 /// of the process decides under this lock, taken before the registry's file lock: a
 /// port-0 bind that takes a port from a lease reads no file, so the file lock alone would
@@ -287,10 +293,7 @@ impl Lease {
         for l in lines {
             let (k, v) = l.split_once(' ')?;
             match k {
-                "ps" => {
-                    let hex = v.strip_prefix("0x")?;
-                    ps = Some(PortSpace::from_raw(u32::from_str_radix(hex, 16).ok()?)?);
-                }
+                "ps" => ps = Some(parse_port_space(v)?),
                 "ports" => {
                     let (lo, hi) = v.split_once('-')?;
                     let (lo, hi): (u16, u16) = (lo.parse().ok()?, hi.parse().ok()?);
@@ -840,10 +843,7 @@ impl Record {
         for l in lines {
             let (k, v) = l.split_once(' ')?;
             match k {
-                "ps" => {
-                    let hex = v.strip_prefix("0x")?;
-                    ps = Some(PortSpace::from_raw(u32::from_str_radix(hex, 16).ok()?)?);
-                }
+                "ps" => ps = Some(parse_port_space(v)?),
                 "addr" => addr = Some(v.parse::<SocketAddr>().ok()?),
                 "device" => device = Some(v.parse::<SocketAddr>().ok()?),
                 "dst" => {

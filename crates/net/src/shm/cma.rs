@@ -82,29 +82,8 @@ pub(crate) fn probe(pid: i32, addr: u64, expect: u64) -> Result<(), String> {
 /// is not there (EFAULT), with what was copied before unknown to the caller but harmless
 /// (it is inside a region the caller holds).
 pub fn write_to(pid: i32, remote: u64, data: &[u8]) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < data.len() {
-        let local = libc::iovec {
-            iov_base: data[done..].as_ptr() as *mut libc::c_void,
-            iov_len: data.len() - done,
-        };
-        let target = libc::iovec {
-            iov_base: (remote + done as u64) as *mut libc::c_void,
-            iov_len: data.len() - done,
-        };
-        // SAFETY: `local` describes our own bytes, valid for reads for the call (the
-        // kernel only reads them); `target` names memory of the other process, checked
-        // by the kernel against its mappings.
-        let n = unsafe { libc::process_vm_writev(pid, &local, 1, &target, 1, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "nothing copied"));
-        }
-        done += n as usize;
-    }
-    Ok(())
+    // SAFETY: `data` is our own slice, readable for the call (the kernel only reads it).
+    unsafe { writev_to(pid, remote, &[(data.as_ptr() as u64, data.len())]) }
 }
 
 /// Copy the pieces `src` of this process (address, length; in order) into process `pid`

@@ -128,6 +128,13 @@ pub struct Grants {
     slots: [bool; PEER_SLOTS],
 }
 
+/// The first free entry of `used` within [`PROBE`] of `home` (wrapping), if any.
+fn free_entry(used: &[bool], home: usize) -> Option<usize> {
+    (0..PROBE)
+        .map(|k| (home + k) % used.len())
+        .find(|&i| !used[i])
+}
+
 impl Grants {
     /// An empty table in a fresh sealed memfd.
     pub fn create() -> io::Result<Grants> {
@@ -176,32 +183,17 @@ impl Grants {
     /// home is free: the region stays reachable through the rings only.
     pub fn grant_region(&mut self, g: &RegionGrant, alive: impl Fn(usize) -> bool) -> bool {
         self.revoke_region(g.rkey, &alive);
-        let home = region_home(g.rkey);
-        let free = (0..PROBE)
-            .map(|k| (home + k) % REGIONS)
-            .find(|&i| !self.region_used[i]);
-        let Some(i) = free else {
+        let Some(i) = free_entry(&self.region_used, region_home(g.rkey)) else {
             return false;
         };
-        let off = region_off(i);
-        let state = self.map.u64_at(off + E_STATE);
-        let gen = state.load(Ordering::Relaxed) >> 1;
-        state.store((gen + 1) << 1, Ordering::SeqCst);
-        self.map
-            .u32_at(off + R_RKEY)
-            .store(g.rkey, Ordering::Relaxed);
-        self.map
-            .u32_at(off + R_ACCESS)
-            .store(g.access, Ordering::Relaxed);
-        self.map.u32_at(off + R_PD).store(g.pd, Ordering::Relaxed);
-        self.map
-            .u64_at(off + R_IOVA)
-            .store(g.iova, Ordering::Relaxed);
-        self.map.u64_at(off + R_LEN).store(g.len, Ordering::Relaxed);
-        self.map
-            .u64_at(off + R_HOST)
-            .store(g.host, Ordering::Relaxed);
-        state.store(((gen + 2) << 1) | 1, Ordering::Release);
+        self.write_entry(region_off(i), |m, off| {
+            m.u32_at(off + R_RKEY).store(g.rkey, Ordering::Relaxed);
+            m.u32_at(off + R_ACCESS).store(g.access, Ordering::Relaxed);
+            m.u32_at(off + R_PD).store(g.pd, Ordering::Relaxed);
+            m.u64_at(off + R_IOVA).store(g.iova, Ordering::Relaxed);
+            m.u64_at(off + R_LEN).store(g.len, Ordering::Relaxed);
+            m.u64_at(off + R_HOST).store(g.host, Ordering::Relaxed);
+        });
         self.regions.insert(g.rkey, i);
         self.region_used[i] = true;
         true
@@ -215,9 +207,7 @@ impl Grants {
             return;
         };
         self.region_used[i] = false;
-        let state = self.map.u64_at(region_off(i) + E_STATE);
-        let old = state.load(Ordering::Relaxed);
-        state.store(((old >> 1) + 1) << 1, Ordering::SeqCst);
+        let old = self.invalidate_entry(region_off(i));
         let key = hold_key(i, old);
         for s in 0..PEER_SLOTS {
             if !self.slots[s] {
@@ -234,23 +224,14 @@ impl Grants {
     /// near its home is free.
     pub fn grant_qp(&mut self, g: &QpGrant) -> bool {
         self.revoke_qp(g.qpn);
-        let home = qp_home(g.qpn);
-        let free = (0..PROBE)
-            .map(|k| (home + k) % QPS)
-            .find(|&i| !self.qp_used[i]);
-        let Some(i) = free else {
+        let Some(i) = free_entry(&self.qp_used, qp_home(g.qpn)) else {
             return false;
         };
-        let off = qp_off(i);
-        let state = self.map.u64_at(off + E_STATE);
-        let gen = state.load(Ordering::Relaxed) >> 1;
-        state.store((gen + 1) << 1, Ordering::SeqCst);
-        self.map.u32_at(off + Q_QPN).store(g.qpn, Ordering::Relaxed);
-        self.map
-            .u32_at(off + Q_ACCESS)
-            .store(g.access, Ordering::Relaxed);
-        self.map.u32_at(off + Q_PD).store(g.pd, Ordering::Relaxed);
-        state.store(((gen + 2) << 1) | 1, Ordering::Release);
+        self.write_entry(qp_off(i), |m, off| {
+            m.u32_at(off + Q_QPN).store(g.qpn, Ordering::Relaxed);
+            m.u32_at(off + Q_ACCESS).store(g.access, Ordering::Relaxed);
+            m.u32_at(off + Q_PD).store(g.pd, Ordering::Relaxed);
+        });
         self.qps.insert(g.qpn, i);
         self.qp_used[i] = true;
         true
@@ -262,10 +243,28 @@ impl Grants {
     pub fn revoke_qp(&mut self, qpn: u32) {
         if let Some(i) = self.qps.remove(&qpn) {
             self.qp_used[i] = false;
-            let state = self.map.u64_at(qp_off(i) + E_STATE);
-            let old = state.load(Ordering::Relaxed);
-            state.store(((old >> 1) + 1) << 1, Ordering::SeqCst);
+            self.invalidate_entry(qp_off(i));
         }
+    }
+
+    /// Rewrite the entry at `off` with `fill` (given the mapping and `off`): its state goes
+    /// to a new generation, invalid, while the fields change, then valid, so a reader that
+    /// reads the state around the fields sees either the old entry invalid or the new one
+    /// whole.
+    fn write_entry(&self, off: usize, fill: impl FnOnce(&Mapping, usize)) {
+        let state = self.map.u64_at(off + E_STATE);
+        let gen = state.load(Ordering::Relaxed) >> 1;
+        state.store((gen + 1) << 1, Ordering::SeqCst);
+        fill(&self.map, off);
+        state.store(((gen + 2) << 1) | 1, Ordering::Release);
+    }
+
+    /// Mark the entry at `off` invalid in a new generation; its state before.
+    fn invalidate_entry(&self, off: usize) -> u64 {
+        let state = self.map.u64_at(off + E_STATE);
+        let old = state.load(Ordering::Relaxed);
+        state.store(((old >> 1) + 1) << 1, Ordering::SeqCst);
+        old
     }
 }
 
