@@ -27,9 +27,14 @@ const RETRY_AFTER: Duration = Duration::from_millis(100);
 const REFUSED_RETRY: Duration = Duration::from_secs(5);
 /// Why a peer that took our ring and dropped it unanswered is reached by UDP.
 const REFUSED: &str = "the device there refused a ring (another version, or its limit)";
-/// A receive that finds datagrams in the rings reads the UDP socket only every this many
-/// calls (and always after a sleep, and whenever no ring is connected).
-const UDP_EVERY: u32 = 4;
+/// While rings are connected and the UDP socket has been quiet, a receive reads the
+/// socket only every this many calls (and always after a sleep, and whenever no ring is
+/// connected): a busy-polling thread then makes almost no system call between the looks
+/// at its rings, and a datagram waits a few microseconds at most.
+const UDP_EVERY: u32 = 1024;
+/// After the UDP socket gave a datagram, it is read on every call for this many calls
+/// (peers reached by UDP and by rings at once keep UDP's latency).
+const UDP_HOT_CALLS: u32 = 4096;
 /// First bytes of the message that passes a ring.
 const HELLO_MAGIC: [u8; 8] = *b"SRSHMv1\0";
 const HELLO_LEN: usize = 40;
@@ -526,6 +531,8 @@ pub struct HostLink {
     rings_gen: u64,
     next_ring: usize,
     calls: u32,
+    /// Calls left during which the UDP socket is read every time ([`UDP_HOT_CALLS`]).
+    udp_hot: u32,
     stats: Stats,
     /// A ring's producer nudged since the last [`Link::take_nudged`].
     nudged: bool,
@@ -572,6 +579,7 @@ impl HostLink {
             rings_gen: u64::MAX,
             next_ring: 0,
             calls: 0,
+            udp_hot: 0,
             nudged: false,
             stats: Stats::default(),
         }
@@ -1307,7 +1315,7 @@ impl Link for HostLink {
 
     fn recv_batch(&mut self, out: &mut RecvBatch) -> io::Result<usize> {
         out.clear();
-        let inner = Arc::clone(&self.host.inner);
+        let inner = &*self.host.inner;
         let g = inner.rings_gen.load(Ordering::Acquire);
         if g != self.rings_gen {
             self.rings_gen = g;
@@ -1353,10 +1361,12 @@ impl Link for HostLink {
         }
         self.stats.shm_recv_datagrams += from_rings as u64;
         self.calls = self.calls.wrapping_add(1);
+        self.udp_hot = self.udp_hot.saturating_sub(1);
         let udp = nr == 0
-            || from_rings == 0 && self.calls % UDP_EVERY == 0
-            || from_rings > 0 && self.calls % (UDP_EVERY * 4) == 0
-            || inner.udp_due.swap(false, Ordering::Relaxed);
+            || self.udp_hot > 0
+            || self.calls % UDP_EVERY == 0
+            || inner.udp_due.load(Ordering::Relaxed)
+                && inner.udp_due.swap(false, Ordering::Relaxed);
         if udp {
             // The rings were read first and the socket after, but the socket's datagrams
             // go first: when a peer's traffic moves from UDP to a new ring, what it sent
@@ -1365,6 +1375,9 @@ impl Link for HostLink {
             // on an earlier call can still put one behind the ring's, which RC recovers
             // from like any reordering.
             let r = self.udp.recv_append(out);
+            if out.len() > from_rings {
+                self.udp_hot = UDP_HOT_CALLS;
+            }
             out.rotate_front(from_rings);
             if let Err(e) = r {
                 if from_rings == 0 {

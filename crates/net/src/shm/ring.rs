@@ -71,6 +71,9 @@ pub struct Producer {
     pending: u32,
     /// Our count of nudges. Never read back from the mapping.
     placed: u32,
+    /// The consumer's index as last read: slots up to it are free without reading the
+    /// mapping again (a cache line the consumer writes), until the ring looks full.
+    head_seen: u32,
 }
 
 /// Why [`Producer::push`] did not take a packet.
@@ -95,6 +98,7 @@ impl Producer {
             memfd,
             tail: 0,
             pending: 0,
+            head_seen: 0,
         })
     }
 
@@ -103,11 +107,15 @@ impl Producer {
         self.memfd.as_fd()
     }
 
-    /// Slots free now, as far as the consumer's published index says (0 if it says
-    /// something impossible).
-    pub fn free(&self) -> u32 {
-        let head = self.map.u32_at(OFF_HEAD).load(Ordering::Acquire);
-        let used = self.tail.wrapping_sub(head);
+    /// Slots free at least, as far as the consumer's published index says (0 if it says
+    /// something impossible). The index is read again only once the ring looks full.
+    pub fn free(&mut self) -> u32 {
+        let used = self.tail.wrapping_sub(self.head_seen);
+        if used < SLOTS {
+            return SLOTS - used;
+        }
+        self.head_seen = self.map.u32_at(OFF_HEAD).load(Ordering::Acquire);
+        let used = self.tail.wrapping_sub(self.head_seen);
         SLOTS.saturating_sub(used)
     }
 
@@ -165,7 +173,9 @@ impl Producer {
     /// eventfd once, and the producers after it, who find it awake, make no system call
     /// while it has not blocked again (it marks itself asleep anew before every block).
     fn take_sleeper(&self) -> bool {
-        self.map.u32_at(OFF_ASLEEP).swap(0, Ordering::Relaxed) != 0
+        // Read first: a polling consumer's flag stays 0, and the line stays shared.
+        let asleep = self.map.u32_at(OFF_ASLEEP);
+        asleep.load(Ordering::Relaxed) != 0 && asleep.swap(0, Ordering::Relaxed) != 0
     }
 
     /// Whether the consumer marked itself asleep (a thread of it blocks, or is about to).
@@ -203,6 +213,9 @@ pub struct Consumer {
     pending: u32,
     /// The producer's nudge count as last taken ([`Consumer::take_nudge`]).
     placed_seen: u32,
+    /// The producer's index as last read: slots before it are filled without reading
+    /// the mapping again (a cache line the producer writes), until we catch up with it.
+    tail_seen: u32,
 }
 
 impl Consumer {
@@ -218,6 +231,7 @@ impl Consumer {
             head: 0,
             pending: 0,
             placed_seen: 0,
+            tail_seen: 0,
         })
     }
 
@@ -232,13 +246,15 @@ impl Consumer {
     /// [`Consumer::commit`]. `Err(Corrupt)` if the producer wrote something impossible
     /// (an index too far ahead, a length beyond the slot): the ring must be given up.
     pub fn pop(&mut self, buf: &mut [u8]) -> Result<Option<(usize, u16, u8)>, Corrupt> {
-        let tail = self.map.u32_at(OFF_TAIL).load(Ordering::Acquire);
-        let avail = tail.wrapping_sub(self.head);
-        if avail == 0 {
-            return Ok(None);
-        }
-        if avail > SLOTS {
-            return Err(Corrupt);
+        if self.tail_seen == self.head {
+            self.tail_seen = self.map.u32_at(OFF_TAIL).load(Ordering::Acquire);
+            let avail = self.tail_seen.wrapping_sub(self.head);
+            if avail == 0 {
+                return Ok(None);
+            }
+            if avail > SLOTS {
+                return Err(Corrupt);
+            }
         }
         let off = slot_off(self.head);
         let len = self.map.u32_at(off).load(Ordering::Relaxed) as usize;
@@ -431,7 +447,11 @@ mod tests {
         p2.publish();
         c2.scribble(slot_off(0), &u32::MAX.to_ne_bytes());
         assert_eq!(c2.pop(&mut buf), Err(Corrupt));
-        // A consumer index that makes no sense: the producer sees a full ring.
+        // A consumer index that makes no sense: the producer sees a full ring (it reads
+        // the index once its own count says the ring is full).
+        for i in 0..SLOTS {
+            p.push(i as u16, 0, b"f").unwrap();
+        }
         c.scribble(OFF_HEAD, &(1u32 << 31).to_ne_bytes());
         assert_eq!(p.free(), 0);
         assert_eq!(p.push(1, 0, b"x"), Err(PushError::Full));
