@@ -20,13 +20,14 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use softrdma_transport::verbs::{MwId, SendOp, Sge, WorkCompletion};
+use softrdma_wire::idhash::IdMap;
 
 use crate::mr::MrReg;
 use crate::{Device, Error, ErrorKind, Result};
 
 /// The registrations a device's regions have, by lkey: weak, so that the registry keeps
 /// nothing alive; a registration is found (and pinned) while some handle or request has it.
-pub(crate) type Registry = Mutex<HashMap<u32, Weak<MrReg>>>;
+pub(crate) type Registry = Mutex<IdMap<u32, Weak<MrReg>>>;
 
 /// The registrations each memory window was bound to (see [`pin_window`]).
 pub(crate) type Windows = Mutex<HashMap<MwId, Vec<Arc<MrReg>>>>;
@@ -209,7 +210,7 @@ impl WorkQueuePins {
 /// wait (the QP's send queue, its receive queue or its SRQ). Weak: a CQ keeps no queue alive.
 #[derive(Default)]
 pub(crate) struct CqQueues {
-    by_qpn: Mutex<HashMap<u32, Links>>,
+    by_qpn: Mutex<IdMap<u32, Links>>,
 }
 
 #[derive(Default)]

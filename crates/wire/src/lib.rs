@@ -46,6 +46,7 @@ pub mod cm;
 pub mod ext;
 pub mod frame;
 pub mod icrc;
+pub mod idhash;
 pub mod pcap;
 pub mod pcapng;
 pub mod psn;

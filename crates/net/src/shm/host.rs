@@ -17,6 +17,7 @@ use super::ring::{self, Consumer, Producer, PushError};
 use crate::link::{PeerPath, SleepGate};
 use crate::udp::{Driver, OutDatagram, RecvBatch, Stats};
 use crate::Link;
+use softrdma_wire::idhash::IdMap;
 
 /// How long a destination of this host with no rendezvous socket (or a stale one) is
 /// sent to by UDP before we look for its socket again: a look costs a `statat` or a
@@ -465,7 +466,7 @@ struct Inner {
     stop: OwnedFd,
     conns: Mutex<HashMap<u64, Conn>>,
     next_token: AtomicU64,
-    routes: Mutex<HashMap<SocketAddr, Route>>,
+    routes: Mutex<IdMap<SocketAddr, Route>>,
     rings_in: Mutex<InRings>,
     /// Bumped whenever `rings_in` changes, so receive handles refresh their copy.
     rings_gen: AtomicU64,
@@ -675,7 +676,7 @@ impl HostLink {
 /// The ring to `dst`, if its datagrams go through one (connecting on first use).
 fn route(
     inner: &Inner,
-    routes: &mut HashMap<SocketAddr, Route>,
+    routes: &mut IdMap<SocketAddr, Route>,
     dst: SocketAddr,
 ) -> Option<Arc<OutRing>> {
     match routes.get(&dst) {
@@ -1105,7 +1106,7 @@ impl Inner {
             stop,
             conns: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(2),
-            routes: Mutex::new(HashMap::new()),
+            routes: Mutex::new(IdMap::default()),
             rings_in: Mutex::new(InRings::default()),
             rings_gen: AtomicU64::new(0),
             udp_due: AtomicBool::new(false),
