@@ -348,6 +348,8 @@ impl Device {
                 mc_batches: Vec::new(),
                 mc_counts: Vec::new(),
                 alt: alt_rx,
+                last_now: 0,
+                quiet_steps: 0,
             }),
             wake: EventFd::new()?,
             notify: EventFd::new()?,
