@@ -568,7 +568,7 @@ impl Device {
             if others > 0 {
                 t = Some(t.map_or(SHARED_BLOCK, |l| l.min(SHARED_BLOCK)));
             }
-            if !sh.sleep_begin() {
+            if !sh.sleep_begin(true) {
                 // Datagrams came into a same-host ring meanwhile: take them.
                 sh.blocked.fetch_sub(1, Ordering::SeqCst);
                 continue;
@@ -577,7 +577,7 @@ impl Device {
                 &[sh.sock_fd.as_fd(), sh.mc_poll.as_fd(), sh.notify.as_fd()],
                 t,
             );
-            sh.sleep_end();
+            sh.sleep_end(true);
             if r.is_ok_and(|v| v.get(1).copied().unwrap_or(false)) {
                 sh.extra_readable();
             }

@@ -62,14 +62,14 @@ fn doze(rt: &Runtime, timeout: Duration, watch_socket: bool) -> bool {
         return false;
     }
     let arrived = if watch_socket {
-        if !rt.sleep_begin() {
+        if !rt.sleep_begin(false) {
             return true;
         }
         let r = sys::poll_readable(
             &[rt.wake.as_fd(), rt.sock_fd.as_fd(), rt.mc_poll.as_fd()],
             Some(timeout),
         );
-        rt.sleep_end();
+        rt.sleep_end(false);
         if r.as_ref().is_ok_and(|v| v.get(2).copied().unwrap_or(false)) {
             rt.extra_readable();
         }
@@ -105,7 +105,7 @@ fn block(rt: &Runtime) {
             Some(timeout.map_or(HELD_RETRY, |t| t.min(HELD_RETRY)))
         }
     };
-    if !rt.sleep_begin() {
+    if !rt.sleep_begin(false) {
         // Datagrams came into a same-host ring meanwhile: receive them.
         rt.lock().sleeping_until = None;
         return;
@@ -114,7 +114,7 @@ fn block(rt: &Runtime) {
         &[rt.sock_fd.as_fd(), rt.mc_poll.as_fd(), rt.wake.as_fd()],
         timeout,
     );
-    rt.sleep_end();
+    rt.sleep_end(false);
     if r.is_ok_and(|v| v.get(1).copied().unwrap_or(false)) {
         rt.extra_readable();
     }

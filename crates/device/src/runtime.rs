@@ -179,17 +179,20 @@ impl Runtime {
         self.groups.lock().unwrap_or_else(|e| e.into_inner())
     }
     /// About to block on `sock_fd`: `false` if datagrams wait already (take them, do
-    /// not block; no [`Runtime::sleep_end`] then).
-    pub(crate) fn sleep_begin(&self) -> bool {
+    /// not block; no [`Runtime::sleep_end`] then). `nudges`: the caller waits for memory
+    /// that a same-host peer may write with no packet (an application thread in
+    /// [`crate::Device::wait_for`]), so a placed WRITE must wake it too; the progress
+    /// thread waits for packets and timers alone.
+    pub(crate) fn sleep_begin(&self, nudges: bool) -> bool {
         match &self.sleep_gate {
-            Some(g) => g.prepare_sleep(),
+            Some(g) => g.prepare_sleep(nudges),
             None => true,
         }
     }
-    /// Done blocking on `sock_fd`.
-    pub(crate) fn sleep_end(&self) {
+    /// Done blocking on `sock_fd` (`nudges` as given to [`Runtime::sleep_begin`]).
+    pub(crate) fn sleep_end(&self, nudges: bool) {
         if let Some(g) = &self.sleep_gate {
-            g.end_sleep();
+            g.end_sleep(nudges);
         }
     }
     /// The receive half, if no other thread is receiving.

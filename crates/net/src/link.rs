@@ -106,12 +106,14 @@ pub struct PeerPath {
 /// The two steps around blocking on a link's readable descriptor (see
 /// [`Link::sleep_gate`]).
 pub trait SleepGate: Send + Sync + std::fmt::Debug {
-    /// About to block: returns `false` if datagrams wait already (receive them instead;
-    /// [`SleepGate::end_sleep`] is not called then). After `true`, the descriptor becomes
-    /// readable for any datagram that arrives, until [`SleepGate::end_sleep`].
-    fn prepare_sleep(&self) -> bool;
-    /// Done blocking (woken or timed out).
-    fn end_sleep(&self);
+    /// About to block: returns `false` if datagrams (or a nudge) wait already (receive
+    /// them instead; [`SleepGate::end_sleep`] is not called then). After `true`, the
+    /// descriptor becomes readable for any datagram that arrives, and, if `nudges`, for
+    /// any nudge ([`Link::take_nudged`]), until [`SleepGate::end_sleep`].
+    fn prepare_sleep(&self, nudges: bool) -> bool;
+    /// Done blocking (woken or timed out); `nudges` as given to
+    /// [`SleepGate::prepare_sleep`].
+    fn end_sleep(&self, nudges: bool);
 }
 
 impl Link for crate::udp::Driver {

@@ -483,6 +483,19 @@ struct InRings {
     /// Threads blocked on the device's readable set (see [`SleepGate`]): while any is,
     /// every ring's consumer is marked asleep.
     sleepers: usize,
+    /// Of those, the ones to be woken for nudges too (their memory changed).
+    nudge_sleepers: usize,
+}
+
+impl InRings {
+    /// What a ring's `asleep` word says while the sleepers are as counted.
+    fn asleep_bits(&self) -> u32 {
+        if self.nudge_sleepers > 0 {
+            ring::ASLEEP_NUDGE
+        } else {
+            0
+        }
+    }
 }
 
 /// The listener and what owns the rendezvous thread: dropped with the last link handle.
@@ -1073,7 +1086,7 @@ fn take_ring(
             old.closed.store(true, Ordering::Release);
         }
         if rin.sleepers > 0 {
-            let _ = lock(&ring.cons).sleep_begin();
+            let _ = lock(&ring.cons).sleep_begin(rin.asleep_bits());
         }
         rin.rings.push(Arc::clone(&ring));
         inner.rings_gen.fetch_add(1, Ordering::Release);
@@ -1133,11 +1146,13 @@ impl Inner {
 }
 
 impl SleepGate for Host {
-    fn prepare_sleep(&self) -> bool {
+    fn prepare_sleep(&self, nudges: bool) -> bool {
         let inner = &self.inner;
         let mut rin = lock(&inner.rings_in);
         inner.udp_due.store(true, Ordering::Relaxed);
         rin.sleepers += 1;
+        rin.nudge_sleepers += usize::from(nudges);
+        let bits = rin.asleep_bits();
         let mut empty = true;
         for r in &rin.rings {
             // Readable only for what comes after this: a wake-up already consumed (we are
@@ -1145,21 +1160,22 @@ impl SleepGate for Host {
             eventfd_clear(r.wake.as_fd());
             // Every sleeper marks the ring asleep again: a producer that woke an earlier
             // one marked it awake, and would not wake this one.
-            empty &= lock(&r.cons).sleep_begin();
+            empty &= lock(&r.cons).sleep_begin(bits);
         }
         if !empty {
-            end_sleep(&mut rin);
+            end_sleep(&mut rin, nudges);
         }
         empty
     }
 
-    fn end_sleep(&self) {
-        end_sleep(&mut lock(&self.inner.rings_in));
+    fn end_sleep(&self, nudges: bool) {
+        end_sleep(&mut lock(&self.inner.rings_in), nudges);
     }
 }
 
-fn end_sleep(rin: &mut InRings) {
+fn end_sleep(rin: &mut InRings, nudges: bool) {
     rin.sleepers = rin.sleepers.saturating_sub(1);
+    rin.nudge_sleepers = rin.nudge_sleepers.saturating_sub(usize::from(nudges));
     if rin.sleepers == 0 {
         for r in &rin.rings {
             lock(&r.cons).sleep_end();
@@ -1715,32 +1731,46 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         let gate = b.sleep_gate().expect("a sleep gate");
-        assert!(gate.prepare_sleep(), "nothing waits: b may block");
-        // SAFETY: `src` is our own `data`, alive and unchanged for the call.
-        assert!(unsafe { placer.write(ba, &ask, &src) });
-        let woken = {
+        let readable_within = |b: &HostLink, secs: i64, nsecs: i64| {
             let fd = b.readable_fd();
             let mut p = [rustix::event::PollFd::new(
                 &fd,
                 rustix::event::PollFlags::IN,
             )];
             let t = rustix::event::Timespec {
-                tv_sec: 10,
-                tv_nsec: 0,
+                tv_sec: secs,
+                tv_nsec: nsecs,
             };
             rustix::event::poll(&mut p, Some(&t)).unwrap() > 0
         };
-        gate.end_sleep();
+        // A thread that sleeps waiting for packets alone is not woken by a placed WRITE
+        // (a stream of them into an idle device would wake it for every one).
+        assert!(gate.prepare_sleep(false), "nothing waits: b may block");
+        // SAFETY: `src` is our own `data`, alive and unchanged for the call.
+        assert!(unsafe { placer.write(ba, &ask, &src) });
+        assert!(
+            !readable_within(&b, 0, 50_000_000),
+            "a placed WRITE woke a thread that waits for packets"
+        );
+        gate.end_sleep(false);
+        let mut batch = RecvBatch::new(8, 9216);
+        assert_eq!(b.recv_batch(&mut batch).unwrap(), 0, "no datagram");
+        assert!(b.take_nudged(), "the receive saw the nudge");
+        // One that waits for its memory to change is.
+        assert!(gate.prepare_sleep(true), "nothing waits: b may block");
+        // SAFETY: as above.
+        assert!(unsafe { placer.write(ba, &ask, &src) });
+        let woken = readable_within(&b, 10, 0);
+        gate.end_sleep(true);
         assert!(woken, "the placed WRITE woke the sleeper");
         assert_eq!(&target[8..12], b"wake");
-        let mut batch = RecvBatch::new(8, 9216);
         assert_eq!(b.recv_batch(&mut batch).unwrap(), 0, "no datagram");
         assert!(b.take_nudged(), "the receive saw the nudge");
         assert!(!b.take_nudged(), "once");
         // One that comes before the sleep keeps the sleeper from blocking at all.
         // SAFETY: as above.
         assert!(unsafe { placer.write(ba, &ask, &src) });
-        assert!(!gate.prepare_sleep(), "a nudge waits: do not block");
+        assert!(!gate.prepare_sleep(true), "a nudge waits: do not block");
         assert_eq!(b.recv_batch(&mut batch).unwrap(), 0);
         assert!(b.take_nudged());
     }
@@ -1880,12 +1910,12 @@ mod tests {
         // with nothing arriving is not woken.
         let mut quiet = false;
         for _ in 0..50 {
-            assert!(gate.prepare_sleep());
+            assert!(gate.prepare_sleep(false));
             if !readable(&b, 20) {
                 quiet = true;
                 break;
             }
-            gate.end_sleep();
+            gate.end_sleep(false);
         }
         assert!(quiet, "nothing arrived: nothing to wake for");
         send_one(&mut a, dst, b"second");
@@ -1893,19 +1923,19 @@ mod tests {
             readable(&b, 900),
             "a datagram into the ring wakes the sleeper"
         );
-        gate.end_sleep();
+        gate.end_sleep(false);
         let got = recv_n(&mut b, 1);
         assert_eq!(got[0].3, b"second");
         // While nobody sleeps, the sender writes no eventfd: after a sleep's stale wake-up
         // is cleared, a datagram leaves the fd unreadable.
-        assert!(gate.prepare_sleep());
-        gate.end_sleep();
+        assert!(gate.prepare_sleep(false));
+        gate.end_sleep(false);
         send_one(&mut a, dst, b"third");
         assert!(!readable(&b, 20), "a polling receiver is not woken");
         assert_eq!(recv_n(&mut b, 1)[0].3, b"third");
         // A sleep that starts with a datagram waiting is refused.
         send_one(&mut a, dst, b"fourth");
-        assert!(!gate.prepare_sleep());
+        assert!(!gate.prepare_sleep(false));
     }
 
     #[test]

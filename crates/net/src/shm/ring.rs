@@ -20,7 +20,9 @@
 //! consumer that is spinning costs the producer no system call. A one-sided WRITE that the
 //! producer's process placed in the consumer's memory (no packet) is announced the same
 //! way, by a count in the header the consumer compares before it blocks (a nudge), so a
-//! thread waiting for its memory to change wakes for it.
+//! thread waiting for its memory to change wakes for it; the eventfd is written for a
+//! nudge only if such a thread sleeps ([`ASLEEP_NUDGE`]), not for one that waits for
+//! packets alone, so that a stream of WRITEs into an idle peer wakes none of its threads.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -54,6 +56,10 @@ const OFF_ASLEEP: usize = 192;
 /// [`Producer::nudge`]).
 const OFF_PLACED: usize = 256;
 const MASK: u32 = SLOTS - 1;
+/// `asleep` bit: a thread of the consumer blocks, to be woken for packets.
+pub const ASLEEP_PACKETS: u32 = 1;
+/// `asleep` bit: one of those threads is also to be woken for a nudge (its memory changed).
+pub const ASLEEP_NUDGE: u32 = 2;
 
 /// Offset of slot `i` (any index: it is masked).
 fn slot_off(i: u32) -> usize {
@@ -164,7 +170,7 @@ impl Producer {
         // Pairs with the consumer's fence in `Consumer::prepare_sleep`: either it sees the
         // new tail, or we see it asleep.
         fence(Ordering::SeqCst);
-        self.take_sleeper()
+        self.take_sleeper(ASLEEP_PACKETS | ASLEEP_NUDGE)
     }
 }
 
@@ -172,10 +178,10 @@ impl Producer {
     /// Whether the consumer is (or may be) asleep, marking it awake: the caller writes its
     /// eventfd once, and the producers after it, who find it awake, make no system call
     /// while it has not blocked again (it marks itself asleep anew before every block).
-    fn take_sleeper(&self) -> bool {
+    fn take_sleeper(&self, bits: u32) -> bool {
         // Read first: a polling consumer's flag stays 0, and the line stays shared.
         let asleep = self.map.u32_at(OFF_ASLEEP);
-        asleep.load(Ordering::Relaxed) != 0 && asleep.swap(0, Ordering::Relaxed) != 0
+        asleep.load(Ordering::Relaxed) & bits != 0 && asleep.swap(0, Ordering::Relaxed) != 0
     }
 
     /// Whether the consumer marked itself asleep (a thread of it blocks, or is about to).
@@ -185,9 +191,10 @@ impl Producer {
 
     /// Tell the consumer that its memory changed with no packet (a one-sided WRITE placed
     /// in it): a thread of its device that waits for the device to change (a program
-    /// watching its memory through `wait_or`) looks again. Returns whether the consumer is
-    /// (or may be) asleep, so the caller must write the ring's eventfd. The same pairing
-    /// as [`Producer::publish`]: the consumer, about to block, looks at the count after
+    /// watching its memory through `wait_or`) looks again. Returns whether such a thread
+    /// is (or may be) asleep, so the caller must write the ring's eventfd; threads that
+    /// sleep waiting for packets alone are left asleep. The same pairing as
+    /// [`Producer::publish`]: the consumer, about to block, looks at the count after
     /// marking itself asleep.
     pub fn nudge(&mut self) -> bool {
         self.placed = self.placed.wrapping_add(1);
@@ -195,7 +202,7 @@ impl Producer {
             .u32_at(OFF_PLACED)
             .store(self.placed, Ordering::Release);
         fence(Ordering::SeqCst);
-        self.take_sleeper()
+        self.take_sleeper(ASLEEP_NUDGE)
     }
 }
 
@@ -308,11 +315,14 @@ impl Consumer {
         }
     }
 
-    /// A thread of ours is about to block on the ring's eventfd: mark us asleep, then
-    /// look once more. Returns `true` if the ring is quiet (block), `false` if packets or
-    /// a nudge arrived meanwhile (don't: take them).
-    pub fn sleep_begin(&self) -> bool {
-        self.map.u32_at(OFF_ASLEEP).store(1, Ordering::Relaxed);
+    /// A thread of ours is about to block on the ring's eventfd: mark us asleep (`bits`:
+    /// [`ASLEEP_PACKETS`], and [`ASLEEP_NUDGE`] if a sleeping thread is to be woken for
+    /// nudges too), then look once more. Returns `true` if the ring is quiet (block),
+    /// `false` if packets or a nudge arrived meanwhile (don't: take them).
+    pub fn sleep_begin(&self, bits: u32) -> bool {
+        self.map
+            .u32_at(OFF_ASLEEP)
+            .store(bits | ASLEEP_PACKETS, Ordering::Relaxed);
         // Pairs with the producer's fence in `Producer::publish` and `Producer::nudge`.
         fence(Ordering::SeqCst);
         self.is_quiet()
@@ -321,6 +331,12 @@ impl Consumer {
     /// No thread of ours blocks any more: producers need not write the eventfd.
     pub fn sleep_end(&self) {
         self.map.u32_at(OFF_ASLEEP).store(0, Ordering::Relaxed);
+    }
+
+    /// Whether the `asleep` word is set, for tests.
+    #[cfg(test)]
+    fn consumer_asleep_for_test(&self) -> bool {
+        self.map.u32_at(OFF_ASLEEP).load(Ordering::Relaxed) != 0
     }
 
     /// Write `bytes` at `off` into the mapping, for tests of hostile contents.
@@ -399,11 +415,11 @@ mod tests {
         p.push(1, 0, b"y").unwrap();
         assert!(!p.publish(), "no wake-up while the consumer polls");
         // Not empty: the consumer must not block.
-        assert!(!c.sleep_begin());
+        assert!(!c.sleep_begin(ASLEEP_NUDGE));
         c.sleep_end();
         while c.pop(&mut buf).unwrap().is_some() {}
         c.commit();
-        assert!(c.sleep_begin());
+        assert!(c.sleep_begin(ASLEEP_NUDGE));
         p.push(1, 0, b"z").unwrap();
         assert!(p.publish(), "a sleeping consumer is woken");
         // Nothing pending: nothing to wake for.
@@ -412,17 +428,36 @@ mod tests {
         p.push(1, 0, b"v").unwrap();
         assert!(!p.publish(), "woken already");
         assert!(!p.nudge(), "woken already");
-        assert!(!c.sleep_begin(), "packets wait");
+        assert!(!c.sleep_begin(ASLEEP_NUDGE), "packets wait");
         while c.pop(&mut buf).unwrap().is_some() {}
         c.commit();
         assert!(c.take_nudge());
-        assert!(c.sleep_begin());
+        assert!(c.sleep_begin(ASLEEP_NUDGE));
         assert!(p.nudge(), "a nudge wakes it once it sleeps again");
-        assert!(!c.sleep_begin(), "a nudge waits");
+        assert!(!c.sleep_begin(ASLEEP_NUDGE), "a nudge waits");
         assert!(c.take_nudge());
         c.sleep_end();
         p.push(1, 0, b"w").unwrap();
         assert!(!p.publish());
+    }
+
+    #[test]
+    fn a_nudge_wakes_only_a_consumer_waiting_for_its_memory() {
+        let (mut p, mut c) = pair();
+        let mut buf = vec![0u8; MAX_PACKET];
+        // Only threads that wait for packets sleep: a nudge leaves them asleep.
+        assert!(c.sleep_begin(0));
+        assert!(!p.nudge(), "no thread waits for its memory");
+        assert!(c.consumer_asleep_for_test());
+        p.push(1, 0, b"a").unwrap();
+        assert!(p.publish(), "a packet wakes it");
+        c.sleep_end();
+        while c.pop(&mut buf).unwrap().is_some() {}
+        c.commit();
+        assert!(c.take_nudge());
+        // A thread that waits for its memory sleeps too: the nudge wakes.
+        assert!(c.sleep_begin(ASLEEP_NUDGE));
+        assert!(p.nudge());
     }
 
     #[test]
