@@ -491,18 +491,26 @@ fn place(
         | SendOp::WriteWithImm {
             remote_addr, rkey, ..
         } => {
-            let src = match &w.inline {
-                Some(d) => vec![(d.as_ptr() as u64, d.len())],
+            let gathered;
+            let inline;
+            let src: &[(u64, usize)] = match &w.inline {
+                Some(d) => {
+                    inline = [(d.as_ptr() as u64, d.len())];
+                    &inline
+                }
                 None => match env
                     .ctx
                     .local_iovecs(pd, &w.wr.sg_list, w.len, Access::empty())
                 {
-                    Ok(v) => v,
+                    Ok(v) => {
+                        gathered = v;
+                        &gathered
+                    }
                     // The packets' path reports the error, in the WR's completion.
                     Err(_) => return false,
                 },
             };
-            p.write(peer, dqpn, rkey, remote_addr, &src)
+            p.write(peer, dqpn, rkey, remote_addr, src)
         }
         SendOp::Read { remote_addr, rkey } => {
             match env

@@ -110,6 +110,11 @@ pub unsafe fn readv_from(pid: i32, remote: u64, dst: &[(u64, usize)]) -> io::Res
     unsafe { copy(pid, remote, dst, Way::In) }
 }
 
+/// Most pieces one `process_vm_*` call takes (the kernel's UIO_MAXIOV).
+const IOV_MAX: usize = 1024;
+/// Pieces [`copy`] lists on the stack.
+const IOV_ON_STACK: usize = 8;
+
 /// Which way [`copy`] copies.
 #[derive(Clone, Copy)]
 enum Way {
@@ -126,25 +131,42 @@ enum Way {
 unsafe fn copy(pid: i32, remote: u64, local: &[(u64, usize)], way: Way) -> io::Result<()> {
     let total: usize = local.iter().map(|p| p.1).sum();
     let mut done = 0usize;
+    // A few pieces (the usual case: one SGE) go on the stack, more in a vector: this is on
+    // the path of every placed WRITE, a latency test's included.
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut stack = [empty; IOV_ON_STACK];
+    let mut heap = Vec::new();
+    let room = local.len().min(IOV_MAX);
+    let buf: &mut [libc::iovec] = if room <= IOV_ON_STACK {
+        &mut stack[..room]
+    } else {
+        heap.resize(room, empty);
+        &mut heap
+    };
     while done < total {
-        // The pieces from `done` on (the first cut where a call stopped); at most 1024,
-        // what one call takes (IOV_MAX): a longer list goes in several calls.
+        // The pieces from `done` on (the first cut where a call stopped); at most
+        // IOV_MAX, what one call takes: a longer list goes in several calls.
         let mut skip = done;
-        let mut iov = Vec::with_capacity(local.len().min(1024));
+        let mut used = 0;
         for &(a, n) in local {
             if skip >= n {
                 skip -= n;
                 continue;
             }
-            iov.push(libc::iovec {
+            buf[used] = libc::iovec {
                 iov_base: (a + skip as u64) as *mut libc::c_void,
                 iov_len: n - skip,
-            });
+            };
             skip = 0;
-            if iov.len() == 1024 {
+            used += 1;
+            if used == buf.len() {
                 break;
             }
         }
+        let iov = &buf[..used];
         let want: usize = iov.iter().map(|v| v.iov_len).sum();
         let target = libc::iovec {
             iov_base: (remote + done as u64) as *mut libc::c_void,
