@@ -176,8 +176,9 @@ pub(crate) struct ReqState {
     pub sqd_notified: bool,
     /// Stopped at a full outbox; queued in `DeviceCtx::tx_wait` to continue when it drains.
     pub tx_wait: bool,
-    /// When the last small WRITE started (see `requester::may_place`), if one did.
-    pub small_write_at: Option<u64>,
+    /// When the last small WRITE started (see `requester::may_place`), if one did, with
+    /// the responder's expected PSN and the peer's placement count then.
+    pub small_write_at: Option<(u64, u32, u64)>,
 }
 
 impl ReqState {

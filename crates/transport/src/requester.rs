@@ -407,9 +407,9 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     completion::complete_front(qp, env, now);
 }
 
-/// Below this many bytes a WRITE is placed only when the peer does not poll ([`may_place`]):
-/// a cross-memory copy is a system call, about 1.5 µs, where the packets of a small WRITE
-/// cost a peer that polls less.
+/// Below this many bytes a WRITE in a stream goes as packets ([`may_place`]): a
+/// cross-memory copy is a system call, about 1.5 µs, where the packets of a small WRITE
+/// cost less, and a stream keeps the peer's device awake to take them.
 const PLACE_SMALL: usize = 4096;
 
 /// Small WRITEs that start closer together than this are a stream ([`may_place`]): a
@@ -448,26 +448,46 @@ fn may_place(qp: &mut QpCtx, env: &mut DeviceCtx, cur: usize, now: u64) -> Place
         SendOp::Read { remote_addr, rkey } => (remote_addr, rkey, false),
         _ => return Place::No,
     };
-    // A small WRITE in a stream of them (started within STREAM_GAP_NS of the last) to a
-    // peer that polls goes as packets: the peer takes them as they come, and they cost
-    // less than a cross-memory copy each. A lone one is placed, as is one to a peer whose
-    // threads all sleep: a program watching its memory (a latency test, its own thread
-    // spinning on the core its device's thread would need) sees it with none of them
-    // having to run.
-    if write && w.len < PLACE_SMALL {
-        let last = qp.req.small_write_at.replace(now);
-        let streaming = last.is_some_and(|t| now.saturating_sub(t) < STREAM_GAP_NS);
-        if streaming && p.peer_polls(peer) {
+    // A small WRITE in a stream of them (started within STREAM_GAP_NS of the last, with
+    // nothing from the peer in between) goes as packets: the peer's device takes them as
+    // they come (the first wakes it if it sleeps), and they cost less than a cross-memory
+    // copy each, a system call. A lone one is placed, as is one the peer answered since
+    // the last (a request to this QP, or a WRITE it placed in our memory): a ping-pong,
+    // whose peer may be a program watching its memory (a latency test, its own thread
+    // spinning on the core its device's thread would need), which sees a placed WRITE
+    // with none of its device's threads having to run.
+    // The mark is taken when the WQE's way is settled (not while it waits, or it would
+    // be a stream with itself when it comes back). The peer's count is asked for only
+    // when the last small WRITE was recent (it takes locks, on a latency test's path):
+    // u64::MAX, unknown, makes the next one lone.
+    let small = write && w.len < PLACE_SMALL;
+    let last = qp
+        .req
+        .small_write_at
+        .filter(|m| small && now.saturating_sub(m.0) < STREAM_GAP_NS);
+    let wrote = if last.is_some() {
+        p.peer_wrote(peer)
+    } else {
+        u64::MAX
+    };
+    let mark = small.then_some((now, qp.resp.epsn, wrote));
+    if let (Some(m), Some((_, epsn, was))) = (mark, last) {
+        if was != u64::MAX && (epsn, was) == (m.1, m.2) {
+            qp.req.small_write_at = mark;
             return Place::No;
         }
     }
-    if qp.sq.range(..cur).all(|e| e.done || e.placed) {
+    let place = if qp.sq.range(..cur).all(|e| e.done || e.placed) {
         Place::Now
     } else if p.reachable(peer, qp.attr.dest_qp_num, rkey, remote_addr, w.len, write) {
-        Place::Wait
+        return Place::Wait;
     } else {
         Place::No
+    };
+    if mark.is_some() {
+        qp.req.small_write_at = mark;
     }
+    place
 }
 
 /// Copy WRITE `w`'s payload straight into the peer's memory, or READ `w`'s out of it into

@@ -184,11 +184,6 @@ impl Producer {
         asleep.load(Ordering::Relaxed) & bits != 0 && asleep.swap(0, Ordering::Relaxed) != 0
     }
 
-    /// Whether the consumer marked itself asleep (a thread of it blocks, or is about to).
-    pub fn consumer_asleep(&self) -> bool {
-        self.map.u32_at(OFF_ASLEEP).load(Ordering::Relaxed) != 0
-    }
-
     /// Tell the consumer that its memory changed with no packet (a one-sided WRITE placed
     /// in it): a thread of its device that waits for the device to change (a program
     /// watching its memory through `wait_or`) looks again. Returns whether such a thread
@@ -293,6 +288,12 @@ impl Consumer {
         let new = p != self.placed_seen;
         self.placed_seen = p;
         new
+    }
+
+    /// The producer's nudge count as it stands (any value a hostile producer writes only
+    /// changes which small WRITEs of ours count as a stream).
+    pub fn nudges(&self) -> u32 {
+        self.map.u32_at(OFF_PLACED).load(Ordering::Acquire)
     }
 
     /// Whether a nudge waits to be taken.

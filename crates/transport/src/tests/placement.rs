@@ -14,7 +14,9 @@ type Calls = Arc<Mutex<Vec<(bool, u32, u64, Vec<u8>)>>>;
 #[derive(Debug)]
 struct Fake {
     ok: bool,
-    polls: bool,
+    /// What [`Placement::peer_wrote`] answers: tests move it as a peer's placed WRITE
+    /// would.
+    wrote: Arc<std::sync::atomic::AtomicU64>,
     fill: u8,
     calls: Calls,
 }
@@ -50,8 +52,8 @@ impl Placement for Fake {
         self.ok
     }
 
-    fn peer_polls(&mut self, _dst: SocketAddr) -> bool {
-        self.polls
+    fn peer_wrote(&mut self, _dst: SocketAddr) -> u64 {
+        self.wrote.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn read(
@@ -77,22 +79,22 @@ impl Placement for Fake {
     }
 }
 
-/// `a` places through a [`Fake`] (`ok`) to a peer that does not poll, and the calls it
-/// made.
+/// `a` places through a [`Fake`] (`ok`), and the calls it made.
 fn placing(a: &mut Node, ok: bool) -> Calls {
-    placing_to(a, ok, false)
+    placing_to(a, ok).0
 }
 
-/// As [`placing`], to a peer that polls if `polls`.
-fn placing_to(a: &mut Node, ok: bool, polls: bool) -> Calls {
+/// As [`placing`], with the peer's placement count the test moves.
+fn placing_to(a: &mut Node, ok: bool) -> (Calls, Arc<std::sync::atomic::AtomicU64>) {
     let calls = Calls::default();
+    let wrote = Arc::default();
     a.nic.set_placement(Box::new(Fake {
         ok,
-        polls,
+        wrote: Arc::clone(&wrote),
         fill: 0x5A,
         calls: Arc::clone(&calls),
     }));
-    calls
+    (calls, wrote)
 }
 
 fn write_op(b: &Node, off: u64) -> SendOp {
@@ -172,17 +174,18 @@ fn a_placed_write_and_read_send_nothing_take_no_psn_and_complete_in_order() {
 fn a_write_behind_an_unacknowledged_send_waits_for_it() {
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
     let calls = placing(&mut a, true);
-    let data = pattern(2000, 4);
+    let data = pattern(4096, 4);
     a.write(0, &data);
     b.post_recv(7, 8192, 64);
     let mut now = 0;
     // Posted together: the WRITE would land before the SEND's packets if it were placed
     // at once, and would keep the WRITEs after it from being placed if it went as
-    // packets; it waits for the SEND's acknowledgement instead.
+    // packets; it waits for the SEND's acknowledgement instead. (Large WRITEs: small
+    // ones posted together are a stream, which goes as packets.)
     a.send(now, 1, SendOp::Send, vec![a.sge(0, 64)]).unwrap();
-    a.send(now, 2, write_op(&b, 0), vec![a.sge(0, 2000)])
+    a.send(now, 2, write_op(&b, 0), vec![a.sge(0, 4096)])
         .unwrap();
-    a.send(now, 3, write_op(&b, 4000), vec![a.sge(0, 100)])
+    a.send(now, 3, write_op(&b, 12288), vec![a.sge(0, 4096)])
         .unwrap();
     assert!(
         calls.lock().unwrap().is_empty(),
@@ -305,25 +308,29 @@ fn a_qp_that_fails_withdraws_its_grant() {
 }
 
 #[test]
-fn a_stream_of_small_writes_to_a_polling_peer_goes_as_packets_and_a_large_one_is_placed() {
+fn a_stream_of_small_writes_goes_as_packets_and_a_large_one_is_placed() {
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
-    let calls = placing_to(&mut a, true, true);
+    let (calls, _) = placing_to(&mut a, true);
     let data = pattern(8192, 6);
     a.write(0, &data);
     let mut now = 0;
-    // A lone small WRITE is placed (its peer may be a program watching its memory)...
+    // A lone small WRITE is placed (its peer may be a program watching its memory), and
+    // so is the next (the first to learn whether the peer answers in between)...
     a.send(now, 1, write_op(&b, 0), vec![a.sge(0, 64)]).unwrap();
-    assert_eq!(calls.lock().unwrap().len(), 1);
-    // ...one that follows it at once is a stream: its packets, while the peer polls.
+    a.send(now, 6, write_op(&b, 200), vec![a.sge(200, 8)])
+        .unwrap();
+    assert_eq!(calls.lock().unwrap().len(), 2);
+    // ...one that follows them at once, with nothing from the peer, is a stream: its
+    // packets.
     a.send(now, 2, write_op(&b, 64), vec![a.sge(64, 64)])
         .unwrap();
     assert_eq!(pump_counting(&mut a, &mut b, &mut now), 1, "its packet");
-    assert_eq!(calls.lock().unwrap().len(), 1);
+    assert_eq!(calls.lock().unwrap().len(), 2);
     assert_eq!(b.read(64, 64), data[64..128]);
     a.send(now, 3, write_op(&b, 100), vec![a.sge(0, 8192)])
         .unwrap();
     assert_eq!(pump_counting(&mut a, &mut b, &mut now), 0, "placed");
-    assert_eq!(calls.lock().unwrap().len(), 2);
+    assert_eq!(calls.lock().unwrap().len(), 3);
     // A small READ is placed all the same: its packets would need the peer to answer.
     a.send(
         now,
@@ -336,14 +343,71 @@ fn a_stream_of_small_writes_to_a_polling_peer_goes_as_packets_and_a_large_one_is
     )
     .unwrap();
     assert_eq!(pump_counting(&mut a, &mut b, &mut now), 0);
-    assert_eq!(calls.lock().unwrap().len(), 3);
+    assert_eq!(calls.lock().unwrap().len(), 4);
     // Long after the last, a small WRITE is lone again: placed.
     now += 1_000_000;
     a.send(now, 5, write_op(&b, 0), vec![a.sge(0, 64)]).unwrap();
-    assert_eq!(calls.lock().unwrap().len(), 4);
+    assert_eq!(calls.lock().unwrap().len(), 5);
     let ids: Vec<_> = a.wcs().iter().map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(
         ids,
-        (1..=5).map(|k| (k, WcStatus::Success)).collect::<Vec<_>>()
+        [1, 6, 2, 3, 4, 5].map(|k| (k, WcStatus::Success)).to_vec()
     );
+}
+
+#[test]
+fn small_writes_the_peer_answers_in_between_are_a_ping_pong_and_stay_placed() {
+    let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
+    let (calls, wrote) = placing_to(&mut a, true);
+    let data = pattern(256, 7);
+    a.write(0, &data);
+    let mut now = 0;
+    a.send(now, 1, write_op(&b, 0), vec![a.sge(0, 8)]).unwrap();
+    assert_eq!(calls.lock().unwrap().len(), 1, "a lone one is placed");
+    // The peer placed its answer in our memory: the next one, however soon, is the next
+    // turn of a ping-pong (a latency test), not a stream.
+    wrote.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    now += 500;
+    a.send(now, 2, write_op(&b, 8), vec![a.sge(8, 8)]).unwrap();
+    assert_eq!(
+        pump_counting(&mut a, &mut b, &mut now),
+        0,
+        "placed, no packet"
+    );
+    assert_eq!(calls.lock().unwrap().len(), 2);
+    // The peer answered with a request to this QP (a SEND): the same.
+    a.post_recv(1, 4096, 64);
+    b.send(now, 10, SendOp::Send, vec![b.sge(0, 16)]).unwrap();
+    pump(&mut a, &mut b, &mut now, |_, _| false);
+    a.send(now, 3, write_op(&b, 16), vec![a.sge(16, 8)])
+        .unwrap();
+    assert_eq!(
+        pump_counting(&mut a, &mut b, &mut now),
+        0,
+        "placed, no packet"
+    );
+    assert_eq!(calls.lock().unwrap().len(), 3);
+    // Nothing from the peer in between: a stream, its packets.
+    a.send(now, 4, write_op(&b, 24), vec![a.sge(24, 8)])
+        .unwrap();
+    assert_eq!(pump_counting(&mut a, &mut b, &mut now), 1, "its packet");
+    assert_eq!(calls.lock().unwrap().len(), 3);
+    assert_eq!(b.read(24, 8), data[24..32]);
+}
+
+#[test]
+fn a_small_write_that_waited_for_an_ack_is_not_a_stream_with_itself() {
+    let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
+    let calls = placing(&mut a, true);
+    let data = pattern(64, 8);
+    a.write(0, &data);
+    b.post_recv(7, 8192, 64);
+    let mut now = 0;
+    // The WRITE waits behind the SEND; when the ACK lets it go, it is still the one lone
+    // small WRITE: placed.
+    a.send(now, 1, SendOp::Send, vec![a.sge(0, 64)]).unwrap();
+    a.send(now, 2, write_op(&b, 0), vec![a.sge(0, 8)]).unwrap();
+    assert!(calls.lock().unwrap().is_empty());
+    assert_eq!(pump_counting(&mut a, &mut b, &mut now), 1, "the SEND alone");
+    assert_eq!(calls.lock().unwrap().len(), 1, "the WRITE placed");
 }
