@@ -501,8 +501,15 @@ impl Device {
         mut check: impl FnMut() -> Option<R>,
     ) -> Option<R> {
         let sh = &*self.shared;
-        let start = Instant::now();
-        let deadline = timeout.and_then(|t| start.checked_add(t));
+        // The clock is read only once a look finds nothing: a poll whose completion is
+        // there already (most of a stream's) costs no clock_gettime.
+        let mut clock: Option<(Instant, Option<Instant>)> = None;
+        let mut clock = move || {
+            *clock.get_or_insert_with(|| {
+                let start = Instant::now();
+                (start, timeout.and_then(|t| start.checked_add(t)))
+            })
+        };
         sh.waiters.fetch_add(1, Ordering::SeqCst);
         struct Leave<'a>(&'a Runtime);
         impl Drop for Leave<'_> {
@@ -525,6 +532,7 @@ impl Device {
             if progressed || sh.generation.load(Ordering::SeqCst) != g {
                 continue;
             }
+            let (start, deadline) = clock();
             if sh.busy_poll {
                 // It never blocks: the clock only serves the timeout, read on one empty
                 // turn in BUSY_CLOCK_EVERY (a turn is a receive call, under a
