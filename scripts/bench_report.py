@@ -95,9 +95,9 @@ def load_cmtime(path):
 
 
 def load_ucx(path):
-    """Median ucx_perftest figures per (transport, test): MB/s for ucp_put_bw, the p50
-    latency (µs) for tag_lat, from the client's "Final:" row (iterations, p50, average,
-    overall latency, average and overall bandwidth, message rates)."""
+    """Median ucx_perftest figures per (transport, test): GB/s for ucp_put_bw and tag_bw,
+    the p50 latency (µs) for tag_lat, from the client's "Final:" row (iterations, p50,
+    average, overall latency, average and overall bandwidth, message rates)."""
     rows = defaultdict(list)
     for name in sorted(os.listdir(path)):
         parts = name[: -len(".txt")].split(",")
@@ -108,8 +108,27 @@ def load_ucx(path):
             for line in f:
                 w = line.split()
                 if len(w) >= 9 and w[0] == "Final:":
-                    v = float(w[5]) / 1000.0 if test == "ucp_put_bw" else float(w[2])
+                    v = float(w[5]) / 1000.0 if test in ("ucp_put_bw", "tag_bw") else float(w[2])
                     rows[(tl, test)].append(v)
+    return {k: statistics.median(v) for k, v in rows.items()}
+
+
+def load_mpi(path):
+    """Median scripts/mpi_pp figures per (kind, figure): "lat8" (µs, the 8-byte half round
+    trip) and "bw1m" (GB/s, 1 MiB messages streamed)."""
+    rows = defaultdict(list)
+    for name in sorted(os.listdir(path)):
+        parts = name[: -len(".txt")].split(",")
+        if not (name.startswith("mpi,") and name.endswith(".txt") and len(parts) == 3):
+            continue
+        with open(os.path.join(path, name)) as f:
+            for line in f:
+                w = line.split()
+                if len(w) == 3 and w[0] == "RESULT":
+                    try:
+                        rows[(parts[1], w[1])].append(float(w[2]))
+                    except ValueError:
+                        pass
     return {k: statistics.median(v) for k, v in rows.items()}
 
 
@@ -249,8 +268,21 @@ def main():
                "run`; tcp: `UCX_TLS=tcp UCX_NET_DEVICES=lo`. Same run, medians.\n")
     out.append("| test | softrdma (rc_verbs) | UCX tcp | softrdma / tcp |")
     out.append("|---|---|---|---|")
-    for label, test in (("ucp_put_bw 1 MiB (GB/s)", "ucp_put_bw"), ("tag_lat 8 B, p50 (µs)", "tag_lat")):
+    for label, test in (("ucp_put_bw 1 MiB (GB/s)", "ucp_put_bw"), ("tag_bw 1 MiB (GB/s)", "tag_bw"),
+                        ("tag_lat 8 B, p50 (µs)", "tag_lat")):
         a, b = ucx.get(("softrdma", test)), ucx.get(("tcp", test))
+        out.append(f"| {label} | {fmt(a)} | {fmt(b)} | {fmt(ratio(a, b))} |")
+    out.append("")
+    mpi = load_mpi(sys.argv[2])
+    out.append("## Open MPI over softrdma and over its own shared memory (`scripts/mpi_pp.c`, two ranks, one per core)\n")
+    out.append("softrdma: `mpirun -np 2 --mca pml ucx` with `UCX_TLS=rc_verbs,ud_verbs "
+               "UCX_NET_DEVICES=softrdma0:1` through `softrdma run`; shared memory: `--mca pml ob1 "
+               "--mca btl self,vader`. The 8-byte figure is the median half round trip of "
+               "MPI_Send/MPI_Recv turns; the 1 MiB one streams 16 MPI_Isend at a time.\n")
+    out.append("| figure | softrdma (pml ucx, rc_verbs) | Open MPI shared memory (vader) | softrdma / vader |")
+    out.append("|---|---|---|---|")
+    for label, key in (("ping-pong 8 B, half round trip (µs)", "lat8"), ("stream 1 MiB (GB/s)", "bw1m")):
+        a, b = mpi.get(("softrdma", key)), mpi.get(("shm", key))
         out.append(f"| {label} | {fmt(a)} | {fmt(b)} | {fmt(ratio(a, b))} |")
     out.append("")
     # The same-host path against UDP alone and the host's own limits.
@@ -298,6 +330,18 @@ def main():
         ("(context) 8 B RC SEND latency (busy poll) / UDP half round trip of 2 datagrams per turn",
          ratio(lat, pp.get(2)), lambda r: True),
         ("8 B RC SEND latency (busy poll) ≤ 1.5 × busy-polled UDP half round trip", ratio(lat, udp_half_busy), lambda r: r <= 1.5),
+        ("UDP alone: 8 B RC SEND latency (busy poll) ≤ 1.3 × the UDP half round trip of 2 datagrams per turn",
+         ratio(mine("send-lat (busy) shm0", 8, "us"), pp.get(2)), lambda r: r <= 1.3),
+        ("same-host: 8 B SEND latency (busy poll) ≤ 4 × the shared-memory spin ping-pong one way",
+         ratio(mine("send-lat (busy) shm1", 8, "us"), shm_pp_us), lambda r: r <= 4.0),
+        ("UCX over softrdma tag_lat 8 B ≤ 2 × UCX over cma,posix", ratio(ucx.get(("softrdma", "tag_lat")), ucx_shm_lat),
+         lambda r: r <= 2.0),
+        ("UCX over softrdma tag_bw 1 MiB ≥ 0.5 × UCX over cma,posix", ratio(ucx.get(("softrdma", "tag_bw")), ucx_shm_bw),
+         lambda r: r >= 0.5),
+        ("Open MPI (pml ucx) over softrdma, 8 B ping-pong ≤ 2 × over vader", ratio(mpi.get(("softrdma", "lat8")), mpi.get(("shm", "lat8"))),
+         lambda r: r <= 2.0),
+        ("Open MPI (pml ucx) over softrdma, 1 MiB stream ≥ 0.5 × over vader", ratio(mpi.get(("softrdma", "bw1m")), mpi.get(("shm", "bw1m"))),
+         lambda r: r >= 0.5),
     ]
     for name, r, ok in checks:
         met = "n/a" if r is None else ("yes" if ok(r) else "no")
