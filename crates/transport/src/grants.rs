@@ -48,6 +48,11 @@ pub trait Placement: Send + std::fmt::Debug {
         write: bool,
     ) -> bool;
 
+    /// Whether a thread of the device at `dst` polls for packets now (none is blocked
+    /// waiting for one): packets then reach it at once, and for small payloads they cost
+    /// less than a cross-memory copy, a system call each.
+    fn peer_polls(&mut self, dst: std::net::SocketAddr) -> bool;
+
     /// A count that moves whenever the device at `dst` placed a one-sided operation into
     /// this device's memory: small WRITEs answered that way between them are a ping-pong
     /// (a latency test whose peer watches its memory), not a stream.

@@ -407,9 +407,9 @@ pub(crate) fn run(qp: &mut QpCtx, env: &mut DeviceCtx, now: u64) {
     completion::complete_front(qp, env, now);
 }
 
-/// Below this many bytes a WRITE in a stream goes as packets ([`may_place`]): a
-/// cross-memory copy is a system call, about 1.5 µs, where the packets of a small WRITE
-/// cost less, and a stream keeps the peer's device awake to take them.
+/// Below this many bytes a WRITE in a stream goes as packets while the peer's device polls
+/// ([`may_place`]): a cross-memory copy is a system call, about 1.5 µs, where the packets
+/// of a small WRITE cost a peer that polls less.
 const PLACE_SMALL: usize = 4096;
 
 /// Small WRITEs that start closer together than this are a stream ([`may_place`]): a
@@ -449,13 +449,14 @@ fn may_place(qp: &mut QpCtx, env: &mut DeviceCtx, cur: usize, now: u64) -> Place
         _ => return Place::No,
     };
     // A small WRITE in a stream of them (started within STREAM_GAP_NS of the last, with
-    // nothing from the peer in between) goes as packets: the peer's device takes them as
-    // they come (the first wakes it if it sleeps), and they cost less than a cross-memory
-    // copy each, a system call. A lone one is placed, as is one the peer answered since
-    // the last (a request to this QP, or a WRITE it placed in our memory): a ping-pong,
-    // whose peer may be a program watching its memory (a latency test, its own thread
-    // spinning on the core its device's thread would need), which sees a placed WRITE
-    // with none of its device's threads having to run.
+    // nothing from the peer in between) to a peer whose device polls goes as packets: it
+    // takes them as they come, and they cost less than a cross-memory copy each, a
+    // system call. A lone one is placed, as is one the peer answered since the last (a
+    // request to this QP, or a WRITE it placed in our memory: a ping-pong), and one to a
+    // peer whose device threads all sleep: its program may be watching its memory (a
+    // latency test, or a consumer spinning on a ring the stream fills) on the core its
+    // device's thread would need, and sees a placed WRITE with none of them having to
+    // run. (A packet would wake that thread to take the core from it.)
     // The mark is taken when the WQE's way is settled (not while it waits, or it would
     // be a stream with itself when it comes back). The peer's count is asked for only
     // when the last small WRITE was recent (it takes locks, on a latency test's path):
@@ -472,7 +473,7 @@ fn may_place(qp: &mut QpCtx, env: &mut DeviceCtx, cur: usize, now: u64) -> Place
     };
     let mark = small.then_some((now, qp.resp.epsn, wrote));
     if let (Some(m), Some((_, epsn, was))) = (mark, last) {
-        if was != u64::MAX && (epsn, was) == (m.1, m.2) {
+        if was != u64::MAX && (epsn, was) == (m.1, m.2) && p.peer_polls(peer) {
             qp.req.small_write_at = mark;
             return Place::No;
         }

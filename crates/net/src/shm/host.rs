@@ -1239,6 +1239,15 @@ impl Placer {
         .is_some()
     }
 
+    /// Whether a thread of the device at `dst` polls its rings now (none of its threads is
+    /// blocked waiting for a packet); false if there is no ring to it.
+    pub fn peer_polls(&self, dst: SocketAddr) -> bool {
+        match lock(&self.inner.routes).get(&canonical(dst)) {
+            Some(Route::Ring(r)) => !lock(&r.prod).consumer_asleep(),
+            _ => false,
+        }
+    }
+
     /// How many one-sided operations the device at `dst` has placed in this device's
     /// memory, as its ring to us says (0 with no ring from it): a count that moves with
     /// each (see [`Producer::nudge`]).

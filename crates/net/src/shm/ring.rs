@@ -184,6 +184,11 @@ impl Producer {
         asleep.load(Ordering::Relaxed) & bits != 0 && asleep.swap(0, Ordering::Relaxed) != 0
     }
 
+    /// Whether the consumer marked itself asleep (a thread of it blocks, or is about to).
+    pub fn consumer_asleep(&self) -> bool {
+        self.map.u32_at(OFF_ASLEEP).load(Ordering::Relaxed) != 0
+    }
+
     /// Tell the consumer that its memory changed with no packet (a one-sided WRITE placed
     /// in it): a thread of its device that waits for the device to change (a program
     /// watching its memory through `wait_or`) looks again. Returns whether such a thread

@@ -14,6 +14,8 @@ type Calls = Arc<Mutex<Vec<(bool, u32, u64, Vec<u8>)>>>;
 #[derive(Debug)]
 struct Fake {
     ok: bool,
+    /// What [`Placement::peer_polls`] answers.
+    polls: bool,
     /// What [`Placement::peer_wrote`] answers: tests move it as a peer's placed WRITE
     /// would.
     wrote: Arc<std::sync::atomic::AtomicU64>,
@@ -52,6 +54,10 @@ impl Placement for Fake {
         self.ok
     }
 
+    fn peer_polls(&mut self, _dst: SocketAddr) -> bool {
+        self.polls
+    }
+
     fn peer_wrote(&mut self, _dst: SocketAddr) -> u64 {
         self.wrote.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -79,17 +85,20 @@ impl Placement for Fake {
     }
 }
 
-/// `a` places through a [`Fake`] (`ok`), and the calls it made.
+/// `a` places through a [`Fake`] (`ok`) to a peer that does not poll, and the calls it
+/// made.
 fn placing(a: &mut Node, ok: bool) -> Calls {
-    placing_to(a, ok).0
+    placing_to(a, ok, false).0
 }
 
-/// As [`placing`], with the peer's placement count the test moves.
-fn placing_to(a: &mut Node, ok: bool) -> (Calls, Arc<std::sync::atomic::AtomicU64>) {
+/// As [`placing`], to a peer that polls if `polls`, with the peer's placement count the
+/// test moves.
+fn placing_to(a: &mut Node, ok: bool, polls: bool) -> (Calls, Arc<std::sync::atomic::AtomicU64>) {
     let calls = Calls::default();
     let wrote = Arc::default();
     a.nic.set_placement(Box::new(Fake {
         ok,
+        polls,
         wrote: Arc::clone(&wrote),
         fill: 0x5A,
         calls: Arc::clone(&calls),
@@ -308,9 +317,9 @@ fn a_qp_that_fails_withdraws_its_grant() {
 }
 
 #[test]
-fn a_stream_of_small_writes_goes_as_packets_and_a_large_one_is_placed() {
+fn a_stream_of_small_writes_to_a_polling_peer_goes_as_packets_and_a_large_one_is_placed() {
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
-    let (calls, _) = placing_to(&mut a, true);
+    let (calls, _) = placing_to(&mut a, true, true);
     let data = pattern(8192, 6);
     a.write(0, &data);
     let mut now = 0;
@@ -321,7 +330,7 @@ fn a_stream_of_small_writes_goes_as_packets_and_a_large_one_is_placed() {
         .unwrap();
     assert_eq!(calls.lock().unwrap().len(), 2);
     // ...one that follows them at once, with nothing from the peer, is a stream: its
-    // packets.
+    // packets, while the peer polls.
     a.send(now, 2, write_op(&b, 64), vec![a.sge(64, 64)])
         .unwrap();
     assert_eq!(pump_counting(&mut a, &mut b, &mut now), 1, "its packet");
@@ -358,7 +367,7 @@ fn a_stream_of_small_writes_goes_as_packets_and_a_large_one_is_placed() {
 #[test]
 fn small_writes_the_peer_answers_in_between_are_a_ping_pong_and_stay_placed() {
     let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
-    let (calls, wrote) = placing_to(&mut a, true);
+    let (calls, wrote) = placing_to(&mut a, true, true);
     let data = pattern(256, 7);
     a.write(0, &data);
     let mut now = 0;
@@ -410,4 +419,20 @@ fn a_small_write_that_waited_for_an_ack_is_not_a_stream_with_itself() {
     assert!(calls.lock().unwrap().is_empty());
     assert_eq!(pump_counting(&mut a, &mut b, &mut now), 1, "the SEND alone");
     assert_eq!(calls.lock().unwrap().len(), 1, "the WRITE placed");
+}
+
+#[test]
+fn a_stream_of_small_writes_to_a_sleeping_peer_is_placed() {
+    // Its program may spin on the memory the stream fills, on the core its device's
+    // thread would need: a packet would wake that thread to take the core.
+    let (mut a, mut b) = pair(QpType::Rc, &Cfg::default());
+    let calls = placing(&mut a, true);
+    a.write(0, &pattern(64, 9));
+    let mut now = 0;
+    for k in 0..4u64 {
+        a.send(now, k, write_op(&b, 8 * k), vec![a.sge(8 * k as usize, 8)])
+            .unwrap();
+    }
+    assert_eq!(pump_counting(&mut a, &mut b, &mut now), 0, "no packet");
+    assert_eq!(calls.lock().unwrap().len(), 4);
 }
