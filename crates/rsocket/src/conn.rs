@@ -30,8 +30,8 @@ use crate::region::Region;
 
 /// The work request id of every receive (the receives carry no buffers: immediates only).
 pub const RECV_WR_ID: u64 = 1 << 63;
-/// The first data transfer of a send; each next one is twice the last, up to
-/// [`MAX_TRANSFER`], so a large send starts moving at once.
+/// The first data transfer of a send longer than [`MAX_TRANSFER`]; each next one is
+/// twice the last, up to [`MAX_TRANSFER`] ([`TransferSizes`]).
 pub const FIRST_TRANSFER: u32 = 2048;
 /// The largest data transfer.
 pub const MAX_TRANSFER: u32 = 65536;
@@ -86,18 +86,34 @@ pub enum Shutdown {
     Both,
 }
 
-/// The sizes of a send: each transfer of one call twice the last, from
-/// [`FIRST_TRANSFER`] up to [`MAX_TRANSFER`].
+/// The sizes of one send's data transfers: all its bytes in one when they fit in
+/// [`MAX_TRANSFER`]; else from [`FIRST_TRANSFER`], each twice the last, up to
+/// [`MAX_TRANSFER`].
+///
+/// rdma-core's rsockets start every send at 2 KiB and double, so that the NIC starts
+/// moving the first bytes while the CPU copies the next into the send buffer. softrdma
+/// has that overlap only for a send of several transfers: on the same-host path the
+/// first one (under the 4 KiB placement size) goes as packets, the placed ones behind it
+/// wait for its acknowledgement, and the device's progress thread that takes the
+/// acknowledgement copies them into the peer's memory while this thread copies the rest
+/// of the send into the send buffer (a 1 MiB ping-pong takes about a fifth longer in
+/// 64 KiB transfers from the start). A send that fits in one transfer has nothing to
+/// overlap and would pay that round trip in full: a 64 KiB send was six transfers, the
+/// placed ones a round trip behind the first. The sizes are the sender's choice: a
+/// receiver takes any length within its offer.
 #[derive(Debug, Clone, Copy)]
 pub struct TransferSizes(u32);
 
-impl Default for TransferSizes {
-    fn default() -> TransferSizes {
-        TransferSizes(FIRST_TRANSFER)
-    }
-}
-
 impl TransferSizes {
+    /// The sizes for a send of `len` bytes.
+    pub fn new(len: usize) -> TransferSizes {
+        if len <= MAX_TRANSFER as usize {
+            TransferSizes(MAX_TRANSFER)
+        } else {
+            TransferSizes(FIRST_TRANSFER)
+        }
+    }
+
     /// The size of the next transfer with `left` bytes to go.
     pub fn next(&mut self, left: usize) -> u32 {
         if (self.0 as usize) < left {
@@ -862,11 +878,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn transfers_double_up_to_the_largest() {
-        let mut t = TransferSizes::default();
+    fn a_long_sends_transfers_double_up_to_the_largest() {
+        let mut t = TransferSizes::new(1 << 20);
         let sizes: Vec<u32> = (0..8).map(|_| t.next(1 << 20)).collect();
         assert_eq!(sizes, [2048, 4096, 8192, 16384, 32768, 65536, 65536, 65536]);
-        assert_eq!(TransferSizes::default().next(100), 100);
+        assert_eq!(TransferSizes::new(1 << 20).next(100), 100);
+    }
+
+    /// A send that fits in one transfer is one data message, one WRITE WITH IMMEDIATE of
+    /// all its bytes (which the same-host path places whole), not a 2 KiB one and its
+    /// doublings.
+    #[test]
+    fn a_64k_send_is_one_write_with_immediate() {
+        assert_eq!(TransferSizes::new(4096).next(4096), 4096);
+        let mut c = Conn::new(small()).unwrap();
+        c.start(&c.conn_data());
+        while c.poll_post().is_some() {}
+        let want = TransferSizes::new(65536).next(65536);
+        let n = c.send_data(want, &mut |d: &mut [u8]| d.fill(7));
+        assert_eq!(n, 65536);
+        let Some(Post::Send(wr)) = c.poll_post() else {
+            panic!("no send posted");
+        };
+        let len: u32 = wr.sg_list.iter().map(|s| s.length).sum();
+        assert_eq!(len, 65536);
+        assert!(
+            matches!(wr.op, SendOp::WriteWithImm { imm, .. } if imm == Msg::Data(65536).to_imm())
+        );
+        assert!(c.poll_post().is_none());
     }
 
     #[test]

@@ -538,7 +538,7 @@ impl Socket {
         fill: &mut dyn FnMut(&mut [u8]),
     ) -> io::Result<usize> {
         self.send_iomaps(nonblocking)?;
-        let mut sizes = TransferSizes::default();
+        let mut sizes = TransferSizes::new(len);
         let mut done = 0;
         let mut err = None;
         while done < len {
@@ -667,7 +667,7 @@ impl Socket {
     /// peer's mappings (0 when `offset` is in none).
     pub fn iowrite(&self, data: &[u8], mut offset: u64, nonblocking: bool) -> io::Result<usize> {
         self.send_iomaps(nonblocking)?;
-        let mut sizes = TransferSizes::default();
+        let mut sizes = TransferSizes::new(data.len());
         let mut done = 0;
         let mut err = None;
         while done < data.len() {

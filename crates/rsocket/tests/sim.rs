@@ -135,7 +135,10 @@ impl Pair {
 /// transfers and reading in chunks of `read_chunk`; returns what each side read.
 fn exchange(p: &mut Pair, data: [&[u8]; 2], read_chunk: usize) -> [Vec<u8>; 2] {
     let mut sent = [0usize; 2];
-    let mut sizes = [TransferSizes::default(); 2];
+    let mut sizes = [
+        TransferSizes::new(data[0].len()),
+        TransferSizes::new(data[1].len()),
+    ];
     let mut got = [Vec::new(), Vec::new()];
     let mut buf = vec![0u8; read_chunk];
     for _ in 0..2_000_000 {
@@ -247,7 +250,7 @@ fn shutdown_of_writing_closes_one_direction_and_both_ends_disconnect() {
     let mut sent = 0;
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
-    let mut sizes = TransferSizes::default();
+    let mut sizes = TransferSizes::new(b.len());
     for _ in 0..100_000 {
         if got.len() == b.len() {
             break;
@@ -323,7 +326,7 @@ fn a_direct_write_lands_in_the_region_the_peer_mapped() {
     );
     let data = pattern(9, 40_000);
     let mut done = 0;
-    let mut sizes = TransferSizes::default();
+    let mut sizes = TransferSizes::new(data.len());
     for _ in 0..100_000 {
         if done == data.len() {
             break;
