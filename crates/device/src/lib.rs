@@ -139,6 +139,10 @@ const SHARED_BLOCK: Duration = Duration::from_millis(1);
 /// round trip with a yield every turn), while a thread that needs the core still gets it
 /// within a few microseconds.
 const WAIT_YIELD_EVERY: u32 = 8;
+/// And at most once in this long: a turn that finds nothing in a same-host ring makes no
+/// system call and takes well under a microsecond, so eight turns were a yield every half
+/// microsecond, most of the spin spent in `sched_yield`.
+const WAIT_YIELD_GAP: Duration = Duration::from_micros(4);
 
 /// A busy-polling wait reads the clock for its timeout on one empty turn in this many: a
 /// timeout seen 16 receive calls late is a few microseconds late, and every read is
@@ -520,6 +524,8 @@ impl Device {
         }
         let _leave = Leave(sh);
         let mut empty_turns = 0u32;
+        // When this wait last gave its core away (see WAIT_YIELD_GAP).
+        let mut yielded_at: Option<Instant> = None;
         loop {
             let g = sh.generation.load(Ordering::SeqCst);
             if let Some(r) = check() {
@@ -554,7 +560,15 @@ impl Device {
             };
             if now.duration_since(start) < sh.spin {
                 empty_turns = empty_turns.wrapping_add(1);
-                progress::spin_pause(empty_turns % WAIT_YIELD_EVERY != 0);
+                let give = empty_turns % WAIT_YIELD_EVERY == 0
+                    && match yielded_at {
+                        Some(t) => now.duration_since(t) >= WAIT_YIELD_GAP,
+                        None => true,
+                    };
+                if give {
+                    yielded_at = Some(now);
+                }
+                progress::spin_pause(!give);
                 continue;
             }
             // Block, with no ACK held back. Counting ourselves blocked before rereading
