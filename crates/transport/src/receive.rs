@@ -82,15 +82,15 @@ impl Rnic {
         // packets. Some ID makes the ICRC of a corrupted packet right with probability
         // about 2^-16, so the ID must also be one this sender plausibly used.
         let solved = if via_ring {
-            Some(0)
+            None
         } else {
             wire::icrc::verify_unknown_ip_id_with(&mut env.ip_ids, &addrs, data)
         };
-        let believed = match (solved, src.ip().to_canonical()) {
-            _ if via_ring => true,
-            (Some(id), IpAddr::V4(ip)) => env.ip_id_guard.admit(now, ip, id),
-            (solved, _) => solved.is_some(),
-        };
+        let believed = via_ring
+            || match (solved, src.ip().to_canonical()) {
+                (Some(id), IpAddr::V4(ip)) => env.ip_id_guard.admit(now, ip, id),
+                (solved, _) => solved.is_some(),
+            };
         if !believed {
             // The header fields may be the corrupted ones: they are what the packet claims.
             // (The length was checked above, so the view always exists.)

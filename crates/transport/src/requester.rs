@@ -457,6 +457,7 @@ fn may_place(qp: &mut QpCtx, env: &mut DeviceCtx, cur: usize, now: u64) -> Place
     // latency test, or a consumer spinning on a ring the stream fills) on the core its
     // device's thread would need, and sees a placed WRITE with none of them having to
     // run. (A packet would wake that thread to take the core from it.)
+    //
     // The mark is taken when the WQE's way is settled (not while it waits, or it would
     // be a stream with itself when it comes back). The peer's count is asked for only
     // when the last small WRITE was recent (it takes locks, on a latency test's path):
@@ -472,13 +473,11 @@ fn may_place(qp: &mut QpCtx, env: &mut DeviceCtx, cur: usize, now: u64) -> Place
         u64::MAX
     };
     let mark = small.then_some((now, qp.resp.epsn, wrote));
-    if let (Some(m), Some((_, epsn, was))) = (mark, last) {
-        if was != u64::MAX && (epsn, was) == (m.1, m.2) && p.peer_polls(peer) {
-            qp.req.small_write_at = mark;
-            return Place::No;
-        }
-    }
-    let place = if qp.sq.range(..cur).all(|e| e.done || e.placed) {
+    let streaming = matches!((mark, last), (Some(m), Some((_, epsn, was)))
+        if was != u64::MAX && (epsn, was) == (m.1, m.2));
+    let place = if streaming && p.peer_polls(peer) {
+        Place::No
+    } else if qp.sq.range(..cur).all(|e| e.done || e.placed) {
         Place::Now
     } else if p.reachable(peer, qp.attr.dest_qp_num, rkey, remote_addr, w.len, write) {
         return Place::Wait;

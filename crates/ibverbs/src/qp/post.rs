@@ -148,20 +148,12 @@ pub(crate) unsafe extern "C" fn post_send(
         if let Some(one) = unsafe { wr.as_ref() }.filter(|w| w.next.is_null()) {
             // One request, the usual case (a latency test's every post): no lists.
             // SAFETY: the caller's request and the objects it names are valid.
-            let r = match unsafe { send_wr(q, one) } {
-                Ok(w) => post_sends(q, [w]).map_err(|(_, e)| e),
-                Err(e) => Err(e),
+            let (posted, conv_err) = match unsafe { send_wr(q, one) } {
+                Ok(w) => (post_sends(q, [w]), None),
+                Err(e) => (Ok(()), Some(e)),
             };
-            return match r {
-                Ok(()) => 0,
-                Err(e) => {
-                    if !bad.is_null() {
-                        // SAFETY: `bad` is the caller's out pointer.
-                        unsafe { *bad = wr };
-                    }
-                    e
-                }
-            };
+            // SAFETY: `bad` is the caller's out pointer.
+            return unsafe { finish(&[wr], conv_err, posted, bad) };
         }
         // SAFETY: the caller's list and the objects it names are valid.
         let (wrs, ptrs, conv_err) = unsafe { walk(wr, |w| w.next, |w| send_wr(q, w)) };
